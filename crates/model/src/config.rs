@@ -1,0 +1,290 @@
+//! The model's hyperparameters. One struct describes every Llama-family model kvlab runs:
+//! llama2.c checkpoints, synthetic models and (as configuration, not a copy of the model) Gemma 3.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// How RoPE pairs the dimensions of a head that it rotates together.
+///
+/// RoPE (Su et al. 2021, "RoFormer", eq. 34) rotates pairs of dimensions by an angle
+/// `pos · theta^(-2i/head_dim)`. Implementations disagree on *which* two dimensions form pair `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RopeLayout {
+    /// Adjacent pairs (0,1), (2,3), ...: llama2.c's run.c and Meta's original Llama code.
+    Interleaved,
+    /// Pair `i` is (i, i + head_dim/2): GPT-NeoX, Hugging Face `rotate_half`, llama.cpp's
+    /// `LLAMA_ROPE_TYPE_NEOX` (used for gemma3).
+    Neox,
+}
+
+/// The gated feed-forward's activation: `FFN(x) = W2 (act(W1 x) ⊙ W3 x)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Activation {
+    /// SwiGLU (Shazeer 2020): act = silu(x) = x·σ(x). Llama.
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Hendrycks & Gimpel 2016):
+    /// gelu(x) ≈ 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). Gemma.
+    GeluTanh,
+}
+
+/// Which positions a layer's attention sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LayerKind {
+    /// Causal attention over every earlier position.
+    Global,
+    /// Causal attention over the last `window` positions, the query's own included: a query at
+    /// `pos` sees keys `pos + 1 - window ..= pos` (Mistral's and Gemma's sliding window).
+    Local { window: usize },
+}
+
+/// Everything the forward pass needs to know about a model's shape and arithmetic.
+///
+/// Shapes use the field's names: `dim` is the residual width, `q_dim = n_heads · head_dim`,
+/// `kv_dim = n_kv_heads · head_dim`, `hidden_dim` the FFN width.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// Residual stream width (llama2.c's `dim`, GGUF's `embedding_length`).
+    pub dim: usize,
+    /// FFN inner width.
+    pub hidden_dim: usize,
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads; `n_heads / n_kv_heads` query heads share one (GQA; MQA when 1).
+    pub n_kv_heads: usize,
+    /// Width of one head (dim / n_heads for llama2.c; 256 for Gemma 3 270M).
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    /// Longest context the model was trained for (positions).
+    pub max_seq_len: usize,
+    /// RMSNorm epsilon: y = x / sqrt(mean(x²) + eps) · w.
+    pub norm_eps: f32,
+    pub rope_layout: RopeLayout,
+    /// RoPE base for global layers (10,000 in Llama 2; 1e6 in Gemma 3's global layers).
+    pub rope_theta: f32,
+    /// RoPE base for local (sliding-window) layers (1e4 in Gemma 3).
+    pub rope_theta_local: f32,
+    pub activation: Activation,
+    /// One entry per layer.
+    pub layer_kinds: Vec<LayerKind>,
+    /// Multiply the token embedding by this (Gemma: sqrt(dim)); 1 for Llama.
+    pub embed_scale: f32,
+    /// Scale of q·k before softmax (1/sqrt(head_dim) for Llama; Gemma 3 uses
+    /// query_pre_attn_scalar^-0.5, which is the same number for the 270M model).
+    pub attn_scale: f32,
+    /// Per-head RMSNorm of q and k before RoPE (Gemma 3's QK-norm).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and FFN outputs before they join the residual (Gemma's
+    /// "sandwich" norms).
+    pub post_norms: bool,
+    /// The classifier reuses the token embedding.
+    pub shared_classifier: bool,
+    pub bos_id: u32,
+    /// Generation stops when the model emits one of these (llama2.c's run.c stops on BOS).
+    pub stop_ids: Vec<u32>,
+}
+
+/// Bounds that reject absurd header fields before anything is allocated from them.
+pub const MAX_DIM: usize = 1 << 16;
+pub const MAX_LAYERS: usize = 1024;
+pub const MAX_VOCAB: usize = 1 << 20;
+pub const MAX_SEQ_LEN: usize = 1 << 20;
+
+impl Config {
+    /// A plain Llama config (SwiGLU, interleaved RoPE with base 10,000, eps 1e-5, global
+    /// attention everywhere), as llama2.c's run.c computes it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn llama(
+        dim: usize,
+        hidden_dim: usize,
+        n_layers: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        vocab_size: usize,
+        max_seq_len: usize,
+        shared_classifier: bool,
+    ) -> Config {
+        let head_dim = if n_heads == 0 { 0 } else { dim / n_heads };
+        Config {
+            dim,
+            hidden_dim,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            max_seq_len,
+            norm_eps: 1e-5,
+            rope_layout: RopeLayout::Interleaved,
+            rope_theta: 10_000.0,
+            rope_theta_local: 10_000.0,
+            activation: Activation::Silu,
+            layer_kinds: vec![LayerKind::Global; n_layers],
+            embed_scale: 1.0,
+            attn_scale: if head_dim == 0 { 0.0 } else { 1.0 / (head_dim as f32).sqrt() },
+            qk_norm: false,
+            post_norms: false,
+            shared_classifier,
+            bos_id: 1,
+            stop_ids: vec![1],
+        }
+    }
+
+    /// Query width: n_heads · head_dim.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Key (and value) width: n_kv_heads · head_dim.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Query heads per KV head (1 for MHA, n_heads for MQA).
+    pub fn kv_group(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+
+    /// RoPE base for layer `l`.
+    pub fn rope_theta_for(&self, layer: usize) -> f32 {
+        match self.layer_kinds[layer] {
+            LayerKind::Global => self.rope_theta,
+            LayerKind::Local { .. } => self.rope_theta_local,
+        }
+    }
+
+    /// Positions layer `l` must keep for a sequence of `max_seq_len` positions: all of them for
+    /// a global layer, `min(window, max_seq_len)` for a sliding-window layer (a ring buffer).
+    pub fn cache_positions(&self, layer: usize, max_seq_len: usize) -> usize {
+        match self.layer_kinds[layer] {
+            LayerKind::Global => max_seq_len,
+            LayerKind::Local { window } => window.min(max_seq_len),
+        }
+    }
+
+    /// KV bytes per token, the formula the field uses:
+    /// `2 (K and V) × n_layers × n_kv_heads × head_dim × bytes_per_element`.
+    pub fn kv_bytes_per_token(&self, bytes_per_element: usize) -> usize {
+        2 * self.n_layers * self.n_kv_heads * self.head_dim * bytes_per_element
+    }
+
+    /// KV bytes for a context of `positions` when every layer keeps every position.
+    pub fn kv_bytes_full(&self, positions: usize, bytes_per_element: usize) -> usize {
+        self.kv_bytes_per_token(bytes_per_element) * positions
+    }
+
+    /// KV bytes for a context of `positions` when sliding-window layers keep only their window
+    /// (a ring buffer): Σ_layers 2 × kv_dim × cache_positions(layer) × bytes.
+    pub fn kv_bytes_windowed(&self, positions: usize, bytes_per_element: usize) -> usize {
+        (0..self.n_layers)
+            .map(|l| 2 * self.kv_dim() * self.cache_positions(l, positions) * bytes_per_element)
+            .sum()
+    }
+
+    /// Parameter count of the weights (f32 each in [`crate::Weights`]).
+    pub fn n_params(&self) -> usize {
+        let (d, h, q, kv) = (self.dim, self.hidden_dim, self.q_dim(), self.kv_dim());
+        let per_layer = d + d * q + 2 * kv * d + q * d + d + 3 * h * d
+            + if self.qk_norm { 2 * self.head_dim } else { 0 }
+            + if self.post_norms { 2 * d } else { 0 };
+        let cls = if self.shared_classifier { 0 } else { self.vocab_size * d };
+        self.vocab_size * d + self.n_layers * per_layer + d + cls
+    }
+
+    /// Checks every field is positive, bounded and consistent with the others.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the first offending field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        for (name, v, max) in [
+            ("dim", self.dim, MAX_DIM),
+            ("hidden_dim", self.hidden_dim, MAX_DIM * 8),
+            ("n_layers", self.n_layers, MAX_LAYERS),
+            ("n_heads", self.n_heads, MAX_DIM),
+            ("n_kv_heads", self.n_kv_heads, MAX_DIM),
+            ("head_dim", self.head_dim, MAX_DIM),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("max_seq_len", self.max_seq_len, MAX_SEQ_LEN),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} is 0; it must be positive"));
+            }
+            if v > max {
+                return bad(format!("{name} = {v} is absurd (limit {max})"));
+            }
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!(
+                "n_heads ({}) is not a multiple of n_kv_heads ({})",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return bad(format!("head_dim ({}) must be even for RoPE", self.head_dim));
+        }
+        if self.layer_kinds.len() != self.n_layers {
+            return bad(format!(
+                "layer_kinds has {} entries for {} layers",
+                self.layer_kinds.len(),
+                self.n_layers
+            ));
+        }
+        if self.layer_kinds.iter().any(|k| matches!(k, LayerKind::Local { window: 0 })) {
+            return bad("a sliding window of 0 positions".into());
+        }
+        if self.bos_id as usize >= self.vocab_size {
+            return bad(format!("bos_id {} is outside the vocabulary", self.bos_id));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0)
+            || !(self.rope_theta.is_finite() && self.rope_theta > 0.0)
+            || !(self.rope_theta_local.is_finite() && self.rope_theta_local > 0.0)
+            || !self.attn_scale.is_finite()
+            || !self.embed_scale.is_finite()
+        {
+            return bad("norm_eps, rope_theta, attn_scale and embed_scale must be finite and positive".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stories260k_kv_bytes_per_token() {
+        // dim 64, 5 layers, 8 heads, 4 KV heads: head_dim 8, kv_dim 32.
+        let c = Config::llama(64, 172, 5, 8, 4, 512, 512, true);
+        assert_eq!(c.kv_dim(), 32);
+        assert_eq!(c.kv_bytes_per_token(4), 2 * 5 * 4 * 8 * 4);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn windowed_bytes_cap_local_layers() {
+        let mut c = Config::llama(64, 172, 6, 8, 1, 512, 8192, true);
+        c.layer_kinds = (0..6)
+            .map(|l| if l % 6 == 5 { LayerKind::Global } else { LayerKind::Local { window: 512 } })
+            .collect();
+        let per_pos_layer = 2 * c.kv_dim() * 4;
+        assert_eq!(c.kv_bytes_windowed(8192, 4), per_pos_layer * (8192 + 5 * 512));
+        assert_eq!(c.kv_bytes_windowed(100, 4), per_pos_layer * 6 * 100);
+        assert_eq!(c.kv_bytes_full(8192, 4), per_pos_layer * 6 * 8192);
+    }
+
+    #[test]
+    fn validate_rejects_bad_shapes() {
+        let ok = Config::llama(64, 172, 5, 8, 4, 512, 512, true);
+        let mut c = ok.clone();
+        c.n_kv_heads = 3;
+        assert!(c.validate().unwrap_err().to_string().contains("multiple"));
+        let mut c = ok.clone();
+        c.dim = 0;
+        assert!(c.validate().is_err());
+        let mut c = ok;
+        c.vocab_size = usize::MAX / 2;
+        assert!(c.validate().unwrap_err().to_string().contains("absurd"));
+    }
+}

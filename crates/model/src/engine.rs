@@ -1,0 +1,104 @@
+//! The boundary every engine implements. The generate loop, verify and bench drive engines only
+//! through this trait, so that parity between engines is a property of the engines alone.
+
+use serde::Serialize;
+
+use crate::{Config, Result};
+
+/// A sequence handle, unique within one engine.
+pub type SeqId = u64;
+
+/// KV-cache bytes an engine holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KvUsage {
+    /// Bytes that hold a key or value of a position computed so far.
+    pub used_bytes: usize,
+    /// Bytes allocated for keys and values (used or not).
+    pub reserved_bytes: usize,
+}
+
+/// One step's view of an engine's cache, for `kvlab generate --trace`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TraceStep {
+    /// Positions the sequence holds after the step.
+    pub len: usize,
+    /// Per layer, the cache tensor's shape with its axis names, e.g. "(max_seq_len=512, kv_dim=32)".
+    pub layer_cache_shapes: Vec<String>,
+    /// Paged engines: the sequence's block table (physical block ids per logical block).
+    pub block_table: Option<Vec<u32>>,
+    /// Paged engines: the slots this step wrote.
+    pub slot_mapping: Option<Vec<u32>>,
+}
+
+/// An inference engine over one model: it owns sequences and their KV state.
+pub trait Engine {
+    /// Short name used on the command line and in reports ("naive", "cpu", ...).
+    fn name(&self) -> &'static str;
+
+    /// The model's config.
+    fn config(&self) -> &Config;
+
+    /// Starts a sequence that will hold at most `max_seq_len` positions.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] if `max_seq_len` is 0 or exceeds the model's; engine errors if
+    /// memory for it cannot be reserved.
+    fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId>;
+
+    /// Runs `tokens` at the sequence's next positions (the whole prompt, or a further chunk);
+    /// returns the logits (vocab_size,) of the last one.
+    ///
+    /// # Errors
+    /// [`crate::Error::UnknownSequence`], [`crate::Error::EmptyPrompt`],
+    /// [`crate::Error::ContextFull`], [`crate::Error::TokenOutOfRange`].
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>>;
+
+    /// Appends one token at the next position; returns its logits (vocab_size,).
+    ///
+    /// # Errors
+    /// As [`Engine::prefill`].
+    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>>;
+
+    /// Releases a sequence and its cache. Unknown ids are ignored.
+    fn free(&mut self, seq: SeqId);
+
+    /// Bytes held for keys and values right now, and reserved.
+    fn kv_usage(&self) -> KvUsage;
+
+    /// What a learner should see of the cache after the last step (shapes, block table).
+    fn trace(&self, _seq: SeqId) -> Option<TraceStep> {
+        None
+    }
+}
+
+/// Checks a token run against the model before an engine touches it.
+///
+/// # Errors
+/// [`crate::Error::EmptyPrompt`] for no tokens; [`crate::Error::TokenOutOfRange`];
+/// [`crate::Error::ContextFull`] if `pos + tokens.len()` exceeds `max_seq_len`.
+pub fn check_tokens(c: &Config, seq: SeqId, pos: usize, max_seq_len: usize, tokens: &[u32]) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(crate::Error::EmptyPrompt);
+    }
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        return Err(crate::Error::TokenOutOfRange { id, vocab_size: c.vocab_size });
+    }
+    if pos + tokens.len() > max_seq_len {
+        return Err(crate::Error::ContextFull { seq, pos: pos + tokens.len() - 1, max_seq_len });
+    }
+    Ok(())
+}
+
+/// Checks a requested sequence length against the model.
+///
+/// # Errors
+/// [`crate::Error::Config`] if it is 0 or beyond the model's `max_seq_len`.
+pub fn check_max_seq_len(c: &Config, max_seq_len: usize) -> Result<()> {
+    if max_seq_len == 0 || max_seq_len > c.max_seq_len {
+        return Err(crate::Error::Config(format!(
+            "a sequence of max_seq_len {max_seq_len} was asked for; the model allows 1..={}",
+            c.max_seq_len
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! The one error type of kvlab-model. Every message says what went wrong and what to do.
+
+use std::path::PathBuf;
+
+/// Errors from loading checkpoints and tokenizers, validating configs and running engines.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file does not exist or cannot be opened.
+    #[error("cannot open {path}: {source}. Check the path, or set KVLAB_MODELS to the folder that holds the checkpoints")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Any other I/O failure while reading a file.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file ends before the header or data it announces.
+    #[error("{path} is truncated: {what} needs {needed} bytes but the file has {actual}. Re-download the file (its sha256 is in fixtures/models.json)")]
+    Truncated {
+        path: PathBuf,
+        what: &'static str,
+        needed: u64,
+        actual: u64,
+    },
+    /// The file is larger or smaller than its header implies (not truncated, just inconsistent).
+    #[error("{path}: the header implies {expected} bytes but the file has {actual}; it is not a llama2.c checkpoint of that shape")]
+    SizeMismatch {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+    /// A header or config field is zero, negative, absurdly large or inconsistent with another.
+    #[error("invalid config: {0}")]
+    Config(String),
+    /// A tokenizer file is malformed.
+    #[error("invalid tokenizer {path}: {reason}")]
+    Tokenizer { path: PathBuf, reason: String },
+    /// A token id outside `0..vocab_size`.
+    #[error("token id {id} is outside the vocabulary (vocab_size {vocab_size})")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
+    /// The prompt (plus BOS) does not fit in the context.
+    #[error("the prompt has {tokens} tokens but the context holds {max_seq_len} positions; shorten the prompt or raise --max-seq-len (at most the model's max_seq_len)")]
+    PromptTooLong { tokens: usize, max_seq_len: usize },
+    /// The prompt is empty after encoding (it always holds BOS, so this means a bad call).
+    #[error("the prompt is empty: at least the BOS token is needed")]
+    EmptyPrompt,
+    /// A decode step past the sequence's reserved positions.
+    #[error("sequence {seq} is full: position {pos} is past its max_seq_len {max_seq_len}")]
+    ContextFull {
+        seq: u64,
+        pos: usize,
+        max_seq_len: usize,
+    },
+    /// A sequence id that this engine does not hold.
+    #[error("unknown sequence id {0}: it was never created or has been freed")]
+    UnknownSequence(u64),
+    /// An engine-specific failure (no GPU, out of blocks, ...).
+    #[error("{engine} engine: {reason}")]
+    Engine { engine: &'static str, reason: String },
+    /// A model file whose format this crate does not read.
+    #[error("unsupported model format: {0}")]
+    Format(String),
+}
+
+/// Result with kvlab-model's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

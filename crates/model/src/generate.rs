@@ -1,0 +1,200 @@
+//! The one generate loop. It drives any [`Engine`] exactly as llama2.c's run.c `generate` drives
+//! its forward pass: the prompt's positions are computed (here in one prefill), then each new token
+//! is sampled from the last logits and fed back at the next position.
+//!
+//! `steps` counts positions, prompt included, as run.c's `-n` does: with a prompt of `n` tokens the
+//! loop computes positions `0..steps` and emits `steps − n + 1` new tokens (the last one is emitted
+//! but never fed back). Generation stops early when the model emits a stop id (run.c: BOS).
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::engine::check_max_seq_len;
+use crate::{Engine, Error, KvUsage, Result, Sampler, SeqId, Tokenizer, TraceStep};
+
+/// What a generation produced and what it cost.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Generation {
+    /// Prompt token ids, BOS included.
+    pub prompt: Vec<u32>,
+    /// Newly generated token ids (a final stop id is not included).
+    pub tokens: Vec<u32>,
+    /// Wall time of the prefill call.
+    #[serde(serialize_with = "secs")]
+    pub prefill_time: Duration,
+    /// Wall time of all decode calls together.
+    #[serde(serialize_with = "secs")]
+    pub decode_time: Duration,
+    /// Number of decode calls.
+    pub decode_steps: usize,
+    /// KV bytes at the end, before the sequence is freed.
+    pub kv: KvUsage,
+    /// Whether a stop id ended the generation.
+    pub stopped: bool,
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Generation {
+    /// Prompt tokens per second of prefill.
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.prompt.len() as f64 / self.prefill_time.as_secs_f64().max(1e-12)
+    }
+    /// Decode steps per second.
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.decode_steps as f64 / self.decode_time.as_secs_f64().max(1e-12)
+    }
+}
+
+/// Callback events of a generation, in order.
+pub enum Event<'a> {
+    /// A token reached its position in the text: prompt tokens after BOS first, then new ones.
+    /// `prev` is the token before it (for [`Tokenizer::decode`]).
+    Token { prev: u32, token: u32, generated: bool },
+    /// The engine's cache view after a prefill or decode call (only when tracing is on).
+    Trace { pos: usize, fed: &'a [u32], step: TraceStep },
+}
+
+/// Options of [`generate_tokens`].
+pub struct GenerateOptions {
+    /// Positions to compute, prompt included; 0 or more than the context means the context.
+    pub steps: usize,
+    /// Positions the engine reserves for the sequence; 0 means the model's max_seq_len.
+    pub max_seq_len: usize,
+    /// Ask the engine for a [`TraceStep`] after every call.
+    pub trace: bool,
+}
+
+/// Runs a prompt of token ids through `engine` and samples until `steps` positions or a stop id.
+///
+/// # Errors
+/// [`Error::EmptyPrompt`], [`Error::PromptTooLong`] if the prompt does not fit the context, and
+/// whatever the engine returns.
+pub fn generate_tokens(
+    engine: &mut dyn Engine,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    mut on_event: impl FnMut(Event<'_>),
+) -> Result<Generation> {
+    let config = engine.config().clone();
+    let max_seq_len = if opts.max_seq_len == 0 { config.max_seq_len } else { opts.max_seq_len };
+    check_max_seq_len(&config, max_seq_len)?;
+    if prompt.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    if prompt.len() > max_seq_len {
+        return Err(Error::PromptTooLong { tokens: prompt.len(), max_seq_len });
+    }
+    let steps = if opts.steps == 0 || opts.steps > max_seq_len { max_seq_len } else { opts.steps }.max(prompt.len());
+    let seq = engine.new_sequence(max_seq_len)?;
+    let result = run(engine, seq, prompt, steps, opts.trace, sampler, &mut on_event, &config.stop_ids);
+    engine.free(seq);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    engine: &mut dyn Engine,
+    seq: SeqId,
+    prompt: &[u32],
+    steps: usize,
+    trace: bool,
+    sampler: &mut Sampler,
+    on_event: &mut impl FnMut(Event<'_>),
+    stop_ids: &[u32],
+) -> Result<Generation> {
+    let mut g = Generation { prompt: prompt.to_vec(), ..Default::default() };
+    let t0 = Instant::now();
+    let mut logits = engine.prefill(seq, prompt)?;
+    g.prefill_time = t0.elapsed();
+    if trace {
+        if let Some(step) = engine.trace(seq) {
+            on_event(Event::Trace { pos: 0, fed: prompt, step });
+        }
+    }
+    for w in prompt.windows(2) {
+        on_event(Event::Token { prev: w[0], token: w[1], generated: false });
+    }
+    let mut prev = *prompt.last().expect("non-empty prompt");
+    let mut pos = prompt.len() - 1;
+    loop {
+        let next = sampler.sample(&mut logits);
+        if stop_ids.contains(&next) {
+            g.stopped = true;
+            break;
+        }
+        g.tokens.push(next);
+        on_event(Event::Token { prev, token: next, generated: true });
+        pos += 1;
+        if pos >= steps {
+            break;
+        }
+        let t = Instant::now();
+        logits = engine.decode(seq, next)?;
+        g.decode_time += t.elapsed();
+        g.decode_steps += 1;
+        if trace {
+            if let Some(step) = engine.trace(seq) {
+                on_event(Event::Trace { pos, fed: std::slice::from_ref(&next), step });
+            }
+        }
+        prev = next;
+    }
+    g.kv = engine.kv_usage();
+    Ok(g)
+}
+
+/// Encodes `text` (with BOS) and generates; `on_text` receives the printable text as it streams,
+/// exactly what run.c prints (prompt pieces first, then the continuation).
+///
+/// # Errors
+/// As [`generate_tokens`].
+pub fn generate_text(
+    engine: &mut dyn Engine,
+    tokenizer: &Tokenizer,
+    text: &str,
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    mut on_text: impl FnMut(&str),
+    mut on_trace: impl FnMut(usize, &[u32], TraceStep),
+) -> Result<Generation> {
+    let prompt = tokenizer.encode(text, true, false);
+    let mut stream = crate::tokenizer::Utf8Stream::default();
+    let g = generate_tokens(engine, &prompt, opts, sampler, |e| match e {
+        Event::Token { prev, token, .. } => {
+            let s = stream.push(&tokenizer.decode(prev, token));
+            if !s.is_empty() {
+                on_text(&s);
+            }
+        }
+        Event::Trace { pos, fed, step } => on_trace(pos, fed, step),
+    })?;
+    let rest = stream.finish();
+    if !rest.is_empty() {
+        on_text(&rest);
+    }
+    Ok(g)
+}
+
+/// Teacher forcing: feeds `prompt` then every token of `forced` and returns the logits (vocab,)
+/// after the prompt and after each forced token but the last — the logits that predicted each
+/// forced token. Used by verify to compare engines position by position.
+///
+/// # Errors
+/// As [`generate_tokens`].
+pub fn teacher_force(engine: &mut dyn Engine, prompt: &[u32], forced: &[u32], max_seq_len: usize) -> Result<Vec<Vec<f32>>> {
+    let seq = engine.new_sequence(max_seq_len)?;
+    let out = (|| {
+        let mut all = vec![engine.prefill(seq, prompt)?];
+        for &t in forced.iter().take(forced.len().saturating_sub(1)) {
+            all.push(engine.decode(seq, t)?);
+        }
+        Ok(all)
+    })();
+    engine.free(seq);
+    out
+}

@@ -1,0 +1,39 @@
+//! kvlab-model: the one Llama-family model definition every kvlab engine runs.
+//!
+//! Data flow of one request: text → [`Tokenizer::encode`] → prompt ids → [`Engine::prefill`]
+//! (fills the cache for every prompt position, returns the last position's logits) →
+//! [`Sampler`] picks a token → [`Engine::decode`] (one new position) → repeat →
+//! [`Tokenizer::decode`] streams text. The loop lives once, in [`generate`].
+//!
+//! Files in data-flow order: [`config`], [`weights`], [`llama2c`] (checkpoint loader and writer),
+//! [`synthetic`], [`registry`] (named models), [`tokenizer`], [`ops`] (scalar reference maths),
+//! [`engine`] (the trait), [`sampler`], [`generate`].
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod generate;
+pub mod llama2c;
+pub mod ops;
+pub mod registry;
+pub mod sampler;
+pub mod synthetic;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Activation, Config, LayerKind, RopeLayout};
+pub use engine::{Engine, KvUsage, SeqId, TraceStep};
+pub use error::{Error, Result};
+pub use generate::{GenerateOptions, Generation, generate_text, generate_tokens, teacher_force};
+pub use sampler::Sampler;
+pub use synthetic::SyntheticSpec;
+pub use tokenizer::Tokenizer;
+pub use weights::{LayerWeights, Model, Weights};
+
+/// Loads a GGUF checkpoint (Gemma 3) and the tokenizer in its metadata.
+///
+/// # Errors
+/// [`Error::Format`] until GGUF support lands (issue 3).
+pub fn load_gguf(path: &std::path::Path) -> Result<(Model, Tokenizer)> {
+    Err(Error::Format(format!("{}: GGUF checkpoints are not supported yet", path.display())))
+}

@@ -1,0 +1,198 @@
+//! llama2.c's legacy checkpoint format (Karpathy, llama2.c `run.c` `read_checkpoint`, and
+//! `export.py` `legacy_export`): a header of 7 little-endian i32
+//! `(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len)`, then f32 tensors:
+//!
+//! ```text
+//! token_embedding (vocab, dim)   rms_att (layer, dim)      wq (layer, dim, dim)
+//! wk (layer, kv_dim, dim)        wv (layer, kv_dim, dim)    wo (layer, dim, dim)
+//! rms_ffn (layer, dim)           w1 (layer, hidden, dim)    w2 (layer, dim, hidden)
+//! w3 (layer, hidden, dim)        rms_final (dim)
+//! freq_cis_real (seq_len, head_dim/2)  freq_cis_imag (seq_len, head_dim/2)   (unused by run.c)
+//! wcls (vocab, dim)              only when the header's vocab_size is negative
+//! ```
+//!
+//! The header is validated and the file size compared with what it implies *before* anything is
+//! allocated; the file is memory-mapped, never read whole into a buffer sized by the header.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use crate::weights::LayerWeights;
+use crate::{Config, Error, Model, Result, Weights};
+
+const HEADER_BYTES: u64 = 7 * 4;
+
+/// Parses and validates the 7-field header; returns the config and whether the classifier is
+/// shared (vocab_size > 0).
+///
+/// # Errors
+/// [`Error::Config`] for zero, negative or absurd fields, `n_heads` not a multiple of
+/// `n_kv_heads`, `dim` not a multiple of `n_heads`.
+pub fn parse_header(h: [i32; 7]) -> Result<Config> {
+    let [dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len] = h;
+    let names = ["dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"];
+    for (name, v) in names.iter().zip([dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab.saturating_abs(), seq_len]) {
+        if v <= 0 {
+            return Err(Error::Config(format!("header field {name} = {v}; it must be positive")));
+        }
+    }
+    let u = |v: i32| v as usize;
+    if dim % n_heads != 0 {
+        return Err(Error::Config(format!("dim ({dim}) is not a multiple of n_heads ({n_heads})")));
+    }
+    let config = Config::llama(
+        u(dim),
+        u(hidden_dim),
+        u(n_layers),
+        u(n_heads),
+        u(n_kv_heads),
+        u(vocab.saturating_abs()),
+        u(seq_len),
+        vocab > 0,
+    );
+    config.validate()?;
+    Ok(config)
+}
+
+/// Bytes a llama2.c checkpoint of this config occupies, header included.
+pub fn expected_file_bytes(c: &Config) -> u64 {
+    let (d, h, l, kv, v) = (c.dim as u64, c.hidden_dim as u64, c.n_layers as u64, c.kv_dim() as u64, c.vocab_size as u64);
+    // validate() bounds every field, so none of these products can overflow u64.
+    let per_layer = d + d * d + 2 * kv * d + d * d + d + 3 * h * d;
+    let rope = c.max_seq_len as u64 * c.head_dim as u64; // cos and sin, head_dim/2 each
+    let cls = if c.shared_classifier { 0 } else { v * d };
+    HEADER_BYTES + 4 * (v * d + l * per_layer + d + rope + cls)
+}
+
+/// Loads a llama2.c checkpoint.
+///
+/// # Errors
+/// [`Error::Open`] if the file cannot be opened; [`Error::Truncated`] if it is shorter than the
+/// header or than the header implies; [`Error::SizeMismatch`] if longer; [`Error::Config`] for a
+/// bad header (see [`parse_header`]).
+pub fn load(path: &Path) -> Result<Model> {
+    let file = File::open(path).map_err(|source| Error::Open { path: path.into(), source })?;
+    let len = file.metadata().map_err(|source| Error::Io { path: path.into(), source })?.len();
+    if len < HEADER_BYTES {
+        return Err(Error::Truncated { path: path.into(), what: "the 28-byte header", needed: HEADER_BYTES, actual: len });
+    }
+    // SAFETY: the map is read-only and private to this function; checkpoints are not modified
+    // while kvlab runs (if one were truncated underneath us, reads could fault: the same caveat
+    // as llama2.c's own mmap).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io { path: path.into(), source })?;
+    let mut header = [0i32; 7];
+    for (i, h) in header.iter_mut().enumerate() {
+        *h = i32::from_le_bytes(map[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    }
+    let config = parse_header(header)?;
+    let expected = expected_file_bytes(&config);
+    if len < expected {
+        return Err(Error::Truncated { path: path.into(), what: "the tensors its header announces", needed: expected, actual: len });
+    }
+    if len > expected {
+        return Err(Error::SizeMismatch { path: path.into(), expected, actual: len });
+    }
+    let mut r = Reader { bytes: &map[HEADER_BYTES as usize..] };
+    let c = &config;
+    let (d, h, l, kv) = (c.dim, c.hidden_dim, c.n_layers, c.kv_dim());
+    let token_embedding = r.take(c.vocab_size * d);
+    let rms_att = r.take(l * d);
+    let wq = r.take(l * d * d);
+    let wk = r.take(l * kv * d);
+    let wv = r.take(l * kv * d);
+    let wo = r.take(l * d * d);
+    let rms_ffn = r.take(l * d);
+    let w1 = r.take(l * h * d);
+    let w2 = r.take(l * d * h);
+    let w3 = r.take(l * h * d);
+    let final_norm = r.take(d);
+    r.skip(c.max_seq_len * c.head_dim); // unused RoPE tables: kvlab computes RoPE itself
+    let classifier = (!c.shared_classifier).then(|| r.take(c.vocab_size * d));
+    let layer = |t: &[f32], i: usize, n: usize| t[i * n..(i + 1) * n].to_vec();
+    let layers = (0..l)
+        .map(|i| LayerWeights {
+            attn_norm: layer(&rms_att, i, d),
+            wq: layer(&wq, i, d * d),
+            wk: layer(&wk, i, kv * d),
+            wv: layer(&wv, i, kv * d),
+            wo: layer(&wo, i, d * d),
+            q_norm: Vec::new(),
+            k_norm: Vec::new(),
+            post_attn_norm: Vec::new(),
+            ffn_norm: layer(&rms_ffn, i, d),
+            w1: layer(&w1, i, h * d),
+            w2: layer(&w2, i, d * h),
+            w3: layer(&w3, i, h * d),
+            post_ffn_norm: Vec::new(),
+        })
+        .collect();
+    Model::new(config, Weights { token_embedding, layers, final_norm, classifier })
+}
+
+/// Sequential reader of little-endian f32s; lengths were checked against the file size first.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Vec<f32> {
+        let (head, rest) = self.bytes.split_at(4 * n);
+        self.bytes = rest;
+        head.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect()
+    }
+    fn skip(&mut self, n: usize) {
+        self.bytes = &self.bytes[4 * n..];
+    }
+}
+
+/// Writes a model in llama2.c's legacy format, so run.c (or any llama2.c port) can run the same
+/// weights. Only plain Llama models can be written (no QK-norm, post-norms, GeGLU, windows, NEOX
+/// RoPE, or head_dim ≠ dim/n_heads).
+///
+/// # Errors
+/// [`Error::Format`] for a model the format cannot express; [`Error::Io`] on write failure.
+pub fn write(model: &Model, path: &Path) -> Result<()> {
+    let c = &model.config;
+    let llama = Config::llama(c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.max_seq_len, c.shared_classifier);
+    if *c != llama {
+        return Err(Error::Format("llama2.c's format only holds plain Llama models (Config::llama)".into()));
+    }
+    let io = |source| Error::Io { path: path.into(), source };
+    let mut out = std::io::BufWriter::new(File::create(path).map_err(io)?);
+    let vocab = if c.shared_classifier { c.vocab_size as i32 } else { -(c.vocab_size as i32) };
+    let header = [c.dim as i32, c.hidden_dim as i32, c.n_layers as i32, c.n_heads as i32, c.n_kv_heads as i32, vocab, c.max_seq_len as i32];
+    let mut bytes: Vec<u8> = header.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let w = &model.weights;
+    let mut put = |t: &[f32]| bytes.extend(t.iter().flat_map(|v| v.to_le_bytes()));
+    put(&w.token_embedding);
+    let fields: [fn(&LayerWeights) -> &[f32]; 9] = [
+        |l| &l.attn_norm,
+        |l| &l.wq,
+        |l| &l.wk,
+        |l| &l.wv,
+        |l| &l.wo,
+        |l| &l.ffn_norm,
+        |l| &l.w1,
+        |l| &l.w2,
+        |l| &l.w3,
+    ];
+    for field in fields {
+        for l in &w.layers {
+            put(field(l));
+        }
+    }
+    put(&w.final_norm);
+    // The RoPE tables run.c skips, written as export.py writes them: cos then sin of pos·freq.
+    let half = c.head_dim / 2;
+    let angle = |p: usize, i: usize| p as f32 * c.rope_theta.powf(-((2 * i) as f32) / c.head_dim as f32);
+    let cos: Vec<f32> = (0..c.max_seq_len).flat_map(|p| (0..half).map(move |i| (p, i))).map(|(p, i)| angle(p, i).cos()).collect();
+    let sin: Vec<f32> = (0..c.max_seq_len).flat_map(|p| (0..half).map(move |i| (p, i))).map(|(p, i)| angle(p, i).sin()).collect();
+    put(&cos);
+    put(&sin);
+    if let Some(cls) = &w.classifier {
+        put(cls);
+    }
+    out.write_all(&bytes).map_err(io)?;
+    out.flush().map_err(io)
+}

@@ -1,0 +1,210 @@
+//! Named models: the manifest in `fixtures/models.json` (name, format, files with sha256 and
+//! upstream URL, or a synthetic spec) and where their files are found: `$KVLAB_MODELS` first, then
+//! the user cache directory (`$XDG_CACHE_HOME/kvlab` or `~/.cache/kvlab`). Downloading is the
+//! CLI's job; this module only looks.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::{Error, Model, Result, SyntheticSpec, Tokenizer};
+
+/// The manifest's schema version this code reads.
+pub const MANIFEST_FORMAT_VERSION: u32 = 1;
+
+/// A file a model needs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FileRef {
+    /// File name inside `$KVLAB_MODELS` or the cache directory.
+    pub file: String,
+    pub sha256: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Where the file can be downloaded from (its upstream).
+    pub url: Option<String>,
+}
+
+/// Checkpoint formats kvlab reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// llama2.c legacy `.bin` plus a llama2.c `tokenizer.bin`.
+    Llama2c,
+    /// GGUF with the tokenizer in its metadata.
+    Gguf,
+    /// Seeded random weights; the tokenizer (if any) is a llama2.c file.
+    Synthetic,
+}
+
+/// One model of the manifest.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModelEntry {
+    pub name: String,
+    pub format: Format,
+    pub description: String,
+    /// Provenance and licence of the weights.
+    #[serde(default)]
+    pub source: String,
+    pub model: Option<FileRef>,
+    pub tokenizer: Option<FileRef>,
+    pub synthetic: Option<SyntheticSpec>,
+    /// Context verify runs this model to (defaults to its max_seq_len).
+    pub verify_max_seq_len: Option<usize>,
+    /// Whether `cargo xtask verify` runs this model by default.
+    #[serde(default = "yes")]
+    pub verify: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The whole manifest.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub models: Vec<ModelEntry>,
+}
+
+/// The manifest compiled into the binary from `fixtures/models.json`.
+pub fn manifest() -> &'static Manifest {
+    static M: OnceLock<Manifest> = OnceLock::new();
+    M.get_or_init(|| {
+        let m: Manifest = serde_json::from_str(include_str!("../../../fixtures/models.json")).expect("fixtures/models.json is valid (checked by a test)");
+        assert_eq!(m.format_version, MANIFEST_FORMAT_VERSION, "fixtures/models.json format_version");
+        m
+    })
+}
+
+/// The manifest entry called `name` (case-insensitive).
+pub fn entry(name: &str) -> Option<&'static ModelEntry> {
+    manifest().models.iter().find(|m| m.name.eq_ignore_ascii_case(name))
+}
+
+/// `$KVLAB_MODELS`, if set.
+pub fn models_dir() -> Option<PathBuf> {
+    std::env::var_os("KVLAB_MODELS").filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// The user cache directory for downloaded checkpoints.
+pub fn cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    base.join("kvlab")
+}
+
+/// Where a file is, if present: `$KVLAB_MODELS/<file>`, else `<cache>/<file>`.
+pub fn find_file(f: &FileRef) -> Option<PathBuf> {
+    models_dir().into_iter().chain([cache_dir()]).map(|d| d.join(&f.file)).find(|p| p.is_file())
+}
+
+/// Where a file was looked for, for error messages.
+pub fn searched_places(f: &FileRef) -> String {
+    let mut v = Vec::new();
+    match models_dir() {
+        Some(d) => v.push(d.join(&f.file).display().to_string()),
+        None => v.push("$KVLAB_MODELS (not set)".into()),
+    }
+    v.push(cache_dir().join(&f.file).display().to_string());
+    v.join(", ")
+}
+
+/// The sha256 of a file, as lowercase hex.
+///
+/// # Errors
+/// [`Error::Open`] / [`Error::Io`].
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(|source| Error::Open { path: path.into(), source })?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|source| Error::Io { path: path.into(), source })?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A model ready to run, with its tokenizer when it has one.
+pub struct Loaded {
+    pub name: String,
+    pub model: Model,
+    pub tokenizer: Option<Tokenizer>,
+    /// Files it was read from.
+    pub files: Vec<PathBuf>,
+}
+
+/// What [`locate`] found for a name.
+pub enum Located {
+    /// Every file is present.
+    Ready { entry: &'static ModelEntry, model: Option<PathBuf>, tokenizer: Option<PathBuf> },
+    /// A file is missing: the reference to fetch, and where it was looked for.
+    Missing { entry: &'static ModelEntry, file: &'static FileRef, searched: String },
+}
+
+/// Finds a manifest model's files.
+///
+/// # Errors
+/// [`Error::Format`] for a name not in the manifest (the message lists the known names).
+pub fn locate(name: &str) -> Result<Located> {
+    let entry = entry(name).ok_or_else(|| {
+        let names: Vec<_> = manifest().models.iter().map(|m| m.name.as_str()).collect();
+        Error::Format(format!("no model called {name:?}; known models: {}; or pass a path to a .bin or .gguf file", names.join(", ")))
+    })?;
+    let mut found = [None, None];
+    for (slot, f) in found.iter_mut().zip([&entry.model, &entry.tokenizer]) {
+        if let Some(f) = f {
+            match find_file(f) {
+                Some(p) => *slot = Some(p),
+                None => return Ok(Located::Missing { entry, file: f, searched: searched_places(f) }),
+            }
+        }
+    }
+    let [model, tokenizer] = found;
+    Ok(Located::Ready { entry, model, tokenizer })
+}
+
+/// Loads a model from a manifest entry whose files were located.
+///
+/// # Errors
+/// Whatever the format's loader returns.
+pub fn load_entry(entry: &ModelEntry, model: Option<&Path>, tokenizer: Option<&Path>) -> Result<Loaded> {
+    let mut files: Vec<PathBuf> = model.into_iter().chain(tokenizer).map(Path::to_path_buf).collect();
+    let (m, tok) = match entry.format {
+        Format::Llama2c => {
+            let path = model.ok_or_else(|| Error::Format(format!("{} has no model file in the manifest", entry.name)))?;
+            load_llama2c(path, tokenizer)?
+        }
+        Format::Synthetic => {
+            let spec = entry.synthetic.as_ref().ok_or_else(|| Error::Format(format!("{} has no synthetic spec", entry.name)))?;
+            let m = spec.build()?;
+            let tok = tokenizer.map(|t| Tokenizer::load_llama2c(t, m.config.vocab_size)).transpose()?;
+            (m, tok)
+        }
+        Format::Gguf => {
+            let path = model.ok_or_else(|| Error::Format(format!("{} has no model file in the manifest", entry.name)))?;
+            let (m, t) = crate::load_gguf(path)?;
+            files.truncate(1);
+            (m, Some(t))
+        }
+    };
+    Ok(Loaded { name: entry.name.clone(), model: m, tokenizer: tok, files })
+}
+
+/// Loads a llama2.c checkpoint and, if given, its tokenizer.
+///
+/// # Errors
+/// As [`crate::llama2c::load`] and [`Tokenizer::load_llama2c`].
+pub fn load_llama2c(model: &Path, tokenizer: Option<&Path>) -> Result<(Model, Option<Tokenizer>)> {
+    let m = crate::llama2c::load(model)?;
+    let t = tokenizer.map(|t| Tokenizer::load_llama2c(t, m.config.vocab_size)).transpose()?;
+    Ok((m, t))
+}

@@ -1,0 +1,288 @@
+//! SentencePiece-style BPE with scores, as llama2.c's run.c implements it (`encode`, `decode`).
+//!
+//! Encoding: optional BOS; a dummy-prefix space before non-empty text (llama2.c; GGUF models say
+//! whether they want it); the text split into UTF-8 code points, each looked up in the vocabulary
+//! and, when missing, replaced by its bytes as `<0xXX>` tokens; then, repeatedly, the adjacent pair
+//! whose concatenation is a token with the highest score is merged (ties to the leftmost pair)
+//! until no pair merges. Decoding drops the leading space of the first piece after BOS and turns
+//! `<0xXX>` pieces into the raw byte.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// A scored vocabulary and the BPE merge rule over it.
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    /// Token pieces as bytes, spaces as ' ' (GGUF's `▁` is turned into ' ' at load). (vocab_size,)
+    pieces: Vec<Vec<u8>>,
+    /// Merge priority of each token. (vocab_size,)
+    scores: Vec<f32>,
+    lookup: HashMap<Vec<u8>, u32>,
+    /// Token id of each byte-fallback piece `<0xXX>`, when the vocabulary has it.
+    byte_ids: [Option<u32>; 256],
+    /// Pieces matched verbatim in the text before BPE runs (llama.cpp's USER_DEFINED tokens),
+    /// longest first.
+    verbatim: Vec<(Vec<u8>, u32)>,
+    pub bos_id: u32,
+    pub eos_id: u32,
+    /// Prepend a space to non-empty text (llama2.c; SentencePiece's `add_dummy_prefix`).
+    pub add_dummy_prefix: bool,
+}
+
+impl Tokenizer {
+    /// Builds a tokenizer from pieces and scores.
+    ///
+    /// # Errors
+    /// [`Error::Config`] if the lengths differ or BOS/EOS are outside the vocabulary.
+    pub fn new(pieces: Vec<Vec<u8>>, scores: Vec<f32>, bos_id: u32, eos_id: u32, add_dummy_prefix: bool) -> Result<Tokenizer> {
+        if pieces.len() != scores.len() || pieces.is_empty() {
+            return Err(Error::Config(format!("tokenizer has {} pieces and {} scores", pieces.len(), scores.len())));
+        }
+        if bos_id as usize >= pieces.len() || eos_id as usize >= pieces.len() {
+            return Err(Error::Config("BOS or EOS id outside the tokenizer's vocabulary".into()));
+        }
+        let mut lookup = HashMap::with_capacity(pieces.len());
+        let mut byte_ids = [None; 256];
+        for (id, p) in pieces.iter().enumerate() {
+            // First occurrence wins, as llama2.c's sorted-vocab bsearch finds one of equal keys.
+            lookup.entry(p.clone()).or_insert(id as u32);
+            if let Some(b) = parse_byte_piece(p) {
+                byte_ids[b as usize].get_or_insert(id as u32);
+            }
+        }
+        Ok(Tokenizer { pieces, scores, lookup, byte_ids, verbatim: Vec::new(), bos_id, eos_id, add_dummy_prefix })
+    }
+
+    /// Marks tokens to be matched verbatim in the text before BPE (llama.cpp's USER_DEFINED).
+    pub fn with_verbatim(mut self, ids: impl IntoIterator<Item = u32>) -> Tokenizer {
+        self.verbatim = ids.into_iter().filter_map(|id| self.pieces.get(id as usize).map(|p| (p.clone(), id))).filter(|(p, _)| !p.is_empty()).collect();
+        self.verbatim.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        self
+    }
+
+    /// Loads llama2.c's `tokenizer.bin`: i32 max_token_length, then per token f32 score, i32
+    /// length, bytes. `vocab_size` comes from the model's config (the file does not store it).
+    /// BOS is 1 and EOS 2, as in llama2.c.
+    ///
+    /// # Errors
+    /// [`Error::Open`], or [`Error::Tokenizer`] if the file is truncated, a length is negative or
+    /// larger than max_token_length, or bytes are left over.
+    pub fn load_llama2c(path: &Path, vocab_size: usize) -> Result<Tokenizer> {
+        let bytes = std::fs::read(path).map_err(|source| Error::Open { path: path.into(), source })?;
+        let bad = |reason: String| Error::Tokenizer { path: PathBuf::from(path), reason };
+        let mut cur = Cursor { bytes: &bytes, at: 0 };
+        let max_len = cur.i32().ok_or_else(|| bad("truncated before max_token_length".into()))?;
+        if max_len <= 0 || max_len > 1 << 16 {
+            return Err(bad(format!("max_token_length {max_len} is not plausible")));
+        }
+        // Each token needs at least 8 bytes, so a vocab larger than the file allows is caught
+        // before the vectors are reserved.
+        if vocab_size > bytes.len() / 8 {
+            return Err(bad(format!("the file is too small for {vocab_size} tokens; does this tokenizer belong to this model?")));
+        }
+        let mut pieces = Vec::with_capacity(vocab_size);
+        let mut scores = Vec::with_capacity(vocab_size);
+        for i in 0..vocab_size {
+            let truncated = || bad(format!("truncated in token {i} of {vocab_size}"));
+            let score = f32::from_bits(cur.i32().ok_or_else(truncated)? as u32);
+            let len = cur.i32().ok_or_else(truncated)?;
+            if len < 0 || len > max_len {
+                return Err(bad(format!("token {i} has length {len} (max_token_length {max_len})")));
+            }
+            pieces.push(cur.take(len as usize).ok_or_else(truncated)?.to_vec());
+            scores.push(score);
+        }
+        if cur.at != bytes.len() {
+            return Err(bad(format!("{} bytes left after {vocab_size} tokens; the model's vocab_size does not match this tokenizer", bytes.len() - cur.at)));
+        }
+        Tokenizer::new(pieces, scores, 1, 2, true)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// The raw piece of a token (spaces as ' ').
+    pub fn piece(&self, id: u32) -> &[u8] {
+        self.pieces.get(id as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Encodes text, optionally with BOS first and EOS last (run.c's `encode`).
+    pub fn encode(&self, text: &str, bos: bool, eos: bool) -> Vec<u32> {
+        let mut tokens = Vec::with_capacity(text.len() + 3);
+        if bos {
+            tokens.push(self.bos_id);
+        }
+        // llama2.c adds the dummy prefix as a token of its own that BPE may then merge with
+        // what follows (" " + "Once" → " Once"): the same as prepending a space to the text.
+        let prefixed;
+        let mut rest = text.as_bytes();
+        if !rest.is_empty() && self.add_dummy_prefix {
+            prefixed = [b" ", rest].concat();
+            rest = &prefixed;
+        }
+        // Split out verbatim tokens, BPE the text between them.
+        while !rest.is_empty() {
+            let hit = (0..rest.len()).find_map(|i| self.verbatim.iter().find(|(p, _)| rest[i..].starts_with(p)).map(|(p, id)| (i, p.len(), *id)));
+            match hit {
+                Some((i, len, id)) => {
+                    self.bpe(&rest[..i], &mut tokens);
+                    tokens.push(id);
+                    rest = &rest[i + len..];
+                }
+                None => {
+                    self.bpe(rest, &mut tokens);
+                    rest = &[];
+                }
+            }
+        }
+        if eos {
+            tokens.push(self.eos_id);
+        }
+        tokens
+    }
+
+    fn push_text(&self, text: &[u8], out: &mut Vec<u32>) {
+        match self.lookup.get(text) {
+            Some(&id) => out.push(id),
+            None => out.extend(text.iter().filter_map(|&b| self.byte_ids[b as usize])),
+        }
+    }
+
+    /// Byte-fallback split into code points, then greedy highest-score merges.
+    fn bpe(&self, text: &[u8], out: &mut Vec<u32>) {
+        if text.is_empty() {
+            return;
+        }
+        let mut tokens: Vec<u32> = Vec::with_capacity(text.len());
+        let s = String::from_utf8_lossy(text);
+        let mut buf = [0u8; 4];
+        for ch in s.chars() {
+            self.push_text(ch.encode_utf8(&mut buf).as_bytes(), &mut tokens);
+        }
+        let mut merged = Vec::new();
+        loop {
+            let mut best: Option<(f32, usize, u32)> = None;
+            for i in 0..tokens.len().saturating_sub(1) {
+                merged.clear();
+                merged.extend_from_slice(&self.pieces[tokens[i] as usize]);
+                merged.extend_from_slice(&self.pieces[tokens[i + 1] as usize]);
+                if let Some(&id) = self.lookup.get(&merged) {
+                    let score = self.scores[id as usize];
+                    if best.is_none_or(|(b, _, _)| score > b) {
+                        best = Some((score, i, id));
+                    }
+                }
+            }
+            let Some((_, i, id)) = best else { break };
+            tokens[i] = id;
+            tokens.remove(i + 1);
+        }
+        out.extend(tokens);
+    }
+
+    /// The bytes a token prints as when it follows `prev` (run.c's `decode`): the leading space
+    /// is dropped right after BOS, and `<0xXX>` becomes the byte.
+    pub fn decode(&self, prev: u32, token: u32) -> Vec<u8> {
+        let mut piece = self.piece(token);
+        if prev == self.bos_id && piece.first() == Some(&b' ') {
+            piece = &piece[1..];
+        }
+        match parse_byte_piece(piece) {
+            Some(b) => vec![b],
+            None => piece.to_vec(),
+        }
+    }
+
+    /// Decodes a whole token sequence (the first token is taken to follow BOS) into text;
+    /// invalid UTF-8 becomes U+FFFD.
+    pub fn decode_all(&self, tokens: &[u32]) -> String {
+        let mut bytes = Vec::new();
+        let mut prev = self.bos_id;
+        for &t in tokens {
+            if t != self.bos_id {
+                bytes.extend(self.decode(prev, t));
+            }
+            prev = t;
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// A bounds-checked little-endian reader.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let b = self.bytes.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(b)
+    }
+    fn i32(&mut self) -> Option<i32> {
+        Some(i32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+}
+
+/// `<0xXX>` → the byte XX.
+fn parse_byte_piece(p: &[u8]) -> Option<u8> {
+    if p.len() == 6 && p.starts_with(b"<0x") && p[5] == b'>' {
+        u8::from_str_radix(std::str::from_utf8(&p[3..5]).ok()?, 16).ok()
+    } else {
+        None
+    }
+}
+
+/// Turns decoded bytes into printable text as they stream in: a UTF-8 character split over
+/// several byte tokens is held back until it is complete; bytes that can never form valid UTF-8
+/// become U+FFFD. Like run.c's `safe_printf`, a lone control byte other than whitespace is dropped.
+#[derive(Default, Debug)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Feeds a piece, returns the text that is now complete.
+    pub fn push(&mut self, piece: &[u8]) -> String {
+        if piece.len() == 1 && piece[0].is_ascii_control() && !piece[0].is_ascii_whitespace() {
+            return String::new();
+        }
+        self.pending.extend_from_slice(piece);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    out.push_str(std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"));
+                    match e.error_len() {
+                        // Incomplete character at the end: wait for more bytes.
+                        None => {
+                            self.pending.drain(..valid);
+                            return out;
+                        }
+                        Some(n) => {
+                            out.push('\u{FFFD}');
+                            self.pending.drain(..valid + n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Flushes what is left at the end of generation (an incomplete character becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
