@@ -1,1 +1,85 @@
-//! kvlab-naive
+//! kvlab-naive: the reference engine. It keeps **no KV cache**, only each sequence's token
+//! history, and every call recomputes Q, K and V for the whole prefix under a causal mask, then
+//! returns the last position's logits.
+//!
+//! That makes step `t` cost O(t) projections and O(t²) attention, and a generation of N tokens
+//! O(N²) projections in total: the baseline the cached engines are measured against. It is written
+//! for clarity, one ndarray expression per equation, and shares no attention or kernel code with
+//! the CPU engine, so that agreement between the two means something.
+
+mod forward;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kvlab_model::engine::{check_max_seq_len, check_tokens};
+use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
+
+/// A sequence is nothing but its tokens.
+struct Sequence {
+    tokens: Vec<u32>,
+    max_seq_len: usize,
+}
+
+/// The no-cache engine.
+pub struct NaiveEngine {
+    model: Arc<Model>,
+    seqs: HashMap<SeqId, Sequence>,
+    next_id: SeqId,
+}
+
+impl NaiveEngine {
+    pub fn new(model: Arc<Model>) -> NaiveEngine {
+        NaiveEngine { model, seqs: HashMap::new(), next_id: 0 }
+    }
+
+    fn run(&mut self, seq: SeqId, new: &[u32]) -> Result<Vec<f32>> {
+        let s = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
+        check_tokens(&self.model.config, seq, s.tokens.len(), s.max_seq_len, new)?;
+        s.tokens.extend_from_slice(new);
+        // The whole point of this engine: forget everything, recompute from token 0.
+        Ok(forward::forward(&self.model, &s.tokens))
+    }
+}
+
+impl Engine for NaiveEngine {
+    fn name(&self) -> &'static str {
+        "naive"
+    }
+
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId> {
+        check_max_seq_len(&self.model.config, max_seq_len)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(id, Sequence { tokens: Vec::new(), max_seq_len });
+        Ok(id)
+    }
+
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(seq, tokens)
+    }
+
+    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>> {
+        self.run(seq, &[token])
+    }
+
+    fn free(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+    }
+
+    /// The naive engine holds no KV cache: K and V exist only transiently inside a step.
+    fn kv_usage(&self) -> KvUsage {
+        KvUsage::default()
+    }
+
+    fn trace(&self, seq: SeqId) -> Option<TraceStep> {
+        let s = self.seqs.get(&seq)?;
+        let c = &self.model.config;
+        let shape = format!("no cache: K, V recomputed as (seq_len={}, kv_dim={}) each step", s.tokens.len(), c.kv_dim());
+        Some(TraceStep { len: s.tokens.len(), layer_cache_shapes: vec![shape; c.n_layers], block_table: None, slot_mapping: None })
+    }
+}

@@ -1,0 +1,94 @@
+//! The cached CPU engine against the naive reference: same logits at every position.
+
+mod common;
+
+use std::sync::Arc;
+
+use kvlab_cpu::CpuEngine;
+use kvlab_model::{Engine, GenerateOptions, LayerKind, Model, Sampler, SyntheticSpec, generate_tokens, teacher_force};
+use kvlab_naive::NaiveEngine;
+use proptest::prelude::*;
+
+/// |a − b| ≤ 1e-4 + 1e-4·|b| elementwise; NaN never passes.
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= 1e-4 + 1e-4 * y.abs(), "{what}: logit {i}: {x} vs {y}");
+    }
+}
+
+fn check_parity(model: Model, prompt: &[u32], forced: &[u32]) {
+    let model = Arc::new(model);
+    let max = model.config.max_seq_len;
+    let reference = teacher_force(&mut NaiveEngine::new(model.clone()), prompt, forced, max).unwrap();
+    let cached = teacher_force(&mut CpuEngine::new(model.clone()), prompt, forced, max).unwrap();
+    for (pos, (a, b)) in cached.iter().zip(&reference).enumerate() {
+        assert_close(a, b, &format!("step {pos}"));
+    }
+    // Token by token (every position a decode) must agree too.
+    let mut one = CpuEngine::new(model);
+    let seq = one.new_sequence(max).unwrap();
+    let mut last = Vec::new();
+    for &t in prompt {
+        last = one.decode(seq, t).unwrap();
+    }
+    assert_close(&last, &reference[0], "prompt fed token by token");
+}
+
+fn arb_case() -> impl Strategy<Value = (SyntheticSpec, Vec<u32>, Vec<u32>, Option<usize>)> {
+    // (n_kv_heads, group): MHA, GQA and MQA.
+    (1usize..=2, prop_oneof![Just(1usize), Just(2), Just(4)], 1usize..=3, any::<u64>(), 1usize..=3)
+        .prop_flat_map(|(n_kv, group, layers, seed, hd_mult)| {
+            let n_heads = n_kv * group;
+            let dim = n_heads * 4 * hd_mult;
+            let spec = SyntheticSpec::new(dim, dim * 2 + 4, layers, n_heads, n_kv, 40, 48, seed);
+            (Just(spec), prop::collection::vec(0u32..40, 1..20), prop::collection::vec(0u32..40, 0..20), prop::option::of(1usize..12))
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// For random small configs (MHA, GQA, MQA, with and without sliding windows) and random
+    /// prompts, the CPU engine's logits match the naive engine's at every position within
+    /// relative 1e-4 and absolute 1e-4.
+    #[test]
+    fn cpu_logits_match_naive_at_every_position((spec, prompt, forced, window) in arb_case()) {
+        let mut model = spec.build().unwrap();
+        if let Some(w) = window {
+            // Every other layer local: exercises the ring buffer and the window mask together.
+            model.config.layer_kinds = (0..model.config.n_layers)
+                .map(|l| if l % 2 == 0 { LayerKind::Local { window: w } } else { LayerKind::Global })
+                .collect();
+        }
+        check_parity(model, &prompt, &forced);
+    }
+}
+
+#[test]
+fn shared_classifier_and_long_prompts_agree() {
+    let mut spec = SyntheticSpec::new(32, 72, 2, 4, 2, 64, 300, 9);
+    spec.shared_classifier = true;
+    let prompt: Vec<u32> = (0..250).map(|i| (i * 7 % 64) as u32).collect();
+    check_parity(spec.build().unwrap(), &prompt, &[3, 4, 5]);
+}
+
+#[test]
+fn stories260k_generates_the_llama2c_reference() {
+    let (Some(bin), Some(tok)) = (common::model_file("stories260K.bin"), common::model_file("tok512.bin")) else { return };
+    let (model, tok) = kvlab_model::registry::load_llama2c(&bin, Some(&tok)).unwrap();
+    let tok = tok.unwrap();
+    let model = Arc::new(model);
+    let prompt = tok.encode("Once upon a time", true, false);
+    assert_eq!(prompt, [1, 403, 407, 261, 378]);
+    // ../shared/models/README.md: llama2.c run.c, temperature 0, 256 positions.
+    let expected = [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282];
+    let opts = GenerateOptions { steps: 256, max_seq_len: 0, trace: false };
+    let mut engines: Vec<Box<dyn Engine>> = vec![Box::new(NaiveEngine::new(model.clone())), Box::new(CpuEngine::new(model.clone()))];
+    for e in engines.iter_mut() {
+        let g = generate_tokens(e.as_mut(), &prompt, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
+        assert_eq!(&g.tokens[..24], &expected, "{} engine", e.name());
+        let text = tok.decode_all(&[&prompt[..], &g.tokens[..]].concat());
+        assert!(text.starts_with("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high."), "{}: {text}", e.name());
+    }
+}
