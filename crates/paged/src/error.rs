@@ -35,7 +35,10 @@ pub enum PagedError {
     BlockSizeMismatch { table: usize, allocator: usize },
 
     /// A cached prefix can only be adopted by an empty block table.
-    #[error("block table already holds {num_tokens} tokens; adopt a cached prefix only into an empty table")]
+    #[error(
+        "block table already holds {num_tokens} tokens; adopt a cached prefix only into an \
+         empty table"
+    )]
     TableNotEmpty { num_tokens: usize },
 
     /// A prefix match was computed, then the pool changed (a matched block got evicted).
@@ -58,7 +61,10 @@ pub enum PagedError {
         "prompt of {prompt_len} tokens exceeds max_model_len = {max_model_len}; shorten the \
          prompt, or raise max_model_len together with num_blocks"
     )]
-    PromptTooLong { prompt_len: usize, max_model_len: usize },
+    PromptTooLong {
+        prompt_len: usize,
+        max_model_len: usize,
+    },
 
     /// A request's stop conditions or arguments are unusable.
     #[error("invalid request: {0}")]

@@ -1,1 +1,84 @@
-//! kvlab-paged
+//! kvlab-paged: the bookkeeping of a paged KV cache, device-independent and plain data.
+//!
+//! A contiguous KV cache reserves `max_seq_len` positions per sequence up front, and most of that
+//! memory holds nothing for most of the sequence's life (`waste.rs` puts numbers on it). vLLM's
+//! PagedAttention instead splits the cache into a pool of fixed-size **blocks** of `block_size`
+//! token slots (16 by default). A sequence takes a block only when its previous block is full,
+//! so it wastes at most one partial block, and its **block table** maps its logical blocks, in
+//! order, to whatever physical blocks it got:
+//!
+//! ```text
+//!  sequence A: 37 tokens, block_size = 16      pool: num_blocks = 8 (B is another sequence)
+//!
+//!  logical block:  0   1   2                   physical: 0    1    2    3    4    5    6    7
+//!  block_table = [ 5,  2,  7 ]                         [  ] [B0] [A1] [  ] [  ] [A0] [B1] [A2]
+//!                  │   │   └─ positions 32..37 (5 of 16 slots used: the only waste)
+//!                  │   └───── positions 16..32
+//!                  └───────── positions  0..16
+//!
+//!  slot(pos) = block_table[pos / block_size] · block_size + pos % block_size
+//!  slot(33)  = 7 · 16 + 1 = 113   (row 113 of the cache seen as (num_blocks · block_size, ...))
+//! ```
+//!
+//! The engine stores each new token's k and v at its slot (`slot_mapping`), and attention reads
+//! a sequence's keys through its block table. Because tables are indirections, blocks can be
+//! shared: a **forked** sequence shares all of its parent's blocks and copies one only when it
+//! first writes into it (copy-on-write), and sequences whose prompts start alike share the cached
+//! blocks of that prefix (**prefix caching**, by chained block hashes verified token for token).
+//!
+//! Data flow, one file per idea:
+//!
+//! * [`hash`]: chained content hashes of full blocks (deterministic FNV-1a).
+//! * [`block_table`]: [`BlockTable`], slots, padded `block_tables` ([`PAD_BLOCK`] = -1,
+//!   [`PAD_SLOT`] = -1).
+//! * `prefix_cache.rs`: the hash → block store, verified hits, LRU of evictable blocks.
+//! * `allocator.rs`, `table_ops.rs`, `prefix_sharing.rs`, `window.rs`: [`BlockAllocator`], the
+//!   pool: `can_allocate`/`allocate`, `can_append`/`append_slot(s)` with copy-on-write, `fork`,
+//!   `free`, `match_prefix`/`adopt_prefix`/`register_full_blocks`, `free_outside_window`.
+//! * `sequence.rs`, `config.rs`, `scheduler.rs`, `schedule.rs`, `update.rs`: [`Scheduler`],
+//!   continuous batching with FCFS admission, token and sequence budgets, preemption by
+//!   recompute, returning a [`ScheduledBatch`] per step.
+//! * `batch.rs`: [`ModelInput`], the step flattened for a batched kernel.
+//! * [`metrics`]: [`Metrics`] named like vLLM's.
+//! * [`waste`], [`workload`]: the memory-waste calculator and seeded request-length generators.
+//!
+//! Nothing here touches floats of the model or a device: engines (CPU or CUDA) own the cache
+//! tensors and follow the [`ScheduledBatch`] they are given.
+
+#![forbid(unsafe_code)]
+
+pub mod block_table;
+pub mod hash;
+pub mod metrics;
+pub mod waste;
+pub mod workload;
+
+mod allocator;
+mod batch;
+mod config;
+mod error;
+mod output;
+mod prefix_cache;
+mod prefix_sharing;
+mod schedule;
+mod scheduler;
+mod sequence;
+mod table_ops;
+mod update;
+mod window;
+
+pub use allocator::{AllocatorStats, BlockAllocator, DEFAULT_BLOCK_SIZE};
+pub use batch::{GroupInput, ModelInput};
+pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables};
+pub use config::{KvGroupConfig, SchedulerConfig};
+pub use error::{PagedError, Result};
+pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a_block_hash};
+pub use metrics::Metrics;
+pub use output::{FinishedSeq, GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
+pub use prefix_sharing::PrefixMatch;
+pub use scheduler::Scheduler;
+pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
+pub use table_ops::BlockCopy;
+pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};
+pub use window::{max_window_blocks, window_start};
+pub use workload::{LongTail, long_tail_requests, uniform_requests};

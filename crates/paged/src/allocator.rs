@@ -1,0 +1,251 @@
+//! The block pool: a free list and a ref count per block. The block-table mutations built on
+//! them (grow a sequence, fork it copy-on-write, free it) are in `table_ops.rs`.
+//!
+//! The KV cache is `num_blocks` blocks of `block_size` token slots. A sequence takes a block only
+//! when its previous one is full, so at most one partly filled block per sequence is wasted
+//! (vLLM's PagedAttention). A block's ref count is the number of block tables holding it; blocks
+//! are shared by forked sequences and by prefix-cache hits.
+//!
+//! Queries (`can_allocate`, `can_append`, `blocks_needed_to_append`) never mutate; mutations
+//! (`allocate`, `append_slot(s)`, `fork`, `free`) check first and either succeed completely or
+//! change nothing. All state is plain data in this struct; block tables are passed in explicitly
+//! (nano-vllm's block manager without its globals).
+//!
+//! **Copy-on-write.** A block with ref count > 1 is never written: when a sequence must write
+//! into a shared partial block (after a fork), `append_slots` gives it a fresh block and returns
+//! a [`crate::BlockCopy`] `src → dst` that the engine must perform *before* any k/v write of
+//! the step.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+use crate::block_table::{BlockId, BlockTable};
+use crate::error::{PagedError, Result};
+use crate::hash::{HashFn, fnv1a_block_hash};
+use crate::prefix_cache::PrefixCache;
+
+/// The block size vLLM uses by default on GPUs.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// Running totals of what the allocator did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AllocatorStats {
+    /// Cached blocks whose content was dropped to make room.
+    pub num_evictions: u64,
+    /// Copy-on-write copies handed to the engine.
+    pub num_cow_copies: u64,
+    /// Hash collisions detected (same hash, different tokens or parent) and refused.
+    pub num_hash_collisions: u64,
+    /// Freshly computed full blocks replaced by an identical cached block (memory deduplicated).
+    pub num_dedup_blocks: u64,
+}
+
+/// A pool of `num_blocks` KV blocks of `block_size` tokens with ref counts and a prefix cache.
+#[derive(Debug, Clone)]
+pub struct BlockAllocator {
+    pub(crate) block_size: usize,
+    /// (num_blocks,) how many block tables hold each block.
+    pub(crate) ref_counts: Vec<u32>,
+    /// Unreferenced blocks without cached content, handed out front first.
+    pub(crate) free_list: VecDeque<BlockId>,
+    pub(crate) cache: PrefixCache,
+    pub(crate) prefix_caching: bool,
+    pub(crate) stats: AllocatorStats,
+}
+
+impl BlockAllocator {
+    /// A pool of `num_blocks` free blocks of `block_size` tokens, prefix caching on, FNV-1a hash.
+    ///
+    /// # Errors
+    /// [`PagedError::InvalidConfig`] if either size is 0, or if block ids would not fit a
+    /// kernel's `i32` block table or slots its `i64` slot mapping.
+    pub fn new(num_blocks: usize, block_size: usize) -> Result<Self> {
+        if num_blocks == 0 || block_size == 0 {
+            return Err(PagedError::InvalidConfig(format!(
+                "num_blocks ({num_blocks}) and block_size ({block_size}) must both be at least 1"
+            )));
+        }
+        let too_big = i32::try_from(num_blocks).is_err()
+            || num_blocks
+                .checked_mul(block_size)
+                .is_none_or(|s| i64::try_from(s).is_err());
+        if too_big {
+            return Err(PagedError::InvalidConfig(format!(
+                "{num_blocks} blocks of {block_size} tokens overflow i32 block ids or i64 slots; \
+                 use fewer blocks"
+            )));
+        }
+        Ok(Self {
+            block_size,
+            ref_counts: vec![0; num_blocks],
+            free_list: (0..num_blocks as BlockId).collect(),
+            cache: PrefixCache::new(num_blocks, fnv1a_block_hash),
+            prefix_caching: true,
+            stats: AllocatorStats::default(),
+        })
+    }
+
+    /// Turns prefix caching on or off (off: full blocks are never registered or matched).
+    pub fn with_prefix_caching(mut self, enabled: bool) -> Self {
+        self.prefix_caching = enabled;
+        self
+    }
+
+    /// Replaces the block hash function; meant for tests that force collisions.
+    pub fn with_hash_fn(mut self, hash_fn: HashFn) -> Self {
+        self.cache.hash_fn = hash_fn;
+        self
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks in the pool.
+    pub fn num_blocks(&self) -> usize {
+        self.ref_counts.len()
+    }
+
+    /// Blocks that can be handed out now: never-cached free blocks plus evictable cached ones.
+    pub fn num_free_blocks(&self) -> usize {
+        self.free_list.len() + self.cache.num_evictable()
+    }
+
+    /// Unreferenced blocks that still hold cached content (a subset of the free blocks).
+    pub fn num_evictable_blocks(&self) -> usize {
+        self.cache.num_evictable()
+    }
+
+    /// Blocks referenced by at least one block table.
+    pub fn num_used_blocks(&self) -> usize {
+        self.num_blocks() - self.num_free_blocks()
+    }
+
+    /// Blocks holding registered prefix-cache content, referenced or not.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cache.num_cached()
+    }
+
+    /// Number of block tables holding `block` (0 for free or out-of-range blocks).
+    pub fn ref_count(&self, block: BlockId) -> usize {
+        self.ref_counts
+            .get(block as usize)
+            .map_or(0, |&r| r as usize)
+    }
+
+    /// Whether `block` is unreferenced but keeps cached content (an LRU eviction candidate).
+    pub fn is_evictable(&self, block: BlockId) -> bool {
+        self.cache.is_evictable(block)
+    }
+
+    /// Whether full blocks are registered and matched.
+    pub fn prefix_caching_enabled(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// Totals of evictions, copies, collisions and deduplications so far.
+    pub fn stats(&self) -> AllocatorStats {
+        self.stats
+    }
+
+    /// Whether `n_blocks` fresh blocks can be handed out now.
+    pub fn can_allocate(&self, n_blocks: usize) -> bool {
+        n_blocks <= self.num_free_blocks()
+    }
+
+    /// Hands out `n_blocks` fresh blocks with ref count 1, taking never-cached blocks first and
+    /// evicting least recently released cached blocks only when those run out. The caller owns
+    /// the references and returns them with [`Self::free_block`].
+    ///
+    /// # Errors
+    /// [`PagedError::OutOfBlocks`] (nothing is taken) if fewer than `n_blocks` are free.
+    pub fn allocate(&mut self, n_blocks: usize) -> Result<Vec<BlockId>> {
+        self.ensure_free(n_blocks)?;
+        (0..n_blocks).map(|_| self.alloc_one()).collect()
+    }
+
+    /// Drops one reference on `block`; at 0 it becomes evictable (if cached) or free.
+    ///
+    /// # Errors
+    /// [`PagedError::InvalidBlock`] if `block` is out of range or not referenced.
+    pub fn free_block(&mut self, block: BlockId) -> Result<()> {
+        self.check_held(block)?;
+        self.release(block);
+        Ok(())
+    }
+
+    /// Takes one block off the free list, or evicts the least recently released cached block.
+    pub(crate) fn alloc_one(&mut self) -> Result<BlockId> {
+        let block = match self.free_list.pop_front() {
+            Some(b) => b,
+            None => {
+                let b = self
+                    .cache
+                    .evict_lru()
+                    .ok_or(PagedError::OutOfBlocks { needed: 1, free: 0 })?;
+                self.stats.num_evictions += 1;
+                b
+            }
+        };
+        self.ref_counts[block as usize] = 1;
+        Ok(block)
+    }
+
+    /// Takes a reference on a block that is held or evictable (a prefix hit or a deduplication).
+    pub(crate) fn acquire(&mut self, block: BlockId) {
+        if self.ref_counts[block as usize] == 0 {
+            self.cache.remove_evictable(block);
+        }
+        self.ref_counts[block as usize] += 1;
+    }
+
+    /// Drops a reference on a held block (already checked).
+    pub(crate) fn release(&mut self, block: BlockId) {
+        let rc = &mut self.ref_counts[block as usize];
+        if *rc == 0 {
+            return; // Unreachable through checked paths; never underflow.
+        }
+        *rc -= 1;
+        if *rc == 0 {
+            if self.cache.is_cached(block) {
+                self.cache.push_evictable(block);
+            } else {
+                self.free_list.push_back(block);
+            }
+        }
+    }
+
+    pub(crate) fn ensure_free(&self, needed: usize) -> Result<()> {
+        let free = self.num_free_blocks();
+        if needed > free {
+            return Err(PagedError::OutOfBlocks { needed, free });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_held(&self, block: BlockId) -> Result<()> {
+        if self.ref_count(block) == 0 {
+            return Err(PagedError::InvalidBlock {
+                block,
+                num_blocks: self.num_blocks(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_table(&self, table: &BlockTable) -> Result<()> {
+        if table.block_size() != self.block_size {
+            return Err(PagedError::BlockSizeMismatch {
+                table: table.block_size(),
+                allocator: self.block_size,
+            });
+        }
+        table
+            .blocks
+            .iter()
+            .flatten()
+            .try_for_each(|&b| self.check_held(b))
+    }
+}

@@ -1,0 +1,104 @@
+//! Counters and gauges named like vLLM's, for logs, JSON results and the teaching chapters.
+
+use serde::Serialize;
+
+use crate::allocator::BlockAllocator;
+use crate::scheduler::Scheduler;
+
+/// A snapshot of the KV cache and scheduler. Block counts add up over all KV cache groups.
+///
+/// Prefix-cache counters are in **tokens**, as vLLM counts them: each admission (including a
+/// readmission after preemption) queries `len` tokens and hits the cached prefix length.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Metrics {
+    /// Blocks in all pools.
+    pub num_blocks_total: usize,
+    /// Blocks referenced by some block table.
+    pub num_blocks_used: usize,
+    /// Blocks that can be handed out: never-cached free blocks plus evictable cached ones.
+    pub num_blocks_free: usize,
+    /// Free blocks that still hold cached prefix content (a subset of `num_blocks_free`).
+    pub num_blocks_cached_free: usize,
+    /// `num_blocks_used / num_blocks_total`, a fraction in `[0, 1]` (vLLM's name, vLLM's unit:
+    /// despite "perc", 1.0 means full).
+    pub kv_cache_usage_perc: f64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_cache_queries: u64,
+    /// Prompt tokens served by the prefix cache (their prefill was skipped).
+    pub prefix_cache_hits: u64,
+    /// Cached blocks whose content was dropped to make room.
+    pub num_evictions: u64,
+    /// Sequences preempted by recompute.
+    pub num_preemptions: u64,
+    /// Tokens prefilled again after preemption that had been computed before.
+    pub num_recomputed_tokens: u64,
+    /// Copy-on-write block copies handed to the engine.
+    pub num_cow_copies: u64,
+    /// Hash collisions detected and refused by the prefix cache.
+    pub num_hash_collisions: u64,
+    /// Computed blocks replaced by an identical cached block.
+    pub num_dedup_blocks: u64,
+    /// Sequences in the running queue.
+    pub num_running: usize,
+    /// Sequences in the waiting queue.
+    pub num_waiting: usize,
+    /// Non-empty steps scheduled so far.
+    pub num_steps: u64,
+}
+
+impl Metrics {
+    /// Block gauges and allocator counters of some pools; scheduler counters left at 0.
+    pub fn of_pools(pools: &[BlockAllocator]) -> Self {
+        let total: usize = pools.iter().map(BlockAllocator::num_blocks).sum();
+        let used: usize = pools.iter().map(BlockAllocator::num_used_blocks).sum();
+        let stat = |f: fn(&BlockAllocator) -> u64| pools.iter().map(f).sum::<u64>();
+        Self {
+            num_blocks_total: total,
+            num_blocks_used: used,
+            num_blocks_free: pools.iter().map(BlockAllocator::num_free_blocks).sum(),
+            num_blocks_cached_free: pools.iter().map(BlockAllocator::num_evictable_blocks).sum(),
+            kv_cache_usage_perc: if total == 0 {
+                0.0
+            } else {
+                used as f64 / total as f64
+            },
+            prefix_cache_queries: 0,
+            prefix_cache_hits: 0,
+            num_evictions: stat(|a| a.stats().num_evictions),
+            num_preemptions: 0,
+            num_recomputed_tokens: 0,
+            num_cow_copies: stat(|a| a.stats().num_cow_copies),
+            num_hash_collisions: stat(|a| a.stats().num_hash_collisions),
+            num_dedup_blocks: stat(|a| a.stats().num_dedup_blocks),
+            num_running: 0,
+            num_waiting: 0,
+            num_steps: 0,
+        }
+    }
+
+    /// `prefix_cache_hits / prefix_cache_queries` (0 before any query).
+    pub fn prefix_cache_hit_rate(&self) -> f64 {
+        if self.prefix_cache_queries == 0 {
+            0.0
+        } else {
+            self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
+        }
+    }
+}
+
+impl Scheduler {
+    /// The current metrics.
+    pub fn metrics(&self) -> Metrics {
+        let c = self.counters;
+        Metrics {
+            prefix_cache_queries: c.prefix_cache_queries,
+            prefix_cache_hits: c.prefix_cache_hits,
+            num_preemptions: c.num_preemptions,
+            num_recomputed_tokens: c.num_recomputed_tokens,
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            num_steps: c.num_steps,
+            ..Metrics::of_pools(&self.allocators)
+        }
+    }
+}

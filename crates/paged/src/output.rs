@@ -1,0 +1,119 @@
+//! What one scheduler step hands to the engine, and what finished.
+//!
+//! A [`ScheduledBatch`] is plain data; the engine needs nothing else to run the step. For each
+//! [`ScheduledSeq`] it feeds `token_ids` at `positions`, stores each token's k and v at its slot
+//! in every group (skipping `PAD_SLOT`), lets each query at position `p` attend to positions
+//! `0..=p` (or the window) through the group's block table, and samples one token from the
+//! logits of the last position. Block copies come first: see [`ScheduledBatch`].
+
+use serde::Serialize;
+
+use crate::sequence::{FinishReason, SeqId};
+use crate::table_ops::BlockCopy;
+
+/// Prefill or decode, as vLLM's attention metadata distinguishes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum StepKind {
+    /// The sequence's first step since admission or readmission: all its tokens after the cached
+    /// prefix. `num_cached_tokens` positions were served by the prefix cache and are skipped;
+    /// `is_recompute` is true after a preemption.
+    Prefill {
+        num_cached_tokens: usize,
+        is_recompute: bool,
+    },
+    /// One new token at the end of a running sequence.
+    Decode,
+}
+
+/// One sequence's data for one KV cache group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupStep {
+    /// (num_new_tokens,) where to store each fed token's k and v; `PAD_SLOT` (-1) = do not store
+    /// (sliding-window key that no later query reads; attend to it from the in-flight k/v).
+    pub slot_mapping: Vec<i64>,
+    /// (num_logical_blocks,) the sequence's block table after this step's reservations,
+    /// `PAD_BLOCK` (-1) for sliding-window holes.
+    pub block_table: Vec<i32>,
+    /// Copy-on-write copies for this sequence in this group: copy every slot of `src` into `dst`
+    /// (all layers of the group, k and v) before any write of the step.
+    pub block_copies: Vec<BlockCopy>,
+}
+
+/// One sequence of a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScheduledSeq {
+    pub seq_id: SeqId,
+    /// (num_new_tokens,) the tokens to feed this step.
+    pub token_ids: Vec<u32>,
+    /// (num_new_tokens,) their positions, consecutive, ending at `context_len - 1`.
+    pub positions: Vec<usize>,
+    /// Tokens in the sequence's context after this step: keys at `0..context_len` exist
+    /// (cached, or written this step).
+    pub context_len: usize,
+    pub kind: StepKind,
+    /// (num_groups,) slot mapping, block table and copies per KV cache group.
+    pub groups: Vec<GroupStep>,
+}
+
+impl ScheduledSeq {
+    /// Whether this is a prefill.
+    pub fn is_prefill(&self) -> bool {
+        matches!(self.kind, StepKind::Prefill { .. })
+    }
+
+    /// Tokens fed this step.
+    pub fn num_new_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+}
+
+/// One step of continuous batching.
+///
+/// The engine must, in order: (1) perform every block copy of every sequence and group (all of
+/// them before any write: a copy's `src` may be written in place by another sequence of the same
+/// step once the copy has dropped its share); (2) run the model on all fed tokens, writing k and
+/// v to their slots and attending through the block tables; (3) return one sampled token per
+/// sequence to [`crate::Scheduler::update`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ScheduledBatch {
+    /// Decodes first (oldest sequence first), then prefills (admission order).
+    pub seqs: Vec<ScheduledSeq>,
+    /// Sequences preempted by recompute during this step (their blocks are already free; the
+    /// engine should drop any per-sequence state it keeps for them).
+    pub preempted: Vec<SeqId>,
+}
+
+impl ScheduledBatch {
+    /// Whether there is nothing to run.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Tokens fed this step (the budget `max_num_batched_tokens` bounds it).
+    pub fn num_batched_tokens(&self) -> usize {
+        self.seqs.iter().map(ScheduledSeq::num_new_tokens).sum()
+    }
+
+    /// Number of prefills in the step.
+    pub fn num_prefills(&self) -> usize {
+        self.seqs.iter().filter(|s| s.is_prefill()).count()
+    }
+
+    /// Every block copy of group `group` in this step, to perform before running it.
+    pub fn block_copies(&self, group: usize) -> Vec<BlockCopy> {
+        self.seqs
+            .iter()
+            .filter_map(|s| s.groups.get(group))
+            .flat_map(|g| g.block_copies.iter().copied())
+            .collect()
+    }
+}
+
+/// A sequence that finished, with everything the caller needs to answer the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FinishedSeq {
+    pub seq_id: SeqId,
+    pub prompt_token_ids: Vec<u32>,
+    pub output_token_ids: Vec<u32>,
+    pub reason: FinishReason,
+}

@@ -1,0 +1,220 @@
+//! Building one step of continuous batching: which sequences run, with which slots.
+//!
+//! Each [`Scheduler::schedule`] has two phases:
+//!
+//! 1. **Decode every running sequence**, oldest first, one token each. If a sequence cannot get
+//!    the block its next token needs, the *newest* running sequence is preempted by recompute
+//!    (blocks freed, back to the head of the waiting queue, generated tokens kept) until it can;
+//!    if it is itself the newest, it is the one preempted.
+//! 2. **Admit waiting sequences** in FCFS order while a seat (`max_num_seqs`), the token budget
+//!    (`max_num_batched_tokens` minus the decodes) and the blocks allow. A prompt's prefill is
+//!    every token after its prefix-cache hit. The first one that does not fit stops admission
+//!    (no overtaking), and nothing is admitted in a step that had to preempt.
+//!
+//! So a step may **mix** decodes and prefills (vLLM v1's choice, unlike v0's prefill-only steps):
+//! decodes never stall behind a burst of new prompts, and the engine handles any mix the same way
+//! (variable-length queries over paged keys). Prompts are prefilled whole, never chunked; the
+//! configuration guarantees that any prompt fits one step (see `config.rs`).
+
+use crate::error::{PagedError, Result};
+use crate::output::{GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
+use crate::scheduler::Scheduler;
+use crate::sequence::{SeqId, SequenceStatus};
+use crate::table_ops::BlockCopy;
+
+impl Scheduler {
+    /// Builds the next step: decodes for all running sequences (preempting the newest when
+    /// blocks run out), then FCFS admissions. An empty batch means no unfinished sequence.
+    ///
+    /// # Errors
+    /// [`PagedError::UpdatePending`] if the previous batch was not passed to `update` yet;
+    /// [`PagedError::Stuck`] (never under a validated configuration) if nothing could run.
+    pub fn schedule(&mut self) -> Result<ScheduledBatch> {
+        if self.in_flight.is_some() {
+            return Err(PagedError::UpdatePending);
+        }
+        let mut batch = ScheduledBatch::default();
+        let mut i = 0;
+        while i < self.running.len() {
+            let id = self.running[i];
+            if let Some(s) = self.schedule_decode(id, &mut batch)? {
+                batch.seqs.push(s);
+                i += 1;
+            }
+        }
+        let mut budget = self
+            .config
+            .max_num_batched_tokens
+            .saturating_sub(batch.seqs.len());
+        while batch.preempted.is_empty() && self.running.len() < self.config.max_num_seqs {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let Some(s) = self.try_admit(id, budget)? else {
+                break;
+            };
+            budget = budget.saturating_sub(s.num_new_tokens());
+            batch.seqs.push(s);
+        }
+        if batch.is_empty() && !self.seqs.is_empty() {
+            return Err(PagedError::Stuck(format!(
+                "{} waiting and {} running sequences but no step fits",
+                self.waiting.len(),
+                self.running.len()
+            )));
+        }
+        if !batch.is_empty() {
+            self.in_flight = Some(batch.seqs.iter().map(|s| s.seq_id).collect());
+            self.counters.num_steps += 1;
+        }
+        Ok(batch)
+    }
+
+    /// Reserves the next token of running sequence `id`, preempting the newest running
+    /// sequences until it fits. `None` when `id` itself was preempted.
+    fn schedule_decode(
+        &mut self,
+        id: SeqId,
+        batch: &mut ScheduledBatch,
+    ) -> Result<Option<ScheduledSeq>> {
+        loop {
+            self.trim_windows(id)?;
+            let seq = self.seq(id)?;
+            let start = seq.num_computed_tokens;
+            let end = seq.len();
+            let mut fits = true;
+            for (g, alloc) in self.allocators.iter().enumerate() {
+                let keep = self.keep_from(g, end);
+                let need =
+                    alloc.blocks_needed_to_append(&seq.block_tables[g], end - start, keep)?;
+                fits &= need <= alloc.num_free_blocks();
+            }
+            if fits {
+                let copies = self.reserve(id, end - start)?;
+                return Ok(Some(self.scheduled(id, start, StepKind::Decode, copies)?));
+            }
+            let Some(&victim) = self.running.last() else {
+                return Err(PagedError::Stuck(format!("{id} is running but not listed")));
+            };
+            self.preempt(victim, batch)?;
+            if victim == id {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Admits waiting sequence `id` if a prefill of its uncached tokens fits `budget` and the
+    /// pools; `None` (nothing changed) otherwise.
+    fn try_admit(&mut self, id: SeqId, budget: usize) -> Result<Option<ScheduledSeq>> {
+        let bs = self.config.block_size;
+        let seq = self.seq(id)?;
+        let len = seq.len();
+        let mut matches: Vec<_> = self
+            .allocators
+            .iter()
+            .map(|a| a.match_prefix(&seq.token_ids, (len - 1) / bs))
+            .collect();
+        let hit_blocks = matches.iter().map(|m| m.num_blocks()).min().unwrap_or(0);
+        let cached = hit_blocks * bs;
+        if len - cached > budget {
+            return Ok(None);
+        }
+        for (g, m) in matches.iter_mut().enumerate() {
+            m.truncate(hit_blocks);
+            let keep = self.keep_from(g, len);
+            let fresh = (hit_blocks..len.div_ceil(bs))
+                .filter(|j| (j + 1) * bs > keep)
+                .count();
+            if !self.allocators[g].can_allocate(m.num_evictable() + fresh) {
+                return Ok(None);
+            }
+        }
+        let mut copies = Vec::with_capacity(matches.len());
+        for (g, m) in matches.iter().enumerate() {
+            let keep = self.keep_from(g, len);
+            let alloc = &mut self.allocators[g];
+            let seq = self
+                .seqs
+                .get_mut(&id)
+                .ok_or(PagedError::UnknownSequence(id))?;
+            let table = &mut seq.block_tables[g];
+            alloc.adopt_prefix(table, m)?;
+            copies.push(alloc.append_slots(table, len - cached, keep)?);
+        }
+        self.waiting.pop_front();
+        let seq = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(PagedError::UnknownSequence(id))?;
+        seq.status = SequenceStatus::Running;
+        seq.num_computed_tokens = cached;
+        let is_recompute = seq.num_preemptions > 0;
+        let recomputed = seq.max_computed_tokens.min(len).saturating_sub(cached);
+        let arrival = seq.arrival;
+        self.counters.prefix_cache_queries += len as u64;
+        self.counters.prefix_cache_hits += cached as u64;
+        self.counters.num_recomputed_tokens += recomputed as u64;
+        let seqs = &self.seqs;
+        let pos = self
+            .running
+            .partition_point(|r| seqs.get(r).is_some_and(|s| s.arrival < arrival));
+        self.running.insert(pos, id);
+        let kind = StepKind::Prefill {
+            num_cached_tokens: cached,
+            is_recompute,
+        };
+        Ok(Some(self.scheduled(id, cached, kind, copies)?))
+    }
+
+    /// Reserves slots for the tokens `num_computed..len` of `id` in every group.
+    fn reserve(&mut self, id: SeqId, n: usize) -> Result<Vec<Vec<BlockCopy>>> {
+        let len = self.seq(id)?.len();
+        let keeps: Vec<usize> = (0..self.allocators.len())
+            .map(|g| self.keep_from(g, len))
+            .collect();
+        let seq = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(PagedError::UnknownSequence(id))?;
+        let mut copies = Vec::with_capacity(keeps.len());
+        for ((alloc, table), keep) in self
+            .allocators
+            .iter_mut()
+            .zip(&mut seq.block_tables)
+            .zip(keeps)
+        {
+            copies.push(alloc.append_slots(table, n, keep)?);
+        }
+        Ok(copies)
+    }
+
+    /// The plain-data description of `id`'s step over positions `start..len`.
+    fn scheduled(
+        &self,
+        id: SeqId,
+        start: usize,
+        kind: StepKind,
+        copies: Vec<Vec<BlockCopy>>,
+    ) -> Result<ScheduledSeq> {
+        let seq = self.seq(id)?;
+        let end = seq.len();
+        let groups = seq
+            .block_tables
+            .iter()
+            .zip(copies)
+            .map(|(t, block_copies)| GroupStep {
+                slot_mapping: t.slot_mapping(start..end),
+                block_table: t.to_row(),
+                block_copies,
+            })
+            .collect();
+        Ok(ScheduledSeq {
+            seq_id: id,
+            token_ids: seq.token_ids[start..end].to_vec(),
+            positions: (start..end).collect(),
+            context_len: end,
+            kind,
+            groups,
+        })
+    }
+}

@@ -1,0 +1,205 @@
+//! The scheduler's state: the queues, the sequences and one block pool per KV cache group.
+//!
+//! Two queues, as in vLLM: `waiting` (FCFS; new requests at the back, preempted ones at the
+//! front) and `running` (sorted by arrival, oldest first). The step itself is built in
+//! `schedule.rs`, and `update.rs` takes the engine's sampled tokens back. A driver loop:
+//!
+//! ```
+//! use kvlab_paged::{Scheduler, SchedulerConfig, StopConditions};
+//! let mut sched = Scheduler::new(SchedulerConfig::new(64, 256))?;
+//! sched.add_request(vec![1, 2, 3], StopConditions::max_tokens(4))?;
+//! while sched.has_unfinished() {
+//!     let batch = sched.schedule()?;
+//!     // The engine runs `batch` here; this stand-in samples token 7 for everyone.
+//!     let sampled: Vec<_> = batch.seqs.iter().map(|s| (s.seq_id, 7)).collect();
+//!     for done in sched.update(&sampled)? {
+//!         assert_eq!(done.output_token_ids, vec![7; 4]);
+//!     }
+//! }
+//! # Ok::<(), kvlab_paged::PagedError>(())
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::allocator::BlockAllocator;
+use crate::config::SchedulerConfig;
+use crate::error::{PagedError, Result};
+use crate::hash::HashFn;
+use crate::sequence::{SeqId, Sequence, SequenceStatus, StopConditions};
+use crate::window::window_start;
+
+/// Totals the scheduler counts itself (the allocators count the rest).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub(crate) prefix_cache_queries: u64,
+    pub(crate) prefix_cache_hits: u64,
+    pub(crate) num_preemptions: u64,
+    pub(crate) num_recomputed_tokens: u64,
+    pub(crate) num_steps: u64,
+}
+
+/// The continuous-batching scheduler over one block pool per KV cache group.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    pub(crate) config: SchedulerConfig,
+    /// (num_groups,) one pool per KV cache group.
+    pub(crate) allocators: Vec<BlockAllocator>,
+    pub(crate) seqs: BTreeMap<SeqId, Sequence>,
+    pub(crate) waiting: VecDeque<SeqId>,
+    /// Sorted by arrival, oldest first.
+    pub(crate) running: Vec<SeqId>,
+    /// Sequences of the batch awaiting `update`, in batch order.
+    pub(crate) in_flight: Option<Vec<SeqId>>,
+    /// Aborted while in flight: their tokens in the next `update` are ignored.
+    pub(crate) aborted_in_flight: Vec<SeqId>,
+    pub(crate) next_id: u64,
+    pub(crate) next_arrival: u64,
+    pub(crate) counters: Counters,
+}
+
+impl Scheduler {
+    /// A scheduler with empty queues and all blocks free.
+    ///
+    /// # Errors
+    /// [`PagedError::InvalidConfig`] from [`SchedulerConfig::validate`] or from the pool sizes.
+    pub fn new(config: SchedulerConfig) -> Result<Self> {
+        config.validate()?;
+        let allocators = config
+            .groups
+            .iter()
+            .map(|g| {
+                let caching = config.enable_prefix_caching && g.sliding_window.is_none();
+                Ok(BlockAllocator::new(g.num_blocks, config.block_size)?
+                    .with_prefix_caching(caching))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            config,
+            allocators,
+            seqs: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            in_flight: None,
+            aborted_in_flight: Vec::new(),
+            next_id: 0,
+            next_arrival: 0,
+            counters: Counters::default(),
+        })
+    }
+
+    /// Replaces the block hash function of every pool (tests force collisions with it).
+    pub fn with_hash_fn(mut self, hash_fn: HashFn) -> Self {
+        self.allocators = self
+            .allocators
+            .into_iter()
+            .map(|a| a.with_hash_fn(hash_fn))
+            .collect();
+        self
+    }
+
+    /// Queues a request at the back of the waiting queue; allowed at any time, even while a
+    /// step is in flight.
+    ///
+    /// # Errors
+    /// [`PagedError::EmptyPrompt`]; [`PagedError::PromptTooLong`] if the prompt exceeds
+    /// `max_model_len` (it could never fit); [`PagedError::InvalidRequest`] if `max_tokens` is 0
+    /// or `max_seq_len` is below the prompt length.
+    pub fn add_request(&mut self, prompt: Vec<u32>, stop: StopConditions) -> Result<SeqId> {
+        let max_model_len = self.config.max_model_len;
+        if prompt.is_empty() {
+            return Err(PagedError::EmptyPrompt);
+        }
+        if prompt.len() > max_model_len {
+            return Err(PagedError::PromptTooLong {
+                prompt_len: prompt.len(),
+                max_model_len,
+            });
+        }
+        if stop.max_tokens == 0 {
+            return Err(PagedError::InvalidRequest(
+                "max_tokens is 0; ask for at least one token".into(),
+            ));
+        }
+        if stop.max_seq_len.is_some_and(|m| m < prompt.len()) {
+            return Err(PagedError::InvalidRequest(format!(
+                "max_seq_len {:?} is below the prompt length {}; raise it or leave it None",
+                stop.max_seq_len,
+                prompt.len()
+            )));
+        }
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        let seq = Sequence {
+            id,
+            prompt_len: prompt.len(),
+            token_ids: prompt,
+            stop,
+            status: SequenceStatus::Waiting,
+            num_computed_tokens: 0,
+            max_computed_tokens: 0,
+            block_tables: self.empty_tables(),
+            arrival: self.take_arrival(),
+            num_preemptions: 0,
+        };
+        self.seqs.insert(id, seq);
+        self.waiting.push_back(id);
+        Ok(id)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// One pool per KV cache group, in group order.
+    pub fn allocators(&self) -> &[BlockAllocator] {
+        &self.allocators
+    }
+
+    /// A live (waiting or running) sequence; finished ones are released.
+    pub fn sequence(&self, id: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&id)
+    }
+
+    /// The waiting queue, head first.
+    pub fn waiting(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.waiting.iter().copied()
+    }
+
+    /// The running queue, oldest arrival first (preemption takes from the back).
+    pub fn running(&self) -> &[SeqId] {
+        &self.running
+    }
+
+    /// Whether any sequence is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    /// Whether a batch awaits `update`.
+    pub fn is_step_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// First position whose key group `g` must keep once a step ends with `end` tokens computed:
+    /// 0 for full attention, the window start for sliding-window groups.
+    pub(crate) fn keep_from(&self, g: usize, end: usize) -> usize {
+        match self.config.groups.get(g).and_then(|c| c.sliding_window) {
+            Some(w) => window_start(end, w),
+            None => 0,
+        }
+    }
+
+    pub(crate) fn seq(&self, id: SeqId) -> Result<&Sequence> {
+        self.seqs.get(&id).ok_or(PagedError::UnknownSequence(id))
+    }
+
+    pub(crate) fn empty_tables(&self) -> Vec<crate::BlockTable> {
+        vec![crate::BlockTable::new(self.config.block_size); self.allocators.len()]
+    }
+
+    pub(crate) fn take_arrival(&mut self) -> u64 {
+        self.next_arrival += 1;
+        self.next_arrival - 1
+    }
+}

@@ -1,0 +1,216 @@
+//! The other half of a step, and a sequence's life outside of `schedule`: taking sampled tokens,
+//! stopping, preempting, forking and aborting.
+//!
+//! `update` is where a step's k and v become *computed*: every scheduled sequence's cache now
+//! covers all its tokens, the sampled token is appended (its k and v come next step), newly full
+//! blocks are registered in the prefix cache, stop conditions are checked, finished sequences
+//! free their blocks at once, and sliding-window groups drop the blocks that fell out of the
+//! window.
+
+use crate::error::{PagedError, Result};
+use crate::output::{FinishedSeq, ScheduledBatch};
+use crate::scheduler::Scheduler;
+use crate::sequence::{FinishReason, SeqId, SequenceStatus};
+
+impl Scheduler {
+    /// Takes one sampled token per sequence of the last batch (any order). Returns the sequences
+    /// that finished; their blocks are already free. With nothing in flight, an empty `outputs`
+    /// is a no-op.
+    ///
+    /// # Errors
+    /// Checked before anything changes (the step stays in flight, so a corrected call can
+    /// follow): [`PagedError::NoStepInFlight`] for tokens without a step;
+    /// [`PagedError::UnexpectedOutput`] for a sequence not in the batch or given two tokens;
+    /// [`PagedError::MissingOutput`] for a batch sequence without a token. Tokens of sequences
+    /// aborted while in flight are ignored.
+    pub fn update(&mut self, outputs: &[(SeqId, u32)]) -> Result<Vec<FinishedSeq>> {
+        let Some(in_flight) = self.in_flight.as_ref() else {
+            return match outputs.first() {
+                None => Ok(Vec::new()),
+                Some(_) => Err(PagedError::NoStepInFlight),
+            };
+        };
+        let mut tokens = std::collections::BTreeMap::new();
+        for &(id, token) in outputs {
+            if self.aborted_in_flight.contains(&id) {
+                continue;
+            }
+            if !in_flight.contains(&id) || tokens.insert(id, token).is_some() {
+                return Err(PagedError::UnexpectedOutput(id));
+            }
+        }
+        if let Some(&missing) = in_flight.iter().find(|id| !tokens.contains_key(id)) {
+            return Err(PagedError::MissingOutput(missing));
+        }
+        self.in_flight = None;
+        self.aborted_in_flight.clear();
+        let max_model_len = self.config.max_model_len;
+        let mut finished = Vec::new();
+        for (id, token) in tokens {
+            let seq = self
+                .seqs
+                .get_mut(&id)
+                .ok_or(PagedError::UnknownSequence(id))?;
+            seq.num_computed_tokens = seq.len();
+            seq.max_computed_tokens = seq.max_computed_tokens.max(seq.len());
+            seq.token_ids.push(token);
+            for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.block_tables) {
+                alloc.register_full_blocks(table, &seq.token_ids, seq.num_computed_tokens)?;
+            }
+            match seq.check_stop(max_model_len) {
+                Some(reason) => finished.push(self.finish(id, reason)?),
+                None => self.trim_windows(id)?,
+            }
+        }
+        Ok(finished)
+    }
+
+    /// Ends a sequence now, whatever its state, and frees its blocks. Allowed while a step is in
+    /// flight (its token in the next `update` is then ignored).
+    ///
+    /// # Errors
+    /// [`PagedError::UnknownSequence`] if `id` is not live.
+    pub fn abort(&mut self, id: SeqId) -> Result<FinishedSeq> {
+        self.seq(id)?;
+        if self.in_flight.as_ref().is_some_and(|f| f.contains(&id)) {
+            self.aborted_in_flight.push(id);
+            if let Some(f) = self.in_flight.as_mut() {
+                f.retain(|&s| s != id);
+            }
+        }
+        self.finish(id, FinishReason::Aborted)
+    }
+
+    /// Forks running sequence `parent` copy-on-write (parallel sampling, beam search): the child
+    /// has the same tokens and shares every block (ref counts + 1); the first write into a
+    /// shared block copies it. The child is the newest running sequence.
+    ///
+    /// # Errors
+    /// [`PagedError::UpdatePending`] while a step is in flight; [`PagedError::UnknownSequence`];
+    /// [`PagedError::WrongStatus`] unless `parent` is running; [`PagedError::InvalidRequest`]
+    /// if `max_num_seqs` sequences already run.
+    pub fn fork(&mut self, parent: SeqId) -> Result<SeqId> {
+        self.check_running_idle(parent)?;
+        if self.running.len() >= self.config.max_num_seqs {
+            return Err(PagedError::InvalidRequest(format!(
+                "cannot fork {parent}: max_num_seqs = {} sequences already run; raise it or \
+                 fork after some finish",
+                self.config.max_num_seqs
+            )));
+        }
+        let mut child = self.seq(parent)?.clone();
+        for (alloc, table) in self.allocators.iter_mut().zip(&mut child.block_tables) {
+            *table = alloc.fork(table)?;
+        }
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        child.id = id;
+        child.arrival = self.take_arrival();
+        child.num_preemptions = 0;
+        self.seqs.insert(id, child);
+        self.running.push(id);
+        Ok(id)
+    }
+
+    /// Replaces the last sampled token of running sequence `id` (not yet computed), e.g. to give
+    /// each fork of a parallel-sampling group its own first sample. Re-checks stop conditions;
+    /// returns the finished sequence if the new token ends it.
+    ///
+    /// # Errors
+    /// [`PagedError::UpdatePending`], [`PagedError::UnknownSequence`], [`PagedError::WrongStatus`]
+    /// as for `fork`; [`PagedError::InvalidRequest`] if the sequence has generated nothing yet.
+    pub fn replace_last_token(&mut self, id: SeqId, token: u32) -> Result<Option<FinishedSeq>> {
+        self.check_running_idle(id)?;
+        let max_model_len = self.config.max_model_len;
+        let seq = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(PagedError::UnknownSequence(id))?;
+        if seq.output_token_ids().is_empty() {
+            return Err(PagedError::InvalidRequest(format!(
+                "{id} has no generated token to replace yet"
+            )));
+        }
+        if let Some(last) = seq.token_ids.last_mut() {
+            *last = token;
+        }
+        match seq.check_stop(max_model_len) {
+            Some(reason) => Ok(Some(self.finish(id, reason)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Preempts running `id` by recompute: frees its blocks and puts it at the head of the
+    /// waiting queue with its generated tokens kept.
+    pub(crate) fn preempt(&mut self, id: SeqId, batch: &mut ScheduledBatch) -> Result<()> {
+        let seq = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(PagedError::UnknownSequence(id))?;
+        for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.block_tables) {
+            alloc.free(table)?;
+        }
+        seq.status = SequenceStatus::Waiting;
+        seq.num_computed_tokens = 0;
+        seq.num_preemptions += 1;
+        self.running.retain(|&r| r != id);
+        self.waiting.push_front(id);
+        self.counters.num_preemptions += 1;
+        batch.preempted.push(id);
+        Ok(())
+    }
+
+    /// Frees `id`'s blocks, drops it from the queues and returns what the caller needs.
+    fn finish(&mut self, id: SeqId, reason: FinishReason) -> Result<FinishedSeq> {
+        let mut seq = self
+            .seqs
+            .remove(&id)
+            .ok_or(PagedError::UnknownSequence(id))?;
+        for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.block_tables) {
+            alloc.free(table)?;
+        }
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&w| w != id);
+        Ok(FinishedSeq {
+            seq_id: id,
+            prompt_token_ids: seq.prompt_token_ids().to_vec(),
+            output_token_ids: seq.output_token_ids().to_vec(),
+            reason,
+        })
+    }
+
+    /// Frees the blocks of `id`'s sliding-window groups that its next query cannot reach.
+    pub(crate) fn trim_windows(&mut self, id: SeqId) -> Result<()> {
+        let seq = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(PagedError::UnknownSequence(id))?;
+        let computed = seq.num_computed_tokens;
+        for ((alloc, table), group) in self
+            .allocators
+            .iter_mut()
+            .zip(&mut seq.block_tables)
+            .zip(&self.config.groups)
+        {
+            if let Some(window) = group.sliding_window {
+                alloc.free_outside_window(table, computed, window)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_running_idle(&self, id: SeqId) -> Result<()> {
+        if self.in_flight.is_some() {
+            return Err(PagedError::UpdatePending);
+        }
+        let status = self.seq(id)?.status;
+        if status != SequenceStatus::Running {
+            return Err(PagedError::WrongStatus {
+                seq: id,
+                actual: status.name(),
+                expected: "running",
+            });
+        }
+        Ok(())
+    }
+}
