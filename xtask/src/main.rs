@@ -1,1 +1,24 @@
-fn main() {}
+//! `cargo xtask <command>`: this file only dispatches; each command is a module.
+
+mod prompts;
+mod table;
+mod verify;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("verify") => verify::run(&args[1..]),
+        Some("help") | Some("--help") | Some("-h") | None => {
+            println!("{}", HELP);
+            Ok(())
+        }
+        Some(other) => anyhow::bail!("unknown xtask command {other:?}\n\n{HELP}"),
+    }
+}
+
+const HELP: &str = "\
+cargo xtask <command>
+
+commands:
+  verify   prove every engine gives the naive engine's greedy tokens on every model and prompt
+           (cargo xtask verify --help for options)";

@@ -1,0 +1,99 @@
+//! `kvlab generate`: run.c's generate, on any engine.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use kvlab_model::{GenerateOptions, Sampler, generate_text};
+
+use crate::{ModelArgs, bytes};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt (empty: start from BOS alone).
+    #[arg(long, short, default_value = "")]
+    prompt: String,
+    /// Positions to compute, prompt included (run.c's -n); 0 or more than the context means the
+    /// whole context.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    steps: usize,
+    /// 0 is greedy (argmax).
+    #[arg(long, short, default_value_t = 1.0)]
+    temperature: f32,
+    /// Nucleus sampling threshold; 1 disables it.
+    #[arg(long, default_value_t = 0.9)]
+    top_p: f32,
+    /// Seed of the sampler's RNG.
+    #[arg(long, short, default_value_t = 42)]
+    seed: u64,
+    /// Engine: naive or cpu.
+    #[arg(long, short, default_value = "cpu")]
+    engine: String,
+    /// Positions the engine reserves (default: the model's context).
+    #[arg(long)]
+    max_seq_len: Option<usize>,
+    /// Print, for every step, the tokens fed and the shapes and bytes of the cache (to stderr).
+    #[arg(long)]
+    trace: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let loaded = crate::load(&a.model)?;
+    let tok = loaded.tokenizer.as_ref().with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
+    let model = Arc::new(loaded.model);
+    let config = model.config.clone();
+    let mut engine = kvlab_cli::engines::build(&a.engine, model)?;
+    let opts = GenerateOptions { steps: a.steps, max_seq_len: a.max_seq_len.unwrap_or(0), trace: a.trace };
+    let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed);
+    let mut out = std::io::stdout().lock();
+    let g = generate_text(
+        engine.as_mut(),
+        tok,
+        &a.prompt,
+        &opts,
+        &mut sampler,
+        |s| {
+            let _ = out.write_all(s.as_bytes());
+            let _ = out.flush();
+        },
+        |pos, fed, step| {
+            eprintln!("[trace] pos {pos:>5} fed {fed:?} len {}", step.len);
+            for (l, shape) in step.layer_cache_shapes.iter().enumerate() {
+                eprintln!("[trace]   layer {l:>2} K,V {shape}");
+            }
+            if let Some(bt) = &step.block_table {
+                eprintln!("[trace]   block_table {bt:?}");
+            }
+            if let Some(sm) = &step.slot_mapping {
+                eprintln!("[trace]   slot_mapping {sm:?}");
+            }
+        },
+    )?;
+    writeln!(out)?;
+    drop(out);
+    eprintln!(
+        "engine {} | prompt {} tokens | prefill {:.1} tok/s | decode {} tokens at {:.1} tok/s{}",
+        engine.name(),
+        g.prompt.len(),
+        g.prefill_tokens_per_s(),
+        g.decode_steps,
+        g.decode_tokens_per_s(),
+        if g.stopped { " | stopped at a stop token" } else { "" }
+    );
+    let positions = g.prompt.len() + g.decode_steps;
+    eprintln!(
+        "KV cache: {} used, {} reserved (formula: {} per token x {positions} positions = {}{})",
+        bytes(g.kv.used_bytes),
+        bytes(g.kv.reserved_bytes),
+        bytes(config.kv_bytes_per_token(4)),
+        bytes(config.kv_bytes_full(positions, 4)),
+        if config.kv_bytes_windowed(positions, 4) != config.kv_bytes_full(positions, 4) {
+            format!("; with sliding-window ring buffers {}", bytes(config.kv_bytes_windowed(positions, 4)))
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}

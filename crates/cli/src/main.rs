@@ -1,0 +1,75 @@
+//! `kvlab`: generate text through any engine, inspect a model's KV-cache footprint.
+//!
+//! stdout carries only generated text (as llama2.c's run.c prints it); stats and logs go to stderr.
+
+mod generate;
+mod info;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kvlab", version, about = "Learn and measure KV caching for LLM inference")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the model comes from.
+#[derive(clap::Args, Clone)]
+pub struct ModelArgs {
+    /// A model name from fixtures/models.json (found through $KVLAB_MODELS, the cache, or
+    /// downloaded) or a path to a llama2.c .bin or a .gguf file.
+    #[arg(long, short, default_value = "stories260K")]
+    pub model: String,
+    /// llama2.c tokenizer.bin to use instead of the model's own.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Never download; fail if the files are not found locally.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Generate(generate::Args),
+    /// Print a model's config and KV bytes per token.
+    Info {
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KVLAB_LOG").unwrap_or_else(|_| "warn".into()))
+        .init();
+    let result = match Cli::parse().command {
+        Command::Generate(args) => generate::run(args),
+        Command::Info { model } => info::run(&model),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Loads the model the arguments name.
+pub fn load(m: &ModelArgs) -> anyhow::Result<kvlab_model::registry::Loaded> {
+    kvlab_cli::fetch::load(&m.model, m.tokenizer.as_deref(), !m.offline)
+}
+
+/// Bytes as a human reads them (binary units), with the exact count.
+pub fn bytes(n: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.2} {} ({n} B)", UNITS[u]) }
+}
