@@ -7,22 +7,36 @@ use anyhow::{Context, Result};
 
 /// The prompts of a fixture file, in order.
 pub fn load(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| if l == "<empty>" { String::new() } else { l.replace("\\n", "\n").replace("\\t", "\t") })
+        .map(|l| {
+            if l == "<empty>" {
+                String::new()
+            } else {
+                l.replace("\\n", "\n").replace("\\t", "\t")
+            }
+        })
         .collect())
 }
 
 /// A prompt shortened for a table cell.
 pub fn label(p: &str) -> String {
-    let one_line: String = p.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let one_line: String = p
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     let n = one_line.chars().count();
     if p.is_empty() {
         "<empty>".into()
     } else if n > 24 {
-        format!("{}… ({} chars)", one_line.chars().take(18).collect::<String>(), n)
+        format!(
+            "{}… ({} chars)",
+            one_line.chars().take(18).collect::<String>(),
+            n
+        )
     } else {
         one_line
     }

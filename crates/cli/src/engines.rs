@@ -16,6 +16,9 @@ pub fn build(name: &str, model: Arc<Model>) -> Result<Box<dyn Engine>> {
     Ok(match name {
         "naive" => Box::new(kvlab_naive::NaiveEngine::new(model)),
         "cpu" => Box::new(kvlab_cpu::CpuEngine::new(model)),
-        other => bail!("unknown engine {other:?}; choose one of: {}", ENGINES.join(", ")),
+        other => bail!(
+            "unknown engine {other:?}; choose one of: {}",
+            ENGINES.join(", ")
+        ),
     })
 }

@@ -41,11 +41,18 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let loaded = crate::load(&a.model)?;
-    let tok = loaded.tokenizer.as_ref().with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
+    let tok = loaded
+        .tokenizer
+        .as_ref()
+        .with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
     let model = Arc::new(loaded.model);
     let config = model.config.clone();
     let mut engine = kvlab_cli::engines::build(&a.engine, model)?;
-    let opts = GenerateOptions { steps: a.steps, max_seq_len: a.max_seq_len.unwrap_or(0), trace: a.trace };
+    let opts = GenerateOptions {
+        steps: a.steps,
+        max_seq_len: a.max_seq_len.unwrap_or(0),
+        trace: a.trace,
+    };
     let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed);
     let mut out = std::io::stdout().lock();
     let g = generate_text(
@@ -71,7 +78,8 @@ pub fn run(a: Args) -> Result<()> {
             }
         },
     )?;
-    writeln!(out)?;
+    // A closed pipe (`kvlab generate | head`) is not an error worth reporting.
+    let _ = writeln!(out);
     drop(out);
     eprintln!(
         "engine {} | prompt {} tokens | prefill {:.1} tok/s | decode {} tokens at {:.1} tok/s{}",
@@ -80,7 +88,11 @@ pub fn run(a: Args) -> Result<()> {
         g.prefill_tokens_per_s(),
         g.decode_steps,
         g.decode_tokens_per_s(),
-        if g.stopped { " | stopped at a stop token" } else { "" }
+        if g.stopped {
+            " | stopped at a stop token"
+        } else {
+            ""
+        }
     );
     let positions = g.prompt.len() + g.decode_steps;
     eprintln!(
@@ -90,7 +102,10 @@ pub fn run(a: Args) -> Result<()> {
         bytes(config.kv_bytes_per_token(4)),
         bytes(config.kv_bytes_full(positions, 4)),
         if config.kv_bytes_windowed(positions, 4) != config.kv_bytes_full(positions, 4) {
-            format!("; with sliding-window ring buffers {}", bytes(config.kv_bytes_windowed(positions, 4)))
+            format!(
+                "; with sliding-window ring buffers {}",
+                bytes(config.kv_bytes_windowed(positions, 4))
+            )
         } else {
             String::new()
         }

@@ -16,36 +16,81 @@ pub fn run(m: &ModelArgs) -> Result<()> {
     println!("hidden_dim   {}", c.hidden_dim);
     println!("n_layers     {}", c.n_layers);
     println!("n_heads      {}", c.n_heads);
-    println!("n_kv_heads   {} ({})", c.n_kv_heads, match c.kv_group() {
-        1 => "MHA".to_string(),
-        g if c.n_kv_heads == 1 => format!("MQA, {g} query heads share it"),
-        g => format!("GQA, {g} query heads per KV head"),
-    });
+    println!(
+        "n_kv_heads   {} ({})",
+        c.n_kv_heads,
+        match c.kv_group() {
+            1 => "MHA".to_string(),
+            g if c.n_kv_heads == 1 => format!("MQA, {g} query heads share it"),
+            g => format!("GQA, {g} query heads per KV head"),
+        }
+    );
     println!("head_dim     {}", c.head_dim);
     println!("kv_dim       {}", c.kv_dim());
     println!("vocab_size   {}", c.vocab_size);
     println!("max_seq_len  {}", c.max_seq_len);
-    println!("rope         {:?}, theta {} (local layers {})", c.rope_layout, c.rope_theta, c.rope_theta_local);
+    println!(
+        "rope         {:?}, theta {} (local layers {})",
+        c.rope_layout, c.rope_theta, c.rope_theta_local
+    );
     println!("activation   {:?}", c.activation);
-    let local = c.layer_kinds.iter().filter(|k| matches!(k, LayerKind::Local { .. })).count();
+    let local = c
+        .layer_kinds
+        .iter()
+        .filter(|k| matches!(k, LayerKind::Local { .. }))
+        .count();
     if local > 0 {
-        let w = c.layer_kinds.iter().find_map(|k| match k { LayerKind::Local { window } => Some(*window), _ => None }).unwrap_or(0);
-        println!("layers       {} global, {local} sliding-window ({w} positions)", c.n_layers - local);
+        let w = c
+            .layer_kinds
+            .iter()
+            .find_map(|k| match k {
+                LayerKind::Local { window } => Some(*window),
+                _ => None,
+            })
+            .unwrap_or(0);
+        println!(
+            "layers       {} global, {local} sliding-window ({w} positions)",
+            c.n_layers - local
+        );
     }
-    println!("classifier   {}", if c.shared_classifier { "shared with the embedding" } else { "unshared" });
-    println!("parameters   {} ({} as f32)", c.n_params(), bytes(loaded.model.weights.bytes()));
+    println!(
+        "classifier   {}",
+        if c.shared_classifier {
+            "shared with the embedding"
+        } else {
+            "unshared"
+        }
+    );
+    println!(
+        "parameters   {} ({} as f32)",
+        c.n_params(),
+        bytes(loaded.model.weights.bytes())
+    );
     println!();
     println!("KV bytes per token = 2 x n_layers x n_kv_heads x head_dim x bytes per element");
     for (name, b) in [("f32", 4), ("f16", 2)] {
-        println!("  {name}: 2 x {} x {} x {} x {b} = {}", c.n_layers, c.n_kv_heads, c.head_dim, bytes(c.kv_bytes_per_token(b)));
+        println!(
+            "  {name}: 2 x {} x {} x {} x {b} = {}",
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim,
+            bytes(c.kv_bytes_per_token(b))
+        );
     }
     println!();
-    println!("{:>10}  {:>28}  {:>28}", "positions", "every layer keeps all (f32)", "windows as ring buffers (f32)");
+    println!(
+        "{:>10}  {:>28}  {:>28}",
+        "positions", "every layer keeps all (f32)", "windows as ring buffers (f32)"
+    );
     let mut ctxs = vec![512, 2048, 8192, c.max_seq_len];
     ctxs.retain(|&n| n <= c.max_seq_len);
     ctxs.dedup();
     for n in ctxs {
-        println!("{n:>10}  {:>28}  {:>28}", bytes(c.kv_bytes_full(n, 4)), bytes(c.kv_bytes_windowed(n, 4)));
+        println!(
+            "{n:>10}  {:>28}  {:>28}",
+            bytes(c.kv_bytes_full(n, 4)),
+            bytes(c.kv_bytes_windowed(n, 4))
+        );
     }
     Ok(())
 }

@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kvlab", version, about = "Learn and measure KV caching for LLM inference")]
+#[command(
+    name = "kvlab",
+    version,
+    about = "Learn and measure KV caching for LLM inference"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,7 +49,10 @@ enum Command {
 fn main() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KVLAB_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KVLAB_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .init();
     let result = match Cli::parse().command {
         Command::Generate(args) => generate::run(args),
@@ -71,5 +78,9 @@ pub fn bytes(n: usize) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.2} {} ({n} B)", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {} ({n} B)", UNITS[u])
+    }
 }

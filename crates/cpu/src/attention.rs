@@ -64,8 +64,20 @@ fn one_head(o: &mut [f32], a: &AttentionInput<'_>, t: usize, h: usize, scores: &
         let r = if j >= a.pos0 { j - a.pos0 } else { j % a.cap };
         r * kv_dim + g * hd..r * kv_dim + (g + 1) * hd
     };
-    let key = |j: usize| if j >= a.pos0 { &a.k_new[row(j)] } else { &a.cache_k[row(j)] };
-    let val = |j: usize| if j >= a.pos0 { &a.v_new[row(j)] } else { &a.cache_v[row(j)] };
+    let key = |j: usize| {
+        if j >= a.pos0 {
+            &a.k_new[row(j)]
+        } else {
+            &a.cache_k[row(j)]
+        }
+    };
+    let val = |j: usize| {
+        if j >= a.pos0 {
+            &a.v_new[row(j)]
+        } else {
+            &a.cache_v[row(j)]
+        }
+    };
 
     scores.clear();
     scores.extend((lo..=p).map(|j| simd::dot(q, key(j)) * a.scale));

@@ -30,7 +30,9 @@ pub fn forward(model: &Model, rope: &[RopeTable], cache: &mut KvCache, tokens: &
 
     for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
         let e = &w.token_embedding[tok as usize * d..(tok as usize + 1) * d];
-        row.iter_mut().zip(e).for_each(|(r, &e)| *r = e * c.embed_scale);
+        row.iter_mut()
+            .zip(e)
+            .for_each(|(r, &e)| *r = e * c.embed_scale);
     }
 
     for (l, lw) in w.layers.iter().enumerate() {
@@ -40,10 +42,15 @@ pub fn forward(model: &Model, rope: &[RopeTable], cache: &mut KvCache, tokens: &
         linear(&mut k, &xn, &lw.wk, t, d, kvd);
         linear(&mut v, &xn, &lw.wv, t, d, kvd);
         if c.qk_norm {
-            q.chunks_exact_mut(hd).for_each(|h| ops::rmsnorm_in_place(h, &lw.q_norm, c.norm_eps));
-            k.chunks_exact_mut(hd).for_each(|h| ops::rmsnorm_in_place(h, &lw.k_norm, c.norm_eps));
+            q.chunks_exact_mut(hd)
+                .for_each(|h| ops::rmsnorm_in_place(h, &lw.q_norm, c.norm_eps));
+            k.chunks_exact_mut(hd)
+                .for_each(|h| ops::rmsnorm_in_place(h, &lw.k_norm, c.norm_eps));
         }
-        let table = rope.iter().find(|r| r.theta == c.rope_theta_for(l)).expect("a table per theta");
+        let table = rope
+            .iter()
+            .find(|r| r.theta == c.rope_theta_for(l))
+            .expect("a table per theta");
         for i in 0..t {
             table.apply(&mut q[i * qd..(i + 1) * qd], pos0 + i, c.rope_layout);
             table.apply(&mut k[i * kvd..(i + 1) * kvd], pos0 + i, c.rope_layout);
@@ -55,21 +62,35 @@ pub fn forward(model: &Model, rope: &[RopeTable], cache: &mut KvCache, tokens: &
         {
             let (cache_k, cache_v) = cache.layer(l);
             let input = AttentionInput {
-                q: &q, k_new: &k, v_new: &v, cache_k, cache_v,
-                cap: cache.cap(l), pos0,
-                n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd,
-                scale: c.attn_scale, window,
+                q: &q,
+                k_new: &k,
+                v_new: &v,
+                cache_k,
+                cache_v,
+                cap: cache.cap(l),
+                pos0,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                scale: c.attn_scale,
+                window,
             };
             attention(&mut att, &input);
         }
         // Only now write the new K and V into the cache: with a ring buffer shorter than `t`,
         // only the last `cap` of them survive, and earlier queries above still needed the rest.
         for i in t.saturating_sub(cache.cap(l))..t {
-            cache.write(l, pos0 + i, &k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
+            cache.write(
+                l,
+                pos0 + i,
+                &k[i * kvd..(i + 1) * kvd],
+                &v[i * kvd..(i + 1) * kvd],
+            );
         }
         linear(&mut o, &att, &lw.wo, t, qd, d);
         if c.post_norms {
-            o.chunks_exact_mut(d).for_each(|r| ops::rmsnorm_in_place(r, &lw.post_attn_norm, c.norm_eps));
+            o.chunks_exact_mut(d)
+                .for_each(|r| ops::rmsnorm_in_place(r, &lw.post_attn_norm, c.norm_eps));
         }
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
 
@@ -80,7 +101,8 @@ pub fn forward(model: &Model, rope: &[RopeTable], cache: &mut KvCache, tokens: &
         ops::glu(&mut gate, &up, c.activation);
         linear(&mut o, &gate, &lw.w2, t, hid, d);
         if c.post_norms {
-            o.chunks_exact_mut(d).for_each(|r| ops::rmsnorm_in_place(r, &lw.post_ffn_norm, c.norm_eps));
+            o.chunks_exact_mut(d)
+                .for_each(|r| ops::rmsnorm_in_place(r, &lw.post_ffn_norm, c.norm_eps));
         }
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
     }

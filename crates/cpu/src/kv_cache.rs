@@ -29,14 +29,27 @@ pub struct KvCache {
 impl KvCache {
     /// Allocates the whole cache for `max_seq_len` positions.
     pub fn new(c: &Config, max_seq_len: usize) -> KvCache {
-        let caps: Vec<usize> = (0..c.n_layers).map(|l| c.cache_positions(l, max_seq_len)).collect();
-        let offsets = caps.iter().scan(0, |acc, &cap| {
-            let off = *acc;
-            *acc += cap * c.kv_dim();
-            Some(off)
-        }).collect();
+        let caps: Vec<usize> = (0..c.n_layers)
+            .map(|l| c.cache_positions(l, max_seq_len))
+            .collect();
+        let offsets = caps
+            .iter()
+            .scan(0, |acc, &cap| {
+                let off = *acc;
+                *acc += cap * c.kv_dim();
+                Some(off)
+            })
+            .collect();
         let total = caps.iter().sum::<usize>() * c.kv_dim();
-        KvCache { k: vec![0.0; total], v: vec![0.0; total], caps, offsets, kv_dim: c.kv_dim(), len: 0, max_seq_len }
+        KvCache {
+            k: vec![0.0; total],
+            v: vec![0.0; total],
+            caps,
+            offsets,
+            kv_dim: c.kv_dim(),
+            len: 0,
+            max_seq_len,
+        }
     }
 
     /// Positions layer `l` keeps.
@@ -62,7 +75,11 @@ impl KvCache {
     pub fn usage(&self) -> KvUsage {
         let per_slot = 2 * self.kv_dim * 4;
         KvUsage {
-            used_bytes: self.caps.iter().map(|&cap| self.len.min(cap) * per_slot).sum(),
+            used_bytes: self
+                .caps
+                .iter()
+                .map(|&cap| self.len.min(cap) * per_slot)
+                .sum(),
             reserved_bytes: self.caps.iter().map(|&cap| cap * per_slot).sum(),
         }
     }
@@ -73,9 +90,17 @@ impl KvCache {
             .iter()
             .map(|&cap| {
                 if cap == self.max_seq_len {
-                    format!("(max_seq_len={cap}, kv_dim={}), {} written", self.kv_dim, self.len.min(cap))
+                    format!(
+                        "(max_seq_len={cap}, kv_dim={}), {} written",
+                        self.kv_dim,
+                        self.len.min(cap)
+                    )
                 } else {
-                    format!("ring (window={cap}, kv_dim={}), {} valid", self.kv_dim, self.len.min(cap))
+                    format!(
+                        "ring (window={cap}, kv_dim={}), {} valid",
+                        self.kv_dim,
+                        self.len.min(cap)
+                    )
                 }
             })
             .collect()

@@ -36,7 +36,12 @@ pub struct CpuEngine {
 
 impl CpuEngine {
     pub fn new(model: Arc<Model>) -> CpuEngine {
-        CpuEngine { model, seqs: HashMap::new(), rope: Vec::new(), next_id: 0 }
+        CpuEngine {
+            model,
+            seqs: HashMap::new(),
+            rope: Vec::new(),
+            next_id: 0,
+        }
     }
 
     /// Grows the RoPE tables to cover `max_pos` positions.
@@ -46,7 +51,7 @@ impl CpuEngine {
         thetas.dedup();
         for theta in thetas {
             match self.rope.iter().position(|r| r.theta == theta) {
-                Some(i) if self.rope[i].len() >= max_pos => {}
+                Some(i) if self.rope[i].positions() >= max_pos => {}
                 Some(i) => self.rope[i] = RopeTable::new(theta, c.head_dim, max_pos),
                 None => self.rope.push(RopeTable::new(theta, c.head_dim, max_pos)),
             }
@@ -55,7 +60,13 @@ impl CpuEngine {
 
     fn run(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         let cache = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
-        check_tokens(&self.model.config, seq, cache.len, cache.max_seq_len, tokens)?;
+        check_tokens(
+            &self.model.config,
+            seq,
+            cache.len,
+            cache.max_seq_len,
+            tokens,
+        )?;
         Ok(forward::forward(&self.model, &self.rope, cache, tokens))
     }
 }
@@ -74,7 +85,8 @@ impl Engine for CpuEngine {
         self.ensure_rope(max_seq_len);
         let id = self.next_id;
         self.next_id += 1;
-        self.seqs.insert(id, KvCache::new(&self.model.config, max_seq_len));
+        self.seqs
+            .insert(id, KvCache::new(&self.model.config, max_seq_len));
         Ok(id)
     }
 
@@ -91,14 +103,22 @@ impl Engine for CpuEngine {
     }
 
     fn kv_usage(&self) -> KvUsage {
-        self.seqs.values().map(KvCache::usage).fold(KvUsage::default(), |a, b| KvUsage {
-            used_bytes: a.used_bytes + b.used_bytes,
-            reserved_bytes: a.reserved_bytes + b.reserved_bytes,
-        })
+        self.seqs
+            .values()
+            .map(KvCache::usage)
+            .fold(KvUsage::default(), |a, b| KvUsage {
+                used_bytes: a.used_bytes + b.used_bytes,
+                reserved_bytes: a.reserved_bytes + b.reserved_bytes,
+            })
     }
 
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
         let cache = self.seqs.get(&seq)?;
-        Some(TraceStep { len: cache.len, layer_cache_shapes: cache.shapes(), block_table: None, slot_mapping: None })
+        Some(TraceStep {
+            len: cache.len,
+            layer_cache_shapes: cache.shapes(),
+            block_table: None,
+            slot_mapping: None,
+        })
     }
 }

@@ -23,17 +23,22 @@ pub fn gemv(out: &mut [f32], w: &[f32], x: &[f32]) {
             *o = simd::dot(row, x);
         }
     } else {
-        out.par_chunks_mut(GEMV_ROWS_PER_TASK).zip(w.par_chunks(GEMV_ROWS_PER_TASK * cols)).for_each(|(o, rows)| {
-            for (o, row) in o.iter_mut().zip(rows.chunks_exact(cols)) {
-                *o = simd::dot(row, x);
-            }
-        });
+        out.par_chunks_mut(GEMV_ROWS_PER_TASK)
+            .zip(w.par_chunks(GEMV_ROWS_PER_TASK * cols))
+            .for_each(|(o, rows)| {
+                for (o, row) in o.iter_mut().zip(rows.chunks_exact(cols)) {
+                    *o = simd::dot(row, x);
+                }
+            });
     }
 }
 
 /// y (t, out) = x (t, in) @ Wᵀ with W (out, in). GEMV for t = 1, sgemm otherwise.
 pub fn linear(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
-    assert!(x.len() >= t * d_in && y.len() >= t * d_out && w.len() == d_out * d_in, "linear: shape mismatch");
+    assert!(
+        x.len() >= t * d_in && y.len() >= t * d_out && w.len() == d_out * d_in,
+        "linear: shape mismatch"
+    );
     if t == 1 {
         gemv(&mut y[..d_out], w, &x[..d_in]);
         return;
@@ -44,11 +49,20 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out:
     // strides (rsa=in, csa=1; rsb=1, csb=in; rsc=out, csc=1) index only inside those spans.
     unsafe {
         matrixmultiply::sgemm(
-            t, d_in, d_out, 1.0,
-            x.as_ptr(), d_in as isize, 1,
-            w.as_ptr(), 1, d_in as isize,
+            t,
+            d_in,
+            d_out,
+            1.0,
+            x.as_ptr(),
+            d_in as isize,
+            1,
+            w.as_ptr(),
+            1,
+            d_in as isize,
             0.0,
-            y.as_mut_ptr(), d_out as isize, 1,
+            y.as_mut_ptr(),
+            d_out as isize,
+            1,
         );
     }
 }
@@ -61,17 +75,34 @@ mod tests {
     #[test]
     fn linear_matches_the_scalar_reference_for_one_and_many_tokens() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        for (t, d_in, d_out) in [(1, 64, 172), (1, 288, 32000), (3, 64, 172), (17, 288, 288), (1, 5, 3)] {
+        for (t, d_in, d_out) in [
+            (1, 64, 172),
+            (1, 288, 32000),
+            (3, 64, 172),
+            (17, 288, 288),
+            (1, 5, 3),
+        ] {
             let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let w: Vec<f32> = (0..d_out * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let w: Vec<f32> = (0..d_out * d_in)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
             let mut y = vec![f32::NAN; t * d_out]; // poisoned: every element must be written
             linear(&mut y, &x, &w, t, d_in, d_out);
             for r in 0..t {
                 let mut reference = vec![0.0; d_out];
                 kvlab_model::ops::matvec(&mut reference, &w, &x[r * d_in..(r + 1) * d_in]);
-                for (i, (a, b)) in y[r * d_out..(r + 1) * d_out].iter().zip(&reference).enumerate() {
-                    let scale: f32 = (0..d_in).map(|k| (w[i * d_in + k] * x[r * d_in + k]).abs()).sum();
-                    assert!((a - b).abs() <= 1e-5 * scale.max(1e-6), "t={t} row {r} col {i}: {a} vs {b}");
+                for (i, (a, b)) in y[r * d_out..(r + 1) * d_out]
+                    .iter()
+                    .zip(&reference)
+                    .enumerate()
+                {
+                    let scale: f32 = (0..d_in)
+                        .map(|k| (w[i * d_in + k] * x[r * d_in + k]).abs())
+                        .sum();
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale.max(1e-6),
+                        "t={t} row {r} col {i}: {a} vs {b}"
+                    );
                 }
             }
         }

@@ -15,8 +15,13 @@ pub struct RopeTable {
 impl RopeTable {
     pub fn new(theta: f32, head_dim: usize, max_pos: usize) -> RopeTable {
         let half = head_dim / 2;
-        let freqs: Vec<f32> = (0..half).map(|j| 1.0 / theta.powf((2 * j) as f32 / head_dim as f32)).collect();
-        let (mut cos, mut sin) = (Vec::with_capacity(max_pos * half), Vec::with_capacity(max_pos * half));
+        let freqs: Vec<f32> = (0..half)
+            .map(|j| 1.0 / theta.powf((2 * j) as f32 / head_dim as f32))
+            .collect();
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(max_pos * half),
+            Vec::with_capacity(max_pos * half),
+        );
         for p in 0..max_pos {
             for &f in &freqs {
                 let (s, c) = (p as f32 * f).sin_cos();
@@ -24,18 +29,26 @@ impl RopeTable {
                 sin.push(s);
             }
         }
-        RopeTable { theta, cos, sin, half }
+        RopeTable {
+            theta,
+            cos,
+            sin,
+            half,
+        }
     }
 
     /// Positions covered.
-    pub fn len(&self) -> usize {
+    pub fn positions(&self) -> usize {
         self.cos.len() / self.half.max(1)
     }
 
     /// Rotates every head of `x` (n_heads, head_dim) for position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize, layout: RopeLayout) {
         let half = self.half;
-        let (cos, sin) = (&self.cos[pos * half..(pos + 1) * half], &self.sin[pos * half..(pos + 1) * half]);
+        let (cos, sin) = (
+            &self.cos[pos * half..(pos + 1) * half],
+            &self.sin[pos * half..(pos + 1) * half],
+        );
         for head in x.chunks_exact_mut(2 * half) {
             match layout {
                 RopeLayout::Interleaved => {

@@ -52,7 +52,11 @@ pub fn isa() -> Isa {
             Ok("avx2") => Isa::Avx2Fma,
             _ => best,
         };
-        if avail.contains(&wanted) { wanted } else { best }
+        if avail.contains(&wanted) {
+            wanted
+        } else {
+            best
+        }
     })
 }
 
@@ -127,12 +131,24 @@ mod x86 {
         while i + 64 <= n {
             for (k, acc) in acc.iter_mut().enumerate() {
                 let off = i + 16 * k;
-                *acc = unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(off)), _mm512_loadu_ps(pb.add(off)), *acc) };
+                *acc = unsafe {
+                    _mm512_fmadd_ps(
+                        _mm512_loadu_ps(pa.add(off)),
+                        _mm512_loadu_ps(pb.add(off)),
+                        *acc,
+                    )
+                };
             }
             i += 64;
         }
         while i + 16 <= n {
-            acc[0] = unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc[0]) };
+            acc[0] = unsafe {
+                _mm512_fmadd_ps(
+                    _mm512_loadu_ps(pa.add(i)),
+                    _mm512_loadu_ps(pb.add(i)),
+                    acc[0],
+                )
+            };
             i += 16;
         }
         let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
@@ -156,12 +172,24 @@ mod x86 {
         while i + 32 <= n {
             for (k, acc) in acc.iter_mut().enumerate() {
                 let off = i + 8 * k;
-                *acc = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(off)), _mm256_loadu_ps(pb.add(off)), *acc) };
+                *acc = unsafe {
+                    _mm256_fmadd_ps(
+                        _mm256_loadu_ps(pa.add(off)),
+                        _mm256_loadu_ps(pb.add(off)),
+                        *acc,
+                    )
+                };
             }
             i += 32;
         }
         while i + 8 <= n {
-            acc[0] = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]) };
+            acc[0] = unsafe {
+                _mm256_fmadd_ps(
+                    _mm256_loadu_ps(pa.add(i)),
+                    _mm256_loadu_ps(pb.add(i)),
+                    acc[0],
+                )
+            };
             i += 8;
         }
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
@@ -187,7 +215,12 @@ mod x86 {
         let mut i = 0;
         while i + 16 <= n {
             // SAFETY: i + 16 ≤ n for both slices.
-            unsafe { _mm512_storeu_ps(py.add(i), _mm512_fmadd_ps(a, _mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i)))) };
+            unsafe {
+                _mm512_storeu_ps(
+                    py.add(i),
+                    _mm512_fmadd_ps(a, _mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i))),
+                )
+            };
             i += 16;
         }
         while i < n {
@@ -206,7 +239,12 @@ mod x86 {
         let mut i = 0;
         while i + 8 <= n {
             // SAFETY: i + 8 ≤ n for both slices.
-            unsafe { _mm256_storeu_ps(py.add(i), _mm256_fmadd_ps(a, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)))) };
+            unsafe {
+                _mm256_storeu_ps(
+                    py.add(i),
+                    _mm256_fmadd_ps(a, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i))),
+                )
+            };
             i += 8;
         }
         while i < n {
@@ -236,9 +274,18 @@ mod tests {
                 let (a, b) = (rand_vec(&mut rng, n), rand_vec(&mut rng, n));
                 let fast = dot_with(isa, &a, &b);
                 let reference: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-                let scale: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64 * *y as f64).abs()).sum::<f64>().max(1e-30);
+                let scale: f64 = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (*x as f64 * *y as f64).abs())
+                    .sum::<f64>()
+                    .max(1e-30);
                 let rel = (fast as f64 - reference).abs() / scale;
-                assert!(rel < 1e-6, "{} n={n}: {fast} vs {reference} (rel {rel})", isa.name());
+                assert!(
+                    rel < 1e-6,
+                    "{} n={n}: {fast} vs {reference} (rel {rel})",
+                    isa.name()
+                );
             }
         }
     }
@@ -254,7 +301,11 @@ mod tests {
                 let mut reference = y0.clone();
                 kvlab_model::ops::axpy(&mut reference, 0.37, &x);
                 for (f, r) in fast.iter().zip(&reference) {
-                    assert!((f - r).abs() <= 1e-6 * r.abs().max(1.0), "{} n={n}: {f} vs {r}", isa.name());
+                    assert!(
+                        (f - r).abs() <= 1e-6 * r.abs().max(1.0),
+                        "{} n={n}: {f} vs {r}",
+                        isa.name()
+                    );
                 }
             }
         }

@@ -5,7 +5,10 @@ mod common;
 use std::sync::Arc;
 
 use kvlab_cpu::CpuEngine;
-use kvlab_model::{Engine, GenerateOptions, LayerKind, Model, Sampler, SyntheticSpec, generate_tokens, teacher_force};
+use kvlab_model::{
+    Engine, GenerateOptions, LayerKind, Model, Sampler, SyntheticSpec, generate_tokens,
+    teacher_force,
+};
 use kvlab_naive::NaiveEngine;
 use proptest::prelude::*;
 
@@ -13,14 +16,18 @@ use proptest::prelude::*;
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= 1e-4 + 1e-4 * y.abs(), "{what}: logit {i}: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= 1e-4 + 1e-4 * y.abs(),
+            "{what}: logit {i}: {x} vs {y}"
+        );
     }
 }
 
 fn check_parity(model: Model, prompt: &[u32], forced: &[u32]) {
     let model = Arc::new(model);
     let max = model.config.max_seq_len;
-    let reference = teacher_force(&mut NaiveEngine::new(model.clone()), prompt, forced, max).unwrap();
+    let reference =
+        teacher_force(&mut NaiveEngine::new(model.clone()), prompt, forced, max).unwrap();
     let cached = teacher_force(&mut CpuEngine::new(model.clone()), prompt, forced, max).unwrap();
     for (pos, (a, b)) in cached.iter().zip(&reference).enumerate() {
         assert_close(a, b, &format!("step {pos}"));
@@ -37,12 +44,23 @@ fn check_parity(model: Model, prompt: &[u32], forced: &[u32]) {
 
 fn arb_case() -> impl Strategy<Value = (SyntheticSpec, Vec<u32>, Vec<u32>, Option<usize>)> {
     // (n_kv_heads, group): MHA, GQA and MQA.
-    (1usize..=2, prop_oneof![Just(1usize), Just(2), Just(4)], 1usize..=3, any::<u64>(), 1usize..=3)
+    (
+        1usize..=2,
+        prop_oneof![Just(1usize), Just(2), Just(4)],
+        1usize..=3,
+        any::<u64>(),
+        1usize..=3,
+    )
         .prop_flat_map(|(n_kv, group, layers, seed, hd_mult)| {
             let n_heads = n_kv * group;
             let dim = n_heads * 4 * hd_mult;
             let spec = SyntheticSpec::new(dim, dim * 2 + 4, layers, n_heads, n_kv, 40, 48, seed);
-            (Just(spec), prop::collection::vec(0u32..40, 1..20), prop::collection::vec(0u32..40, 0..20), prop::option::of(1usize..12))
+            (
+                Just(spec),
+                prop::collection::vec(0u32..40, 1..20),
+                prop::collection::vec(0u32..40, 0..20),
+                prop::option::of(1usize..12),
+            )
         })
 }
 
@@ -75,18 +93,34 @@ fn shared_classifier_and_long_prompts_agree() {
 
 #[test]
 fn stories260k_generates_the_llama2c_reference() {
-    let (Some(bin), Some(tok)) = (common::model_file("stories260K.bin"), common::model_file("tok512.bin")) else { return };
+    let (Some(bin), Some(tok)) = (
+        common::model_file("stories260K.bin"),
+        common::model_file("tok512.bin"),
+    ) else {
+        return;
+    };
     let (model, tok) = kvlab_model::registry::load_llama2c(&bin, Some(&tok)).unwrap();
     let tok = tok.unwrap();
     let model = Arc::new(model);
     let prompt = tok.encode("Once upon a time", true, false);
     assert_eq!(prompt, [1, 403, 407, 261, 378]);
     // ../shared/models/README.md: llama2.c run.c, temperature 0, 256 positions.
-    let expected = [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282];
-    let opts = GenerateOptions { steps: 256, max_seq_len: 0, trace: false };
-    let mut engines: Vec<Box<dyn Engine>> = vec![Box::new(NaiveEngine::new(model.clone())), Box::new(CpuEngine::new(model.clone()))];
+    let expected = [
+        432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408,
+        419, 292, 411, 322, 265, 282,
+    ];
+    let opts = GenerateOptions {
+        steps: 256,
+        max_seq_len: 0,
+        trace: false,
+    };
+    let mut engines: Vec<Box<dyn Engine>> = vec![
+        Box::new(NaiveEngine::new(model.clone())),
+        Box::new(CpuEngine::new(model.clone())),
+    ];
     for e in engines.iter_mut() {
-        let g = generate_tokens(e.as_mut(), &prompt, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
+        let g =
+            generate_tokens(e.as_mut(), &prompt, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
         assert_eq!(&g.tokens[..24], &expected, "{} engine", e.name());
         let text = tok.decode_all(&[&prompt[..], &g.tokens[..]].concat());
         assert!(text.starts_with("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high."), "{}: {text}", e.name());

@@ -105,7 +105,7 @@ impl Config {
         max_seq_len: usize,
         shared_classifier: bool,
     ) -> Config {
-        let head_dim = if n_heads == 0 { 0 } else { dim / n_heads };
+        let head_dim = dim.checked_div(n_heads).unwrap_or(0);
         Config {
             dim,
             hidden_dim,
@@ -122,7 +122,11 @@ impl Config {
             activation: Activation::Silu,
             layer_kinds: vec![LayerKind::Global; n_layers],
             embed_scale: 1.0,
-            attn_scale: if head_dim == 0 { 0.0 } else { 1.0 / (head_dim as f32).sqrt() },
+            attn_scale: if head_dim == 0 {
+                0.0
+            } else {
+                1.0 / (head_dim as f32).sqrt()
+            },
             qk_norm: false,
             post_norms: false,
             shared_classifier,
@@ -185,10 +189,19 @@ impl Config {
     /// Parameter count of the weights (f32 each in [`crate::Weights`]).
     pub fn n_params(&self) -> usize {
         let (d, h, q, kv) = (self.dim, self.hidden_dim, self.q_dim(), self.kv_dim());
-        let per_layer = d + d * q + 2 * kv * d + q * d + d + 3 * h * d
+        let per_layer = d
+            + d * q
+            + 2 * kv * d
+            + q * d
+            + d
+            + 3 * h * d
             + if self.qk_norm { 2 * self.head_dim } else { 0 }
             + if self.post_norms { 2 * d } else { 0 };
-        let cls = if self.shared_classifier { 0 } else { self.vocab_size * d };
+        let cls = if self.shared_classifier {
+            0
+        } else {
+            self.vocab_size * d
+        };
         self.vocab_size * d + self.n_layers * per_layer + d + cls
     }
 
@@ -215,14 +228,17 @@ impl Config {
                 return bad(format!("{name} = {v} is absurd (limit {max})"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "n_heads ({}) is not a multiple of n_kv_heads ({})",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
-            return bad(format!("head_dim ({}) must be even for RoPE", self.head_dim));
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!(
+                "head_dim ({}) must be even for RoPE",
+                self.head_dim
+            ));
         }
         if self.layer_kinds.len() != self.n_layers {
             return bad(format!(
@@ -231,19 +247,32 @@ impl Config {
                 self.n_layers
             ));
         }
-        if self.layer_kinds.iter().any(|k| matches!(k, LayerKind::Local { window: 0 })) {
+        if self
+            .layer_kinds
+            .iter()
+            .any(|k| matches!(k, LayerKind::Local { window: 0 }))
+        {
             return bad("a sliding window of 0 positions".into());
         }
         if self.bos_id as usize >= self.vocab_size {
             return bad(format!("bos_id {} is outside the vocabulary", self.bos_id));
         }
-        if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0)
-            || !(self.rope_theta.is_finite() && self.rope_theta > 0.0)
-            || !(self.rope_theta_local.is_finite() && self.rope_theta_local > 0.0)
-            || !self.attn_scale.is_finite()
-            || !self.embed_scale.is_finite()
+        let positive = |v: f32| v.is_finite() && v > 0.0;
+        let finite = [
+            self.norm_eps,
+            self.rope_theta,
+            self.rope_theta_local,
+            self.attn_scale,
+            self.embed_scale,
+        ]
+        .iter()
+        .all(|v| v.is_finite());
+        if !finite || self.norm_eps < 0.0 || self.rope_theta <= 0.0 || self.rope_theta_local <= 0.0
         {
-            return bad("norm_eps, rope_theta, attn_scale and embed_scale must be finite and positive".into());
+            return bad(
+                "norm_eps, rope_theta, attn_scale and embed_scale must be finite and positive"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -266,10 +295,19 @@ mod tests {
     fn windowed_bytes_cap_local_layers() {
         let mut c = Config::llama(64, 172, 6, 8, 1, 512, 8192, true);
         c.layer_kinds = (0..6)
-            .map(|l| if l % 6 == 5 { LayerKind::Global } else { LayerKind::Local { window: 512 } })
+            .map(|l| {
+                if l % 6 == 5 {
+                    LayerKind::Global
+                } else {
+                    LayerKind::Local { window: 512 }
+                }
+            })
             .collect();
         let per_pos_layer = 2 * c.kv_dim() * 4;
-        assert_eq!(c.kv_bytes_windowed(8192, 4), per_pos_layer * (8192 + 5 * 512));
+        assert_eq!(
+            c.kv_bytes_windowed(8192, 4),
+            per_pos_layer * (8192 + 5 * 512)
+        );
         assert_eq!(c.kv_bytes_windowed(100, 4), per_pos_layer * 6 * 100);
         assert_eq!(c.kv_bytes_full(8192, 4), per_pos_layer * 6 * 8192);
     }

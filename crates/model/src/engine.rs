@@ -76,15 +76,28 @@ pub trait Engine {
 /// # Errors
 /// [`crate::Error::EmptyPrompt`] for no tokens; [`crate::Error::TokenOutOfRange`];
 /// [`crate::Error::ContextFull`] if `pos + tokens.len()` exceeds `max_seq_len`.
-pub fn check_tokens(c: &Config, seq: SeqId, pos: usize, max_seq_len: usize, tokens: &[u32]) -> Result<()> {
+pub fn check_tokens(
+    c: &Config,
+    seq: SeqId,
+    pos: usize,
+    max_seq_len: usize,
+    tokens: &[u32],
+) -> Result<()> {
     if tokens.is_empty() {
         return Err(crate::Error::EmptyPrompt);
     }
     if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-        return Err(crate::Error::TokenOutOfRange { id, vocab_size: c.vocab_size });
+        return Err(crate::Error::TokenOutOfRange {
+            id,
+            vocab_size: c.vocab_size,
+        });
     }
     if pos + tokens.len() > max_seq_len {
-        return Err(crate::Error::ContextFull { seq, pos: pos + tokens.len() - 1, max_seq_len });
+        return Err(crate::Error::ContextFull {
+            seq,
+            pos: pos + tokens.len() - 1,
+            max_seq_len,
+        });
     }
     Ok(())
 }

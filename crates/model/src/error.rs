@@ -6,7 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The file does not exist or cannot be opened.
-    #[error("cannot open {path}: {source}. Check the path, or set KVLAB_MODELS to the folder that holds the checkpoints")]
+    #[error(
+        "cannot open {path}: {source}. Check the path, or set KVLAB_MODELS to the folder that holds the checkpoints"
+    )]
     Open {
         path: PathBuf,
         #[source]
@@ -20,7 +22,9 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The file ends before the header or data it announces.
-    #[error("{path} is truncated: {what} needs {needed} bytes but the file has {actual}. Re-download the file (its sha256 is in fixtures/models.json)")]
+    #[error(
+        "{path} is truncated: {what} needs {needed} bytes but the file has {actual}. Re-download the file (its sha256 is in fixtures/models.json)"
+    )]
     Truncated {
         path: PathBuf,
         what: &'static str,
@@ -28,7 +32,9 @@ pub enum Error {
         actual: u64,
     },
     /// The file is larger or smaller than its header implies (not truncated, just inconsistent).
-    #[error("{path}: the header implies {expected} bytes but the file has {actual}; it is not a llama2.c checkpoint of that shape")]
+    #[error(
+        "{path}: the header implies {expected} bytes but the file has {actual}; it is not a llama2.c checkpoint of that shape"
+    )]
     SizeMismatch {
         path: PathBuf,
         expected: u64,
@@ -44,7 +50,9 @@ pub enum Error {
     #[error("token id {id} is outside the vocabulary (vocab_size {vocab_size})")]
     TokenOutOfRange { id: u32, vocab_size: usize },
     /// The prompt (plus BOS) does not fit in the context.
-    #[error("the prompt has {tokens} tokens but the context holds {max_seq_len} positions; shorten the prompt or raise --max-seq-len (at most the model's max_seq_len)")]
+    #[error(
+        "the prompt has {tokens} tokens but the context holds {max_seq_len} positions; shorten the prompt or raise --max-seq-len (at most the model's max_seq_len)"
+    )]
     PromptTooLong { tokens: usize, max_seq_len: usize },
     /// The prompt is empty after encoding (it always holds BOS, so this means a bad call).
     #[error("the prompt is empty: at least the BOS token is needed")]
@@ -61,7 +69,10 @@ pub enum Error {
     UnknownSequence(u64),
     /// An engine-specific failure (no GPU, out of blocks, ...).
     #[error("{engine} engine: {reason}")]
-    Engine { engine: &'static str, reason: String },
+    Engine {
+        engine: &'static str,
+        reason: String,
+    },
     /// A model file whose format this crate does not read.
     #[error("unsupported model format: {0}")]
     Format(String),

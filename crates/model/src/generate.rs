@@ -53,9 +53,17 @@ impl Generation {
 pub enum Event<'a> {
     /// A token reached its position in the text: prompt tokens after BOS first, then new ones.
     /// `prev` is the token before it (for [`Tokenizer::decode`]).
-    Token { prev: u32, token: u32, generated: bool },
+    Token {
+        prev: u32,
+        token: u32,
+        generated: bool,
+    },
     /// The engine's cache view after a prefill or decode call (only when tracing is on).
-    Trace { pos: usize, fed: &'a [u32], step: TraceStep },
+    Trace {
+        pos: usize,
+        fed: &'a [u32],
+        step: TraceStep,
+    },
 }
 
 /// Options of [`generate_tokens`].
@@ -81,17 +89,38 @@ pub fn generate_tokens(
     mut on_event: impl FnMut(Event<'_>),
 ) -> Result<Generation> {
     let config = engine.config().clone();
-    let max_seq_len = if opts.max_seq_len == 0 { config.max_seq_len } else { opts.max_seq_len };
+    let max_seq_len = if opts.max_seq_len == 0 {
+        config.max_seq_len
+    } else {
+        opts.max_seq_len
+    };
     check_max_seq_len(&config, max_seq_len)?;
     if prompt.is_empty() {
         return Err(Error::EmptyPrompt);
     }
     if prompt.len() > max_seq_len {
-        return Err(Error::PromptTooLong { tokens: prompt.len(), max_seq_len });
+        return Err(Error::PromptTooLong {
+            tokens: prompt.len(),
+            max_seq_len,
+        });
     }
-    let steps = if opts.steps == 0 || opts.steps > max_seq_len { max_seq_len } else { opts.steps }.max(prompt.len());
+    let steps = if opts.steps == 0 || opts.steps > max_seq_len {
+        max_seq_len
+    } else {
+        opts.steps
+    }
+    .max(prompt.len());
     let seq = engine.new_sequence(max_seq_len)?;
-    let result = run(engine, seq, prompt, steps, opts.trace, sampler, &mut on_event, &config.stop_ids);
+    let result = run(
+        engine,
+        seq,
+        prompt,
+        steps,
+        opts.trace,
+        sampler,
+        &mut on_event,
+        &config.stop_ids,
+    );
     engine.free(seq);
     result
 }
@@ -107,17 +136,26 @@ fn run(
     on_event: &mut impl FnMut(Event<'_>),
     stop_ids: &[u32],
 ) -> Result<Generation> {
-    let mut g = Generation { prompt: prompt.to_vec(), ..Default::default() };
+    let mut g = Generation {
+        prompt: prompt.to_vec(),
+        ..Default::default()
+    };
     let t0 = Instant::now();
     let mut logits = engine.prefill(seq, prompt)?;
     g.prefill_time = t0.elapsed();
-    if trace {
-        if let Some(step) = engine.trace(seq) {
-            on_event(Event::Trace { pos: 0, fed: prompt, step });
-        }
+    if trace && let Some(step) = engine.trace(seq) {
+        on_event(Event::Trace {
+            pos: 0,
+            fed: prompt,
+            step,
+        });
     }
     for w in prompt.windows(2) {
-        on_event(Event::Token { prev: w[0], token: w[1], generated: false });
+        on_event(Event::Token {
+            prev: w[0],
+            token: w[1],
+            generated: false,
+        });
     }
     let mut prev = *prompt.last().expect("non-empty prompt");
     let mut pos = prompt.len() - 1;
@@ -128,7 +166,11 @@ fn run(
             break;
         }
         g.tokens.push(next);
-        on_event(Event::Token { prev, token: next, generated: true });
+        on_event(Event::Token {
+            prev,
+            token: next,
+            generated: true,
+        });
         pos += 1;
         if pos >= steps {
             break;
@@ -137,10 +179,12 @@ fn run(
         logits = engine.decode(seq, next)?;
         g.decode_time += t.elapsed();
         g.decode_steps += 1;
-        if trace {
-            if let Some(step) = engine.trace(seq) {
-                on_event(Event::Trace { pos, fed: std::slice::from_ref(&next), step });
-            }
+        if trace && let Some(step) = engine.trace(seq) {
+            on_event(Event::Trace {
+                pos,
+                fed: std::slice::from_ref(&next),
+                step,
+            });
         }
         prev = next;
     }
@@ -186,7 +230,12 @@ pub fn generate_text(
 ///
 /// # Errors
 /// As [`generate_tokens`].
-pub fn teacher_force(engine: &mut dyn Engine, prompt: &[u32], forced: &[u32], max_seq_len: usize) -> Result<Vec<Vec<f32>>> {
+pub fn teacher_force(
+    engine: &mut dyn Engine,
+    prompt: &[u32],
+    forced: &[u32],
+    max_seq_len: usize,
+) -> Result<Vec<Vec<f32>>> {
     let seq = engine.new_sequence(max_seq_len)?;
     let out = (|| {
         let mut all = vec![engine.prefill(seq, prompt)?];

@@ -35,5 +35,8 @@ pub use weights::{LayerWeights, Model, Weights};
 /// # Errors
 /// [`Error::Format`] until GGUF support lands (issue 3).
 pub fn load_gguf(path: &std::path::Path) -> Result<(Model, Tokenizer)> {
-    Err(Error::Format(format!("{}: GGUF checkpoints are not supported yet", path.display())))
+    Err(Error::Format(format!(
+        "{}: GGUF checkpoints are not supported yet",
+        path.display()
+    )))
 }

@@ -30,16 +30,44 @@ const HEADER_BYTES: u64 = 7 * 4;
 /// [`Error::Config`] for zero, negative or absurd fields, `n_heads` not a multiple of
 /// `n_kv_heads`, `dim` not a multiple of `n_heads`.
 pub fn parse_header(h: [i32; 7]) -> Result<Config> {
-    let [dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab, seq_len] = h;
-    let names = ["dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"];
-    for (name, v) in names.iter().zip([dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab.saturating_abs(), seq_len]) {
+    let [
+        dim,
+        hidden_dim,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        vocab,
+        seq_len,
+    ] = h;
+    let names = [
+        "dim",
+        "hidden_dim",
+        "n_layers",
+        "n_heads",
+        "n_kv_heads",
+        "vocab_size",
+        "seq_len",
+    ];
+    for (name, v) in names.iter().zip([
+        dim,
+        hidden_dim,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        vocab.saturating_abs(),
+        seq_len,
+    ]) {
         if v <= 0 {
-            return Err(Error::Config(format!("header field {name} = {v}; it must be positive")));
+            return Err(Error::Config(format!(
+                "header field {name} = {v}; it must be positive"
+            )));
         }
     }
     let u = |v: i32| v as usize;
     if dim % n_heads != 0 {
-        return Err(Error::Config(format!("dim ({dim}) is not a multiple of n_heads ({n_heads})")));
+        return Err(Error::Config(format!(
+            "dim ({dim}) is not a multiple of n_heads ({n_heads})"
+        )));
     }
     let config = Config::llama(
         u(dim),
@@ -57,7 +85,13 @@ pub fn parse_header(h: [i32; 7]) -> Result<Config> {
 
 /// Bytes a llama2.c checkpoint of this config occupies, header included.
 pub fn expected_file_bytes(c: &Config) -> u64 {
-    let (d, h, l, kv, v) = (c.dim as u64, c.hidden_dim as u64, c.n_layers as u64, c.kv_dim() as u64, c.vocab_size as u64);
+    let (d, h, l, kv, v) = (
+        c.dim as u64,
+        c.hidden_dim as u64,
+        c.n_layers as u64,
+        c.kv_dim() as u64,
+        c.vocab_size as u64,
+    );
     // validate() bounds every field, so none of these products can overflow u64.
     let per_layer = d + d * d + 2 * kv * d + d * d + d + 3 * h * d;
     let rope = c.max_seq_len as u64 * c.head_dim as u64; // cos and sin, head_dim/2 each
@@ -72,15 +106,32 @@ pub fn expected_file_bytes(c: &Config) -> u64 {
 /// header or than the header implies; [`Error::SizeMismatch`] if longer; [`Error::Config`] for a
 /// bad header (see [`parse_header`]).
 pub fn load(path: &Path) -> Result<Model> {
-    let file = File::open(path).map_err(|source| Error::Open { path: path.into(), source })?;
-    let len = file.metadata().map_err(|source| Error::Io { path: path.into(), source })?.len();
+    let file = File::open(path).map_err(|source| Error::Open {
+        path: path.into(),
+        source,
+    })?;
+    let len = file
+        .metadata()
+        .map_err(|source| Error::Io {
+            path: path.into(),
+            source,
+        })?
+        .len();
     if len < HEADER_BYTES {
-        return Err(Error::Truncated { path: path.into(), what: "the 28-byte header", needed: HEADER_BYTES, actual: len });
+        return Err(Error::Truncated {
+            path: path.into(),
+            what: "the 28-byte header",
+            needed: HEADER_BYTES,
+            actual: len,
+        });
     }
     // SAFETY: the map is read-only and private to this function; checkpoints are not modified
     // while kvlab runs (if one were truncated underneath us, reads could fault: the same caveat
     // as llama2.c's own mmap).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io { path: path.into(), source })?;
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
+        path: path.into(),
+        source,
+    })?;
     let mut header = [0i32; 7];
     for (i, h) in header.iter_mut().enumerate() {
         *h = i32::from_le_bytes(map[4 * i..4 * i + 4].try_into().expect("4 bytes"));
@@ -88,12 +139,23 @@ pub fn load(path: &Path) -> Result<Model> {
     let config = parse_header(header)?;
     let expected = expected_file_bytes(&config);
     if len < expected {
-        return Err(Error::Truncated { path: path.into(), what: "the tensors its header announces", needed: expected, actual: len });
+        return Err(Error::Truncated {
+            path: path.into(),
+            what: "the tensors its header announces",
+            needed: expected,
+            actual: len,
+        });
     }
     if len > expected {
-        return Err(Error::SizeMismatch { path: path.into(), expected, actual: len });
+        return Err(Error::SizeMismatch {
+            path: path.into(),
+            expected,
+            actual: len,
+        });
     }
-    let mut r = Reader { bytes: &map[HEADER_BYTES as usize..] };
+    let mut r = Reader {
+        bytes: &map[HEADER_BYTES as usize..],
+    };
     let c = &config;
     let (d, h, l, kv) = (c.dim, c.hidden_dim, c.n_layers, c.kv_dim());
     let token_embedding = r.take(c.vocab_size * d);
@@ -127,7 +189,15 @@ pub fn load(path: &Path) -> Result<Model> {
             post_ffn_norm: Vec::new(),
         })
         .collect();
-    Model::new(config, Weights { token_embedding, layers, final_norm, classifier })
+    Model::new(
+        config,
+        Weights {
+            token_embedding,
+            layers,
+            final_norm,
+            classifier,
+        },
+    )
 }
 
 /// Sequential reader of little-endian f32s; lengths were checked against the file size first.
@@ -139,7 +209,9 @@ impl Reader<'_> {
     fn take(&mut self, n: usize) -> Vec<f32> {
         let (head, rest) = self.bytes.split_at(4 * n);
         self.bytes = rest;
-        head.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect()
+        head.chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect()
     }
     fn skip(&mut self, n: usize) {
         self.bytes = &self.bytes[4 * n..];
@@ -154,14 +226,40 @@ impl Reader<'_> {
 /// [`Error::Format`] for a model the format cannot express; [`Error::Io`] on write failure.
 pub fn write(model: &Model, path: &Path) -> Result<()> {
     let c = &model.config;
-    let llama = Config::llama(c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.max_seq_len, c.shared_classifier);
+    let llama = Config::llama(
+        c.dim,
+        c.hidden_dim,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.vocab_size,
+        c.max_seq_len,
+        c.shared_classifier,
+    );
     if *c != llama {
-        return Err(Error::Format("llama2.c's format only holds plain Llama models (Config::llama)".into()));
+        return Err(Error::Format(
+            "llama2.c's format only holds plain Llama models (Config::llama)".into(),
+        ));
     }
-    let io = |source| Error::Io { path: path.into(), source };
+    let io = |source| Error::Io {
+        path: path.into(),
+        source,
+    };
     let mut out = std::io::BufWriter::new(File::create(path).map_err(io)?);
-    let vocab = if c.shared_classifier { c.vocab_size as i32 } else { -(c.vocab_size as i32) };
-    let header = [c.dim as i32, c.hidden_dim as i32, c.n_layers as i32, c.n_heads as i32, c.n_kv_heads as i32, vocab, c.max_seq_len as i32];
+    let vocab = if c.shared_classifier {
+        c.vocab_size as i32
+    } else {
+        -(c.vocab_size as i32)
+    };
+    let header = [
+        c.dim as i32,
+        c.hidden_dim as i32,
+        c.n_layers as i32,
+        c.n_heads as i32,
+        c.n_kv_heads as i32,
+        vocab,
+        c.max_seq_len as i32,
+    ];
     let mut bytes: Vec<u8> = header.iter().flat_map(|v| v.to_le_bytes()).collect();
     let w = &model.weights;
     let mut put = |t: &[f32]| bytes.extend(t.iter().flat_map(|v| v.to_le_bytes()));
@@ -185,9 +283,16 @@ pub fn write(model: &Model, path: &Path) -> Result<()> {
     put(&w.final_norm);
     // The RoPE tables run.c skips, written as export.py writes them: cos then sin of pos·freq.
     let half = c.head_dim / 2;
-    let angle = |p: usize, i: usize| p as f32 * c.rope_theta.powf(-((2 * i) as f32) / c.head_dim as f32);
-    let cos: Vec<f32> = (0..c.max_seq_len).flat_map(|p| (0..half).map(move |i| (p, i))).map(|(p, i)| angle(p, i).cos()).collect();
-    let sin: Vec<f32> = (0..c.max_seq_len).flat_map(|p| (0..half).map(move |i| (p, i))).map(|(p, i)| angle(p, i).sin()).collect();
+    let angle =
+        |p: usize, i: usize| p as f32 * c.rope_theta.powf(-((2 * i) as f32) / c.head_dim as f32);
+    let cos: Vec<f32> = (0..c.max_seq_len)
+        .flat_map(|p| (0..half).map(move |i| (p, i)))
+        .map(|(p, i)| angle(p, i).cos())
+        .collect();
+    let sin: Vec<f32> = (0..c.max_seq_len)
+        .flat_map(|p| (0..half).map(move |i| (p, i)))
+        .map(|(p, i)| angle(p, i).sin())
+        .collect();
     put(&cos);
     put(&sin);
     if let Some(cls) = &w.classifier {

@@ -108,10 +108,18 @@ mod tests {
         // head_dim 4, theta 100: pair 0 angle = pos, pair 1 angle = pos/10.
         let mut x = [1.0, 0.0, 1.0, 0.0];
         rope(&mut x, 2, 4, 100.0, RopeLayout::Interleaved);
-        assert_relative_eq!(&x[..], &[2f32.cos(), 2f32.sin(), 0.2f32.cos(), 0.2f32.sin()][..], epsilon = 1e-6);
+        assert_relative_eq!(
+            &x[..],
+            &[2f32.cos(), 2f32.sin(), 0.2f32.cos(), 0.2f32.sin()][..],
+            epsilon = 1e-6
+        );
         let mut y = [1.0, 1.0, 0.0, 0.0];
         rope(&mut y, 2, 4, 100.0, RopeLayout::Neox);
-        assert_relative_eq!(&y[..], &[2f32.cos(), 0.2f32.cos(), 2f32.sin(), 0.2f32.sin()][..], epsilon = 1e-6);
+        assert_relative_eq!(
+            &y[..],
+            &[2f32.cos(), 0.2f32.cos(), 2f32.sin(), 0.2f32.sin()][..],
+            epsilon = 1e-6
+        );
         // Position 0 is the identity, and rotation keeps the norm.
         let mut z = [0.3, -1.2, 0.7, 2.0];
         rope(&mut z, 0, 4, 10_000.0, RopeLayout::Neox);

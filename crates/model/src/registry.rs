@@ -73,20 +73,29 @@ pub struct Manifest {
 pub fn manifest() -> &'static Manifest {
     static M: OnceLock<Manifest> = OnceLock::new();
     M.get_or_init(|| {
-        let m: Manifest = serde_json::from_str(include_str!("../../../fixtures/models.json")).expect("fixtures/models.json is valid (checked by a test)");
-        assert_eq!(m.format_version, MANIFEST_FORMAT_VERSION, "fixtures/models.json format_version");
+        let m: Manifest = serde_json::from_str(include_str!("../../../fixtures/models.json"))
+            .expect("fixtures/models.json is valid (checked by a test)");
+        assert_eq!(
+            m.format_version, MANIFEST_FORMAT_VERSION,
+            "fixtures/models.json format_version"
+        );
         m
     })
 }
 
 /// The manifest entry called `name` (case-insensitive).
 pub fn entry(name: &str) -> Option<&'static ModelEntry> {
-    manifest().models.iter().find(|m| m.name.eq_ignore_ascii_case(name))
+    manifest()
+        .models
+        .iter()
+        .find(|m| m.name.eq_ignore_ascii_case(name))
 }
 
 /// `$KVLAB_MODELS`, if set.
 pub fn models_dir() -> Option<PathBuf> {
-    std::env::var_os("KVLAB_MODELS").filter(|v| !v.is_empty()).map(PathBuf::from)
+    std::env::var_os("KVLAB_MODELS")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 /// The user cache directory for downloaded checkpoints.
@@ -101,7 +110,11 @@ pub fn cache_dir() -> PathBuf {
 
 /// Where a file is, if present: `$KVLAB_MODELS/<file>`, else `<cache>/<file>`.
 pub fn find_file(f: &FileRef) -> Option<PathBuf> {
-    models_dir().into_iter().chain([cache_dir()]).map(|d| d.join(&f.file)).find(|p| p.is_file())
+    models_dir()
+        .into_iter()
+        .chain([cache_dir()])
+        .map(|d| d.join(&f.file))
+        .find(|p| p.is_file())
 }
 
 /// Where a file was looked for, for error messages.
@@ -120,11 +133,17 @@ pub fn searched_places(f: &FileRef) -> String {
 /// # Errors
 /// [`Error::Open`] / [`Error::Io`].
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).map_err(|source| Error::Open { path: path.into(), source })?;
+    let mut f = std::fs::File::open(path).map_err(|source| Error::Open {
+        path: path.into(),
+        source,
+    })?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(|source| Error::Io { path: path.into(), source })?;
+        let n = f.read(&mut buf).map_err(|source| Error::Io {
+            path: path.into(),
+            source,
+        })?;
         if n == 0 {
             break;
         }
@@ -145,9 +164,17 @@ pub struct Loaded {
 /// What [`locate`] found for a name.
 pub enum Located {
     /// Every file is present.
-    Ready { entry: &'static ModelEntry, model: Option<PathBuf>, tokenizer: Option<PathBuf> },
+    Ready {
+        entry: &'static ModelEntry,
+        model: Option<PathBuf>,
+        tokenizer: Option<PathBuf>,
+    },
     /// A file is missing: the reference to fetch, and where it was looked for.
-    Missing { entry: &'static ModelEntry, file: &'static FileRef, searched: String },
+    Missing {
+        entry: &'static ModelEntry,
+        file: &'static FileRef,
+        searched: String,
+    },
 }
 
 /// Finds a manifest model's files.
@@ -157,46 +184,81 @@ pub enum Located {
 pub fn locate(name: &str) -> Result<Located> {
     let entry = entry(name).ok_or_else(|| {
         let names: Vec<_> = manifest().models.iter().map(|m| m.name.as_str()).collect();
-        Error::Format(format!("no model called {name:?}; known models: {}; or pass a path to a .bin or .gguf file", names.join(", ")))
+        Error::Format(format!(
+            "no model called {name:?}; known models: {}; or pass a path to a .bin or .gguf file",
+            names.join(", ")
+        ))
     })?;
     let mut found = [None, None];
     for (slot, f) in found.iter_mut().zip([&entry.model, &entry.tokenizer]) {
         if let Some(f) = f {
             match find_file(f) {
                 Some(p) => *slot = Some(p),
-                None => return Ok(Located::Missing { entry, file: f, searched: searched_places(f) }),
+                None => {
+                    return Ok(Located::Missing {
+                        entry,
+                        file: f,
+                        searched: searched_places(f),
+                    });
+                }
             }
         }
     }
     let [model, tokenizer] = found;
-    Ok(Located::Ready { entry, model, tokenizer })
+    Ok(Located::Ready {
+        entry,
+        model,
+        tokenizer,
+    })
 }
 
 /// Loads a model from a manifest entry whose files were located.
 ///
 /// # Errors
 /// Whatever the format's loader returns.
-pub fn load_entry(entry: &ModelEntry, model: Option<&Path>, tokenizer: Option<&Path>) -> Result<Loaded> {
-    let mut files: Vec<PathBuf> = model.into_iter().chain(tokenizer).map(Path::to_path_buf).collect();
+pub fn load_entry(
+    entry: &ModelEntry,
+    model: Option<&Path>,
+    tokenizer: Option<&Path>,
+) -> Result<Loaded> {
+    let mut files: Vec<PathBuf> = model
+        .into_iter()
+        .chain(tokenizer)
+        .map(Path::to_path_buf)
+        .collect();
     let (m, tok) = match entry.format {
         Format::Llama2c => {
-            let path = model.ok_or_else(|| Error::Format(format!("{} has no model file in the manifest", entry.name)))?;
+            let path = model.ok_or_else(|| {
+                Error::Format(format!("{} has no model file in the manifest", entry.name))
+            })?;
             load_llama2c(path, tokenizer)?
         }
         Format::Synthetic => {
-            let spec = entry.synthetic.as_ref().ok_or_else(|| Error::Format(format!("{} has no synthetic spec", entry.name)))?;
+            let spec = entry
+                .synthetic
+                .as_ref()
+                .ok_or_else(|| Error::Format(format!("{} has no synthetic spec", entry.name)))?;
             let m = spec.build()?;
-            let tok = tokenizer.map(|t| Tokenizer::load_llama2c(t, m.config.vocab_size)).transpose()?;
+            let tok = tokenizer
+                .map(|t| Tokenizer::load_llama2c(t, m.config.vocab_size))
+                .transpose()?;
             (m, tok)
         }
         Format::Gguf => {
-            let path = model.ok_or_else(|| Error::Format(format!("{} has no model file in the manifest", entry.name)))?;
+            let path = model.ok_or_else(|| {
+                Error::Format(format!("{} has no model file in the manifest", entry.name))
+            })?;
             let (m, t) = crate::load_gguf(path)?;
             files.truncate(1);
             (m, Some(t))
         }
     };
-    Ok(Loaded { name: entry.name.clone(), model: m, tokenizer: tok, files })
+    Ok(Loaded {
+        name: entry.name.clone(),
+        model: m,
+        tokenizer: tok,
+        files,
+    })
 }
 
 /// Loads a llama2.c checkpoint and, if given, its tokenizer.
@@ -205,6 +267,8 @@ pub fn load_entry(entry: &ModelEntry, model: Option<&Path>, tokenizer: Option<&P
 /// As [`crate::llama2c::load`] and [`Tokenizer::load_llama2c`].
 pub fn load_llama2c(model: &Path, tokenizer: Option<&Path>) -> Result<(Model, Option<Tokenizer>)> {
     let m = crate::llama2c::load(model)?;
-    let t = tokenizer.map(|t| Tokenizer::load_llama2c(t, m.config.vocab_size)).transpose()?;
+    let t = tokenizer
+        .map(|t| Tokenizer::load_llama2c(t, m.config.vocab_size))
+        .transpose()?;
     Ok((m, t))
 }

@@ -16,7 +16,11 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(temperature: f32, top_p: f32, seed: u64) -> Sampler {
-        Sampler { temperature, top_p, rng: ChaCha8Rng::seed_from_u64(seed) }
+        Sampler {
+            temperature,
+            top_p,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
     }
 
     /// The deterministic sampler: argmax, ties to the lowest id.
@@ -96,7 +100,12 @@ fn sample_multinomial(probs: &[f32], coin: f32) -> u32 {
 /// as run.c does.
 fn sample_top_p(probs: &[f32], top_p: f32, coin: f32) -> u32 {
     let cutoff = (1.0 - top_p) / (probs.len().max(2) - 1) as f32;
-    let mut cand: Vec<(u32, f32)> = probs.iter().enumerate().filter(|(_, p)| **p >= cutoff).map(|(i, &p)| (i as u32, p)).collect();
+    let mut cand: Vec<(u32, f32)> = probs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| **p >= cutoff)
+        .map(|(i, &p)| (i as u32, p))
+        .collect();
     cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut cum = 0.0;
     let mut last = cand.len().saturating_sub(1);
@@ -140,7 +149,9 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
         let run = |seed| {
             let mut s = Sampler::new(1.0, 0.5, seed);
-            (0..20).map(|_| s.sample(&mut logits.clone())).collect::<Vec<_>>()
+            (0..20)
+                .map(|_| s.sample(&mut logits.clone()))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));
         // With top-p 0.5 only tokens in the nucleus can come out.

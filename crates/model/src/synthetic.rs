@@ -60,13 +60,43 @@ fn default_residual_scale() -> f32 {
 impl SyntheticSpec {
     /// A spec with the default margin and residual scale.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(dim: usize, hidden_dim: usize, n_layers: usize, n_heads: usize, n_kv_heads: usize, vocab_size: usize, max_seq_len: usize, seed: u64) -> SyntheticSpec {
-        SyntheticSpec { dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, max_seq_len, seed, margin: default_margin(), residual_scale: default_residual_scale(), shared_classifier: false }
+    pub fn new(
+        dim: usize,
+        hidden_dim: usize,
+        n_layers: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        vocab_size: usize,
+        max_seq_len: usize,
+        seed: u64,
+    ) -> SyntheticSpec {
+        SyntheticSpec {
+            dim,
+            hidden_dim,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            vocab_size,
+            max_seq_len,
+            seed,
+            margin: default_margin(),
+            residual_scale: default_residual_scale(),
+            shared_classifier: false,
+        }
     }
 
     /// The Llama config this spec describes.
     pub fn config(&self) -> Config {
-        Config::llama(self.dim, self.hidden_dim, self.n_layers, self.n_heads, self.n_kv_heads, self.vocab_size, self.max_seq_len, self.shared_classifier)
+        Config::llama(
+            self.dim,
+            self.hidden_dim,
+            self.n_layers,
+            self.n_heads,
+            self.n_kv_heads,
+            self.vocab_size,
+            self.max_seq_len,
+            self.shared_classifier,
+        )
     }
 
     /// Generates the weights. Each tensor has its own stream (seed, tensor index), so generation
@@ -77,8 +107,11 @@ impl SyntheticSpec {
     pub fn build(&self) -> Result<Model> {
         let c = self.config();
         c.validate()?;
-        if c.dim % c.n_heads != 0 {
-            return Err(crate::Error::Config(format!("dim ({}) is not a multiple of n_heads ({})", c.dim, c.n_heads)));
+        if !c.dim.is_multiple_of(c.n_heads) {
+            return Err(crate::Error::Config(format!(
+                "dim ({}) is not a multiple of n_heads ({})",
+                c.dim, c.n_heads
+            )));
         }
         let (d, h, q, kv) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim());
         let rs = self.residual_scale;
@@ -102,7 +135,9 @@ impl SyntheticSpec {
             .par_iter()
             .enumerate()
             .map(|(i, &(n, std))| {
-                let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                let mut rng = ChaCha8Rng::seed_from_u64(
+                    seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                );
                 if std == 0.0 {
                     // RMSNorm gains: 1 + N(0, 0.1²), so a wrong gain index shows in the logits.
                     let normal = Normal::new(1.0f32, 0.1).expect("valid normal");
@@ -142,13 +177,24 @@ impl SyntheticSpec {
             let gain = self.margin / (d as f32).sqrt();
             let mut cls = vec![0.0f32; c.vocab_size * d];
             for (t, &target) in perm.iter().enumerate() {
-                for (o, &e) in cls[target * d..(target + 1) * d].iter_mut().zip(&token_embedding[t * d..(t + 1) * d]) {
+                for (o, &e) in cls[target * d..(target + 1) * d]
+                    .iter_mut()
+                    .zip(&token_embedding[t * d..(t + 1) * d])
+                {
                     *o = e * gain;
                 }
             }
             cls
         });
-        Model::new(c, Weights { token_embedding, layers, final_norm, classifier })
+        Model::new(
+            c,
+            Weights {
+                token_embedding,
+                layers,
+                final_norm,
+                classifier,
+            },
+        )
     }
 }
 
@@ -158,9 +204,15 @@ mod tests {
 
     #[test]
     fn same_seed_same_weights_other_seed_other_weights() {
-        let a = SyntheticSpec::new(32, 64, 2, 4, 2, 50, 64, 7).build().unwrap();
-        let b = SyntheticSpec::new(32, 64, 2, 4, 2, 50, 64, 7).build().unwrap();
-        let c = SyntheticSpec::new(32, 64, 2, 4, 2, 50, 64, 8).build().unwrap();
+        let a = SyntheticSpec::new(32, 64, 2, 4, 2, 50, 64, 7)
+            .build()
+            .unwrap();
+        let b = SyntheticSpec::new(32, 64, 2, 4, 2, 50, 64, 7)
+            .build()
+            .unwrap();
+        let c = SyntheticSpec::new(32, 64, 2, 4, 2, 50, 64, 8)
+            .build()
+            .unwrap();
         assert_eq!(a.weights.layers[1].w2, b.weights.layers[1].w2);
         assert_ne!(a.weights.layers[1].w2, c.weights.layers[1].w2);
         assert_eq!(a.weights.classifier().len(), 50 * 32);
@@ -168,7 +220,15 @@ mod tests {
 
     #[test]
     fn bad_shapes_are_errors() {
-        assert!(SyntheticSpec::new(30, 64, 2, 4, 2, 50, 64, 7).build().is_err());
-        assert!(SyntheticSpec::new(32, 64, 2, 4, 3, 50, 64, 7).build().is_err());
+        assert!(
+            SyntheticSpec::new(30, 64, 2, 4, 2, 50, 64, 7)
+                .build()
+                .is_err()
+        );
+        assert!(
+            SyntheticSpec::new(32, 64, 2, 4, 3, 50, 64, 7)
+                .build()
+                .is_err()
+        );
     }
 }

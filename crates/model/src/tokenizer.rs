@@ -36,12 +36,24 @@ impl Tokenizer {
     ///
     /// # Errors
     /// [`Error::Config`] if the lengths differ or BOS/EOS are outside the vocabulary.
-    pub fn new(pieces: Vec<Vec<u8>>, scores: Vec<f32>, bos_id: u32, eos_id: u32, add_dummy_prefix: bool) -> Result<Tokenizer> {
+    pub fn new(
+        pieces: Vec<Vec<u8>>,
+        scores: Vec<f32>,
+        bos_id: u32,
+        eos_id: u32,
+        add_dummy_prefix: bool,
+    ) -> Result<Tokenizer> {
         if pieces.len() != scores.len() || pieces.is_empty() {
-            return Err(Error::Config(format!("tokenizer has {} pieces and {} scores", pieces.len(), scores.len())));
+            return Err(Error::Config(format!(
+                "tokenizer has {} pieces and {} scores",
+                pieces.len(),
+                scores.len()
+            )));
         }
         if bos_id as usize >= pieces.len() || eos_id as usize >= pieces.len() {
-            return Err(Error::Config("BOS or EOS id outside the tokenizer's vocabulary".into()));
+            return Err(Error::Config(
+                "BOS or EOS id outside the tokenizer's vocabulary".into(),
+            ));
         }
         let mut lookup = HashMap::with_capacity(pieces.len());
         let mut byte_ids = [None; 256];
@@ -52,13 +64,27 @@ impl Tokenizer {
                 byte_ids[b as usize].get_or_insert(id as u32);
             }
         }
-        Ok(Tokenizer { pieces, scores, lookup, byte_ids, verbatim: Vec::new(), bos_id, eos_id, add_dummy_prefix })
+        Ok(Tokenizer {
+            pieces,
+            scores,
+            lookup,
+            byte_ids,
+            verbatim: Vec::new(),
+            bos_id,
+            eos_id,
+            add_dummy_prefix,
+        })
     }
 
     /// Marks tokens to be matched verbatim in the text before BPE (llama.cpp's USER_DEFINED).
     pub fn with_verbatim(mut self, ids: impl IntoIterator<Item = u32>) -> Tokenizer {
-        self.verbatim = ids.into_iter().filter_map(|id| self.pieces.get(id as usize).map(|p| (p.clone(), id))).filter(|(p, _)| !p.is_empty()).collect();
-        self.verbatim.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        self.verbatim = ids
+            .into_iter()
+            .filter_map(|id| self.pieces.get(id as usize).map(|p| (p.clone(), id)))
+            .filter(|(p, _)| !p.is_empty())
+            .collect();
+        self.verbatim
+            .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
         self
     }
 
@@ -70,17 +96,30 @@ impl Tokenizer {
     /// [`Error::Open`], or [`Error::Tokenizer`] if the file is truncated, a length is negative or
     /// larger than max_token_length, or bytes are left over.
     pub fn load_llama2c(path: &Path, vocab_size: usize) -> Result<Tokenizer> {
-        let bytes = std::fs::read(path).map_err(|source| Error::Open { path: path.into(), source })?;
-        let bad = |reason: String| Error::Tokenizer { path: PathBuf::from(path), reason };
-        let mut cur = Cursor { bytes: &bytes, at: 0 };
-        let max_len = cur.i32().ok_or_else(|| bad("truncated before max_token_length".into()))?;
+        let bytes = std::fs::read(path).map_err(|source| Error::Open {
+            path: path.into(),
+            source,
+        })?;
+        let bad = |reason: String| Error::Tokenizer {
+            path: PathBuf::from(path),
+            reason,
+        };
+        let mut cur = Cursor {
+            bytes: &bytes,
+            at: 0,
+        };
+        let max_len = cur
+            .i32()
+            .ok_or_else(|| bad("truncated before max_token_length".into()))?;
         if max_len <= 0 || max_len > 1 << 16 {
             return Err(bad(format!("max_token_length {max_len} is not plausible")));
         }
         // Each token needs at least 8 bytes, so a vocab larger than the file allows is caught
         // before the vectors are reserved.
         if vocab_size > bytes.len() / 8 {
-            return Err(bad(format!("the file is too small for {vocab_size} tokens; does this tokenizer belong to this model?")));
+            return Err(bad(format!(
+                "the file is too small for {vocab_size} tokens; does this tokenizer belong to this model?"
+            )));
         }
         let mut pieces = Vec::with_capacity(vocab_size);
         let mut scores = Vec::with_capacity(vocab_size);
@@ -89,13 +128,18 @@ impl Tokenizer {
             let score = f32::from_bits(cur.i32().ok_or_else(truncated)? as u32);
             let len = cur.i32().ok_or_else(truncated)?;
             if len < 0 || len > max_len {
-                return Err(bad(format!("token {i} has length {len} (max_token_length {max_len})")));
+                return Err(bad(format!(
+                    "token {i} has length {len} (max_token_length {max_len})"
+                )));
             }
             pieces.push(cur.take(len as usize).ok_or_else(truncated)?.to_vec());
             scores.push(score);
         }
         if cur.at != bytes.len() {
-            return Err(bad(format!("{} bytes left after {vocab_size} tokens; the model's vocab_size does not match this tokenizer", bytes.len() - cur.at)));
+            return Err(bad(format!(
+                "{} bytes left after {vocab_size} tokens; the model's vocab_size does not match this tokenizer",
+                bytes.len() - cur.at
+            )));
         }
         Tokenizer::new(pieces, scores, 1, 2, true)
     }
@@ -125,7 +169,12 @@ impl Tokenizer {
         }
         // Split out verbatim tokens, BPE the text between them.
         while !rest.is_empty() {
-            let hit = (0..rest.len()).find_map(|i| self.verbatim.iter().find(|(p, _)| rest[i..].starts_with(p)).map(|(p, id)| (i, p.len(), *id)));
+            let hit = (0..rest.len()).find_map(|i| {
+                self.verbatim
+                    .iter()
+                    .find(|(p, _)| rest[i..].starts_with(p))
+                    .map(|(p, id)| (i, p.len(), *id))
+            });
             match hit {
                 Some((i, len, id)) => {
                     self.bpe(&rest[..i], &mut tokens);
@@ -262,7 +311,9 @@ impl Utf8Stream {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"));
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"),
+                    );
                     match e.error_len() {
                         // Incomplete character at the end: wait for more bytes.
                         None => {

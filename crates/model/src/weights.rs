@@ -61,7 +61,11 @@ impl Weights {
         let (d, h, q, kv, hd) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim(), c.head_dim);
         let opt = |on: bool, n: usize| if on { n } else { 0 };
         let mut expect: Vec<(String, usize, usize)> = vec![
-            ("token_embedding".into(), self.token_embedding.len(), c.vocab_size * d),
+            (
+                "token_embedding".into(),
+                self.token_embedding.len(),
+                c.vocab_size * d,
+            ),
             ("final_norm".into(), self.final_norm.len(), d),
             ("layers".into(), self.layers.len(), c.n_layers),
         ];
@@ -77,7 +81,11 @@ impl Weights {
                 ("wo", l.wo.len(), d * q),
                 ("q_norm", l.q_norm.len(), opt(c.qk_norm, hd)),
                 ("k_norm", l.k_norm.len(), opt(c.qk_norm, hd)),
-                ("post_attn_norm", l.post_attn_norm.len(), opt(c.post_norms, d)),
+                (
+                    "post_attn_norm",
+                    l.post_attn_norm.len(),
+                    opt(c.post_norms, d),
+                ),
                 ("ffn_norm", l.ffn_norm.len(), d),
                 ("w1", l.w1.len(), h * d),
                 ("w2", l.w2.len(), d * h),
@@ -104,8 +112,19 @@ impl Weights {
             .iter()
             .map(|l| {
                 [
-                    &l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.q_norm, &l.k_norm,
-                    &l.post_attn_norm, &l.ffn_norm, &l.w1, &l.w2, &l.w3, &l.post_ffn_norm,
+                    &l.attn_norm,
+                    &l.wq,
+                    &l.wk,
+                    &l.wv,
+                    &l.wo,
+                    &l.q_norm,
+                    &l.k_norm,
+                    &l.post_attn_norm,
+                    &l.ffn_norm,
+                    &l.w1,
+                    &l.w2,
+                    &l.w3,
+                    &l.post_ffn_norm,
                 ]
                 .iter()
                 .map(|t| t.len())

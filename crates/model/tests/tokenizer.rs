@@ -12,8 +12,14 @@ fn tok512() -> Option<Tokenizer> {
 fn once_upon_a_time_encodes_as_run_c_does() {
     let Some(t) = tok512() else { return };
     // ../shared/models/README.md: run.c encodes this prompt to 1 403 407 261 378.
-    assert_eq!(t.encode("Once upon a time", true, false), vec![1, 403, 407, 261, 378]);
-    assert_eq!(t.encode("Once upon a time", false, true), vec![403, 407, 261, 378, 2]);
+    assert_eq!(
+        t.encode("Once upon a time", true, false),
+        vec![1, 403, 407, 261, 378]
+    );
+    assert_eq!(
+        t.encode("Once upon a time", false, true),
+        vec![403, 407, 261, 378, 2]
+    );
 }
 
 #[test]
@@ -29,14 +35,22 @@ fn non_ascii_falls_back_to_byte_tokens() {
     // tok512 has no emoji: each UTF-8 byte b becomes token b + 3.
     let ids = t.encode("🌞", false, false);
     let bytes: Vec<u32> = "🌞".bytes().map(|b| b as u32 + 3).collect();
-    assert!(ids.ends_with(&bytes), "{ids:?} should end with the byte tokens {bytes:?}");
+    assert!(
+        ids.ends_with(&bytes),
+        "{ids:?} should end with the byte tokens {bytes:?}"
+    );
     assert_eq!(t.decode_all(&t.encode("🌞", true, false)), "🌞");
 }
 
 #[test]
 fn round_trip_restores_the_text() {
     let Some(t) = tok512() else { return };
-    for text in ["Once upon a time, there was a little girl named Lily.", "Café déjà vu 日本語 🎈!", "a\nb\tc  d", "1 2 3"] {
+    for text in [
+        "Once upon a time, there was a little girl named Lily.",
+        "Café déjà vu 日本語 🎈!",
+        "a\nb\tc  d",
+        "1 2 3",
+    ] {
         let ids = t.encode(text, true, false);
         assert_eq!(t.decode_all(&ids), text, "ids {ids:?}");
     }
@@ -52,11 +66,19 @@ fn decode_drops_the_space_after_bos_only() {
 
 #[test]
 fn llama2_vocab_encodes_like_run_c() {
-    let Some(p) = common::model_file("tokenizer.bin") else { return };
+    let Some(p) = common::model_file("tokenizer.bin") else {
+        return;
+    };
     let t = Tokenizer::load_llama2c(&p, 32000).unwrap();
     // run.c with tokenizer.bin: "Once upon a time" → 1 9038 2501 263 931 (Llama 2 SentencePiece).
-    assert_eq!(t.encode("Once upon a time", true, false), vec![1, 9038, 2501, 263, 931]);
-    assert_eq!(t.decode_all(&t.encode("naïve café ☕", true, false)), "naïve café ☕");
+    assert_eq!(
+        t.encode("Once upon a time", true, false),
+        vec![1, 9038, 2501, 263, 931]
+    );
+    assert_eq!(
+        t.decode_all(&t.encode("naïve café ☕", true, false)),
+        "naïve café ☕"
+    );
 }
 
 #[test]
@@ -69,7 +91,12 @@ fn bad_tokenizer_files_are_errors_not_panics() {
     b.extend(0f32.to_le_bytes());
     b.extend(10i32.to_le_bytes());
     std::fs::write(&p, &b).unwrap();
-    assert!(Tokenizer::load_llama2c(&p, 1).unwrap_err().to_string().contains("length 10"));
+    assert!(
+        Tokenizer::load_llama2c(&p, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("length 10")
+    );
     // Too many tokens for the file.
     assert!(Tokenizer::load_llama2c(&p, 1000).is_err());
     // Truncated.

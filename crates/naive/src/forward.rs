@@ -18,7 +18,8 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Vec<f32> {
     let emb = mat(&w.token_embedding, c.vocab_size, d);
     let mut x = Array2::<f32>::zeros((t, d));
     for (i, &tok) in tokens.iter().enumerate() {
-        x.row_mut(i).assign(&(&emb.row(tok as usize) * c.embed_scale));
+        x.row_mut(i)
+            .assign(&(&emb.row(tok as usize) * c.embed_scale));
     }
 
     for (l, lw) in w.layers.iter().enumerate() {
@@ -49,14 +50,10 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Vec<f32> {
             let vh = v.slice(s![.., g * hd..(g + 1) * hd]); // (T, hd)
             // scores = Q Kᵀ · scale, (T, T)
             let mut scores = qh.dot(&kh.t()) * c.attn_scale;
-            for ((i, j), sc) in scores.indexed_iter_mut() {
-                if j > i || i - j >= window {
-                    *sc = f32::NEG_INFINITY;
-                }
-            }
-            softmax_rows(&mut scores);
+            masked_softmax_rows(&mut scores, window);
             // out = softmax(scores) V, (T, hd)
-            att.slice_mut(s![.., h * hd..(h + 1) * hd]).assign(&scores.dot(&vh));
+            att.slice_mut(s![.., h * hd..(h + 1) * hd])
+                .assign(&scores.dot(&vh));
         }
         let mut o = att.dot(&mat(&lw.wo, d, c.q_dim()).t()); // (T, d)
         if c.post_norms {
@@ -77,7 +74,11 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Vec<f32> {
     }
 
     // Only the last position's logits are returned: logits = W_cls (vocab, d) @ norm(x_last).
-    let last = rmsnorm_rows(&x.slice(s![t - 1..t, ..]).to_owned(), &w.final_norm, c.norm_eps);
+    let last = rmsnorm_rows(
+        &x.slice(s![t - 1..t, ..]).to_owned(),
+        &w.final_norm,
+        c.norm_eps,
+    );
     let cls = mat(w.classifier(), c.vocab_size, d);
     cls.dot(&last.row(0)).to_vec()
 }
@@ -102,15 +103,22 @@ fn rmsnorm_rows(x: &Array2<f32>, w: &[f32], eps: f32) -> Array2<f32> {
 /// RMSNorm of every head of every row: x (T, n·hd) seen as (T, n, hd), normalised over hd.
 fn rmsnorm_heads(x: &Array2<f32>, hd: usize, w: &[f32], eps: f32) -> Array2<f32> {
     let (t, width) = x.dim();
-    let heads = x.to_shape((t * width / hd, hd)).expect("contiguous").to_owned();
-    rmsnorm_rows(&heads, w, eps).into_shape_with_order((t, width)).expect("same size")
+    let heads = x
+        .to_shape((t * width / hd, hd))
+        .expect("contiguous")
+        .to_owned();
+    rmsnorm_rows(&heads, w, eps)
+        .into_shape_with_order((t, width))
+        .expect("same size")
 }
 
 /// RoPE on every head of every row; row i is position i. Pair j of a head turns by
 /// i · theta^(−2j/hd) (computed as run.c does: 1 / theta^(2j/hd)).
 fn rope_rows(x: &mut Array2<f32>, hd: usize, theta: f32, layout: RopeLayout) {
     let half = hd / 2;
-    let freqs: Array1<f32> = (0..half).map(|j| 1.0 / theta.powf((2 * j) as f32 / hd as f32)).collect();
+    let freqs: Array1<f32> = (0..half)
+        .map(|j| 1.0 / theta.powf((2 * j) as f32 / hd as f32))
+        .collect();
     for (pos, mut row) in x.axis_iter_mut(Axis(0)).enumerate() {
         for mut head in row.exact_chunks_mut(hd) {
             for j in 0..half {
@@ -127,13 +135,18 @@ fn rope_rows(x: &mut Array2<f32>, hd: usize, theta: f32, layout: RopeLayout) {
     }
 }
 
-/// Softmax of each row; −∞ entries get probability 0.
-fn softmax_rows(x: &mut Array2<f32>) {
-    for mut row in x.rows_mut() {
-        let max = row.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        row.mapv_inplace(|v| (v - max).exp());
-        let sum = row.sum();
-        row /= sum;
+/// Row i: softmax over the visible keys lo..=i (lo = i + 1 − window, or 0), probability 0 for
+/// the masked ones — the same as setting masked scores to −∞ before a plain softmax.
+fn masked_softmax_rows(scores: &mut Array2<f32>, window: usize) {
+    for (i, mut row) in scores.rows_mut().into_iter().enumerate() {
+        let lo = (i + 1).saturating_sub(window);
+        row.slice_mut(s![..lo]).fill(0.0);
+        row.slice_mut(s![i + 1..]).fill(0.0);
+        let mut visible = row.slice_mut(s![lo..=i]);
+        let max = visible.fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        visible.mapv_inplace(|v| (v - max).exp());
+        let sum = visible.sum();
+        visible /= sum;
     }
 }
 
@@ -142,6 +155,8 @@ fn activation(x: f32, act: Activation) -> f32 {
         // silu(x) = x·σ(x)
         Activation::Silu => x / (1.0 + (-x).exp()),
         // gelu_tanh(x) = 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))
-        Activation::GeluTanh => 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh()),
+        Activation::GeluTanh => {
+            0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh())
+        }
     }
 }

@@ -30,7 +30,11 @@ pub struct NaiveEngine {
 
 impl NaiveEngine {
     pub fn new(model: Arc<Model>) -> NaiveEngine {
-        NaiveEngine { model, seqs: HashMap::new(), next_id: 0 }
+        NaiveEngine {
+            model,
+            seqs: HashMap::new(),
+            next_id: 0,
+        }
     }
 
     fn run(&mut self, seq: SeqId, new: &[u32]) -> Result<Vec<f32>> {
@@ -55,7 +59,13 @@ impl Engine for NaiveEngine {
         check_max_seq_len(&self.model.config, max_seq_len)?;
         let id = self.next_id;
         self.next_id += 1;
-        self.seqs.insert(id, Sequence { tokens: Vec::new(), max_seq_len });
+        self.seqs.insert(
+            id,
+            Sequence {
+                tokens: Vec::new(),
+                max_seq_len,
+            },
+        );
         Ok(id)
     }
 
@@ -79,7 +89,16 @@ impl Engine for NaiveEngine {
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
         let s = self.seqs.get(&seq)?;
         let c = &self.model.config;
-        let shape = format!("no cache: K, V recomputed as (seq_len={}, kv_dim={}) each step", s.tokens.len(), c.kv_dim());
-        Some(TraceStep { len: s.tokens.len(), layer_cache_shapes: vec![shape; c.n_layers], block_table: None, slot_mapping: None })
+        let shape = format!(
+            "no cache: K, V recomputed as (seq_len={}, kv_dim={}) each step",
+            s.tokens.len(),
+            c.kv_dim()
+        );
+        Some(TraceStep {
+            len: s.tokens.len(),
+            layer_cache_shapes: vec![shape; c.n_layers],
+            block_table: None,
+            slot_mapping: None,
+        })
     }
 }

@@ -14,7 +14,9 @@ pub fn model_file(name: &str) -> Option<PathBuf> {
     match path {
         Some(p) if p.is_file() => Some(p),
         _ => {
-            let msg = format!("real model file {name} not found (set KVLAB_MODELS to the folder holding it, e.g. KVLAB_MODELS=../shared/models)");
+            let msg = format!(
+                "real model file {name} not found (set KVLAB_MODELS to the folder holding it, e.g. KVLAB_MODELS=../shared/models)"
+            );
             if std::env::var("KVLAB_REQUIRE_MODELS").is_ok_and(|v| v == "1") {
                 panic!("KVLAB_REQUIRE_MODELS=1: {msg}");
             }
