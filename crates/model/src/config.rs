@@ -257,7 +257,6 @@ impl Config {
         if self.bos_id as usize >= self.vocab_size {
             return bad(format!("bos_id {} is outside the vocabulary", self.bos_id));
         }
-        let positive = |v: f32| v.is_finite() && v > 0.0;
         let finite = [
             self.norm_eps,
             self.rope_theta,
