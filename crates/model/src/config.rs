@@ -158,6 +158,32 @@ impl Config {
         }
     }
 
+    /// The KV cache groups of a paged cache: layers that attend alike share a block pool and a
+    /// block table. `None` is the global group, `Some(w)` a sliding-window group; global first.
+    pub fn kv_groups(&self) -> Vec<Option<usize>> {
+        let mut g: Vec<Option<usize>> = Vec::new();
+        for k in &self.layer_kinds {
+            let w = match k {
+                LayerKind::Global => None,
+                LayerKind::Local { window } => Some(*window),
+            };
+            if !g.contains(&w) {
+                g.push(w);
+            }
+        }
+        g.sort();
+        g
+    }
+
+    /// Index into [`Config::kv_groups`] of layer `l`'s group.
+    pub fn layer_group(&self, layer: usize) -> usize {
+        let w = match self.layer_kinds[layer] {
+            LayerKind::Global => None,
+            LayerKind::Local { window } => Some(window),
+        };
+        self.kv_groups().iter().position(|g| *g == w).expect("every layer's kind is a group")
+    }
+
     /// Positions layer `l` must keep for a sequence of `max_seq_len` positions: all of them for
     /// a global layer, `min(window, max_seq_len)` for a sliding-window layer (a ring buffer).
     pub fn cache_positions(&self, layer: usize, max_seq_len: usize) -> usize {

@@ -48,6 +48,7 @@
 #![forbid(unsafe_code)]
 
 pub mod block_table;
+pub mod driver;
 pub mod hash;
 pub mod metrics;
 pub mod waste;
@@ -70,6 +71,7 @@ mod window;
 pub use allocator::{AllocatorStats, BlockAllocator, DEFAULT_BLOCK_SIZE};
 pub use batch::{GroupInput, ModelInput};
 pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables};
+pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive};
 pub use config::{KvGroupConfig, SchedulerConfig};
 pub use error::{PagedError, Result};
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a_block_hash};

@@ -1,0 +1,144 @@
+//! The continuous-batching loop, written once for every paged engine.
+//!
+//! Each step: requests whose arrival step has come join the waiting queue; the [`Scheduler`]
+//! picks a batch; the engine ([`StepExecutor`]) performs the batch's block copies and runs its
+//! tokens, returning one row of logits per scheduled sequence; a token is sampled for each; the
+//! scheduler appends them, frees finished sequences and registers full blocks for reuse.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::{FinishReason, Metrics, PagedError, ScheduledBatch, Scheduler, SeqId, StopConditions};
+
+/// An engine that runs scheduled steps over a paged KV cache (CPU or CUDA).
+pub trait StepExecutor {
+    type Error;
+
+    /// Performs every block copy of `batch` (copy-on-write, before any write), then computes
+    /// each scheduled sequence's new tokens, storing their K and V at the step's `slot_mapping`
+    /// and attending through the sequence's `block_table`. Returns the logits (vocab_size,) of
+    /// each sequence's last new token, in `batch.seqs` order.
+    ///
+    /// # Errors
+    /// Whatever the engine fails with (out of device memory, a kernel failure, ...).
+    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error>;
+}
+
+/// A request of a batched run.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Prompt token ids, BOS included.
+    pub prompt: Vec<u32>,
+    pub stop: StopConditions,
+    /// The step at which it arrives (0: before the first step).
+    pub arrival_step: usize,
+}
+
+/// One step of a batched run, for reports and plots.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepStats {
+    pub step: usize,
+    pub num_seqs: usize,
+    pub num_prefills: usize,
+    /// Tokens computed this step (prefill tokens plus one per decoding sequence).
+    pub num_batched_tokens: usize,
+    pub num_preempted: usize,
+    /// Seconds the engine spent on the step.
+    pub seconds: f64,
+    /// Fraction of blocks in use after the step (vLLM's `kv_cache_usage_perc`, 0..1).
+    pub kv_cache_usage_perc: f64,
+}
+
+/// What a batched run produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct DriveReport {
+    /// Per request, in the order given: its generated tokens and why it finished.
+    pub outputs: Vec<(Vec<u32>, FinishReason)>,
+    pub steps: Vec<StepStats>,
+    pub metrics: Metrics,
+    /// Engine time summed over steps.
+    #[serde(skip)]
+    pub engine_time: Duration,
+}
+
+/// Errors of [`drive`]: the scheduler's or the engine's.
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError<E: std::fmt::Display> {
+    #[error(transparent)]
+    Paged(#[from] PagedError),
+    #[error("engine: {0}")]
+    Engine(E),
+    #[error("the scheduler made no progress at step {0} with requests still unfinished; the pool is too small for them")]
+    Stuck(usize),
+}
+
+/// Runs `requests` to completion through `scheduler` and `engine`, sampling with `sample`.
+/// `on_step` sees every batch before it runs (for tracing and pictures).
+///
+/// # Errors
+/// [`DriveError`] from the scheduler, the engine, or a step that schedules nothing while work
+/// remains.
+pub fn drive<E: StepExecutor>(
+    engine: &mut E,
+    scheduler: &mut Scheduler,
+    requests: &[Request],
+    mut sample: impl FnMut(&[f32]) -> u32,
+    mut on_step: impl FnMut(usize, &ScheduledBatch, &Scheduler),
+) -> Result<DriveReport, DriveError<E::Error>>
+where
+    E::Error: std::fmt::Display,
+{
+    let mut ids: Vec<Option<SeqId>> = vec![None; requests.len()];
+    let mut outputs: Vec<Option<(Vec<u32>, FinishReason)>> = vec![None; requests.len()];
+    let mut steps = Vec::new();
+    let mut engine_time = Duration::ZERO;
+    let last_arrival = requests.iter().map(|r| r.arrival_step).max().unwrap_or(0);
+    let mut step = 0;
+    loop {
+        for (i, r) in requests.iter().enumerate() {
+            if ids[i].is_none() && r.arrival_step <= step {
+                ids[i] = Some(scheduler.add_request(r.prompt.clone(), r.stop.clone())?);
+            }
+        }
+        if !scheduler.has_unfinished() && step >= last_arrival {
+            break;
+        }
+        let batch = scheduler.schedule()?;
+        if batch.is_empty() {
+            if scheduler.has_unfinished() && step >= last_arrival {
+                return Err(DriveError::Stuck(step));
+            }
+            step += 1;
+            continue;
+        }
+        on_step(step, &batch, scheduler);
+        let t = Instant::now();
+        let logits = engine.execute(&batch).map_err(DriveError::Engine)?;
+        let seconds = t.elapsed();
+        engine_time += seconds;
+        let sampled: Vec<(SeqId, u32)> = batch.seqs.iter().zip(&logits).map(|(s, l)| (s.seq_id, sample(l))).collect();
+        for f in scheduler.update(&sampled)? {
+            if let Some(i) = ids.iter().position(|id| *id == Some(f.seq_id)) {
+                outputs[i] = Some((f.output_token_ids, f.reason));
+            }
+        }
+        let m = scheduler.metrics();
+        steps.push(StepStats {
+            step,
+            num_seqs: batch.seqs.len(),
+            num_prefills: batch.num_prefills(),
+            num_batched_tokens: batch.num_batched_tokens(),
+            num_preempted: batch.preempted.len(),
+            seconds: seconds.as_secs_f64(),
+            kv_cache_usage_perc: m.kv_cache_usage_perc,
+        });
+        step += 1;
+    }
+    Ok(DriveReport {
+        outputs: outputs.into_iter().map(|o| o.unwrap_or((Vec::new(), FinishReason::Length))).collect(),
+        steps,
+        metrics: scheduler.metrics(),
+        engine_time,
+    })
+}
