@@ -4,11 +4,45 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use kvlab_model::{Engine, Model};
+use kvlab_paged::{KvGroupConfig, SchedulerConfig, StepExecutor};
 
 /// Every engine name kvlab knows, in the order reports list them.
-pub const ENGINES: &[&str] = &["naive", "cpu"];
+pub const ENGINES: &[&str] = &["naive", "cpu", "cpu-paged"];
 
-/// Builds the engine called `name` over `model`.
+/// The engines with a paged KV cache, which also run batched steps from the scheduler.
+pub const PAGED_ENGINES: &[&str] = &["cpu-paged"];
+
+/// A paged engine: the single-sequence [`Engine`] trait plus batched scheduled steps.
+pub trait PagedEngine: Engine + StepExecutor<Error = kvlab_model::Error> {
+    /// The block pool's geometry, for building a matching [`SchedulerConfig`].
+    fn pool(&self) -> PoolOptions;
+}
+
+impl PagedEngine for kvlab_cpu::paged::PagedCpuEngine {
+    fn pool(&self) -> PoolOptions {
+        let (num_blocks, block_size) = self.pool_geometry();
+        PoolOptions { num_blocks, block_size }
+    }
+}
+
+/// Size of a paged engine's block pool.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolOptions {
+    /// Blocks per KV group (one group per attention kind: global, sliding-window).
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub block_size: usize,
+}
+
+impl PoolOptions {
+    /// A pool that holds `sequences` full-length sequences of `max_seq_len` tokens.
+    pub fn for_sequences(sequences: usize, max_seq_len: usize, block_size: usize) -> PoolOptions {
+        PoolOptions { num_blocks: sequences * max_seq_len.div_ceil(block_size), block_size }
+    }
+}
+
+/// Builds the engine called `name` over `model` (paged engines get a pool for two sequences of
+/// the model's whole context, capped at 8,192 positions).
 ///
 /// # Errors
 /// An unknown name (the message lists the known ones).
@@ -16,9 +50,36 @@ pub fn build(name: &str, model: Arc<Model>) -> Result<Box<dyn Engine>> {
     Ok(match name {
         "naive" => Box::new(kvlab_naive::NaiveEngine::new(model)),
         "cpu" => Box::new(kvlab_cpu::CpuEngine::new(model)),
-        other => bail!(
-            "unknown engine {other:?}; choose one of: {}",
-            ENGINES.join(", ")
-        ),
+        _ if PAGED_ENGINES.contains(&name) => {
+            // Room for two sequences of the whole context (at most 8,192 positions each).
+            let pool = PoolOptions::for_sequences(2, model.config.max_seq_len.min(8192), kvlab_paged::DEFAULT_BLOCK_SIZE);
+            build_paged_inner(name, model, pool)?
+        }
+        other => bail!("unknown engine {other:?}; choose one of: {}", ENGINES.join(", ")),
     })
+}
+
+/// Builds the paged engine called `name` with a pool of the given size.
+///
+/// # Errors
+/// An unknown or non-paged name.
+pub fn build_paged(name: &str, model: Arc<Model>, pool: PoolOptions) -> Result<Box<dyn PagedEngine>> {
+    build_paged_inner(name, model, pool)
+}
+
+fn build_paged_inner(name: &str, model: Arc<Model>, pool: PoolOptions) -> Result<Box<dyn PagedEngine>> {
+    match name {
+        "cpu-paged" => Ok(Box::new(kvlab_cpu::paged::PagedCpuEngine::new(model, pool.num_blocks, pool.block_size)?)),
+        other => bail!("{other:?} is not a paged engine; paged engines: {}", PAGED_ENGINES.join(", ")),
+    }
+}
+
+/// A scheduler config matching a model and a pool: one KV group for global layers and one per
+/// distinct sliding window, each with `pool.num_blocks` blocks.
+pub fn scheduler_config(model: &Model, pool: PoolOptions, max_model_len: usize) -> SchedulerConfig {
+    let mut cfg = SchedulerConfig::new(pool.num_blocks, max_model_len);
+    cfg.block_size = pool.block_size;
+    cfg.groups = model.config.kv_groups().into_iter().map(|w| KvGroupConfig { num_blocks: pool.num_blocks, sliding_window: w }).collect();
+    cfg.enable_prefix_caching = cfg.groups.iter().all(|g| g.sliding_window.is_none());
+    cfg
 }

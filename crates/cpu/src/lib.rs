@@ -13,6 +13,7 @@ pub mod attention;
 pub mod forward;
 pub mod kv_cache;
 pub mod linear;
+pub mod paged;
 pub mod rope;
 pub mod simd;
 
@@ -20,7 +21,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
+use kvlab_model::{Config, Engine, Error, KvUsage, LayerKind, Model, Result, SeqId, TraceStep};
+
+use attention::{AttentionInput, attention};
 
 use kv_cache::KvCache;
 use rope::RopeTable;
@@ -60,14 +63,33 @@ impl CpuEngine {
 
     fn run(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         let cache = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
-        check_tokens(
-            &self.model.config,
-            seq,
-            cache.len,
-            cache.max_seq_len,
-            tokens,
-        )?;
-        Ok(forward::forward(&self.model, &self.rope, cache, tokens))
+        let c = &self.model.config;
+        check_tokens(c, seq, cache.len, cache.max_seq_len, tokens)?;
+        let pos0 = cache.len;
+        let positions: Vec<usize> = (pos0..pos0 + tokens.len()).collect();
+        let attend = |l: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]| {
+            let (cache_k, cache_v) = cache.layer(l);
+            let window = match c.layer_kinds[l] {
+                LayerKind::Global => usize::MAX,
+                LayerKind::Local { window } => window,
+            };
+            let input = AttentionInput {
+                q, k_new: k, v_new: v, cache_k, cache_v,
+                cap: cache.cap(l), pos0,
+                n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim,
+                scale: c.attn_scale, window,
+            };
+            attention(out, &input);
+            // Only now write the new K and V into the cache: with a ring buffer shorter than the
+            // step, only the last `cap` survive, and the queries above still needed the rest.
+            let (n, kvd) = (positions.len(), c.kv_dim());
+            for i in n.saturating_sub(cache.cap(l))..n {
+                cache.write(l, pos0 + i, &k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
+            }
+        };
+        let mut logits = forward::forward(&self.model, &self.rope, tokens, &positions, &[tokens.len() - 1], attend);
+        cache.len = pos0 + tokens.len();
+        Ok(logits.pop().expect("one row of logits"))
     }
 }
 

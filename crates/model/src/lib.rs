@@ -13,6 +13,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod gguf_model;
 pub mod llama2c;
 pub mod ops;
 pub mod registry;
@@ -30,13 +31,4 @@ pub use synthetic::SyntheticSpec;
 pub use tokenizer::Tokenizer;
 pub use weights::{LayerWeights, Model, Weights};
 
-/// Loads a GGUF checkpoint (Gemma 3) and the tokenizer in its metadata.
-///
-/// # Errors
-/// [`Error::Format`] until GGUF support lands (issue 3).
-pub fn load_gguf(path: &std::path::Path) -> Result<(Model, Tokenizer)> {
-    Err(Error::Format(format!(
-        "{}: GGUF checkpoints are not supported yet",
-        path.display()
-    )))
-}
+pub use gguf_model::load_gguf;

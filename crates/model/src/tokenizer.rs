@@ -15,7 +15,8 @@ use crate::{Error, Result};
 /// A scored vocabulary and the BPE merge rule over it.
 #[derive(Clone, Debug)]
 pub struct Tokenizer {
-    /// Token pieces as bytes, spaces as ' ' (GGUF's `▁` is turned into ' ' at load). (vocab_size,)
+    /// Token pieces as stored: llama2.c's with ' ' for spaces, SentencePiece's with `▁`
+    /// (U+2581). (vocab_size,)
     pieces: Vec<Vec<u8>>,
     /// Merge priority of each token. (vocab_size,)
     scores: Vec<f32>,
@@ -29,7 +30,13 @@ pub struct Tokenizer {
     pub eos_id: u32,
     /// Prepend a space to non-empty text (llama2.c; SentencePiece's `add_dummy_prefix`).
     pub add_dummy_prefix: bool,
+    /// The vocabulary writes spaces as `▁` (SentencePiece): text spaces become `▁` before BPE
+    /// (llama.cpp's `llama_escape_whitespace`), and `▁` prints as a space.
+    pub escape_spaces: bool,
 }
+
+/// SentencePiece's space marker, U+2581, in UTF-8.
+const SPACE_MARKER: &str = "\u{2581}";
 
 impl Tokenizer {
     /// Builds a tokenizer from pieces and scores.
@@ -73,7 +80,14 @@ impl Tokenizer {
             bos_id,
             eos_id,
             add_dummy_prefix,
+            escape_spaces: false,
         })
+    }
+
+    /// Declares that the vocabulary writes spaces as `▁` (SentencePiece/GGUF vocabularies).
+    pub fn with_escaped_spaces(mut self) -> Tokenizer {
+        self.escape_spaces = true;
+        self
     }
 
     /// Marks tokens to be matched verbatim in the text before BPE (llama.cpp's USER_DEFINED).
@@ -206,7 +220,10 @@ impl Tokenizer {
             return;
         }
         let mut tokens: Vec<u32> = Vec::with_capacity(text.len());
-        let s = String::from_utf8_lossy(text);
+        let mut s = String::from_utf8_lossy(text);
+        if self.escape_spaces {
+            s = s.replace(' ', SPACE_MARKER).into();
+        }
         let mut buf = [0u8; 4];
         for ch in s.chars() {
             self.push_text(ch.encode_utf8(&mut buf).as_bytes(), &mut tokens);
@@ -233,16 +250,23 @@ impl Tokenizer {
     }
 
     /// The bytes a token prints as when it follows `prev` (run.c's `decode`): the leading space
-    /// is dropped right after BOS, and `<0xXX>` becomes the byte.
+    /// is dropped right after BOS when the tokenizer adds a dummy prefix (and only then: llama.cpp
+    /// strips it for the same reason), and `<0xXX>` becomes the byte.
     pub fn decode(&self, prev: u32, token: u32) -> Vec<u8> {
-        let mut piece = self.piece(token);
-        if prev == self.bos_id && piece.first() == Some(&b' ') {
+        let raw = self.piece(token);
+        if let Some(b) = parse_byte_piece(raw) {
+            return vec![b];
+        }
+        let unescaped;
+        let mut piece = raw;
+        if self.escape_spaces {
+            unescaped = String::from_utf8_lossy(raw).replace(SPACE_MARKER, " ").into_bytes();
+            piece = &unescaped;
+        }
+        if self.add_dummy_prefix && prev == self.bos_id && piece.first() == Some(&b' ') {
             piece = &piece[1..];
         }
-        match parse_byte_piece(piece) {
-            Some(b) => vec![b],
-            None => piece.to_vec(),
-        }
+        piece.to_vec()
     }
 
     /// Decodes a whole token sequence (the first token is taken to follow BOS) into text;

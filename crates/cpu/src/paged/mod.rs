@@ -1,0 +1,265 @@
+//! The paged CPU engine (`cpu-paged`): the same model as [`crate::CpuEngine`], with its KV cache
+//! in a pool of fixed-size blocks (vLLM's PagedAttention, Kwon et al. 2023) instead of one
+//! `(n_layers, max_seq_len, kv_dim)` buffer per sequence.
+//!
+//! Two ways in:
+//! * as a [`kvlab_paged::StepExecutor`], the scheduler's [`ScheduledBatch`] is run as one step:
+//!   block copies first, then every sequence's new tokens through one matrix product per layer,
+//!   K and V stored through `slot_mapping`, attention per sequence through its `block_table`;
+//! * as an [`Engine`] (one sequence at a time, for `generate` and verify), the engine keeps its own
+//!   [`BlockAllocator`] and [`BlockTable`] per sequence and builds the same step itself.
+
+pub mod attention;
+pub mod pool;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kvlab_model::engine::{check_max_seq_len, check_tokens};
+use kvlab_model::{Config, Engine, Error, KvUsage, LayerKind, Model, Result, SeqId, TraceStep};
+use kvlab_paged::{BlockAllocator, BlockCopy, BlockTable, ScheduledBatch, StepExecutor};
+
+use crate::forward::forward;
+use crate::rope::RopeTable;
+use attention::{PagedInput, SeqView, paged_attention};
+use pool::KvPool;
+
+const NAME: &str = "cpu-paged";
+
+fn paged_err(e: kvlab_paged::PagedError) -> Error {
+    Error::Engine { engine: NAME, reason: e.to_string() }
+}
+
+/// One sequence's part of a step, whoever scheduled it.
+pub struct StepSeq<'a> {
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`.
+    pub pos0: usize,
+    /// Per KV group: where each new token's K and V go (−1: not stored). (n_groups,) × (n,)
+    pub slot_mapping: Vec<&'a [i64]>,
+    /// Per KV group: the block table. (n_groups,) × (num_logical_blocks,)
+    pub block_table: Vec<&'a [i32]>,
+}
+
+/// A sequence driven through the single-sequence [`Engine`] API.
+struct Solo {
+    /// One block table per KV group.
+    tables: Vec<BlockTable>,
+    len: usize,
+    max_seq_len: usize,
+    last_slots: Vec<i64>,
+}
+
+/// The paged CPU engine.
+pub struct PagedCpuEngine {
+    model: Arc<Model>,
+    rope: Vec<RopeTable>,
+    pool: KvPool,
+    /// The solo path's allocators, one per KV group (the scheduler has its own for batched runs).
+    allocators: Vec<BlockAllocator>,
+    solo: HashMap<SeqId, Solo>,
+    next_id: SeqId,
+}
+
+impl PagedCpuEngine {
+    /// An engine whose pool holds `num_blocks` blocks of `block_size` tokens for every layer.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a zero size or a pool too large to index.
+    pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Result<PagedCpuEngine> {
+        let c = &model.config;
+        let allocators = c
+            .kv_groups()
+            .iter()
+            .map(|_| BlockAllocator::new(num_blocks, block_size).map(|a| a.with_prefix_caching(false)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let max_pos = c.max_seq_len.min(num_blocks.saturating_mul(block_size));
+        let mut thetas: Vec<f32> = (0..c.n_layers).map(|l| c.rope_theta_for(l)).collect();
+        thetas.dedup();
+        let rope = thetas.into_iter().map(|t| RopeTable::new(t, c.head_dim, max_pos)).collect();
+        let pool = KvPool::new(c.n_layers, num_blocks, block_size, c.kv_dim());
+        Ok(PagedCpuEngine { model, rope, pool, allocators, solo: HashMap::new(), next_id: 0 })
+    }
+
+    /// Blocks per group and tokens per block.
+    pub fn pool_geometry(&self) -> (usize, usize) {
+        (self.pool.num_blocks, self.pool.block_size)
+    }
+
+    fn window(c: &Config, group: usize) -> Option<usize> {
+        c.kv_groups()[group]
+    }
+
+    /// Runs one step over the given sequences; returns each one's last-token logits.
+    pub fn run_step(&mut self, seqs: &[StepSeq<'_>]) -> Vec<Vec<f32>> {
+        let c = &self.model.config;
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let positions: Vec<usize> = seqs.iter().flat_map(|s| s.pos0..s.pos0 + s.tokens.len()).collect();
+        let mut views_rows = Vec::with_capacity(seqs.len());
+        let mut row_seq = Vec::with_capacity(tokens.len());
+        let mut row = 0;
+        for (i, s) in seqs.iter().enumerate() {
+            views_rows.push(row);
+            row_seq.extend(std::iter::repeat_n(i, s.tokens.len()));
+            row += s.tokens.len();
+        }
+        let logit_rows: Vec<usize> = seqs.iter().zip(&views_rows).map(|(s, r)| r + s.tokens.len() - 1).collect();
+        let pool = &mut self.pool;
+        let attend = |l: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]| {
+            let g = c.layer_group(l);
+            let views: Vec<SeqView<'_>> = seqs.iter().zip(&views_rows).map(|(s, &row0)| SeqView { row0, n: s.tokens.len(), pos0: s.pos0, block_table: s.block_table[g] }).collect();
+            let (pool_k, pool_v) = pool.layer(l);
+            let input = PagedInput {
+                q, k_new: k, v_new: v, pool_k, pool_v,
+                block_size: pool.block_size,
+                seqs: &views, row_seq: &row_seq,
+                n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim,
+                scale: c.attn_scale,
+                window: match c.layer_kinds[l] {
+                    LayerKind::Global => usize::MAX,
+                    LayerKind::Local { window } => window,
+                },
+            };
+            paged_attention(out, &input);
+            // reshape_and_cache: every new token's K and V to its slot (−1: not kept).
+            let kvd = c.kv_dim();
+            for (r, &slot) in seqs.iter().flat_map(|s| s.slot_mapping[g].iter()).enumerate() {
+                if slot >= 0 {
+                    pool.write(l, slot as usize, &k[r * kvd..(r + 1) * kvd], &v[r * kvd..(r + 1) * kvd]);
+                }
+            }
+        };
+        forward(&self.model, &self.rope, &tokens, &positions, &logit_rows, attend)
+    }
+
+    /// Copies every block of `copies` in every layer of KV group `group`.
+    fn copy_blocks(&mut self, group: usize, copies: &[BlockCopy]) {
+        for l in (0..self.model.config.n_layers).filter(|&l| self.model.config.layer_group(l) == group) {
+            for cp in copies {
+                self.pool.copy_block(l, cp.src as usize, cp.dst as usize);
+            }
+        }
+    }
+
+    fn run_solo(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        let c = self.model.config.clone();
+        let s = self.solo.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
+        check_tokens(&c, seq, s.len, s.max_seq_len, tokens)?;
+        let (pos0, n) = (s.len, tokens.len());
+        let mut copies = Vec::new();
+        for (g, (alloc, table)) in self.allocators.iter_mut().zip(&mut s.tables).enumerate() {
+            // A window group needs no block for positions no later query will read.
+            let keep_from = Self::window(&c, g).map_or(0, |w| (pos0 + n + 1).saturating_sub(w));
+            copies.push(alloc.append_slots(table, n, keep_from).map_err(|e| Error::Engine {
+                engine: NAME,
+                reason: format!("{e}; the pool has {} blocks of {} tokens: build the engine with more blocks", self.pool.num_blocks, self.pool.block_size),
+            })?);
+        }
+        let slots: Vec<Vec<i64>> = s.tables.iter().map(|t| t.slot_mapping(pos0..pos0 + n)).collect();
+        let rows: Vec<Vec<i32>> = s.tables.iter().map(BlockTable::to_row).collect();
+        s.last_slots = slots[0].clone();
+        for (g, cp) in copies.iter().enumerate() {
+            self.copy_blocks(g, cp);
+        }
+        let step = StepSeq { tokens, pos0, slot_mapping: slots.iter().map(Vec::as_slice).collect(), block_table: rows.iter().map(Vec::as_slice).collect() };
+        let mut logits = self.run_step(std::slice::from_ref(&step));
+        let s = self.solo.get_mut(&seq).expect("present above");
+        s.len = pos0 + n;
+        for (g, (alloc, table)) in self.allocators.iter_mut().zip(&mut s.tables).enumerate() {
+            if let Some(w) = Self::window(&c, g) {
+                alloc.free_outside_window(table, s.len, w).map_err(paged_err)?;
+            }
+        }
+        Ok(logits.pop().expect("one sequence"))
+    }
+}
+
+impl StepExecutor for PagedCpuEngine {
+    type Error = Error;
+
+    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>> {
+        let n_groups = self.model.config.kv_groups().len();
+        for g in 0..n_groups {
+            self.copy_blocks(g, &batch.block_copies(g));
+        }
+        let seqs: Vec<StepSeq<'_>> = batch
+            .seqs
+            .iter()
+            .map(|s| StepSeq {
+                tokens: &s.token_ids,
+                pos0: s.positions[0],
+                slot_mapping: s.groups.iter().map(|g| g.slot_mapping.as_slice()).collect(),
+                block_table: s.groups.iter().map(|g| g.block_table.as_slice()).collect(),
+            })
+            .collect();
+        if let Some(bad) = batch.seqs.iter().find(|s| s.groups.len() != n_groups || s.token_ids.is_empty() || s.token_ids.iter().any(|&t| t as usize >= self.model.config.vocab_size)) {
+            return Err(Error::Engine { engine: NAME, reason: format!("malformed step for {}: expected {n_groups} KV groups and in-vocabulary tokens", bad.seq_id) });
+        }
+        Ok(self.run_step(&seqs))
+    }
+}
+
+impl Engine for PagedCpuEngine {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId> {
+        check_max_seq_len(&self.model.config, max_seq_len)?;
+        let cap = self.rope.first().map_or(0, RopeTable::positions);
+        if max_seq_len > cap {
+            return Err(Error::Config(format!("the pool holds at most {cap} positions; a sequence of {max_seq_len} needs a larger pool")));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let tables = self.allocators.iter().map(|_| BlockTable::new(self.pool.block_size)).collect();
+        self.solo.insert(id, Solo { tables, len: 0, max_seq_len, last_slots: Vec::new() });
+        Ok(id)
+    }
+
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run_solo(seq, tokens)
+    }
+
+    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>> {
+        self.run_solo(seq, &[token])
+    }
+
+    fn free(&mut self, seq: SeqId) {
+        if let Some(mut s) = self.solo.remove(&seq) {
+            for (alloc, table) in self.allocators.iter_mut().zip(&mut s.tables) {
+                // A table of this engine's own allocator cannot be foreign; nothing to report.
+                let _ = alloc.free(table);
+            }
+        }
+    }
+
+    /// Used: the blocks the single-sequence path holds (batched runs report their usage through
+    /// the scheduler's metrics). Reserved: the whole pool.
+    fn kv_usage(&self) -> KvUsage {
+        let c = &self.model.config;
+        let used: usize = (0..c.n_layers).map(|l| self.allocators[c.layer_group(l)].num_used_blocks() * self.pool.block_bytes()).sum();
+        KvUsage { used_bytes: used, reserved_bytes: self.pool.reserved_bytes() }
+    }
+
+    fn trace(&self, seq: SeqId) -> Option<TraceStep> {
+        let s = self.solo.get(&seq)?;
+        let c = &self.model.config;
+        let shapes = (0..c.n_layers)
+            .map(|l| {
+                let t = &s.tables[c.layer_group(l)];
+                format!(
+                    "pool (num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}); this sequence holds {} blocks",
+                    self.pool.num_blocks, self.pool.block_size, c.n_kv_heads, c.head_dim,
+                    t.blocks().iter().flatten().count()
+                )
+            })
+            .collect();
+        Some(TraceStep { len: s.len, layer_cache_shapes: shapes, block_table: Some(s.tables[0].to_row().iter().map(|&b| b.max(-1) as u32).collect()), slot_mapping: Some(s.last_slots.iter().map(|&x| x as u32).collect()) })
+    }
+}

@@ -1,0 +1,138 @@
+//! GGUF checkpoints (llama.cpp's format) into the one model definition. Gemma 3 is expressed as
+//! configuration of the Llama-family model, not as a copy of it. Each fact below was checked
+//! against llama.cpp (src/models/gemma3.cpp, src/llama-hparams.cpp, src/llama-vocab.cpp) and
+//! Hugging Face transformers (models/gemma3/modeling_gemma3.py, configuration_gemma3.py):
+//!
+//! * embedding scaled by sqrt(dim) in f32 (gemma3.cpp `ggml_scale(inpL, sqrtf(n_embd))`; HF
+//!   `Gemma3TextScaledWordEmbedding`);
+//! * RMSNorm weights: Gemma computes x̂·(1 + w), and llama.cpp's converter already adds the 1
+//!   (conversion/gemma.py `norm_shift`), so GGUF norm weights are used as they are (this file's
+//!   blk.0.attn_norm has mean ≈ 13.5);
+//! * QK-norm: per-head RMSNorm of q and k, weights (head_dim,), eps = the model's, before RoPE
+//!   (gemma3.cpp `attn_q_norm`/`attn_k_norm`; HF `q_norm`/`k_norm`);
+//! * post-attention and post-FFN RMSNorms before each residual add (HF `post_attention_layernorm`,
+//!   `post_feedforward_layernorm`);
+//! * RoPE NEOX layout, pairs (i, i + head_dim/2) (llama-model.cpp: gemma3 → `LLAMA_ROPE_TYPE_NEOX`;
+//!   HF `rotate_half`);
+//! * GeGLU: down(gelu_tanh(gate(x)) · up(x)) (llama-graph.cpp `ggml_geglu_split`; HF
+//!   `gelu_pytorch_tanh`);
+//! * attention scale 1/sqrt(head_dim) = 1/16 (gemma3.cpp `f_attention_scale`; HF
+//!   `query_pre_attn_scalar ** -0.5` with query_pre_attn_scalar = 256);
+//! * layer l is local (sliding window `attention.sliding_window` = 512, RoPE base 10,000) when
+//!   l % 6 < 5, global (RoPE base `rope.freq_base` = 1e6) otherwise: layers 5, 11, 17
+//!   (gemma3.cpp `load_swa_pattern(ml, 6)`; llama-hparams.h `rope_freq_base_train_swa` = 10000;
+//!   HF `sliding_window_pattern`); a query at p sees keys p − 511 ..= p;
+//! * no final logit soft-capping; the classifier is the token embedding (no `output.weight`);
+//! * BOS 2, EOS 1, and `<end_of_turn>` (106) also ends generation.
+
+use std::path::Path;
+
+use kvlab_gguf::GgufFile;
+
+use crate::weights::LayerWeights;
+use crate::{Activation, Config, Error, LayerKind, Model, Result, RopeLayout, Tokenizer, Weights};
+
+fn gguf_err(path: &Path) -> impl Fn(kvlab_gguf::GgufError) -> Error + '_ {
+    move |e| Error::Format(format!("{}: {e}", path.display()))
+}
+
+/// Loads a GGUF checkpoint (architecture `gemma3`), dequantizing every tensor to f32, and the
+/// SentencePiece tokenizer stored in its metadata.
+///
+/// Memory: Gemma 3 270M dequantized is 268M f32 parameters ≈ 1.07 GB (the 671 MB embedding, 262,144
+/// × 640, is most of it), against 253 MB quantized on disk.
+///
+/// # Errors
+/// [`Error::Format`] for an unreadable file, another architecture, a missing key or tensor;
+/// [`Error::Config`] for inconsistent shapes.
+pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
+    let e = gguf_err(path);
+    let f = GgufFile::open(path).map_err(&e)?;
+    let md = f.metadata();
+    let arch = md.get_str("general.architecture").map_err(&e)?;
+    if arch != "gemma3" {
+        return Err(Error::Format(format!("{}: architecture {arch:?} is not supported; kvlab reads gemma3 GGUF files (and llama2.c .bin files)", path.display())));
+    }
+    let key = |k: &str| format!("{arch}.{k}");
+    let u = |k: &str| md.get_usize(&key(k)).map_err(&e);
+    let tokens = md.get_str_array("tokenizer.ggml.tokens").map_err(&e)?;
+    let (dim, n_layers, n_heads) = (u("embedding_length")?, u("block_count")?, u("attention.head_count")?);
+    let window = u("attention.sliding_window")?;
+    let head_dim = u("attention.key_length")?;
+    let mut c = Config::llama(dim, u("feed_forward_length")?, n_layers, n_heads, u("attention.head_count_kv")?, tokens.len(), u("context_length")?, true);
+    c.head_dim = head_dim;
+    c.norm_eps = md.get_f32(&key("attention.layer_norm_rms_epsilon")).map_err(&e)?;
+    c.rope_layout = RopeLayout::Neox;
+    c.rope_theta = md.get_f32(&key("rope.freq_base")).map_err(&e)?;
+    c.rope_theta_local = md.opt_f32(&key("rope.freq_base_swa")).map_err(&e)?.unwrap_or(10_000.0);
+    c.activation = Activation::GeluTanh;
+    c.layer_kinds = (0..n_layers).map(|l| if l % 6 < 5 { LayerKind::Local { window } } else { LayerKind::Global }).collect();
+    c.embed_scale = (dim as f32).sqrt();
+    c.attn_scale = 1.0 / (head_dim as f32).sqrt();
+    c.qk_norm = true;
+    c.post_norms = true;
+    c.bos_id = md.get_u32("tokenizer.ggml.bos_token_id").map_err(&e)?;
+    let eos = md.get_u32("tokenizer.ggml.eos_token_id").map_err(&e)?;
+    c.stop_ids = vec![eos];
+    if let Some(eot) = tokens.iter().position(|t| t == "<end_of_turn>") {
+        c.stop_ids.push(eot as u32);
+    }
+    c.validate()?;
+    if f.has_tensor("output.weight") {
+        return Err(Error::Format(format!("{}: an untied output.weight is not expected for gemma3", path.display())));
+    }
+
+    let t = |name: String| f.dequantize(&name).map_err(&e);
+    let layers = (0..n_layers)
+        .map(|l| {
+            let b = |n: &str| t(format!("blk.{l}.{n}.weight"));
+            Ok(LayerWeights {
+                attn_norm: b("attn_norm")?,
+                wq: b("attn_q")?,
+                wk: b("attn_k")?,
+                wv: b("attn_v")?,
+                wo: b("attn_output")?,
+                q_norm: b("attn_q_norm")?,
+                k_norm: b("attn_k_norm")?,
+                post_attn_norm: b("post_attention_norm")?,
+                ffn_norm: b("ffn_norm")?,
+                w1: b("ffn_gate")?,
+                w2: b("ffn_down")?,
+                w3: b("ffn_up")?,
+                post_ffn_norm: b("post_ffw_norm")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let weights = Weights { token_embedding: t("token_embd.weight".into())?, layers, final_norm: t("output_norm.weight".into())?, classifier: None };
+    let model = Model::new(c, weights)?;
+    let tok = tokenizer_from_gguf(&f, path)?;
+    Ok((model, tok))
+}
+
+/// llama.cpp's SPM tokenizer from GGUF metadata: pieces with `▁` for spaces, scores, byte
+/// tokens `<0xXX>`, USER_DEFINED tokens (type 4) split out of the text before BPE, and
+/// `add_space_prefix` (default true, false for Gemma 3).
+///
+/// # Errors
+/// [`Error::Format`] for missing or inconsistent tokenizer keys.
+pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
+    let e = gguf_err(path);
+    let md = f.metadata();
+    let model = md.get_str("tokenizer.ggml.model").map_err(&e)?;
+    if model != "llama" {
+        return Err(Error::Format(format!("{}: tokenizer model {model:?} is not supported (kvlab reads SentencePiece-style 'llama' vocabularies)", path.display())));
+    }
+    let tokens = md.get_str_array("tokenizer.ggml.tokens").map_err(&e)?;
+    let scores = md.get_f32_array("tokenizer.ggml.scores").map_err(&e)?;
+    let types = md.get_i32_array("tokenizer.ggml.token_type").map_err(&e)?;
+    if types.len() != tokens.len() {
+        return Err(Error::Format(format!("{}: {} token types for {} tokens", path.display(), types.len(), tokens.len())));
+    }
+    let pieces: Vec<Vec<u8>> = tokens.iter().map(|t| t.as_bytes().to_vec()).collect();
+    let bos = md.get_u32("tokenizer.ggml.bos_token_id").map_err(&e)?;
+    let eos = md.get_u32("tokenizer.ggml.eos_token_id").map_err(&e)?;
+    let prefix = md.opt_bool("tokenizer.ggml.add_space_prefix").map_err(&e)?.unwrap_or(true);
+    const USER_DEFINED: i32 = 4;
+    let verbatim = types.iter().enumerate().filter(|(_, t)| **t == USER_DEFINED).map(|(i, _)| i as u32);
+    Ok(Tokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?.with_escaped_spaces().with_verbatim(verbatim))
+}
