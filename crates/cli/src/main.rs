@@ -4,6 +4,8 @@
 
 mod generate;
 mod info;
+mod mem;
+mod waste;
 
 use std::path::PathBuf;
 
@@ -44,6 +46,10 @@ enum Command {
         #[command(flatten)]
         model: ModelArgs,
     },
+    /// KV-cache memory calculator: bytes per token, sequence and batch; how many sequences fit.
+    Mem(mem::Args),
+    /// Reserved-but-empty KV memory: max-length preallocation vs paging.
+    Waste(waste::Args),
 }
 
 fn main() {
@@ -57,6 +63,8 @@ fn main() {
     let result = match Cli::parse().command {
         Command::Generate(args) => generate::run(args),
         Command::Info { model } => info::run(&model),
+        Command::Mem(args) => mem::run(args),
+        Command::Waste(args) => waste::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

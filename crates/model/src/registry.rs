@@ -56,6 +56,15 @@ pub struct ModelEntry {
     /// Whether `cargo xtask verify` runs this model by default.
     #[serde(default = "yes")]
     pub verify: bool,
+    /// Verify this model on the cases of an oracle fixture (path under `fixtures/`: prompt ids,
+    /// how many tokens to generate, another implementation's greedy ids and top-2 margins)
+    /// instead of generating every text prompt to the end of the context.
+    #[serde(default)]
+    pub verify_cases: Option<String>,
+    /// Oracle divergences at steps whose oracle top-2 margin is below this are reported as
+    /// near-ties (the oracle computes in lower precision), not failures.
+    #[serde(default)]
+    pub oracle_near_tie: Option<f32>,
 }
 
 fn yes() -> bool {

@@ -9,6 +9,13 @@ use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis, s};
 
 /// Logits (vocab_size,) of the last of `tokens`, computed from scratch.
 pub fn forward(model: &Model, tokens: &[u32]) -> Vec<f32> {
+    forward_rows(model, tokens, tokens.len() - 1).row(0).to_vec()
+}
+
+/// Logits of positions `from..T` of `tokens`, (T − from, vocab_size), computed from scratch in
+/// one causally masked pass: row t sees only tokens 0..=t, so row t's logits are exactly what a
+/// step-by-step run would produce after token t.
+pub fn forward_rows(model: &Model, tokens: &[u32], from: usize) -> Array2<f32> {
     let c = &model.config;
     let w = &model.weights;
     let t = tokens.len();
@@ -73,14 +80,9 @@ pub fn forward(model: &Model, tokens: &[u32]) -> Vec<f32> {
         x += &f;
     }
 
-    // Only the last position's logits are returned: logits = W_cls (vocab, d) @ norm(x_last).
-    let last = rmsnorm_rows(
-        &x.slice(s![t - 1..t, ..]).to_owned(),
-        &w.final_norm,
-        c.norm_eps,
-    );
-    let cls = mat(w.classifier(), c.vocab_size, d);
-    cls.dot(&last.row(0)).to_vec()
+    // Logits of the requested rows only: logits = norm(x_rows) (r, d) @ W_clsᵀ (d, vocab).
+    let rows = rmsnorm_rows(&x.slice(s![from..t, ..]).to_owned(), &w.final_norm, c.norm_eps);
+    rows.dot(&mat(w.classifier(), c.vocab_size, d).t())
 }
 
 /// A weight as a matrix view (rows, cols).

@@ -37,6 +37,22 @@ impl NaiveEngine {
         }
     }
 
+    /// Teacher forcing in one pass: the logits (vocab_size,) of every position `from..` of
+    /// `tokens`, as a step-by-step run over the same tokens would return them (the causal mask
+    /// makes each row see only its prefix). Verify uses it to check another engine's whole greedy
+    /// sequence at the cost of one forward pass.
+    ///
+    /// # Errors
+    /// [`Error::EmptyPrompt`], [`Error::TokenOutOfRange`], [`Error::ContextFull`] beyond the
+    /// model's context, [`Error::Config`] if `from` is not a position of `tokens`.
+    pub fn logits_at_every_position(&self, tokens: &[u32], from: usize) -> Result<Vec<Vec<f32>>> {
+        check_tokens(&self.model.config, 0, 0, self.model.config.max_seq_len, tokens)?;
+        if from >= tokens.len() {
+            return Err(Error::Config(format!("position {from} is past the {} tokens", tokens.len())));
+        }
+        Ok(forward::forward_rows(&self.model, tokens, from).rows().into_iter().map(|r| r.to_vec()).collect())
+    }
+
     fn run(&mut self, seq: SeqId, new: &[u32]) -> Result<Vec<f32>> {
         let s = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
         check_tokens(&self.model.config, seq, s.tokens.len(), s.max_seq_len, new)?;

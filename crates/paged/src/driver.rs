@@ -79,7 +79,7 @@ pub enum DriveError<E: std::fmt::Display> {
 /// # Errors
 /// [`DriveError`] from the scheduler, the engine, or a step that schedules nothing while work
 /// remains.
-pub fn drive<E: StepExecutor>(
+pub fn drive<E: StepExecutor + ?Sized>(
     engine: &mut E,
     scheduler: &mut Scheduler,
     requests: &[Request],

@@ -1,13 +1,18 @@
 //! `cargo xtask verify`: every engine must produce the naive engine's greedy tokens, token for
-//! token, on every model of `fixtures/models.json` and every prompt of `fixtures/prompts.txt`.
+//! token, on every model of `fixtures/models.json` and every prompt of `fixtures/prompts.txt`
+//! (or, for models with an oracle fixture, its cases).
 //!
-//! For each (model, prompt): the naive engine greedy-generates to the end of the context (stop
-//! tokens are ignored, so every position is compared) and records the logits of every step. Each
-//! other engine then greedy-generates the same way; its tokens are compared with the reference's,
-//! and the reference tokens are teacher-forced through it to compare logits at every position
-//! (f32 engines: |Δ| ≤ 1e-4 + 1e-4·|ref|). A divergence is reported with its step, both tokens
-//! and the reference's top-2 margin there: a near-tie flipped by float noise is still a failure to
-//! investigate. A missing real checkpoint is SKIPPED, or a failure with `KVLAB_REQUIRE_MODELS=1`.
+//! For each (model, case): the first cached engine greedy-generates to the end of the context
+//! (stop tokens are ignored, so every position is compared). The naive engine then computes the
+//! logits of every one of those positions in one causally masked pass over the whole sequence —
+//! exactly what it returns step by step, at the cost of one forward — and checks that its argmax
+//! at each position is the generated token: by induction, the naive engine's own greedy run would
+//! give the same sequence. Every engine's tokens are compared with it, and its logits (greedy
+//! run, or the sequence teacher-forced when its tokens differ) with the naive ones (f32 engines:
+//! |Δ| ≤ 1e-4 + 1e-4·|ref|). A divergence is reported with its step, both tokens and the naive
+//! top-2 margin there: a near-tie flipped by float noise is still a failure to investigate.
+//! Oracle cases also compare the tokens with another implementation's (llama.cpp for Gemma).
+//! A missing real checkpoint is SKIPPED, or a failure with `KVLAB_REQUIRE_MODELS=1`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +27,11 @@ use kvlab_model::{Engine, Model, teacher_force};
 use serde::Serialize;
 
 use crate::{prompts, table};
+
+mod batched;
+mod cases;
+
+use cases::Case;
 
 /// Tolerance of teacher-forced logits for f32 engines (DESIGN.md's correctness contract).
 const ABS_TOL: f32 = 1e-4;
@@ -124,6 +134,22 @@ struct Row {
     min_top2_margin: f32,
     ms: f64,
     note: String,
+    /// Batched mode only: what the scheduler did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch: Option<BatchInfo>,
+}
+
+/// The scheduler's counters over a batched run.
+#[derive(Serialize, Clone)]
+struct BatchInfo {
+    requests: usize,
+    steps: usize,
+    num_blocks: usize,
+    block_size: usize,
+    num_preemptions: u64,
+    /// Prompt tokens served from the prefix cache.
+    prefix_cache_hits: u64,
+    num_recomputed_tokens: u64,
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -150,58 +176,49 @@ pub fn run(args: &[String]) -> Result<()> {
         .filter(|e| *e != "naive" && (o.engines.is_empty() || o.engines.iter().any(|x| x == e)))
         .collect();
 
-    let bar = ProgressBar::new((entries.len() * prompts.len()) as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} verify [{bar:30}] {pos}/{len} cases, {elapsed} elapsed, eta {eta} {msg}",
-        )
-        .expect("template")
-        .progress_chars("=> "),
-    );
-    // Load every model first (sequentially: loading checks sha256), then run the (model, prompt)
-    // cases on one worker per core; each case is independent and rows are put back in order.
+    // Load every model first (sequentially: loading checks sha256) and build its cases, then run
+    // the (model, case) pairs on one worker per core; each is independent and rows are put back
+    // in order.
     let mut rows: Vec<Row> = Vec::new();
-    let mut loaded: Vec<(&ModelEntry, Arc<Model>, kvlab_model::Tokenizer)> = Vec::new();
+    let mut loaded: Vec<(&ModelEntry, Arc<Model>, kvlab_model::Tokenizer, Vec<Case>)> = Vec::new();
     for entry in entries {
-        match load(entry) {
-            Ok(Some((model, tok))) => loaded.push((entry, Arc::new(model), tok)),
+        let result = load(entry).and_then(|m| {
+            m.map(|(model, tok)| {
+                let ctx = entry.verify_max_seq_len.unwrap_or(model.config.max_seq_len).min(model.config.max_seq_len);
+                let cases = cases::for_model(entry, ctx, &tok, &prompts)?;
+                Ok((entry, Arc::new(model), tok, cases))
+            })
+            .transpose()
+        });
+        match result {
+            Ok(Some(l)) => loaded.push(l),
             Ok(None) => {
                 let why = missing_reason(entry);
-                bar.println(format!("SKIPPED {}: {why}", entry.name));
-                rows.push(Row {
-                    status: "SKIPPED".into(),
-                    note: why,
-                    ..Row::empty(&entry.name, "all")
-                });
-                bar.inc(prompts.len() as u64);
+                eprintln!("SKIPPED {}: {why}", entry.name);
+                rows.push(Row { status: "SKIPPED".into(), note: why, ..Row::empty(&entry.name, "all") });
             }
-            Err(e) => {
-                rows.push(Row {
-                    status: "ERROR".into(),
-                    note: format!("{e:#}"),
-                    ..Row::empty(&entry.name, "all")
-                });
-                bar.inc(prompts.len() as u64);
-            }
+            Err(e) => rows.push(Row { status: "ERROR".into(), note: format!("{e:#}"), ..Row::empty(&entry.name, "all") }),
         }
     }
-    let cases: Vec<(usize, usize)> = (0..loaded.len())
-        .flat_map(|m| (0..prompts.len()).map(move |p| (m, p)))
-        .collect();
+    let work: Vec<(usize, usize)> = loaded.iter().enumerate().flat_map(|(m, l)| (0..l.3.len()).map(move |c| (m, c))).collect();
+    let bar = ProgressBar::new(work.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} verify [{bar:30}] {pos}/{len} cases, {elapsed} elapsed, eta {eta} {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
     let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<(usize, Vec<Row>)>> = Mutex::new(Vec::new());
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(cases.len().max(1));
+    let done: Mutex<Vec<(usize, (Vec<Row>, Option<Reference>))>> = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(work.len().max(1));
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(m, p)) = cases.get(i) else { break };
-                    let (entry, model, tok) = &loaded[m];
-                    bar.set_message(format!("{} prompt {p}", entry.name));
-                    let r = verify_case(entry, model, tok, p, &prompts[p], &engines);
+                    let Some(&(m, c)) = work.get(i) else { break };
+                    let (entry, model, _, cases) = &loaded[m];
+                    bar.set_message(format!("{} case {c}", entry.name));
+                    let r = verify_case(entry, model, &cases[c], &engines);
                     done.lock().expect("no worker panicked").push((i, r));
                     bar.inc(1);
                 }
@@ -210,8 +227,25 @@ pub fn run(args: &[String]) -> Result<()> {
     });
     let mut done = done.into_inner().expect("no worker panicked");
     done.sort_by_key(|(i, _)| *i);
-    rows.extend(done.into_iter().flat_map(|(_, r)| r));
+    let mut refs: Vec<Vec<Option<Reference>>> = loaded.iter().map(|_| Vec::new()).collect();
+    for (i, (r, reference)) in done {
+        rows.extend(r);
+        refs[work[i].0].push(reference);
+    }
     bar.finish_and_clear();
+
+    // Batched mode: every prompt of a model at once through the scheduler and a paged engine.
+    for &name in engines.iter().filter(|e| kvlab_cli::engines::PAGED_ENGINES.contains(e)) {
+        for ((entry, model, tok, _), refs) in loaded.iter().zip(&refs) {
+            eprintln!("verify: batched run of {} on {name}", entry.name);
+            rows.push(batched::run(entry, model, tok, refs, name).unwrap_or_else(|e| Row {
+                prompt: "batched".into(),
+                status: "ERROR".into(),
+                note: format!("{e:#}"),
+                ..Row::empty(&entry.name, name)
+            }));
+        }
+    }
     report(&rows, &o)?;
 
     let failed: Vec<&Row> = rows
@@ -263,6 +297,7 @@ impl Row {
             min_top2_margin: f32::INFINITY,
             ms: 0.0,
             note: String::new(),
+            batch: None,
         }
     }
 }
@@ -307,23 +342,17 @@ fn load(entry: &ModelEntry) -> Result<Option<(Model, kvlab_model::Tokenizer)>> {
     Ok(Some((loaded.model, tok)))
 }
 
-/// Greedy generation to the end of the context, stop tokens ignored; returns the tokens and the
-/// logits that predicted each of them.
-fn greedy(
-    engine: &mut dyn Engine,
-    prompt: &[u32],
-    max_seq_len: usize,
-) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
-    let seq = engine.new_sequence(max_seq_len)?;
+/// Greedy generation of `n_gen` tokens after `prompt`, stop tokens ignored; returns the tokens and
+/// the logits that predicted each of them.
+fn greedy(engine: &mut dyn Engine, prompt: &[u32], n_gen: usize) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+    let seq = engine.new_sequence(prompt.len() + n_gen - 1)?;
     let out = (|| -> Result<_> {
         let mut logits = engine.prefill(seq, prompt)?;
         let (mut tokens, mut all) = (Vec::new(), Vec::new());
-        let mut pos = prompt.len() - 1;
         loop {
             let next = argmax(&logits);
             tokens.push(next);
-            pos += 1;
-            if pos >= max_seq_len {
+            if tokens.len() == n_gen {
                 all.push(logits);
                 break;
             }
@@ -342,120 +371,158 @@ fn compare_logits(got: &[Vec<f32>], reference: &[Vec<f32>]) -> (f32, bool) {
     for (g, r) in got.iter().zip(reference) {
         for (&a, &b) in g.iter().zip(r) {
             let d = (a - b).abs();
-            // NaN never passes: a NaN difference fails the `<=` and poisons the max.
+            // NaN never passes, and poisons the max.
             if d.is_nan() || d > ABS_TOL + REL_TOL * b.abs() {
                 ok = false;
             }
-            max = if d.is_nan() { f32::NAN } else { max.max(d) };
+            max = if d.is_nan() || max.is_nan() { f32::NAN } else { max.max(d) };
         }
     }
     (max, ok)
 }
 
-fn verify_case(
-    entry: &ModelEntry,
-    model: &Arc<Model>,
-    tok: &kvlab_model::Tokenizer,
-    index: usize,
-    prompt_text: &str,
-    engines: &[&str],
-) -> Vec<Row> {
-    let max_seq_len = entry
-        .verify_max_seq_len
-        .unwrap_or(model.config.max_seq_len)
-        .min(model.config.max_seq_len);
-    let mut prompt = tok.encode(prompt_text, true, false);
-    let cut = prompt.len() >= max_seq_len;
-    prompt.truncate(max_seq_len - 1);
+/// The naive engine's verdict on a generated sequence.
+struct NaiveCheck {
+    /// Logits of every generated position. (n_gen, vocab_size)
+    logits: Vec<Vec<f32>>,
+    /// First step whose naive argmax is not the generated token.
+    first_mismatch: Option<usize>,
+}
+
+fn naive_check(model: &Arc<Model>, prompt: &[u32], tokens: &[u32]) -> Result<NaiveCheck> {
+    let naive = kvlab_naive::NaiveEngine::new(model.clone());
+    let seq: Vec<u32> = prompt.iter().chain(&tokens[..tokens.len() - 1]).copied().collect();
+    let logits = naive.logits_at_every_position(&seq, prompt.len() - 1)?;
+    let first_mismatch = logits.iter().zip(tokens).position(|(l, &t)| argmax(l) != t);
+    Ok(NaiveCheck { logits, first_mismatch })
+}
+
+fn verify_case(entry: &ModelEntry, model: &Arc<Model>, case: &Case, engines: &[&str]) -> (Vec<Row>, Option<Reference>) {
     let base = Row {
-        prompt_index: index,
-        prompt: prompts::label(prompt_text),
-        prompt_tokens: prompt.len(),
-        prompt_cut: cut,
-        note: if cut {
-            format!("prompt cut to {} tokens to fill the context", prompt.len())
-        } else {
-            String::new()
-        },
+        prompt_index: case.index,
+        prompt: case.label.clone(),
+        prompt_tokens: case.prompt.len(),
+        prompt_cut: case.cut,
+        note: if case.cut { format!("prompt cut to {} tokens to fill the context", case.prompt.len()) } else { String::new() },
         ..Row::empty(&entry.name, "naive")
     };
+    let error = |engine: &str, e: anyhow::Error| Row { engine: engine.into(), status: "ERROR".into(), note: format!("{e:#}"), ..base.clone() };
+    let Some(&first) = engines.first() else { return (vec![error("all", anyhow::anyhow!("no engine to verify"))], None) };
+
+    // 1. The first cached engine generates; the naive engine checks every position in one pass.
     let t = Instant::now();
-    let mut naive = match kvlab_cli::engines::build("naive", model.clone()) {
-        Ok(e) => e,
-        Err(e) => {
-            return vec![Row {
-                status: "ERROR".into(),
-                note: format!("{e:#}"),
-                ..base
-            }];
-        }
+    let generated = kvlab_cli::engines::build(first, model.clone()).and_then(|mut e| greedy(e.as_mut(), &case.prompt, case.n_gen));
+    let (tokens, first_logits) = match generated {
+        Ok(g) => g,
+        Err(e) => return (vec![error(first, e)], None),
     };
-    let (ref_tokens, ref_logits) = match greedy(naive.as_mut(), &prompt, max_seq_len) {
-        Ok(r) => r,
-        Err(e) => {
-            return vec![Row {
-                status: "ERROR".into(),
-                note: format!("naive: {e:#}"),
-                ..base
-            }];
-        }
+    let first_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let check = match naive_check(model, &case.prompt, &tokens) {
+        Ok(c) => c,
+        Err(e) => return (vec![error("naive", e)], None),
     };
-    let min_margin = ref_logits
-        .iter()
-        .map(|l| top2_margin(l))
-        .fold(f32::INFINITY, f32::min);
+    let min_margin = check.logits.iter().map(|l| top2_margin(l)).fold(f32::INFINITY, f32::min);
+    // The naive engine's own greedy tokens, as far as they are known: the generated ones up to
+    // its first disagreement, then its own choice there.
+    let reference: Vec<u32> = match check.first_mismatch {
+        None => tokens.clone(),
+        Some(s) => tokens[..s].iter().copied().chain([argmax(&check.logits[s])]).collect(),
+    };
+    let divergence = |got: &[u32]| -> Option<Divergence> {
+        let step = reference.iter().zip(got).position(|(a, b)| a != b).or(check.first_mismatch)?;
+        Some(Divergence { step, reference: reference[step], got: got[step], reference_top2_margin: top2_margin(&check.logits[step]) })
+    };
     let mut rows = vec![Row {
         status: "reference".into(),
-        tokens_compared: ref_tokens.len(),
-        identical: true,
+        tokens_compared: tokens.len(),
+        identical: check.first_mismatch.is_none(),
         min_top2_margin: min_margin,
         ms: t.elapsed().as_secs_f64() * 1e3,
+        note: "one masked pass over the generated sequence".into(),
         ..base.clone()
     }];
+
+    // 2. Every engine against the naive logits.
     for &name in engines {
         let t = Instant::now();
         let result = (|| -> Result<Row> {
-            let mut engine = kvlab_cli::engines::build(name, model.clone())?;
-            let (tokens, logits) = greedy(engine.as_mut(), &prompt, max_seq_len)?;
-            let first = tokens.iter().zip(&ref_tokens).position(|(a, b)| a != b);
-            // Identical tokens mean identical inputs: the greedy run's logits are already the
-            // teacher-forced ones. Otherwise force the reference tokens through the engine.
-            let forced = match first {
-                None => logits,
-                Some(_) => teacher_force(engine.as_mut(), &prompt, &ref_tokens, max_seq_len)?,
+            let (got, logits, ms) = if name == first {
+                (tokens.clone(), first_logits.clone(), first_ms)
+            } else {
+                let mut engine = kvlab_cli::engines::build(name, model.clone())?;
+                let (g, l) = greedy(engine.as_mut(), &case.prompt, case.n_gen)?;
+                (g, l, t.elapsed().as_secs_f64() * 1e3)
             };
-            let (max_d, within) = compare_logits(&forced, &ref_logits);
-            let ok = first.is_none() && tokens.len() == ref_tokens.len() && within;
+            // Identical tokens mean identical inputs: the greedy run's logits are the
+            // teacher-forced ones. Otherwise force the generated sequence through the engine.
+            let forced = if got == tokens {
+                logits
+            } else {
+                let mut engine = kvlab_cli::engines::build(name, model.clone())?;
+                teacher_force(engine.as_mut(), &case.prompt, &tokens, case.prompt.len() + case.n_gen - 1)?
+            };
+            let (max_d, within) = compare_logits(&forced, &check.logits);
+            let div = divergence(&got);
+            let ok = div.is_none() && within;
             Ok(Row {
                 engine: name.into(),
                 status: if ok { "ok" } else { "MISMATCH" }.into(),
-                tokens_compared: ref_tokens.len(),
-                identical: first.is_none(),
-                first_divergence: first.map(|s| Divergence {
-                    step: s,
-                    reference: ref_tokens[s],
-                    got: tokens[s],
-                    reference_top2_margin: top2_margin(&ref_logits[s]),
-                }),
+                tokens_compared: tokens.len(),
+                identical: div.is_none(),
+                first_divergence: div,
                 max_abs_dlogit: max_d,
                 min_top2_margin: min_margin,
-                ms: t.elapsed().as_secs_f64() * 1e3,
-                note: if within {
-                    base.note.clone()
-                } else {
-                    format!("teacher-forced logits exceed |Δ| ≤ {ABS_TOL} + {REL_TOL}·|ref|")
-                },
+                ms,
+                note: if within { base.note.clone() } else { format!("teacher-forced logits exceed |Δ| ≤ {ABS_TOL} + {REL_TOL}·|ref|") },
                 ..base.clone()
             })
         })();
-        rows.push(result.unwrap_or_else(|e| Row {
-            engine: name.into(),
-            status: "ERROR".into(),
-            note: format!("{e:#}"),
-            ..base.clone()
-        }));
+        rows.push(result.unwrap_or_else(|e| error(name, e)));
     }
-    rows
+
+    // 3. Another implementation's ids, where the case has them.
+    if let Some(o) = &case.oracle {
+        let step = o.ids.iter().zip(&reference).position(|(a, b)| a != b);
+        let (status, note) = match step {
+            None => ("ok", format!("identical to {}", o.source)),
+            Some(s) if o.margins.get(s).is_some_and(|&m| m < o.near_tie) => (
+                "near-tie",
+                format!("{} diverges at step {s} where its own top-2 margin is {:.3} < {}: it computes in lower precision (8-bit activations)", o.source, o.margins[s], o.near_tie),
+            ),
+            Some(s) => ("MISMATCH", format!("{} diverges at step {s} with top-2 margin {:.3}", o.source, o.margins.get(s).copied().unwrap_or(f32::NAN))),
+        };
+        rows.push(Row {
+            engine: "oracle".into(),
+            status: status.into(),
+            tokens_compared: o.ids.len(),
+            identical: step.is_none(),
+            first_divergence: step.map(|s| Divergence { step: s, reference: reference[s], got: o.ids[s], reference_top2_margin: o.margins.get(s).copied().unwrap_or(f32::NAN) }),
+            min_top2_margin: o.margins.iter().copied().fold(f32::INFINITY, f32::min),
+            note,
+            ..base.clone()
+        });
+    }
+    (rows, Some(Reference { prompt: case.prompt.clone(), tokens: reference }))
+}
+
+/// The naive engine's greedy tokens for `prompt`: generated by the CPU engine and checked at every
+/// position by one naive pass.
+///
+/// # Errors
+/// Engine errors, or a position where the two disagree.
+fn reference_run(model: &Arc<Model>, prompt: &[u32], n_gen: usize) -> Result<Vec<u32>> {
+    let (tokens, _) = greedy(kvlab_cli::engines::build("cpu", model.clone())?.as_mut(), prompt, n_gen)?;
+    if let Some(s) = naive_check(model, prompt, &tokens)?.first_mismatch {
+        bail!("the cpu and naive engines disagree at step {s} of a batched-mode reference");
+    }
+    Ok(tokens)
+}
+
+/// The naive engine's greedy tokens for a prompt (as far as verified).
+struct Reference {
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
 }
 
 fn report(rows: &[Row], o: &Opts) -> Result<()> {

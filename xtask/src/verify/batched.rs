@@ -1,0 +1,108 @@
+//! Batched verify: every fixture prompt of a model (plus prompts sharing a long prefix and
+//! duplicates, arriving at different steps) through the continuous-batching scheduler and a
+//! paged engine, with a block pool small enough to force preemption. Every sequence's greedy
+//! tokens must equal its solo naive run: batch invariance, whatever else is in the batch, whatever
+//! is shared through the prefix cache, and whether or not the sequence was preempted.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use kvlab_cli::engines::{PoolOptions, build_paged, scheduler_config};
+use kvlab_model::registry::ModelEntry;
+use kvlab_model::sampler::argmax;
+use kvlab_model::{Model, Tokenizer};
+use kvlab_paged::{Request, Scheduler, StopConditions, drive};
+
+use super::{BatchInfo, Divergence, Reference, Row, reference_run};
+
+/// Tokens each request generates in the batched run (fewer if the context ends first).
+const MAX_NEW: usize = 48;
+
+pub(super) fn run(entry: &ModelEntry, model: &Arc<Model>, tok: &Tokenizer, refs: &[Option<Reference>], engine: &str) -> Result<Row> {
+    let t = Instant::now();
+    let ctx = entry.verify_max_seq_len.unwrap_or(model.config.max_seq_len).min(model.config.max_seq_len);
+    // (prompt, expected tokens) of every request.
+    let mut cases: Vec<(Vec<u32>, Vec<u32>)> = refs
+        .iter()
+        .flatten()
+        .map(|r| (r.prompt.clone(), r.tokens[..r.tokens.len().min(MAX_NEW)].to_vec()))
+        .collect();
+    anyhow::ensure!(!cases.is_empty(), "no solo reference to compare with");
+    // Duplicates of the first two prompts.
+    cases.extend(cases[..2.min(cases.len())].to_vec());
+    // Prompts sharing a long common prefix: the longest fixture prompt that leaves room to
+    // generate, cut to half the context, then different endings (references checked by the naive
+    // engine like every verify case).
+    let longest = refs.iter().flatten().filter(|r| r.prompt.len() + MAX_NEW < ctx).max_by_key(|r| r.prompt.len()).context("no prompt fits")?;
+    let common = &longest.prompt[..longest.prompt.len().min(ctx / 2)];
+    for ending in [" and then", " but the", " So they", " The end"] {
+        let mut p = common.to_vec();
+        p.extend(tok.encode(ending, false, false));
+        p.truncate(ctx - 1);
+        let n = MAX_NEW.min(ctx - p.len());
+        cases.push((p.clone(), reference_run(model, &p, n)?));
+    }
+
+    let block_size = kvlab_paged::DEFAULT_BLOCK_SIZE;
+    let demand: usize = cases.iter().map(|(p, e)| (p.len() + e.len()).div_ceil(block_size)).sum();
+    // Big enough for one whole-context sequence (the scheduler's minimum), a third of the peak
+    // demand otherwise: sequences must be preempted.
+    let num_blocks = (ctx.div_ceil(block_size) + 1).max(demand / 3);
+    let pool = PoolOptions { num_blocks, block_size };
+    let mut sched = Scheduler::new(scheduler_config(model, pool, ctx))?;
+    let mut exec = build_paged(engine, model.clone(), pool)?;
+    let requests: Vec<Request> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (p, e))| Request { prompt: p.clone(), stop: StopConditions::max_tokens(e.len()), arrival_step: (i % 4) * 3 })
+        .collect();
+    let report = drive(exec.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;
+
+    let mut first: Option<(usize, Divergence)> = None;
+    let mut compared = 0;
+    for (i, ((_, expected), (got, _))) in cases.iter().zip(&report.outputs).enumerate() {
+        compared += expected.len();
+        if let Some(step) = (0..expected.len()).find(|&s| got.get(s) != expected.get(s)) {
+            first.get_or_insert((i, Divergence { step, reference: expected[step], got: got.get(step).copied().unwrap_or(u32::MAX), reference_top2_margin: f32::NAN }));
+        }
+    }
+    let m = &report.metrics;
+    let caching = sched.config().enable_prefix_caching;
+    let mut problems = Vec::new();
+    if let Some((i, d)) = &first {
+        problems.push(format!("request {i} diverges from its solo naive run at step {}", d.step));
+    }
+    if m.num_preemptions == 0 {
+        problems.push("the pool forced no preemption".into());
+    }
+    if caching && m.prefix_cache_hits == 0 {
+        problems.push("no prefix-cache hit".into());
+    }
+    let note = if problems.is_empty() {
+        if caching { String::new() } else { "prefix caching is off for sliding-window models".into() }
+    } else {
+        problems.join("; ")
+    };
+    Ok(Row {
+        prompt: format!("batched: {} requests", cases.len()),
+        prompt_tokens: cases.iter().map(|(p, _)| p.len()).sum(),
+        status: if problems.is_empty() { "ok" } else { "MISMATCH" }.into(),
+        tokens_compared: compared,
+        identical: first.is_none(),
+        first_divergence: first.map(|(_, d)| d),
+        min_top2_margin: f32::INFINITY,
+        ms: t.elapsed().as_secs_f64() * 1e3,
+        note,
+        batch: Some(BatchInfo {
+            requests: cases.len(),
+            steps: report.steps.len(),
+            num_blocks,
+            block_size,
+            num_preemptions: m.num_preemptions as u64,
+            prefix_cache_hits: m.prefix_cache_hits as u64,
+            num_recomputed_tokens: m.num_recomputed_tokens as u64,
+        }),
+        ..Row::empty(&entry.name, engine)
+    })
+}
