@@ -2,6 +2,7 @@
 //!
 //! stdout carries only generated text (as llama2.c's run.c prints it); stats and logs go to stderr.
 
+mod batch;
 mod generate;
 mod info;
 mod mem;
@@ -46,6 +47,8 @@ enum Command {
         #[command(flatten)]
         model: ModelArgs,
     },
+    /// Several prompts at once through the continuous-batching scheduler and a paged engine.
+    Batch(batch::Args),
     /// KV-cache memory calculator: bytes per token, sequence and batch; how many sequences fit.
     Mem(mem::Args),
     /// Reserved-but-empty KV memory: max-length preallocation vs paging.
@@ -64,6 +67,7 @@ fn main() {
         Command::Generate(args) => generate::run(args),
         Command::Info { model } => info::run(&model),
         Command::Mem(args) => mem::run(args),
+        Command::Batch(args) => batch::run(args),
         Command::Waste(args) => waste::run(args),
     };
     if let Err(e) = result {
