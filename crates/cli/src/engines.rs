@@ -7,10 +7,25 @@ use kvlab_model::{Engine, Model};
 use kvlab_paged::{KvGroupConfig, SchedulerConfig, StepExecutor};
 
 /// Every engine name kvlab knows, in the order reports list them.
-pub const ENGINES: &[&str] = &["naive", "cpu", "cpu-paged"];
+pub const ENGINES: &[&str] = &["naive", "cpu", "cpu-paged", "cuda"];
 
 /// The engines with a paged KV cache, which also run batched steps from the scheduler.
-pub const PAGED_ENGINES: &[&str] = &["cpu-paged"];
+pub const PAGED_ENGINES: &[&str] = &["cpu-paged", "cuda"];
+
+/// Whether an engine can run on this machine: `Err` with the reason when it cannot (the cuda
+/// engine without an NVIDIA driver or GPU). Harnesses report such engines as SKIPPED, unless
+/// `KVLAB_REQUIRE_CUDA=1` makes a missing GPU a failure.
+pub fn availability(name: &str) -> std::result::Result<(), String> {
+    match name {
+        "cuda" => kvlab_cuda::probe().map(|_| ()).map_err(|e| e.to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// `KVLAB_REQUIRE_CUDA=1`: a missing GPU fails instead of skipping.
+pub fn require_cuda() -> bool {
+    kvlab_cuda::require_cuda()
+}
 
 /// A paged engine: the single-sequence [`Engine`] trait plus batched scheduled steps.
 pub trait PagedEngine: Engine + StepExecutor<Error = kvlab_model::Error> {
@@ -19,6 +34,13 @@ pub trait PagedEngine: Engine + StepExecutor<Error = kvlab_model::Error> {
 }
 
 impl PagedEngine for kvlab_cpu::paged::PagedCpuEngine {
+    fn pool(&self) -> PoolOptions {
+        let (num_blocks, block_size) = self.pool_geometry();
+        PoolOptions { num_blocks, block_size }
+    }
+}
+
+impl PagedEngine for kvlab_cuda::CudaEngine {
     fn pool(&self) -> PoolOptions {
         let (num_blocks, block_size) = self.pool_geometry();
         PoolOptions { num_blocks, block_size }
@@ -70,6 +92,11 @@ pub fn build_paged(name: &str, model: Arc<Model>, pool: PoolOptions) -> Result<B
 fn build_paged_inner(name: &str, model: Arc<Model>, pool: PoolOptions) -> Result<Box<dyn PagedEngine>> {
     match name {
         "cpu-paged" => Ok(Box::new(kvlab_cpu::paged::PagedCpuEngine::new(model, pool.num_blocks, pool.block_size)?)),
+        // f32 weights, activations and KV pool: the parity mode verify needs.
+        "cuda" => Ok(Box::new(kvlab_cuda::CudaEngine::new(
+            model,
+            kvlab_cuda::CudaOptions { num_blocks: Some(pool.num_blocks), block_size: pool.block_size, ..Default::default() },
+        )?)),
         other => bail!("{other:?} is not a paged engine; paged engines: {}", PAGED_ENGINES.join(", ")),
     }
 }

@@ -19,14 +19,26 @@ use super::{BatchInfo, Divergence, Reference, Row, reference_run};
 /// Tokens each request generates in the batched run (fewer if the context ends first).
 const MAX_NEW: usize = 48;
 
-pub(super) fn run(entry: &ModelEntry, model: &Arc<Model>, tok: &Tokenizer, refs: &[Option<Reference>], engine: &str) -> Result<Row> {
+pub(super) fn run(
+    entry: &ModelEntry,
+    model: &Arc<Model>,
+    tok: &Tokenizer,
+    refs: &[Option<Reference>],
+    engine: &str,
+) -> Result<Row> {
     let t = Instant::now();
-    let ctx = entry.verify_max_seq_len.unwrap_or(model.config.max_seq_len).min(model.config.max_seq_len);
-    // (prompt, expected tokens) of every request.
+    let ctx = entry
+        .verify_max_seq_len
+        .unwrap_or(model.config.max_seq_len)
+        .min(model.config.max_seq_len);
+    // (prompt, expected tokens) of every request. The scheduler counts the last generated token
+    // against the context too (a sequence stops at max_model_len tokens in all), so a request
+    // gets at most ctx − prompt tokens.
     let mut cases: Vec<(Vec<u32>, Vec<u32>)> = refs
         .iter()
         .flatten()
-        .map(|r| (r.prompt.clone(), r.tokens[..r.tokens.len().min(MAX_NEW)].to_vec()))
+        .map(|r| (r.prompt.clone(), r.tokens[..r.tokens.len().min(MAX_NEW).min(ctx - r.prompt.len())].to_vec()))
+        .filter(|(_, expected)| !expected.is_empty())
         .collect();
     anyhow::ensure!(!cases.is_empty(), "no solo reference to compare with");
     // Duplicates of the first two prompts.
@@ -34,7 +46,12 @@ pub(super) fn run(entry: &ModelEntry, model: &Arc<Model>, tok: &Tokenizer, refs:
     // Prompts sharing a long common prefix: the longest fixture prompt that leaves room to
     // generate, cut to half the context, then different endings (references checked by the naive
     // engine like every verify case).
-    let longest = refs.iter().flatten().filter(|r| r.prompt.len() + MAX_NEW < ctx).max_by_key(|r| r.prompt.len()).context("no prompt fits")?;
+    let longest = refs
+        .iter()
+        .flatten()
+        .filter(|r| r.prompt.len() + MAX_NEW < ctx)
+        .max_by_key(|r| r.prompt.len())
+        .context("no prompt fits")?;
     let common = &longest.prompt[..longest.prompt.len().min(ctx / 2)];
     for ending in [" and then", " but the", " So they", " The end"] {
         let mut p = common.to_vec();
@@ -46,32 +63,51 @@ pub(super) fn run(entry: &ModelEntry, model: &Arc<Model>, tok: &Tokenizer, refs:
 
     let block_size = kvlab_paged::DEFAULT_BLOCK_SIZE;
     let demand: usize = cases.iter().map(|(p, e)| (p.len() + e.len()).div_ceil(block_size)).sum();
-    // Big enough for one whole-context sequence (the scheduler's minimum), a third of the peak
-    // demand otherwise: sequences must be preempted.
-    let num_blocks = (ctx.div_ceil(block_size) + 1).max(demand / 3);
-    let pool = PoolOptions { num_blocks, block_size };
-    let mut sched = Scheduler::new(scheduler_config(model, pool, ctx))?;
-    let mut exec = build_paged(engine, model.clone(), pool)?;
+    // The smallest pool the scheduler accepts holds one whole-context sequence. Start at a
+    // quarter of the peak demand; the scheduler admits only what fits, so if that forced no
+    // preemption (short outputs finish before the pool runs dry), halve the pool and run again.
+    let min_blocks = ctx.div_ceil(block_size) + 1;
+    let mut num_blocks = min_blocks.max(demand / 4);
     let requests: Vec<Request> = cases
         .iter()
         .enumerate()
         .map(|(i, (p, e))| Request { prompt: p.clone(), stop: StopConditions::max_tokens(e.len()), arrival_step: (i % 4) * 3 })
         .collect();
-    let report = drive(exec.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;
+    let (report, sched) = loop {
+        let pool = PoolOptions { num_blocks, block_size };
+        let mut sched = Scheduler::new(scheduler_config(model, pool, ctx))?;
+        let mut exec = build_paged(engine, model.clone(), pool)?;
+        let report = drive(exec.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;
+        if report.metrics.num_preemptions > 0 || num_blocks == min_blocks {
+            break (report, sched);
+        }
+        num_blocks = min_blocks.max(num_blocks / 2);
+    };
 
     let mut first: Option<(usize, Divergence)> = None;
     let mut compared = 0;
     for (i, ((_, expected), (got, _))) in cases.iter().zip(&report.outputs).enumerate() {
         compared += expected.len();
         if let Some(step) = (0..expected.len()).find(|&s| got.get(s) != expected.get(s)) {
-            first.get_or_insert((i, Divergence { step, reference: expected[step], got: got.get(step).copied().unwrap_or(u32::MAX), reference_top2_margin: f32::NAN }));
+            first.get_or_insert((
+                i,
+                Divergence {
+                    step,
+                    reference: expected[step],
+                    got: got.get(step).copied().unwrap_or(u32::MAX),
+                    reference_top2_margin: f32::NAN,
+                },
+            ));
         }
     }
     let m = &report.metrics;
     let caching = sched.config().enable_prefix_caching;
     let mut problems = Vec::new();
     if let Some((i, d)) = &first {
-        problems.push(format!("request {i} diverges from its solo naive run at step {}", d.step));
+        problems.push(format!(
+            "request {i} diverges from its solo naive run at step {}",
+            d.step
+        ));
     }
     if m.num_preemptions == 0 {
         problems.push("the pool forced no preemption".into());
@@ -80,14 +116,23 @@ pub(super) fn run(entry: &ModelEntry, model: &Arc<Model>, tok: &Tokenizer, refs:
         problems.push("no prefix-cache hit".into());
     }
     let note = if problems.is_empty() {
-        if caching { String::new() } else { "prefix caching is off for sliding-window models".into() }
+        if caching {
+            String::new()
+        } else {
+            "prefix caching is off for sliding-window models".into()
+        }
     } else {
         problems.join("; ")
     };
     Ok(Row {
         prompt: format!("batched: {} requests", cases.len()),
         prompt_tokens: cases.iter().map(|(p, _)| p.len()).sum(),
-        status: if problems.is_empty() { "ok" } else { "MISMATCH" }.into(),
+        status: if problems.is_empty() {
+            "ok"
+        } else {
+            "MISMATCH"
+        }
+        .into(),
         tokens_compared: compared,
         identical: first.is_none(),
         first_divergence: first.map(|(_, d)| d),

@@ -38,7 +38,12 @@ pub struct Case {
 ///
 /// # Errors
 /// An unreadable or malformed oracle fixture.
-pub fn for_model(entry: &ModelEntry, ctx: usize, tok: &Tokenizer, texts: &[String]) -> Result<Vec<Case>> {
+pub fn for_model(
+    entry: &ModelEntry,
+    ctx: usize,
+    tok: &Tokenizer,
+    texts: &[String],
+) -> Result<Vec<Case>> {
     match &entry.verify_cases {
         Some(file) => oracle_cases(entry, file),
         None => Ok(texts
@@ -50,7 +55,14 @@ pub fn for_model(entry: &ModelEntry, ctx: usize, tok: &Tokenizer, texts: &[Strin
                 prompt.truncate(ctx - 1);
                 // Positions prompt.len()..ctx are fed; the token after the last is generated too.
                 let n_gen = ctx - prompt.len() + 1;
-                Case { index, label: prompts::label(text), prompt, cut, n_gen, oracle: None }
+                Case {
+                    index,
+                    label: prompts::label(text),
+                    prompt,
+                    cut,
+                    n_gen,
+                    oracle: None,
+                }
             })
             .collect()),
     }
@@ -58,14 +70,20 @@ pub fn for_model(entry: &ModelEntry, ctx: usize, tok: &Tokenizer, texts: &[Strin
 
 fn oracle_cases(entry: &ModelEntry, file: &str) -> Result<Vec<Case>> {
     let path = super::workspace_root().join("fixtures").join(file);
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?)?;
+    let v: Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+    )?;
     let prov = &v["provenance"];
     let source = format!(
         "llama.cpp (llama-cpp-python {})",
         prov["llama_cpp_python"].as_str().unwrap_or("?")
     );
     let ids = |x: &Value| -> Result<Vec<u32>> {
-        x.as_array().context("an id array")?.iter().map(|i| i.as_u64().map(|i| i as u32).context("an id")).collect()
+        x.as_array()
+            .context("an id array")?
+            .iter()
+            .map(|i| i.as_u64().map(|i| i as u32).context("an id"))
+            .collect()
     };
     v["cases"]
         .as_array()
@@ -75,7 +93,12 @@ fn oracle_cases(entry: &ModelEntry, file: &str) -> Result<Vec<Case>> {
         .map(|(index, c)| {
             let prompt = ids(&c["prompt_ids"])?;
             let oracle_ids = ids(&c["generated_ids"])?;
-            let margins = c["margins"].as_array().context("margins")?.iter().map(|m| m.as_f64().unwrap_or(0.0) as f32).collect();
+            let margins = c["margins"]
+                .as_array()
+                .context("margins")?
+                .iter()
+                .map(|m| m.as_f64().unwrap_or(0.0) as f32)
+                .collect();
             let name = c["name"].as_str().unwrap_or("case");
             let text = c["prompt"].as_str().unwrap_or("");
             Ok(Case {
@@ -84,7 +107,12 @@ fn oracle_cases(entry: &ModelEntry, file: &str) -> Result<Vec<Case>> {
                 n_gen: oracle_ids.len(),
                 prompt,
                 cut: false,
-                oracle: Some(Oracle { source: source.clone(), ids: oracle_ids, margins, near_tie: entry.oracle_near_tie.unwrap_or(0.0) }),
+                oracle: Some(Oracle {
+                    source: source.clone(),
+                    ids: oracle_ids,
+                    margins,
+                    near_tie: entry.oracle_near_tie.unwrap_or(0.0),
+                }),
             })
         })
         .collect()

@@ -1,0 +1,154 @@
+// attention.cuh: the inner loop shared by the decode (paged_attention.cu) and prefill
+// (prefill_attention.cu) kernels: one query and one head against a range of key positions, with
+// online softmax in f32.
+//
+// Keys and values of a sequence live in two places:
+//   * positions j < pos0 (computed in earlier steps, or served by the prefix cache) are in the
+//     paged pool: slot = block_table[j / block_size] · block_size + j % block_size, and the pool
+//     is (num_slots, n_kv_heads, head_dim);
+//   * positions j >= pos0 (this step's tokens) are read from the step's own k/v rows,
+//     (n_tokens, n_kv_heads, head_dim), row new_row0 + (j − pos0) — as the CPU engine does, so a
+//     sliding-window key whose slot is -1 (never stored) is still seen by the queries that need it.
+// GQA/MQA: query head h reads KV head h / (n_heads / n_kv_heads).
+//
+// Online softmax (Milakov & Gimelshein 2018): for scores s_j = (q · k_j) · scale keep
+//   m = max_j s_j,   l = Σ_j e^(s_j − m),   acc[d] = Σ_j e^(s_j − m) · v_j[d];
+// adding key j: m' = max(m, s_j); c = e^(m − m'); l ← l·c + e^(s_j − m'); acc ← acc·c + e^(s_j − m')·v_j.
+// The output is acc / l. One pass over the keys, no score buffer, f32 throughout.
+#ifndef KVLAB_ATTENTION_CUH
+#define KVLAB_ATTENTION_CUH
+#include "common.cuh"
+
+// Largest head_dim the kernels take (Gemma 3: 256); launch.rs rejects larger ones.
+#define KVLAB_MAX_HEAD_DIM 256
+// Each lane owns dims lane, lane + 32, lane + 64, ... of the head.
+#define KVLAB_DIMS_PER_LANE (KVLAB_MAX_HEAD_DIM / KVLAB_WARP)
+// Warps per thread block of the attention kernels (128 threads).
+#define KVLAB_ATTN_WARPS 4
+
+// Where one sequence's keys are, for one (query head → KV head).
+template <typename A, typename C>
+struct KvView {
+    const A* k_new;           // (n_tokens, n_kv_heads, head_dim) this step's keys
+    const A* v_new;           // (n_tokens, n_kv_heads, head_dim) this step's values
+    const C* k_cache;         // (num_slots, n_kv_heads, head_dim) the layer's pool
+    const C* v_cache;         // (num_slots, n_kv_heads, head_dim)
+    const int* block_table;   // (max_blocks,) this sequence's row, -1 padded
+    long long new_row0;       // row of position pos0 in k_new / v_new
+    int pos0;                 // first position computed in this step
+    int block_size;
+    int n_kv_heads;
+    int kv_head;
+    int head_dim;
+};
+
+// Offset (in elements) of position j's key/value vector for this KV head, in the step rows
+// (j >= pos0) or the pool (j < pos0).
+template <typename A, typename C>
+__device__ __forceinline__ long long kv_offset(const KvView<A, C>& kv, int j) {
+    if (j >= kv.pos0) {
+        return ((kv.new_row0 + (j - kv.pos0)) * kv.n_kv_heads + kv.kv_head) * kv.head_dim;
+    }
+    const long long slot =
+        (long long)kv.block_table[j / kv.block_size] * kv.block_size + j % kv.block_size;
+    return (slot * kv.n_kv_heads + kv.kv_head) * kv.head_dim;
+}
+
+// One warp folds keys j = begin, begin + step, ... < end into its online-softmax state.
+// q: this lane's dims of the query (dims lane + 32·i, zero past head_dim).
+template <typename A, typename C>
+__device__ void warp_attend(float& m, float& l, float acc[KVLAB_DIMS_PER_LANE],
+                            const float q[KVLAB_DIMS_PER_LANE], const KvView<A, C>& kv,
+                            int begin, int end, int step, float scale) {
+    const int lane = threadIdx.x % KVLAB_WARP;
+    for (int j = begin; j < end; j += step) {
+        const long long off = kv_offset(kv, j);
+        const bool fresh = j >= kv.pos0;
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+            const int d = lane + i * KVLAB_WARP;
+            if (d < kv.head_dim) {
+                const float k = fresh ? to_float(kv.k_new[off + d]) : to_float(kv.k_cache[off + d]);
+                dot += q[i] * k;
+            }
+        }
+        const float s = warp_sum(dot) * scale;
+        const float m_new = fmaxf(m, s);
+        const float c = expf(m - m_new);  // 0 for the first key (m = -inf)
+        const float p = expf(s - m_new);
+        l = l * c + p;
+#pragma unroll
+        for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+            const int d = lane + i * KVLAB_WARP;
+            if (d < kv.head_dim) {
+                const float v = fresh ? to_float(kv.v_new[off + d]) : to_float(kv.v_cache[off + d]);
+                acc[i] = acc[i] * c + p * v;
+            }
+        }
+        m = m_new;
+    }
+}
+
+// Loads this lane's dims of query row `q_row` (head_dim,) into registers, zero past head_dim.
+template <typename A>
+__device__ __forceinline__ void load_query(float q[KVLAB_DIMS_PER_LANE], const A* q_row,
+                                           int head_dim) {
+    const int lane = threadIdx.x % KVLAB_WARP;
+#pragma unroll
+    for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+        const int d = lane + i * KVLAB_WARP;
+        q[i] = d < head_dim ? to_float(q_row[d]) : 0.0f;
+    }
+}
+
+// Shared memory of the cross-warp merge.
+struct MergeScratch {
+    float m[KVLAB_ATTN_WARPS];
+    float l[KVLAB_ATTN_WARPS];
+    float acc[KVLAB_ATTN_WARPS][KVLAB_MAX_HEAD_DIM];
+};
+
+// Publishes every warp's state, then returns in every thread the block's merged max M and sum
+// L = Σ_w l_w · e^(m_w − M). Dim d of the merged accumulator is then
+// merged_acc(sh, d, M) = Σ_w acc_w[d] · e^(m_w − M). A warp that saw no key (l = 0; any key adds
+// e^(s − m') > 0, and exactly 1 for the key that sets the max) is skipped rather than weighed by
+// e^(-inf − M). NaN inputs still reach the output: fmaxf drops NaN from M, but l != 0 holds for a
+// NaN l, so its NaN enters L.
+__device__ __forceinline__ void block_merge(MergeScratch& sh, float m, float l,
+                                            const float acc[KVLAB_DIMS_PER_LANE], int head_dim,
+                                            float& M, float& L) {
+    const int lane = threadIdx.x % KVLAB_WARP;
+    const int warp = threadIdx.x / KVLAB_WARP;
+    if (lane == 0) {
+        sh.m[warp] = m;
+        sh.l[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+        const int d = lane + i * KVLAB_WARP;
+        if (d < head_dim) sh.acc[warp][d] = acc[i];
+    }
+    __syncthreads();
+    M = KVLAB_NEG_INF;
+    for (int w = 0; w < KVLAB_ATTN_WARPS; ++w) M = fmaxf(M, sh.m[w]);
+    L = 0.0f;
+    for (int w = 0; w < KVLAB_ATTN_WARPS; ++w) {
+        if (sh.l[w] != 0.0f) L += sh.l[w] * expf(sh.m[w] - M);
+    }
+}
+
+__device__ __forceinline__ float merged_acc(const MergeScratch& sh, int d, float M) {
+    float a = 0.0f;
+    for (int w = 0; w < KVLAB_ATTN_WARPS; ++w) {
+        if (sh.l[w] != 0.0f) a += sh.acc[w][d] * expf(sh.m[w] - M);
+    }
+    return a;
+}
+
+// First key a query at position p sees: 0, or p + 1 − window for a sliding window (window > 0).
+__device__ __forceinline__ int first_key(int p, int window) {
+    return window > 0 ? max(0, p + 1 - window) : 0;
+}
+
+#endif  // KVLAB_ATTENTION_CUH

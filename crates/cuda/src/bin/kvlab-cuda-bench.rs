@@ -1,0 +1,223 @@
+//! `kvlab-cuda-bench`: the CUDA engine's benchmarks, as one prebuilt binary that runs on a GPU
+//! machine without a Rust toolchain (see crates/cuda/README.md).
+//!
+//! ```text
+//! kvlab-cuda-bench [copy|attention|decode|waste|all]... [--quick] [--model NAME] [--out FILE]
+//! ```
+//! Prints a line per measurement on stderr and one JSON document on stdout (or into --out).
+//! Without a GPU it prints SKIPPED and exits 0, unless KVLAB_REQUIRE_CUDA=1 (then exit 1).
+
+use std::sync::Arc;
+
+use kvlab_cuda::bench::{self, AttnShape};
+use kvlab_cuda::device::Device;
+use kvlab_cuda::ops::Ops;
+use kvlab_cuda::{CudaEngine, CudaOptions, DecodeAttention, Precision};
+use serde_json::{Value, json};
+
+struct Args {
+    what: Vec<String>,
+    quick: bool,
+    model: String,
+    out: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        what: Vec::new(),
+        quick: false,
+        model: "llama-3-8b-shape".into(),
+        out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(s) = it.next() {
+        match s.as_str() {
+            "--quick" => a.quick = true,
+            "--model" => a.model = it.next().ok_or("--model needs a name")?,
+            "--out" => a.out = Some(it.next().ok_or("--out needs a file")?),
+            "copy" | "attention" | "decode" | "waste" | "all" => a.what.push(s),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if a.what.is_empty() || a.what.iter().any(|w| w == "all") {
+        a.what = ["copy", "attention", "decode", "waste"]
+            .map(String::from)
+            .to_vec();
+    }
+    Ok(a)
+}
+
+const USAGE: &str = "kvlab-cuda-bench [copy|attention|decode|waste|all]... [--quick] \
+                     [--model NAME (a synthetic model of fixtures/models.json, default \
+                     llama-3-8b-shape)] [--out FILE]";
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}\nusage: {USAGE}");
+            std::process::exit(2);
+        }
+    };
+    match kvlab_cuda::probe() {
+        Ok(info) => eprintln!("{info}"),
+        Err(e) if e.is_unavailable() && !kvlab_cuda::require_cuda() => {
+            eprintln!("SKIPPED: {e}");
+            write_report(&args, &json!({ "skipped": e.to_string() }));
+            return;
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
+    match run(&args) {
+        Ok(report) => write_report(&args, &report),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The JSON report to --out, or stdout.
+fn write_report(args: &Args, report: &Value) {
+    let text = serde_json::to_string_pretty(report).unwrap_or_default();
+    match &args.out {
+        Some(path) => {
+            if let Err(e) = std::fs::write(path, text) {
+                eprintln!("error: cannot write {path}: {e}");
+                std::process::exit(1);
+            }
+            eprintln!("wrote {path}");
+        }
+        None => println!("{text}"),
+    }
+}
+
+fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
+    let mut report = serde_json::Map::new();
+    let dev = Device::open(0)?;
+    report.insert("device".into(), serde_json::to_value(&dev.info)?);
+    let copy = bench::copy_bandwidth(&dev, 1 << 30, if args.quick { 5 } else { 20 })?;
+    eprintln!("device-to-device copy: {:.0} GB/s", copy / 1e9);
+    report.insert("copy_bytes_per_s".into(), json!(copy));
+
+    if args.what.iter().any(|w| w == "attention") {
+        let ops = Ops::new(&dev)?;
+        // Llama-3-8B's attention: 32 query heads, 8 KV heads, head_dim 128; f16 K/V.
+        let shape = AttnShape {
+            n_heads: 32,
+            n_kv_heads: 8,
+            head_dim: 128,
+        };
+        let batches: &[usize] = if args.quick {
+            &[1, 64]
+        } else {
+            &[1, 4, 16, 64, 256]
+        };
+        let contexts: &[usize] = if args.quick {
+            &[512, 8192]
+        } else {
+            &[512, 2048, 8192, 32768]
+        };
+        let mut rows = Vec::new();
+        for &batch in batches {
+            for &ctx in contexts {
+                for choice in [
+                    DecodeAttention::V1,
+                    DecodeAttention::V2,
+                    DecodeAttention::Auto,
+                ] {
+                    let r = bench::attention_bench::<half::f16, half::f16>(
+                        &dev, &ops, shape, batch, ctx, choice, 20, copy,
+                    );
+                    match r {
+                        Ok(row) => {
+                            eprintln!(
+                                "attention batch {batch:>3} ctx {ctx:>5} {choice:?} -> {}: \
+                                 {:.1} us, {:.0} GB/s ({:.0}% of copy)",
+                                row.kernel,
+                                row.seconds_per_call * 1e6,
+                                row.bytes_per_s / 1e9,
+                                100.0 * row.fraction_of_copy
+                            );
+                            rows.push(json!({ "choice": format!("{choice:?}"), "row": row }));
+                        }
+                        Err(e) => {
+                            eprintln!("attention batch {batch} ctx {ctx}: SKIPPED ({e})");
+                            rows.push(
+                                json!({ "batch": batch, "context": ctx, "skipped": e.to_string() }),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        report.insert("attention".into(), Value::Array(rows));
+    }
+    drop(dev);
+
+    let needs_model = args.what.iter().any(|w| w == "decode" || w == "waste");
+    if needs_model {
+        let entry = kvlab_model::registry::entry(&args.model)
+            .ok_or_else(|| format!("no model {:?} in fixtures/models.json", args.model))?;
+        let spec = entry
+            .synthetic
+            .as_ref()
+            .ok_or_else(|| format!("{} is not a synthetic model", args.model))?;
+        eprintln!(
+            "building {} (synthetic, seed {}) on the host ...",
+            args.model, spec.seed
+        );
+        let model = Arc::new(spec.build()?);
+        let opts = CudaOptions {
+            precision: Precision::F16,
+            kv_dtype: Precision::F16,
+            ..CudaOptions::default()
+        };
+        let mut engine = CudaEngine::new(model.clone(), opts)?;
+        eprintln!("{}", engine.pool_plan());
+        report.insert("model".into(), json!(args.model));
+        report.insert("pool".into(), serde_json::to_value(engine.pool_plan())?);
+        report.insert("weight_bytes".into(), json!(engine.weight_bytes()));
+
+        if args.what.iter().any(|w| w == "decode") {
+            let (prompt, gen_tokens) = if args.quick { (128, 16) } else { (128, 128) };
+            let batches: &[usize] = if args.quick {
+                &[1, 64]
+            } else {
+                &[1, 16, 64, 256]
+            };
+            let mut rows = Vec::new();
+            for &batch in batches {
+                let row = bench::decode_bench(&mut engine, batch, prompt, gen_tokens)?;
+                eprintln!(
+                    "decode batch {batch:>3}: {:.0} tokens/s, {:.2} ms/token per sequence \
+                     ({} steps, {} preemptions)",
+                    row.tokens_per_s, row.tpot_ms, row.decode_steps, row.num_preemptions
+                );
+                rows.push(row);
+            }
+            report.insert("decode".into(), serde_json::to_value(rows)?);
+        }
+        if args.what.iter().any(|w| w == "waste") {
+            let (num_blocks, block_size) = engine.pool();
+            let max_seq_len = model.config.max_seq_len.min(2048);
+            let requests = kvlab_paged::uniform_requests(1000, 1);
+            let w = bench::waste_comparison(num_blocks, block_size, max_seq_len, &requests)?;
+            eprintln!(
+                "waste at {} slots: paged {:.1}% (batch {} scheduled), max-length {:.1}% \
+                 (batch {})",
+                w.pool_slots,
+                100.0 * w.paged.time_avg_waste_frac,
+                w.paged_batch_scheduled,
+                100.0 * w.max_length.time_avg_waste_frac,
+                w.max_length_batch
+            );
+            report.insert("waste".into(), serde_json::to_value(w)?);
+        }
+    }
+    Ok(Value::Object(report))
+}

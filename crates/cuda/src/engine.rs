@@ -1,0 +1,375 @@
+//! [`CudaEngine`]: the `Engine` trait (one sequence at a time, as `kvlab generate` drives it) and
+//! `StepExecutor` (scheduled batches, as `kvlab_paged::drive` drives it) over the same GPU
+//! forward pass.
+//!
+//! In single-sequence mode the engine keeps its own `BlockAllocator` per KV group (prefix caching
+//! off) and a `BlockTable` per group for each sequence (`solo.rs`), reserves slots exactly as the
+//! scheduler would (trim sliding windows, then `append_slots` with `keep_from = window_start`),
+//! and runs the resulting one-sequence `ScheduledBatch`. In batched mode the scheduler owns the tables.
+//! The two modes share one pool, so a run uses one or the other: `execute` refuses to run while
+//! single-sequence sequences are alive.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kvlab_model::engine::{check_max_seq_len, check_tokens};
+use kvlab_model::{Config, Engine, Error, KvUsage, Model, SeqId, TraceStep};
+use kvlab_paged::{ScheduledBatch, StepExecutor};
+
+use crate::device::{Device, DeviceInfo};
+use crate::dtype::Precision;
+use crate::error::{CudaError, Result};
+use crate::forward::{Forward, ForwardOptions};
+use crate::launch::{DecodeAttention, pack_step};
+use crate::ops::Ops;
+use crate::pool::{self, PoolPlan};
+use crate::solo::{SoloPools, SoloSeq};
+use crate::workspace::workspace_bytes;
+
+/// How to build a [`CudaEngine`].
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    /// Weights and activations: F32 (parity with the CPU engines) or F16 (fast).
+    pub precision: Precision,
+    /// KV cache elements.
+    pub kv_dtype: Precision,
+    /// Fraction of the GPU's memory the engine may use in all (weights, activations, KV pool),
+    /// like vLLM's `gpu_memory_utilization`. Ignored when `num_blocks` is given.
+    pub gpu_memory_utilization: f32,
+    /// Tokens per KV block (16, as vLLM).
+    pub block_size: usize,
+    /// A fixed pool size (blocks per group) instead of sizing from free memory.
+    pub num_blocks: Option<usize>,
+    /// Tokens per step the activation buffers are sized for up front (0: max(2048,
+    /// max_seq_len), the scheduler's default budget); larger steps grow them.
+    pub max_batch_tokens: usize,
+    /// Sequences per step the buffers are sized for up front.
+    pub max_seqs: usize,
+    /// Force paged_attention v1 or v2 for decode (benchmarks); `Auto` picks.
+    pub decode_attention: DecodeAttention,
+    /// CUDA device ordinal.
+    pub device: usize,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            precision: Precision::F32,
+            kv_dtype: Precision::F32,
+            gpu_memory_utilization: 0.9,
+            block_size: kvlab_paged::DEFAULT_BLOCK_SIZE,
+            num_blocks: None,
+            max_batch_tokens: 0,
+            max_seqs: 256,
+            decode_attention: DecodeAttention::Auto,
+            device: 0,
+        }
+    }
+}
+
+/// The typed forward pass for the chosen precisions.
+enum Runner {
+    F32F32(Box<Forward<f32, f32>>),
+    F32F16(Box<Forward<f32, half::f16>>),
+    F16F32(Box<Forward<half::f16, f32>>),
+    F16F16(Box<Forward<half::f16, half::f16>>),
+}
+
+macro_rules! with_runner {
+    ($runner:expr, $f:ident => $body:expr) => {
+        match $runner {
+            Runner::F32F32($f) => $body,
+            Runner::F32F16($f) => $body,
+            Runner::F16F32($f) => $body,
+            Runner::F16F16($f) => $body,
+        }
+    };
+}
+
+/// The CUDA paged engine.
+pub struct CudaEngine {
+    model: Arc<Model>,
+    runner: Runner,
+    info: DeviceInfo,
+    plan: PoolPlan,
+    weight_bytes: usize,
+    /// Single-sequence mode's pools, one per KV group, and its sequences.
+    solo: SoloPools,
+    seqs: HashMap<SeqId, SoloSeq>,
+    next_id: SeqId,
+}
+
+impl CudaEngine {
+    /// Opens the GPU, compiles the kernels (NVRTC), uploads the weights, sizes and allocates the
+    /// KV pool.
+    ///
+    /// # Errors
+    /// `Error::Engine { engine: "cuda", .. }` whose reason says what is missing (no driver, no
+    /// GPU, no NVRTC, no headers, not enough memory) or what failed; see
+    /// [`CudaEngine::try_new`] for the typed error.
+    pub fn new(model: Arc<Model>, opts: CudaOptions) -> Result<CudaEngine, Error> {
+        Ok(Self::try_new(model, opts)?)
+    }
+
+    /// [`CudaEngine::new`] with the typed error ([`CudaError::is_unavailable`] says "skip").
+    ///
+    /// # Errors
+    /// As [`CudaEngine::new`].
+    pub fn try_new(model: Arc<Model>, opts: CudaOptions) -> Result<CudaEngine> {
+        let c = &model.config;
+        if opts.block_size == 0 {
+            return Err(CudaError::Unsupported("block_size 0".into()));
+        }
+        crate::launch::check_head_dim(c.head_dim)?;
+        let dev = Device::open(opts.device)?;
+        let info = dev.info.clone();
+        let ops = Ops::new(&dev)?;
+        let fopts = ForwardOptions {
+            max_batch_tokens: if opts.max_batch_tokens == 0 {
+                c.max_seq_len.max(2048)
+            } else {
+                opts.max_batch_tokens
+            },
+            max_seqs: opts.max_seqs.max(1),
+            decode_attention: opts.decode_attention,
+        };
+        let (bs, kv) = (opts.block_size, opts.kv_dtype);
+        let sizing = |free: usize, total: usize| -> Result<PoolPlan> {
+            let per_block = pool::plan(c, 1, bs, kv).pool_bytes;
+            let n = match opts.num_blocks {
+                Some(n) => n,
+                None => pool::blocks_for_budget(
+                    total,
+                    free,
+                    opts.gpu_memory_utilization,
+                    pool::HEADROOM_BYTES,
+                    per_block,
+                )?,
+            };
+            if n == 0 || n.checked_mul(per_block).is_none_or(|b| b > free) {
+                return Err(CudaError::OutOfMemory(format!(
+                    "a pool of {n} blocks needs {} bytes, {free} are free",
+                    n.saturating_mul(per_block)
+                )));
+            }
+            Ok(pool::plan(c, n, bs, kv))
+        };
+        let runner = match (opts.precision, opts.kv_dtype) {
+            (Precision::F32, Precision::F32) => {
+                Runner::F32F32(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
+            }
+            (Precision::F32, Precision::F16) => {
+                Runner::F32F16(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
+            }
+            (Precision::F16, Precision::F32) => {
+                Runner::F16F32(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
+            }
+            (Precision::F16, Precision::F16) => {
+                Runner::F16F16(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
+            }
+        };
+        let (plan, weight_bytes) =
+            with_runner!(&runner, f => (f.pool.plan.clone(), f.weights.bytes));
+        let solo = SoloPools::new(c.kv_groups(), plan.num_blocks, plan.block_size)?;
+        Ok(CudaEngine {
+            model,
+            runner,
+            info,
+            plan,
+            weight_bytes,
+            solo,
+            seqs: HashMap::new(),
+            next_id: 0,
+        })
+    }
+
+    /// The pool's geometry: (num_blocks per group, block_size), for a matching
+    /// `SchedulerConfig`.
+    pub fn pool(&self) -> (usize, usize) {
+        (self.plan.num_blocks, self.plan.block_size)
+    }
+
+    /// [`CudaEngine::pool`] under the name `PagedCpuEngine` uses.
+    pub fn pool_geometry(&self) -> (usize, usize) {
+        self.pool()
+    }
+
+    /// The pool's size report (blocks, bytes per token per group, bytes).
+    pub fn pool_plan(&self) -> &PoolPlan {
+        &self.plan
+    }
+
+    /// The GPU.
+    pub fn device_info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Bytes of activation buffers for `tokens` and `seqs` per step at this precision.
+    pub fn workspace_bytes(&self, tokens: usize, seqs: usize) -> usize {
+        let act = match &self.runner {
+            Runner::F32F32(_) | Runner::F32F16(_) => 4,
+            Runner::F16F32(_) | Runner::F16F16(_) => 2,
+        };
+        workspace_bytes(&self.model.config, tokens, seqs, act)
+    }
+
+    /// Runs a scheduled step and returns its greedy tokens, computed on the device (only
+    /// n_seqs ids come back to the host).
+    ///
+    /// # Errors
+    /// As [`StepExecutor::execute`].
+    pub fn execute_greedy(&mut self, batch: &ScheduledBatch) -> Result<Vec<u32>, Error> {
+        let n = self.run(batch)?;
+        Ok(with_runner!(&self.runner, f => f.greedy(n))?)
+    }
+
+    /// Waits for the GPU (benchmarks time whole steps).
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn synchronize(&self) -> Result<(), Error> {
+        Ok(with_runner!(&self.runner, f => f.dev.sync())?)
+    }
+
+    fn run(&mut self, batch: &ScheduledBatch) -> Result<usize> {
+        let input = batch.model_input();
+        let geometry = with_runner!(&self.runner, f => f.geometry.clone());
+        let packed = pack_step(&input, &geometry)?;
+        with_runner!(&mut self.runner, f => f.step(&packed))?;
+        Ok(packed.n_seqs)
+    }
+
+    fn solo(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
+        let st = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
+        check_tokens(&self.model.config, seq, st.len, st.max_seq_len, tokens)?;
+        let step = self.solo.reserve(st, seq, tokens)?;
+        let batch = ScheduledBatch {
+            seqs: vec![step],
+            preempted: Vec::new(),
+        };
+        let n = self.run(&batch)?;
+        let mut logits = with_runner!(&self.runner, f => f.logits(n))?;
+        if let Some(st) = self.seqs.get_mut(&seq) {
+            st.len += tokens.len();
+        }
+        logits
+            .pop()
+            .ok_or_else(|| Error::from(CudaError::BadInput("a step returned no logits".into())))
+    }
+}
+
+impl Engine for CudaEngine {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId, Error> {
+        check_max_seq_len(&self.model.config, max_seq_len)?;
+        if max_seq_len.div_ceil(self.plan.block_size) > self.plan.num_blocks {
+            return Err(CudaError::OutOfMemory(format!(
+                "a sequence of {max_seq_len} positions needs {} blocks of {}, the pool has {}; \
+                 raise num_blocks or gpu_memory_utilization, or lower max_seq_len",
+                max_seq_len.div_ceil(self.plan.block_size),
+                self.plan.block_size,
+                self.plan.num_blocks
+            ))
+            .into());
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(id, self.solo.new_seq(max_seq_len));
+        Ok(id)
+    }
+
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
+        self.solo(seq, tokens)
+    }
+
+    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, Error> {
+        self.solo(seq, &[token])
+    }
+
+    fn free(&mut self, seq: SeqId) {
+        if let Some(mut st) = self.seqs.remove(&seq) {
+            self.solo.free(&mut st);
+        }
+    }
+
+    fn kv_usage(&self) -> KvUsage {
+        let used = self
+            .seqs
+            .values()
+            .map(|s| {
+                self.plan
+                    .groups
+                    .iter()
+                    .map(|g| s.len.min(g.window.unwrap_or(usize::MAX)) * g.bytes_per_token)
+                    .sum::<usize>()
+            })
+            .sum();
+        KvUsage {
+            used_bytes: used,
+            reserved_bytes: self.plan.pool_bytes,
+        }
+    }
+
+    fn trace(&self, seq: SeqId) -> Option<TraceStep> {
+        let st = self.seqs.get(&seq)?;
+        let c = &self.model.config;
+        let shapes = (0..c.n_layers)
+            .map(|_| {
+                format!(
+                    "(num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}) {}",
+                    self.plan.num_blocks,
+                    self.plan.block_size,
+                    c.n_kv_heads,
+                    c.head_dim,
+                    self.plan.kv_dtype.name()
+                )
+            })
+            .collect();
+        Some(TraceStep {
+            len: st.len,
+            layer_cache_shapes: shapes,
+            block_table: Some(
+                st.tables[0]
+                    .blocks()
+                    .iter()
+                    .map(|b| b.unwrap_or(u32::MAX))
+                    .collect(),
+            ),
+            slot_mapping: Some(
+                st.last_slots
+                    .iter()
+                    .map(|&s| u32::try_from(s).unwrap_or(u32::MAX))
+                    .collect(),
+            ),
+        })
+    }
+}
+
+impl StepExecutor for CudaEngine {
+    type Error = Error;
+
+    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Error> {
+        if !self.seqs.is_empty() {
+            return Err(CudaError::BadInput(format!(
+                "{} single-sequence sequences hold blocks of the pool the scheduler also \
+                 manages; free them before running scheduled batches",
+                self.seqs.len()
+            ))
+            .into());
+        }
+        let n = self.run(batch)?;
+        Ok(with_runner!(&self.runner, f => f.logits(n))?)
+    }
+}

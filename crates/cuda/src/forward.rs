@@ -1,0 +1,338 @@
+//! The batched forward pass of one scheduled step on the GPU, for activation/weight type `A`
+//! and cache type `C`.
+//!
+//! All tokens of the step (decodes first, then prefills, as the scheduler orders them) are rows
+//! of one activation matrix, so every linear layer is one cuBLAS GEMM over the whole step:
+//!
+//! ```text
+//! copy_blocks (copy-on-write, every group, every layer)  — before any write
+//! x (T, dim) f32 = embedding[ids] · embed_scale
+//! per layer l (group g = layer_group(l)):
+//!   xn = rmsnorm(x, attn_norm)                 q, k, v = xn Wqᵀ, xn Wkᵀ, xn Wvᵀ      (GEMMs)
+//!   [QK-norm per head]                          RoPE(q, k) at positions (theta of layer l)
+//!   reshape_and_cache(k, v → pool[l] at slot_mapping[g])
+//!   att = paged_attention (decode rows, v1 or v2) ‖ prefill_attention (prefill rows)
+//!   o = att Woᵀ   [post_attn_norm]   x += o
+//!   xn = rmsnorm(x, ffn_norm)   gate, up = xn W1ᵀ, xn W3ᵀ   gate = act(gate) ⊙ up
+//!   o = gate W2ᵀ  [post_ffn_norm]    x += o
+//! last (S, dim) = x[last token of each sequence]; logits (S, vocab) f32 = rmsnorm(last) Wclsᵀ
+//! ```
+//!
+//! The residual stream `x` stays f32 in both modes; in f16 mode the GEMM inputs and outputs
+//! and the attention I/O are f16 with f32 accumulation inside.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use kvlab_model::{Config, Model, RopeLayout};
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{CudaError, Result};
+use crate::launch::{self, DecodeAttention, DecodeKernel, PackGeometry, PackedStep};
+use crate::ops::{AttentionArgs, Ops};
+use crate::pool::{KvPool, PoolPlan};
+use crate::rope::RopeTables;
+use crate::weights::DeviceWeights;
+use crate::workspace::Workspace;
+
+/// Floats of paged_attention_v2's workspace at most (64 MiB): v2 is only chosen where it fits.
+pub const MAX_V2_WORKSPACE_FLOATS: usize = 16 << 20;
+
+/// Everything one engine holds on the device.
+pub struct Forward<A: DType, C: DType> {
+    pub dev: Device,
+    pub ops: Ops,
+    pub config: Config,
+    pub weights: DeviceWeights<A>,
+    pub pool: KvPool<C>,
+    pub rope: RopeTables,
+    pub ws: Workspace<A>,
+    /// The step's packed i32 metadata (grown as needed).
+    pub meta: CudaSlice<i32>,
+    /// paged_attention_v2's partial results.
+    pub v2_workspace: CudaSlice<f32>,
+    pub decode_attention: DecodeAttention,
+    /// (n_layers,) KV group of each layer.
+    pub layer_group: Vec<usize>,
+    pub geometry: PackGeometry,
+}
+
+/// What a new [`Forward`] needs besides the model.
+pub struct ForwardOptions {
+    pub max_batch_tokens: usize,
+    pub max_seqs: usize,
+    pub decode_attention: DecodeAttention,
+}
+
+impl<A: DType, C: DType> Forward<A, C> {
+    /// Uploads the weights and RoPE tables, allocates the workspace, then sizes the pool with
+    /// `pool_size(free, total)` (returning its plan) and allocates it.
+    ///
+    /// # Errors
+    /// Unsupported shapes, driver and memory errors, or whatever `pool_size` returns.
+    pub fn new(
+        dev: Device,
+        ops: Ops,
+        model: &Model,
+        opts: &ForwardOptions,
+        pool_size: impl FnOnce(usize, usize) -> Result<PoolPlan>,
+    ) -> Result<Self> {
+        let c = model.config.clone();
+        launch::check_head_dim(c.head_dim)?;
+        let stream = dev.stream.clone();
+        let weights = DeviceWeights::<A>::upload(&stream, &model.weights)?;
+        let rope = RopeTables::upload(&stream, &c)?;
+        let ws = Workspace::<A>::new(&stream, &c, opts.max_batch_tokens, opts.max_seqs)?;
+        let parts = launch::num_partitions(c.max_seq_len, launch::PARTITION_SIZE);
+        let v2_floats = launch::v2_workspace_floats(opts.max_seqs, c.n_heads, parts, c.head_dim)
+            .clamp(1, MAX_V2_WORKSPACE_FLOATS);
+        let v2_workspace = stream.alloc_zeros::<f32>(v2_floats)?;
+        let meta = stream.alloc_zeros::<i32>(1 << 16)?;
+        dev.sync()?;
+        let (free, total) = dev.mem_info()?;
+        let plan = pool_size(free, total)?;
+        let pool = KvPool::<C>::allocate(&stream, &c, plan)?;
+        let layer_group = (0..c.n_layers).map(|l| c.layer_group(l)).collect();
+        let geometry = PackGeometry {
+            vocab_size: c.vocab_size,
+            max_positions: rope.max_pos,
+            num_blocks: pool.plan.num_blocks,
+            block_size: pool.plan.block_size,
+            windows: c.kv_groups(),
+        };
+        dev.sync()?;
+        Ok(Forward {
+            dev,
+            ops,
+            config: c,
+            weights,
+            pool,
+            rope,
+            ws,
+            meta,
+            v2_workspace,
+            decode_attention: opts.decode_attention,
+            layer_group,
+            geometry,
+        })
+    }
+
+    /// Runs a packed step; leaves the logits (n_seqs, vocab) in `ws.logits`.
+    ///
+    /// # Errors
+    /// Launch, cuBLAS and driver errors; out of memory when the workspace must grow.
+    pub fn step(&mut self, p: &PackedStep) -> Result<()> {
+        let c = &self.config;
+        let stream = self.dev.stream.clone();
+        self.ws.ensure(&stream, c, p.n_tokens, p.n_seqs)?;
+        if self.meta.len() < p.ints.len() {
+            self.meta = stream.alloc_zeros::<i32>(p.ints.len().next_power_of_two())?;
+        }
+        {
+            let mut dst = self.meta.slice_mut(0..p.ints.len());
+            stream.memcpy_htod(&p.ints, &mut dst)?;
+        }
+        let ops = &self.ops;
+        let meta = ops.dev(&self.meta);
+        let (t, s) = (p.n_tokens, p.n_seqs);
+        let (d, hd, qd, kvd, hid) = (c.dim, c.head_dim, c.q_dim(), c.kv_dim(), c.hidden_dim);
+        let plan = &self.pool.plan;
+        let (num_blocks, bs, num_slots) = (plan.num_blocks, plan.block_size, plan.num_slots());
+
+        // 1. Copy-on-write copies, all of them before any write of the step.
+        for (g, gm) in p.groups.iter().enumerate() {
+            if gm.n_copies == 0 {
+                continue;
+            }
+            for l in (0..c.n_layers).filter(|&l| self.layer_group[l] == g) {
+                ops.copy_blocks(
+                    ops.dev(&self.pool.k[l]),
+                    ops.dev(&self.pool.v[l]),
+                    meta.range(gm.copies.clone())?,
+                    gm.n_copies,
+                    num_blocks,
+                    bs * kvd,
+                )?;
+            }
+        }
+
+        let ws = &self.ws;
+        let (x, xn, q, k, v) = (
+            ops.dev(&ws.x),
+            ops.dev(&ws.xn),
+            ops.dev(&ws.q),
+            ops.dev(&ws.k),
+            ops.dev(&ws.v),
+        );
+        let (att, o, gate, up) = (
+            ops.dev(&ws.att),
+            ops.dev(&ws.o),
+            ops.dev(&ws.gate),
+            ops.dev(&ws.up),
+        );
+        let positions = meta.range(p.positions.clone())?;
+        let w = &self.weights;
+
+        // 2. Embedding.
+        ops.embedding(
+            x,
+            ops.dev(&w.token_embedding),
+            meta.range(p.input_ids.clone())?,
+            t,
+            c.vocab_size,
+            d,
+            c.embed_scale,
+        )?;
+
+        let neox = c.rope_layout == RopeLayout::Neox;
+        for (l, lw) in w.layers.iter().enumerate() {
+            // 3. Attention block.
+            ops.rmsnorm::<f32, A>(xn, x, ops.dev(&lw.attn_norm), t, d, c.norm_eps)?;
+            ops.linear(q, xn, ops.dev(&lw.wq), t, d, qd)?;
+            ops.linear(k, xn, ops.dev(&lw.wk), t, d, kvd)?;
+            ops.linear(v, xn, ops.dev(&lw.wv), t, d, kvd)?;
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                ops.rmsnorm::<A, A>(q, q, ops.dev(qn), t * c.n_heads, hd, c.norm_eps)?;
+                ops.rmsnorm::<A, A>(k, k, ops.dev(kn), t * c.n_kv_heads, hd, c.norm_eps)?;
+            }
+            let r = self.rope.of_layer[l];
+            let (cos, sin) = (ops.dev(&self.rope.cos[r]), ops.dev(&self.rope.sin[r]));
+            ops.rope(q, positions, cos, sin, t, c.n_heads, hd, neox)?;
+            ops.rope(k, positions, cos, sin, t, c.n_kv_heads, hd, neox)?;
+
+            let gm = &p.groups[self.layer_group[l]];
+            let (kc, vc) = (ops.dev(&self.pool.k[l]), ops.dev(&self.pool.v[l]));
+            ops.reshape_and_cache(
+                k,
+                v,
+                kc,
+                vc,
+                meta.range(gm.slot_mapping.clone())?,
+                t,
+                kvd,
+                num_slots,
+            )?;
+            let args = AttentionArgs {
+                out: att,
+                q,
+                k_new: k,
+                v_new: v,
+                k_cache: kc,
+                v_cache: vc,
+                block_tables: meta.range(gm.block_tables.clone())?,
+                query_start_loc: meta.range(p.query_start_loc.clone())?,
+                context_lens: meta.range(p.context_lens.clone())?,
+                token_seq: meta.range(p.token_seq.clone())?,
+                n_tokens: t,
+                n_seqs: s,
+                max_blocks: gm.max_blocks,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                block_size: bs,
+                num_slots,
+                window: gm.window.unwrap_or(0),
+                scale: c.attn_scale,
+            };
+            if p.n_decode > 0 {
+                let kernel = launch::choose_decode_kernel(
+                    self.decode_attention,
+                    p.n_decode,
+                    c.n_heads,
+                    gm.max_decode_keys,
+                    hd,
+                    ops.multiprocessors,
+                    self.v2_workspace.len(),
+                );
+                match kernel {
+                    DecodeKernel::V1 => ops.paged_attention_v1(&args, p.n_decode)?,
+                    DecodeKernel::V2 { max_partitions } => ops.paged_attention_v2(
+                        &args,
+                        p.n_decode,
+                        max_partitions,
+                        ops.dev(&self.v2_workspace),
+                    )?,
+                }
+            }
+            if p.n_decode < t {
+                ops.prefill_attention_v1(&args, p.n_decode, t - p.n_decode)?;
+            }
+            ops.linear(o, att, ops.dev(&lw.wo), t, qd, d)?;
+            if let Some(pn) = &lw.post_attn_norm {
+                ops.rmsnorm::<A, A>(o, o, ops.dev(pn), t, d, c.norm_eps)?;
+            }
+            ops.residual_add(x, o, t * d)?;
+
+            // 4. Feed-forward block: W2 (act(W1 x) ⊙ W3 x).
+            ops.rmsnorm::<f32, A>(xn, x, ops.dev(&lw.ffn_norm), t, d, c.norm_eps)?;
+            ops.linear(gate, xn, ops.dev(&lw.w1), t, d, hid)?;
+            ops.linear(up, xn, ops.dev(&lw.w3), t, d, hid)?;
+            ops.glu(gate, up, t * hid, c.activation)?;
+            ops.linear(o, gate, ops.dev(&lw.w2), t, hid, d)?;
+            if let Some(pn) = &lw.post_ffn_norm {
+                ops.rmsnorm::<A, A>(o, o, ops.dev(pn), t, d, c.norm_eps)?;
+            }
+            ops.residual_add(x, o, t * d)?;
+        }
+
+        // 5. Logits of each sequence's last token only.
+        let (last, last_n) = (ops.dev(&ws.last), ops.dev(&ws.last_n));
+        ops.gather_rows(last, x, meta.range(p.logits_rows.clone())?, s, t, d)?;
+        ops.rmsnorm::<f32, A>(last_n, last, ops.dev(&w.final_norm), s, d, c.norm_eps)?;
+        ops.linear::<A, f32>(
+            ops.dev(&ws.logits),
+            last_n,
+            ops.dev(w.classifier()),
+            s,
+            d,
+            c.vocab_size,
+        )?;
+        Ok(())
+    }
+
+    /// The last step's logits, one (vocab_size,) row per sequence.
+    ///
+    /// # Errors
+    /// Driver errors (including a kernel fault of the step).
+    pub fn logits(&self, n_seqs: usize) -> Result<Vec<Vec<f32>>> {
+        let vocab = self.config.vocab_size;
+        let flat = self
+            .dev
+            .stream
+            .clone_dtoh(&self.ws.logits.slice(0..n_seqs * vocab))?;
+        self.dev.sync()?;
+        Ok(flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Greedy tokens of the last step, computed on the device.
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn greedy(&self, n_seqs: usize) -> Result<Vec<u32>> {
+        let ops = &self.ops;
+        ops.argmax(
+            ops.dev(&self.ws.logits),
+            ops.dev(&self.ws.tokens),
+            n_seqs,
+            self.config.vocab_size,
+        )?;
+        let ids = self
+            .dev
+            .stream
+            .clone_dtoh(&self.ws.tokens.slice(0..n_seqs))?;
+        self.dev.sync()?;
+        ids.into_iter()
+            .map(|i| {
+                u32::try_from(i).map_err(|_| {
+                    CudaError::BadInput(format!("argmax returned {i}, not a token id"))
+                })
+            })
+            .collect()
+    }
+
+    /// The device's stream, for timing.
+    pub fn stream(&self) -> &Arc<cudarc::driver::CudaStream> {
+        &self.dev.stream
+    }
+}

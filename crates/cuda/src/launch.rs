@@ -1,0 +1,564 @@
+//! Launch configurations and argument packing: pure functions of shapes and step metadata, so
+//! every grid size, partition count and packed array is unit-tested on a machine without a GPU.
+//!
+//! The constants mirror the `#define`s of `kernels/*.cu`; the kernels assume them (e.g. the
+//! attention kernels use exactly [`ATTN_WARPS`] warps, argmax exactly [`ARGMAX_THREADS`] threads).
+
+use std::ops::Range;
+
+use cudarc::driver::LaunchConfig;
+use kvlab_paged::{ModelInput, PAD_BLOCK, PAD_SLOT};
+
+use crate::error::{CudaError, Result};
+
+/// Threads per warp.
+pub const WARP: u32 = 32;
+/// Warps per attention thread block (`KVLAB_ATTN_WARPS`).
+pub const ATTN_WARPS: u32 = 4;
+/// Threads per attention thread block.
+pub const ATTN_THREADS: u32 = ATTN_WARPS * WARP;
+/// Largest head_dim of the attention kernels (`KVLAB_MAX_HEAD_DIM`).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Threads of the argmax kernel (`KVLAB_ARGMAX_THREADS`, a power of two).
+pub const ARGMAX_THREADS: u32 = 256;
+/// Threads per block of elementwise and row-copy kernels.
+pub const ELEMENTWISE_THREADS: u32 = 256;
+/// Keys per partition of paged_attention_v2 (vLLM uses 512 too).
+pub const PARTITION_SIZE: usize = 512;
+/// Grid-stride kernels never launch more blocks than this; the loop covers the rest.
+pub const MAX_ELEMENTWISE_BLOCKS: usize = 1 << 16;
+/// CUDA's limit on gridDim.y and gridDim.z.
+pub const MAX_GRID_YZ: usize = 65_535;
+
+/// `v` as an i32 kernel argument.
+///
+/// # Errors
+/// [`CudaError::Unsupported`] naming `what` when it does not fit.
+pub fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| {
+        CudaError::Unsupported(format!(
+            "{what} = {v} does not fit the kernels' i32 arguments"
+        ))
+    })
+}
+
+fn grid_x(what: &str, n: usize) -> Result<u32> {
+    if n == 0 {
+        return Err(CudaError::BadInput(format!("a launch over 0 {what}")));
+    }
+    Ok(i32_of(what, n)? as u32)
+}
+
+fn grid_yz(what: &str, n: usize) -> Result<u32> {
+    if n == 0 || n > MAX_GRID_YZ {
+        return Err(CudaError::Unsupported(format!(
+            "{what} = {n}: a grid's y and z extents must be in 1..=65535"
+        )));
+    }
+    Ok(n as u32)
+}
+
+/// Threads for a kernel that reduces over a row of `n` elements with `block_sum`: a multiple of
+/// 32 covering `n`, at least 32, at most `max`.
+pub fn row_threads(n: usize, max: u32) -> u32 {
+    let rounded = n.div_ceil(WARP as usize).max(1) * WARP as usize;
+    rounded.min(max as usize) as u32
+}
+
+/// RMSNorm: one block per row of `n`, up to 1024 threads.
+///
+/// # Errors
+/// No rows, or too many.
+pub fn rmsnorm_config(rows: usize, n: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (grid_x("rows", rows)?, 1, 1),
+        block_dim: (row_threads(n, 1024), 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Row copies (embedding gather, reshape_and_cache, gather_rows): one block per row, up to 256
+/// threads striding over the row.
+///
+/// # Errors
+/// No rows, or too many.
+pub fn row_copy_config(rows: usize, n: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (grid_x("rows", rows)?, 1, 1),
+        block_dim: (row_threads(n, ELEMENTWISE_THREADS), 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Grid-stride elementwise kernels over `n` elements.
+pub fn elementwise_config(n: usize) -> LaunchConfig {
+    let blocks = n
+        .div_ceil(ELEMENTWISE_THREADS as usize)
+        .clamp(1, MAX_ELEMENTWISE_BLOCKS);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (ELEMENTWISE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// RoPE: one thread per (token, head, pair); no grid-stride loop, so the grid covers them all.
+///
+/// # Errors
+/// Nothing to rotate, or more pairs than a grid holds.
+pub fn rope_config(n_tokens: usize, n_heads: usize, head_dim: usize) -> Result<LaunchConfig> {
+    let pairs = n_tokens * n_heads * (head_dim / 2);
+    let blocks = pairs.div_ceil(ELEMENTWISE_THREADS as usize);
+    Ok(LaunchConfig {
+        grid_dim: (grid_x("rope thread blocks", blocks)?, 1, 1),
+        block_dim: (ELEMENTWISE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// paged_attention_v1: one block per (decode sequence, query head).
+///
+/// # Errors
+/// No sequences, or too many heads.
+pub fn decode_v1_config(n_decode: usize, n_heads: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            grid_x("decode sequences", n_decode)?,
+            grid_yz("n_heads", n_heads)?,
+            1,
+        ),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// paged_attention_v2: one block per (decode sequence, query head, partition).
+///
+/// # Errors
+/// As [`decode_v1_config`], or too many partitions.
+pub fn decode_v2_config(
+    n_decode: usize,
+    n_heads: usize,
+    max_partitions: usize,
+) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            grid_x("decode sequences", n_decode)?,
+            grid_yz("n_heads", n_heads)?,
+            grid_yz("partitions", max_partitions)?,
+        ),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// paged_attention_v2_reduce: one block per (decode sequence, query head), threads over dims.
+///
+/// # Errors
+/// As [`decode_v1_config`].
+pub fn decode_reduce_config(n_decode: usize, n_heads: usize) -> Result<LaunchConfig> {
+    decode_v1_config(n_decode, n_heads)
+}
+
+/// prefill_attention_v1: one block per (query token, query head).
+///
+/// # Errors
+/// No tokens, or too many heads.
+pub fn prefill_config(n_query_tokens: usize, n_heads: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            grid_x("prefill tokens", n_query_tokens)?,
+            grid_yz("n_heads", n_heads)?,
+            1,
+        ),
+        block_dim: (ATTN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// copy_blocks_v1: one block per (src, dst) pair.
+///
+/// # Errors
+/// No pairs, or too many.
+pub fn copy_blocks_config(n_pairs: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (grid_x("block copies", n_pairs)?, 1, 1),
+        block_dim: (ELEMENTWISE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// argmax_v1: one block of exactly [`ARGMAX_THREADS`] per row.
+///
+/// # Errors
+/// No rows, or too many.
+pub fn argmax_config(rows: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (grid_x("rows", rows)?, 1, 1),
+        block_dim: (ARGMAX_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Partitions of `partition_size` keys that `n_keys` keys need (at least 1).
+pub fn num_partitions(n_keys: usize, partition_size: usize) -> usize {
+    n_keys.div_ceil(partition_size.max(1)).max(1)
+}
+
+/// Floats of paged_attention_v2's workspace: per (sequence, head, partition) a max, a sum and a
+/// head_dim accumulator.
+pub fn v2_workspace_floats(
+    n_decode: usize,
+    n_heads: usize,
+    max_partitions: usize,
+    head_dim: usize,
+) -> usize {
+    n_decode * n_heads * max_partitions * (head_dim + 2)
+}
+
+/// Which decode attention kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeKernel {
+    V1,
+    V2 { max_partitions: usize },
+}
+
+/// A forced choice of decode kernel (benchmarks compare them), or the automatic one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeAttention {
+    #[default]
+    Auto,
+    V1,
+    V2,
+}
+
+/// Picks the decode kernel. v1 when one partition covers the longest context, or when
+/// `n_decode · n_heads` blocks already give every SM 4 blocks; otherwise v2 (partitions fill the
+/// GPU), as long as its workspace fits `workspace_floats`. A forced version is honoured when it
+/// can run (v2 needs the workspace and at most 65,535 partitions).
+pub fn choose_decode_kernel(
+    choice: DecodeAttention,
+    n_decode: usize,
+    n_heads: usize,
+    max_keys: usize,
+    head_dim: usize,
+    multiprocessors: usize,
+    workspace_floats: usize,
+) -> DecodeKernel {
+    let parts = num_partitions(max_keys, PARTITION_SIZE);
+    let fits = parts <= MAX_GRID_YZ
+        && v2_workspace_floats(n_decode, n_heads, parts, head_dim) <= workspace_floats;
+    let v2 = DecodeKernel::V2 {
+        max_partitions: parts,
+    };
+    match choice {
+        DecodeAttention::V1 => DecodeKernel::V1,
+        DecodeAttention::V2 if fits => v2,
+        DecodeAttention::V2 => DecodeKernel::V1,
+        DecodeAttention::Auto => {
+            if parts <= 1 || n_decode * n_heads >= 4 * multiprocessors.max(1) || !fits {
+                DecodeKernel::V1
+            } else {
+                v2
+            }
+        }
+    }
+}
+
+/// Checks a head_dim against what the attention and RoPE kernels take.
+///
+/// # Errors
+/// [`CudaError::Unsupported`] for an odd or zero head_dim, or one above [`MAX_HEAD_DIM`].
+pub fn check_head_dim(head_dim: usize) -> Result<()> {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) || head_dim > MAX_HEAD_DIM {
+        return Err(CudaError::Unsupported(format!(
+            "head_dim {head_dim}: the attention kernels take even head_dim up to {MAX_HEAD_DIM}"
+        )));
+    }
+    Ok(())
+}
+
+/// What the packer checks step metadata against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackGeometry {
+    pub vocab_size: usize,
+    /// Rows of the RoPE tables: positions must be below it.
+    pub max_positions: usize,
+    /// Blocks per group's pool, and tokens per block.
+    pub num_blocks: usize,
+    pub block_size: usize,
+    /// (num_groups,) `None` for the global group, `Some(window)` for sliding-window groups.
+    pub windows: Vec<Option<usize>>,
+}
+
+/// Where one group's arrays are in [`PackedStep::ints`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupMeta {
+    /// (n_tokens,) slot per token, -1 = do not store.
+    pub slot_mapping: Range<usize>,
+    /// (n_seqs, max_blocks) row-major, -1 padded.
+    pub block_tables: Range<usize>,
+    pub max_blocks: usize,
+    /// (n_copies, 2) (src, dst) block pairs.
+    pub copies: Range<usize>,
+    pub n_copies: usize,
+    /// Most keys any decode sequence of the step attends to in this group (window-limited).
+    pub max_decode_keys: usize,
+    pub window: Option<usize>,
+}
+
+/// A step's metadata as one i32 arena (one host-to-device copy per step) and the ranges of its
+/// arrays.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedStep {
+    pub ints: Vec<i32>,
+    pub n_tokens: usize,
+    pub n_seqs: usize,
+    /// The leading sequences with exactly one new token: the decode kernel takes them, and their
+    /// tokens are rows 0..n_decode. The prefill kernel takes rows n_decode..n_tokens.
+    pub n_decode: usize,
+    /// (n_tokens,) token ids.
+    pub input_ids: Range<usize>,
+    /// (n_tokens,) positions.
+    pub positions: Range<usize>,
+    /// (n_seqs + 1,) cumulative query lengths.
+    pub query_start_loc: Range<usize>,
+    /// (n_seqs,) keys per sequence after the step.
+    pub context_lens: Range<usize>,
+    /// (n_tokens,) sequence index of each token.
+    pub token_seq: Range<usize>,
+    /// (n_seqs,) row of each sequence's last token.
+    pub logits_rows: Range<usize>,
+    /// (num_groups,)
+    pub groups: Vec<GroupMeta>,
+}
+
+fn push(ints: &mut Vec<i32>, values: impl IntoIterator<Item = i32>) -> Range<usize> {
+    let start = ints.len();
+    ints.extend(values);
+    start..ints.len()
+}
+
+/// The first key position a query at `p` sees under `window` (all of them without one).
+pub fn first_key(p: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (p + 1).saturating_sub(w))
+}
+
+/// Validates a [`ModelInput`] against the model and the pool, and packs it into one i32 arena.
+///
+/// Beyond shapes it checks what the kernels would otherwise read or write out of bounds: token
+/// ids below the vocabulary, positions consecutive and ending at `context_len − 1` and below the
+/// RoPE tables, every slot either -1 or exactly `block_table[pos / bs] · bs + pos % bs`, every key
+/// a query reads from the pool backed by a block, and copies inside the pool.
+///
+/// # Errors
+/// [`CudaError::BadInput`] naming the first violation; [`CudaError::Unsupported`] for counts
+/// beyond i32.
+pub fn pack_step(input: &ModelInput, geom: &PackGeometry) -> Result<PackedStep> {
+    let bad = |msg: String| Err(CudaError::BadInput(msg));
+    let n_tokens = input.input_ids.len();
+    let n_seqs = input.context_lens.len();
+    if n_seqs == 0 || n_tokens == 0 {
+        return bad("an empty step".into());
+    }
+    if input.positions.len() != n_tokens
+        || input.query_start_loc.len() != n_seqs + 1
+        || input.logits_indices.len() != n_seqs
+    {
+        return bad(format!(
+            "inconsistent lengths: {n_tokens} tokens, {} positions, {} query_start_loc, {} \
+             context_lens, {} logits_indices",
+            input.positions.len(),
+            input.query_start_loc.len(),
+            n_seqs,
+            input.logits_indices.len()
+        ));
+    }
+    if input.groups.len() != geom.windows.len() {
+        return bad(format!(
+            "{} KV groups in the step, the model has {}",
+            input.groups.len(),
+            geom.windows.len()
+        ));
+    }
+    i32_of("tokens in a step", n_tokens)?;
+    i32_of("slots in the pool", geom.num_blocks * geom.block_size)?;
+    let qsl = &input.query_start_loc;
+    if qsl[0] != 0 || qsl[n_seqs] as usize != n_tokens {
+        return bad(format!(
+            "query_start_loc runs {}..{}, the step has {n_tokens} tokens",
+            qsl[0], qsl[n_seqs]
+        ));
+    }
+    let mut ints = Vec::new();
+    if let Some(&id) = input
+        .input_ids
+        .iter()
+        .find(|&&t| t as usize >= geom.vocab_size)
+    {
+        return bad(format!(
+            "token id {id} is outside the vocabulary ({})",
+            geom.vocab_size
+        ));
+    }
+    let input_ids = push(&mut ints, input.input_ids.iter().map(|&t| t as i32));
+    let mut token_seq_v = Vec::with_capacity(n_tokens);
+    let mut n_decode = 0;
+    let mut counting_decodes = true;
+    for s in 0..n_seqs {
+        let (a, b) = (qsl[s], qsl[s + 1]);
+        if b <= a {
+            return bad(format!(
+                "sequence {s} has no tokens (query_start_loc {a}..{b})"
+            ));
+        }
+        let n = (b - a) as usize;
+        let ctx = input.context_lens[s];
+        if ctx < n as i32 {
+            return bad(format!(
+                "sequence {s} feeds {n} tokens but its context_len is {ctx}"
+            ));
+        }
+        for r in a as usize..b as usize {
+            let want = ctx as i64 - (b as i64 - r as i64);
+            let p = input.positions[r];
+            if p != want {
+                return bad(format!(
+                    "token {r} of sequence {s} is at position {p}; positions must be consecutive \
+                     and end at context_len - 1 = {}",
+                    ctx - 1
+                ));
+            }
+            if p as usize >= geom.max_positions {
+                return bad(format!(
+                    "position {p} is past the RoPE tables ({} positions)",
+                    geom.max_positions
+                ));
+            }
+            token_seq_v.push(s as i32);
+        }
+        if input.logits_indices[s] != b as usize - 1 {
+            return bad(format!(
+                "logits index {} of sequence {s} is not its last token {}",
+                input.logits_indices[s],
+                b - 1
+            ));
+        }
+        if counting_decodes && n == 1 {
+            n_decode += 1;
+        } else {
+            counting_decodes = false;
+        }
+    }
+    let positions = push(&mut ints, input.positions.iter().map(|&p| p as i32));
+    let query_start_loc = push(&mut ints, qsl.iter().copied());
+    let context_lens = push(&mut ints, input.context_lens.iter().copied());
+    let token_seq = push(&mut ints, token_seq_v);
+    let logits_rows = push(&mut ints, (0..n_seqs).map(|s| qsl[s + 1] - 1));
+
+    let (bs, nb) = (geom.block_size, geom.num_blocks);
+    let mut groups = Vec::with_capacity(input.groups.len());
+    for (g, (gi, &window)) in input.groups.iter().zip(&geom.windows).enumerate() {
+        let bt = &gi.block_tables;
+        if gi.slot_mapping.len() != n_tokens || bt.num_seqs != n_seqs {
+            return bad(format!(
+                "group {g}: {} slots for {n_tokens} tokens, {} block-table rows for {n_seqs} \
+                 sequences",
+                gi.slot_mapping.len(),
+                bt.num_seqs
+            ));
+        }
+        if let Some(&b) = bt
+            .data
+            .iter()
+            .find(|&&b| b != PAD_BLOCK && (b < 0 || b as usize >= nb))
+        {
+            return bad(format!(
+                "group {g}: block id {b} outside the pool of {nb} blocks"
+            ));
+        }
+        // A kernel needs at least one column even if every row is empty.
+        let max_blocks = bt.max_blocks_per_seq.max(1);
+        let mut max_decode_keys = 0;
+        for s in 0..n_seqs {
+            let row = bt.row(s).unwrap_or(&[]);
+            let block_of = |pos: usize| row.get(pos / bs).copied().unwrap_or(PAD_BLOCK);
+            let (a, b) = (qsl[s] as usize, qsl[s + 1] as usize);
+            let ctx = input.context_lens[s] as usize;
+            let pos0 = ctx - (b - a);
+            for (r, pos) in (a..b).zip(pos0..) {
+                let slot = gi.slot_mapping[r];
+                if slot == PAD_SLOT {
+                    continue;
+                }
+                let block = block_of(pos);
+                let want = block as i64 * bs as i64 + (pos % bs) as i64;
+                if block == PAD_BLOCK || slot != want {
+                    return bad(format!(
+                        "group {g}: token {r} (position {pos}) has slot {slot}, its block table \
+                         puts it at {want}"
+                    ));
+                }
+            }
+            let lo = first_key(pos0, window);
+            if lo < pos0 {
+                for j in lo / bs..=(pos0 - 1) / bs {
+                    if block_of(j * bs) == PAD_BLOCK {
+                        return bad(format!(
+                            "group {g}: sequence {s} attends to cached keys in logical block {j}, \
+                             which has no physical block"
+                        ));
+                    }
+                }
+            }
+            if s < n_decode {
+                max_decode_keys = max_decode_keys.max(ctx - first_key(ctx - 1, window));
+            }
+        }
+        let slot_mapping = push(&mut ints, gi.slot_mapping.iter().map(|&s| s as i32));
+        let block_tables = if bt.max_blocks_per_seq == 0 {
+            push(&mut ints, std::iter::repeat_n(PAD_BLOCK, n_seqs))
+        } else {
+            push(&mut ints, bt.data.iter().copied())
+        };
+        for c in &gi.block_copies {
+            if c.src as usize >= nb || c.dst as usize >= nb || c.src == c.dst {
+                return bad(format!(
+                    "group {g}: block copy {} -> {} outside the pool of {nb} blocks",
+                    c.src, c.dst
+                ));
+            }
+        }
+        let copies = push(
+            &mut ints,
+            gi.block_copies
+                .iter()
+                .flat_map(|c| [c.src as i32, c.dst as i32]),
+        );
+        groups.push(GroupMeta {
+            slot_mapping,
+            block_tables,
+            max_blocks,
+            copies,
+            n_copies: gi.block_copies.len(),
+            max_decode_keys,
+            window,
+        });
+    }
+    Ok(PackedStep {
+        ints,
+        n_tokens,
+        n_seqs,
+        n_decode,
+        input_ids,
+        positions,
+        query_start_loc,
+        context_lens,
+        token_seq,
+        logits_rows,
+        groups,
+    })
+}
+
+#[cfg(test)]
+mod tests;

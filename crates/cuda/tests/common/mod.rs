@@ -1,0 +1,287 @@
+//! Shared by the GPU test files: find a GPU or skip loudly, move buffers, poison outputs.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use kvlab_cuda::device::Device;
+use kvlab_cuda::dtype::DType;
+use kvlab_cuda::ops::Ops;
+use kvlab_cuda::{CudaError, require_cuda};
+use kvlab_model::sampler::{argmax, top2_margin};
+use kvlab_model::{Activation, Engine, LayerKind, Model, RopeLayout, registry};
+use kvlab_naive::NaiveEngine;
+use kvlab_paged::{
+    KvGroupConfig, Request, Scheduler, SchedulerConfig, StepExecutor, StopConditions, drive,
+};
+
+/// Skips (prints SKIPPED, returns None) when there is no usable CUDA, unless
+/// KVLAB_REQUIRE_CUDA=1, which turns the skip into a failure.
+pub fn skip_unless_available(e: CudaError, test: &str) {
+    if e.is_unavailable() && !require_cuda() {
+        eprintln!("SKIPPED: {test}: no CUDA device ({e})");
+    } else {
+        panic!("{test}: {e}");
+    }
+}
+
+/// The GPU and its kernels, or None (skipped).
+pub fn gpu(test: &str) -> Option<(Device, Ops)> {
+    let opened = kvlab_cuda::probe()
+        .and_then(|_| Device::open(0))
+        .and_then(|d| Ops::new(&d).map(|ops| (d, ops)));
+    match opened {
+        Ok(x) => Some(x),
+        Err(e) => {
+            skip_unless_available(e, test);
+            None
+        }
+    }
+}
+
+/// Uploads f32 values converted to `T`.
+pub fn up<T: DType>(ops: &Ops, x: &[f32]) -> CudaSlice<T> {
+    ops.stream
+        .clone_htod(T::from_f32_slice(x).as_ref())
+        .expect("upload")
+}
+
+/// Uploads i32 values.
+pub fn up_i32(ops: &Ops, x: &[i32]) -> CudaSlice<i32> {
+    ops.stream.clone_htod(x).expect("upload")
+}
+
+/// A buffer of `n` NaNs: a kernel that leaves an element unwritten fails the comparison.
+pub fn poisoned<T: DType>(ops: &Ops, n: usize) -> CudaSlice<T> {
+    up::<T>(ops, &vec![f32::NAN; n])
+}
+
+/// Downloads as f32 (after the stream's work).
+pub fn down<T: DType>(ops: &Ops, x: &CudaSlice<T>) -> Vec<f32> {
+    let v = ops.stream.clone_dtoh(x).expect("download");
+    ops.stream.synchronize().expect("sync");
+    v.into_iter().map(T::to_f32).collect()
+}
+
+/// Values as stored in `T` and read back (what the kernel actually sees).
+pub fn rounded<T: DType>(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| T::from_f32(v).to_f32()).collect()
+}
+
+/// The tolerance of the issue: relative error < 1e-5 for f32, < 1e-2 for f16.
+pub fn tolerance<T: DType>() -> f32 {
+    if T::BYTES == 4 { 1e-5 } else { 1e-2 }
+}
+
+/// Asserts the normwise relative error is within `T`'s tolerance (NaN never passes).
+pub fn check<T: DType>(what: &str, got: &[f32], want: &[f32]) {
+    let e = kvlab_cuda::reference::rel_err(got, want);
+    let tol = tolerance::<T>();
+    assert!(
+        e < tol,
+        "{what} ({}): relative error {e:e} >= {tol:e}",
+        T::NAME
+    );
+    eprintln!("{what} ({}): relative error {e:e}", T::NAME);
+}
+
+/// Greedy tokens of `n` steps after `prompt`, and each step's top-2 margin (for reports).
+pub fn greedy(e: &mut dyn Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let seq = e.new_sequence(e.config().max_seq_len).unwrap();
+    let mut logits = e.prefill(seq, prompt).unwrap();
+    let (mut out, mut margins) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        margins.push(top2_margin(&logits));
+        logits = e.decode(seq, t).unwrap();
+    }
+    e.free(seq);
+    (out, margins)
+}
+
+pub fn assert_same(what: &str, want: &[u32], got: &[u32], margins: &[f32]) {
+    if let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: step {i}: naive {} vs cuda {} (reference top-2 margin {})",
+            want[i], got[i], margins[i]
+        );
+    }
+    assert_eq!(want.len(), got.len(), "{what}");
+}
+
+pub fn synthetic(name: &str) -> Arc<Model> {
+    let spec = registry::entry(name)
+        .and_then(|e| e.synthetic.clone())
+        .unwrap_or_else(|| panic!("{name} is a synthetic model of fixtures/models.json"));
+    Arc::new(spec.build().unwrap())
+}
+
+/// A synthetic model with every Gemma 3 feature the engine supports: sliding-window layers
+/// (two KV groups), two RoPE bases, NeoX RoPE, QK-norm, post norms, GeGLU, embedding scale.
+pub fn gemma_like() -> Arc<Model> {
+    let base = kvlab_model::SyntheticSpec::new(128, 256, 4, 4, 1, 512, 256, 21)
+        .build()
+        .unwrap();
+    let mut c = base.config.clone();
+    c.layer_kinds = vec![
+        LayerKind::Local { window: 16 },
+        LayerKind::Local { window: 16 },
+        LayerKind::Global,
+        LayerKind::Local { window: 16 },
+    ];
+    c.rope_layout = RopeLayout::Neox;
+    c.rope_theta = 1e6;
+    c.rope_theta_local = 1e4;
+    c.activation = Activation::GeluTanh;
+    c.qk_norm = true;
+    c.post_norms = true;
+    c.embed_scale = (c.dim as f32).sqrt() / 8.0;
+    let mut w = base.weights.clone();
+    let mut r = kvlab_cuda::reference::Rng::new(9);
+    for l in &mut w.layers {
+        l.q_norm = (0..c.head_dim).map(|_| 1.0 + r.sym(0.2)).collect();
+        l.k_norm = (0..c.head_dim).map(|_| 1.0 + r.sym(0.2)).collect();
+        l.post_attn_norm = (0..c.dim).map(|_| 0.5 + r.sym(0.1)).collect();
+        l.post_ffn_norm = (0..c.dim).map(|_| 0.5 + r.sym(0.1)).collect();
+    }
+    Arc::new(Model::new(c, w).unwrap())
+}
+
+pub fn prompt(len: usize, seed: u64, vocab: usize) -> Vec<u32> {
+    let mut r = kvlab_cuda::reference::Rng::new(seed);
+    std::iter::once(1)
+        .chain((1..len).map(|_| 2 + r.below(vocab - 2) as u32))
+        .collect()
+}
+
+pub fn scheduler_for(
+    model: &Model,
+    num_blocks: usize,
+    block_size: usize,
+    max_len: usize,
+) -> Scheduler {
+    let mut cfg = SchedulerConfig::new(num_blocks, max_len);
+    cfg.block_size = block_size;
+    cfg.groups = model
+        .config
+        .kv_groups()
+        .into_iter()
+        .map(|w| KvGroupConfig {
+            num_blocks,
+            sliding_window: w,
+        })
+        .collect();
+    cfg.enable_prefix_caching = cfg.groups.iter().all(|g| g.sliding_window.is_none());
+    Scheduler::new(cfg).unwrap()
+}
+
+/// Pool of [`batched_scenario`]: 14 blocks of 8 = 112 slots for 6 requests of up to 39 + 24
+/// tokens, so the scheduler must preempt.
+pub const BATCHED_POOL: (usize, usize) = (14, 8);
+
+/// Six requests sharing a 24-token prefix, arriving every other step, through
+/// `kvlab_paged::drive` with greedy sampling: each output must equal the naive engine's solo
+/// greedy output, and the run must have preempted (and hit the prefix cache where it is on).
+pub fn batched_scenario<E>(name: &str, engine: &mut E, model: &Arc<Model>)
+where
+    E: StepExecutor,
+    E::Error: std::fmt::Display + std::fmt::Debug,
+{
+    let vocab = model.config.vocab_size;
+    let shared = prompt(24, 99, vocab);
+    let requests: Vec<Request> = (0..6)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend(prompt(1 + 3 * i, 100 + i as u64, vocab).iter().skip(1));
+            Request {
+                prompt: p,
+                stop: StopConditions::max_tokens(24),
+                arrival_step: 2 * i,
+            }
+        })
+        .collect();
+    let mut naive = NaiveEngine::new(model.clone());
+    let (num_blocks, block_size) = BATCHED_POOL;
+    let mut sched = scheduler_for(model, num_blocks, block_size, 80);
+    let report = drive(engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
+    for (i, (r, (got, _))) in requests.iter().zip(&report.outputs).enumerate() {
+        let (want, margins) = greedy(&mut naive, &r.prompt, got.len());
+        assert_eq!(got.len(), 24, "{name} request {i}");
+        assert_same(&format!("{name} batched request {i}"), &want, got, &margins);
+    }
+    let m = &report.metrics;
+    eprintln!(
+        "{name}: batched token-identical; {} steps, {} preemptions, {} prefix-cache hit tokens",
+        m.num_steps, m.num_preemptions, m.prefix_cache_hits
+    );
+    assert!(
+        m.num_preemptions > 0,
+        "{name}: the pool was meant to force preemption"
+    );
+    if sched.config().enable_prefix_caching {
+        assert!(
+            m.prefix_cache_hits > 0,
+            "{name}: the shared prefix was meant to hit"
+        );
+    }
+}
+
+/// Pool of [`fork_scenario`].
+pub const FORK_POOL: (usize, usize) = (64, 8);
+
+/// A 13-token prompt (its last block partial), forked after 3 generated tokens: the first write
+/// into the shared block is a copy-on-write copy, and parent and child both continue exactly as
+/// the naive engine's greedy run.
+pub fn fork_scenario<E>(engine: &mut E, model: &Arc<Model>)
+where
+    E: StepExecutor,
+    E::Error: std::fmt::Debug,
+{
+    let (num_blocks, block_size) = FORK_POOL;
+    let mut sched = scheduler_for(model, num_blocks, block_size, 128);
+    let p = prompt(13, 5, model.config.vocab_size);
+    let parent = sched
+        .add_request(p.clone(), StopConditions::max_tokens(20))
+        .unwrap();
+    let mut child = None;
+    let mut outputs: std::collections::BTreeMap<_, Vec<u32>> = Default::default();
+    let mut copies = 0;
+    while sched.has_unfinished() {
+        let b = sched.schedule().unwrap();
+        copies += b
+            .seqs
+            .iter()
+            .flat_map(|s| &s.groups)
+            .map(|g| g.block_copies.len())
+            .sum::<usize>();
+        let logits = engine.execute(&b).unwrap();
+        let out: Vec<_> = b
+            .seqs
+            .iter()
+            .zip(&logits)
+            .map(|(s, l)| (s.seq_id, argmax(l)))
+            .collect();
+        for &(id, t) in &out {
+            outputs.entry(id).or_default().push(t);
+        }
+        sched.update(&out).unwrap();
+        if child.is_none() && outputs.get(&parent).map_or(0, Vec::len) == 3 {
+            child = Some(sched.fork(parent).unwrap());
+        }
+    }
+    assert!(copies > 0, "the fork was meant to copy a shared block");
+    let mut naive = NaiveEngine::new(model.clone());
+    let (want, margins) = greedy(&mut naive, &p, 20);
+    assert_same("parent", &want, &outputs[&parent], &margins);
+    // The child shares the parent's first 3 tokens and continues identically (greedy).
+    let child_out = &outputs[&child.expect("forked")];
+    assert!(!child_out.is_empty());
+    assert_same(
+        "forked child",
+        &want[3..3 + child_out.len()],
+        child_out,
+        &margins[3..],
+    );
+    eprintln!("fork: {copies} copy-on-write copies, parent and child token-identical");
+}

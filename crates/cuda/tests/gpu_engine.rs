@@ -1,0 +1,165 @@
+//! The CUDA engine against the naive reference engine: token-identical greedy output in f32
+//! mode on the synthetic models (and stories260K when KVLAB_MODELS has it), alone and batched
+//! through the scheduler with preemption, prefix sharing and copy-on-write; f16 mode reported as
+//! teacher-forced top-1 agreement and max |Δlogit|. Skips without a GPU unless
+//! KVLAB_REQUIRE_CUDA=1.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{
+    BATCHED_POOL, FORK_POOL, assert_same, batched_scenario, fork_scenario, gemma_like, greedy,
+    prompt, synthetic,
+};
+use kvlab_cuda::compare::teacher_forced_agreement;
+use kvlab_cuda::{CudaEngine, CudaOptions, Precision};
+use kvlab_model::{Model, registry};
+use kvlab_naive::NaiveEngine;
+
+/// Blocks of the pool when a test does not choose: small, so that tests running side by side
+/// do not each claim 90 % of the GPU.
+const TEST_BLOCKS: usize = 512;
+
+/// The engine, or None after printing SKIPPED.
+fn engine(model: &Arc<Model>, mut opts: CudaOptions, test: &str) -> Option<CudaEngine> {
+    opts.num_blocks.get_or_insert(TEST_BLOCKS);
+    match CudaEngine::try_new(model.clone(), opts) {
+        Ok(e) => {
+            eprintln!("{}\n{}", e.device_info(), e.pool_plan());
+            Some(e)
+        }
+        Err(e) => {
+            common::skip_unless_available(e, test);
+            None
+        }
+    }
+}
+
+#[test]
+fn gpu_f32_solo_matches_naive_on_every_synthetic_model() {
+    let models = [
+        ("synth-mha", synthetic("synth-mha")),
+        ("synth-gqa", synthetic("synth-gqa")),
+        ("synth-mqa", synthetic("synth-mqa")),
+        ("synth-long", synthetic("synth-long")),
+        ("gemma-like", gemma_like()),
+    ];
+    for (name, model) in models {
+        let Some(mut cuda) = engine(&model, CudaOptions::default(), "gpu_f32_solo") else {
+            return;
+        };
+        let mut naive = NaiveEngine::new(model.clone());
+        for (len, n) in [(1, 24), (13, 40), (37, 60)] {
+            let p = prompt(len, len as u64, model.config.vocab_size);
+            let n = n.min(model.config.max_seq_len - len);
+            let (want, margins) = greedy(&mut naive, &p, n);
+            let (got, _) = greedy(&mut cuda, &p, n);
+            assert_same(&format!("{name} prompt {len}"), &want, &got, &margins);
+        }
+        eprintln!("{name}: f32 solo token-identical");
+    }
+}
+
+#[test]
+fn gpu_f32_stories260k_matches_naive() {
+    if let Err(e) = kvlab_cuda::probe() {
+        common::skip_unless_available(e, "gpu_f32_stories260k");
+        return;
+    }
+    let loaded = match registry::locate("stories260K").unwrap() {
+        registry::Located::Ready {
+            entry,
+            model,
+            tokenizer,
+        } => registry::load_entry(entry, model.as_deref(), tokenizer.as_deref()).unwrap(),
+        registry::Located::Missing { searched, .. } => {
+            let why = format!("stories260K not found ({searched})");
+            assert!(
+                std::env::var("KVLAB_REQUIRE_MODELS").as_deref() != Ok("1"),
+                "KVLAB_REQUIRE_MODELS=1 but {why}"
+            );
+            eprintln!("SKIPPED: gpu_f32_stories260k: {why}");
+            return;
+        }
+    };
+    let model = Arc::new(loaded.model);
+    let Some(mut cuda) = engine(&model, CudaOptions::default(), "gpu_f32_stories260k") else {
+        return;
+    };
+    let mut naive = NaiveEngine::new(model.clone());
+    let p = prompt(8, 1, model.config.vocab_size);
+    let (want, margins) = greedy(&mut naive, &p, 200);
+    let (got, _) = greedy(&mut cuda, &p, 200);
+    assert_same("stories260K", &want, &got, &margins);
+}
+
+#[test]
+fn gpu_f32_batched_with_preemption_and_prefix_hits_matches_naive() {
+    for (name, model) in [
+        ("synth-gqa", synthetic("synth-gqa")),
+        ("gemma-like", gemma_like()),
+    ] {
+        let (num_blocks, block_size) = BATCHED_POOL;
+        let opts = CudaOptions {
+            num_blocks: Some(num_blocks),
+            block_size,
+            ..CudaOptions::default()
+        };
+        let Some(mut cuda) = engine(&model, opts, "gpu_f32_batched") else {
+            return;
+        };
+        batched_scenario(name, &mut cuda, &model);
+    }
+}
+
+#[test]
+fn gpu_f32_fork_copy_on_write_matches_naive() {
+    let model = synthetic("synth-mha");
+    let (num_blocks, block_size) = FORK_POOL;
+    let opts = CudaOptions {
+        num_blocks: Some(num_blocks),
+        block_size,
+        ..CudaOptions::default()
+    };
+    let Some(mut cuda) = engine(&model, opts, "gpu_fork") else {
+        return;
+    };
+    fork_scenario(&mut cuda, &model);
+}
+
+#[test]
+fn gpu_f16_teacher_forced_agreement() {
+    for (name, model) in [
+        ("synth-gqa", synthetic("synth-gqa")),
+        ("gemma-like", gemma_like()),
+    ] {
+        for (precision, kv) in [
+            (Precision::F32, Precision::F16),
+            (Precision::F16, Precision::F16),
+        ] {
+            let opts = CudaOptions {
+                precision,
+                kv_dtype: kv,
+                ..CudaOptions::default()
+            };
+            let Some(mut cuda) = engine(&model, opts, "gpu_f16") else {
+                return;
+            };
+            let mut naive = NaiveEngine::new(model.clone());
+            let p = prompt(17, 3, model.config.vocab_size);
+            let (forced, _) = greedy(&mut naive, &p, 60);
+            let a = teacher_forced_agreement(&mut naive, &mut cuda, &p, &forced, 256).unwrap();
+            eprintln!(
+                "{name} weights {} kv {}: top-1 agreement {:.3} over {} positions, max |dlogit| {}",
+                precision.name(),
+                kv.name(),
+                a.top1_agreement,
+                a.positions,
+                a.max_abs_dlogit
+            );
+            assert!(a.max_abs_dlogit.is_finite());
+            assert!(a.top1_agreement >= 0.9, "{name}: {a:?}");
+        }
+    }
+}
