@@ -127,6 +127,28 @@ mod tests {
     }
 
     #[test]
+    fn qk_norm_normalises_each_head_separately() {
+        // Two heads of head_dim 2, shared gain (1, 2): each head is scaled by its own RMS.
+        let mut q = [3.0f32, 4.0, 0.0, 2.0];
+        let gain = [1.0, 2.0];
+        for head in q.chunks_exact_mut(2) {
+            rmsnorm_in_place(head, &gain, 0.0);
+        }
+        // head 0: rms = sqrt((9 + 16) / 2) = 3.5355; head 1: rms = sqrt(4 / 2) = 1.4142.
+        assert_relative_eq!(&q[..], &[3.0 / 3.535_534, 2.0 * 4.0 / 3.535_534, 0.0, 2.0 * 2.0 / 1.414_213_6][..], epsilon = 1e-5);
+    }
+
+    #[test]
+    fn geglu_gates_the_up_projection() {
+        let mut gate = [1.0f32, -3.0];
+        glu(&mut gate, &[2.0, 10.0], Activation::GeluTanh);
+        assert_relative_eq!(&gate[..], &[2.0 * 0.841_192, 10.0 * -0.003_637_392][..], epsilon = 1e-5);
+        let mut gate = [1.0f32];
+        glu(&mut gate, &[3.0], Activation::Silu);
+        assert_relative_eq!(gate[0], 3.0 * 0.731_058_6, epsilon = 1e-6);
+    }
+
+    #[test]
     fn activations_match_hand_values() {
         assert_relative_eq!(silu(0.0), 0.0);
         assert_relative_eq!(silu(1.0), 1.0 / (1.0 + (-1f32).exp()), epsilon = 1e-7);
