@@ -49,6 +49,15 @@ enum Command {
     },
     /// Several prompts at once through the continuous-batching scheduler and a paged engine.
     Batch(batch::Args),
+    /// Write a model (a synthetic one, typically) as a llama2.c checkpoint, so run.c or any
+    /// llama2.c port can run the same weights.
+    Export {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Output .bin path.
+        #[arg(long, short)]
+        out: std::path::PathBuf,
+    },
     /// KV-cache memory calculator: bytes per token, sequence and batch; how many sequences fit.
     Mem(mem::Args),
     /// Reserved-but-empty KV memory: max-length preallocation vs paging.
@@ -67,6 +76,11 @@ fn main() {
         Command::Generate(args) => generate::run(args),
         Command::Info { model } => info::run(&model),
         Command::Mem(args) => mem::run(args),
+        Command::Export { model, out } => load(&model).and_then(|l| {
+            kvlab_model::llama2c::write(&l.model, &out)?;
+            eprintln!("wrote {} ({}) to {}", l.name, bytes(std::fs::metadata(&out)?.len() as usize), out.display());
+            Ok(())
+        }),
         Command::Batch(args) => batch::run(args),
         Command::Waste(args) => waste::run(args),
     };

@@ -91,6 +91,20 @@ pub const MAX_LAYERS: usize = 1024;
 pub const MAX_VOCAB: usize = 1 << 20;
 pub const MAX_SEQ_LEN: usize = 1 << 20;
 
+/// Rejects a zero or absurd header field before anything is sized from it.
+///
+/// # Errors
+/// [`Error::Config`] naming the field.
+pub fn check_field(name: &str, value: usize, max: usize) -> Result<usize> {
+    if value == 0 {
+        return Err(Error::Config(format!("{name} is 0; it must be positive")));
+    }
+    if value > max {
+        return Err(Error::Config(format!("{name} = {value} is absurd (limit {max})")));
+    }
+    Ok(value)
+}
+
 impl Config {
     /// A plain Llama config (SwiGLU, interleaved RoPE with base 10,000, eps 1e-5, global
     /// attention everywhere), as llama2.c's run.c computes it.

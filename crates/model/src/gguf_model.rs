@@ -56,7 +56,11 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let key = |k: &str| format!("{arch}.{k}");
     let u = |k: &str| md.get_usize(&key(k)).map_err(&e);
     let tokens = md.get_str_array("tokenizer.ggml.tokens").map_err(&e)?;
-    let (dim, n_layers, n_heads) = (u("embedding_length")?, u("block_count")?, u("attention.head_count")?);
+    use crate::config::{MAX_DIM, MAX_LAYERS, check_field};
+    // Bound the fields that size vectors before anything is built from them.
+    let dim = check_field("embedding_length", u("embedding_length")?, MAX_DIM)?;
+    let n_layers = check_field("block_count", u("block_count")?, MAX_LAYERS)?;
+    let n_heads = check_field("head_count", u("attention.head_count")?, MAX_DIM)?;
     let window = u("attention.sliding_window")?;
     let head_dim = u("attention.key_length")?;
     let mut c = Config::llama(dim, u("feed_forward_length")?, n_layers, n_heads, u("attention.head_count_kv")?, tokens.len(), u("context_length")?, true);

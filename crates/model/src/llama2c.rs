@@ -64,10 +64,18 @@ pub fn parse_header(h: [i32; 7]) -> Result<Config> {
         }
     }
     let u = |v: i32| v as usize;
+    // Bound every field before Config::llama sizes anything from it (layer_kinds has n_layers
+    // entries).
+    use crate::config::{MAX_DIM, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, check_field};
+    check_field("dim", u(dim), MAX_DIM)?;
+    check_field("hidden_dim", u(hidden_dim), MAX_DIM * 8)?;
+    check_field("n_layers", u(n_layers), MAX_LAYERS)?;
+    check_field("n_heads", u(n_heads), MAX_DIM)?;
+    check_field("n_kv_heads", u(n_kv_heads), MAX_DIM)?;
+    check_field("vocab_size", u(vocab.saturating_abs()), MAX_VOCAB)?;
+    check_field("seq_len", u(seq_len), MAX_SEQ_LEN)?;
     if dim % n_heads != 0 {
-        return Err(Error::Config(format!(
-            "dim ({dim}) is not a multiple of n_heads ({n_heads})"
-        )));
+        return Err(Error::Config(format!("dim ({dim}) is not a multiple of n_heads ({n_heads})")));
     }
     let config = Config::llama(
         u(dim),
