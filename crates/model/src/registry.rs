@@ -65,6 +65,10 @@ pub struct ModelEntry {
     /// near-ties (the oracle computes in lower precision), not failures.
     #[serde(default)]
     pub oracle_near_tie: Option<f32>,
+    /// A second oracle computing in f32 (fixture path under `fixtures/`, cases matched by
+    /// name): every token must equal its ids.
+    #[serde(default)]
+    pub strict_oracle: Option<String>,
 }
 
 fn yes() -> bool {

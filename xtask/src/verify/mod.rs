@@ -583,38 +583,23 @@ fn verify_case(
         rows.push(result.unwrap_or_else(|e| error(name, e)));
     }
 
-    // 3. Another implementation's ids, where the case has them.
-    if let Some(o) = &case.oracle {
+    // 3. Other implementations' ids, where the case has them.
+    for o in &case.oracles {
         let step = o.ids.iter().zip(&reference).position(|(a, b)| a != b);
         let (status, note) = match step {
             None => ("ok", format!("identical to {}", o.source)),
             Some(s) if o.margins.get(s).is_some_and(|&m| m < o.near_tie) => (
                 "near-tie",
-                format!(
-                    "{} diverges at step {s} where its own top-2 margin is {:.3} < {}: it computes in lower precision (8-bit activations)",
-                    o.source, o.margins[s], o.near_tie
-                ),
+                format!("{} diverges at step {s} where its own top-2 margin is {:.3} < {}: it computes in lower precision (8-bit activations)", o.source, o.margins[s], o.near_tie),
             ),
-            Some(s) => (
-                "MISMATCH",
-                format!(
-                    "{} diverges at step {s} with top-2 margin {:.3}",
-                    o.source,
-                    o.margins.get(s).copied().unwrap_or(f32::NAN)
-                ),
-            ),
+            Some(s) => ("MISMATCH", format!("{} diverges at step {s} with top-2 margin {:.3}", o.source, o.margins.get(s).copied().unwrap_or(f32::NAN))),
         };
         rows.push(Row {
-            engine: "oracle".into(),
+            engine: o.source.split(' ').next().unwrap_or("oracle").to_string(),
             status: status.into(),
             tokens_compared: o.ids.len(),
             identical: step.is_none(),
-            first_divergence: step.map(|s| Divergence {
-                step: s,
-                reference: reference[s],
-                got: o.ids[s],
-                reference_top2_margin: o.margins.get(s).copied().unwrap_or(f32::NAN),
-            }),
+            first_divergence: step.map(|s| Divergence { step: s, reference: reference[s], got: o.ids[s], reference_top2_margin: o.margins.get(s).copied().unwrap_or(f32::NAN) }),
             min_top2_margin: o.margins.iter().copied().fold(f32::INFINITY, f32::min),
             note,
             ..base.clone()
