@@ -53,6 +53,7 @@ pub fn attention(out: &mut [f32], a: &AttentionInput<'_>) {
 }
 
 /// o (head_dim,) ← attention of new query `t`, head `h`.
+// ANCHOR: one_head
 fn one_head(o: &mut [f32], a: &AttentionInput<'_>, t: usize, h: usize, scores: &mut Vec<f32>) {
     let (hd, kv_dim) = (a.head_dim, a.n_kv_heads * a.head_dim);
     let g = h / (a.n_heads / a.n_kv_heads);
@@ -87,3 +88,4 @@ fn one_head(o: &mut [f32], a: &AttentionInput<'_>, t: usize, h: usize, scores: &
         simd::axpy(o, w, val(j));
     }
 }
+// ANCHOR_END: one_head

@@ -10,6 +10,7 @@
 
 use kvlab_model::{Config, KvUsage};
 
+// ANCHOR: kv_cache
 /// Keys and values of one sequence for every layer.
 pub struct KvCache {
     /// Keys: layer l's slots at `offsets[l]..offsets[l] + caps[l]·kv_dim`. (Σ_l cap_l, kv_dim)
@@ -64,6 +65,7 @@ impl KvCache {
     }
 
     /// Writes the key and value of position `pos` at layer `l` into its slot `pos % cap_l`.
+// ANCHOR_END: kv_cache
     pub fn write(&mut self, l: usize, pos: usize, k: &[f32], v: &[f32]) {
         let slot = pos % self.caps[l];
         let at = self.offsets[l] + slot * self.kv_dim;

@@ -61,6 +61,7 @@ impl CpuEngine {
         }
     }
 
+    // ANCHOR: cpu_step
     fn run(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         let cache = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
         let c = &self.model.config;
@@ -90,6 +91,7 @@ impl CpuEngine {
         let mut logits = forward::forward(&self.model, &self.rope, tokens, &positions, &[tokens.len() - 1], attend);
         cache.len = pos0 + tokens.len();
         Ok(logits.pop().expect("one row of logits"))
+    // ANCHOR_END: cpu_step
     }
 }
 

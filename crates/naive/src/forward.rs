@@ -29,6 +29,7 @@ pub fn forward_rows(model: &Model, tokens: &[u32], from: usize) -> Array2<f32> {
             .assign(&(&emb.row(tok as usize) * c.embed_scale));
     }
 
+    // ANCHOR: naive_attention
     for (l, lw) in w.layers.iter().enumerate() {
         // --- attention block ---
         let xn = rmsnorm_rows(&x, &lw.attn_norm, c.norm_eps); // (T, d)
@@ -67,6 +68,7 @@ pub fn forward_rows(model: &Model, tokens: &[u32], from: usize) -> Array2<f32> {
             o = rmsnorm_rows(&o, &lw.post_attn_norm, c.norm_eps);
         }
         x += &o;
+    // ANCHOR_END: naive_attention
 
         // --- feed-forward block: W2 (act(W1 x) ⊙ W3 x) ---
         let xn = rmsnorm_rows(&x, &lw.ffn_norm, c.norm_eps);

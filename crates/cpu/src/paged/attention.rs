@@ -60,6 +60,7 @@ pub fn paged_attention(out: &mut [f32], a: &PagedInput<'_>) {
     }
 }
 
+// ANCHOR: paged_one_head
 fn one_head(o: &mut [f32], a: &PagedInput<'_>, row: usize, h: usize, scores: &mut Vec<f32>) {
     let (hd, kv_dim, bs) = (a.head_dim, a.n_kv_heads * a.head_dim, a.block_size);
     let s = &a.seqs[a.row_seq[row]];
@@ -92,3 +93,4 @@ fn one_head(o: &mut [f32], a: &PagedInput<'_>, row: usize, h: usize, scores: &mu
         simd::axpy(o, w, v);
     }
 }
+// ANCHOR_END: paged_one_head
