@@ -1,1 +1,42 @@
-//! criterion benches live in benches/benches/
+//! kvlab's criterion micro-benchmarks live in `benches/benches/`:
+//!
+//! * `attention.rs`: one decode query of one head over a context of 128 … 4,096 keys:
+//!   `scalar/attention_decode` (the reference maths), `cpu/attention_decode` (SIMD, contiguous
+//!   cache) and `cpu-paged/attention_decode` (the same through a shuffled block table: the
+//!   paged gather's cost); throughput in bytes of K and V read.
+//! * `gemv.rs`: `W (rows, cols) @ x` at the stories15M and Llama-3.2-1B shapes, scalar and
+//!   SIMD (threaded), and `simd/dot` per instruction-set level; throughput in weight bytes read,
+//!   comparable with `cargo xtask bench`'s measured memory bandwidth.
+//! * `elementwise.rs`: RoPE (on-the-fly angles vs the precomputed table) and RMSNorm;
+//!   throughput in elements.
+//!
+//! Run: `cargo bench -p kvlab-benches` (all), `cargo bench -p kvlab-benches --bench gemv`, or a
+//! filter such as `cargo bench -p kvlab-benches -- cpu/attention`. Every kernel is checked
+//! against its scalar reference before it is timed. End-to-end numbers (engines, models,
+//! roofline) come from `cargo xtask bench`; the committed baseline is `benches/baseline.json`.
+
+/// Deterministic pseudo-random f32s in [−1, 1) (splitmix64), so every run times the same data.
+pub fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Asserts `got` is within `tol · (1 + |want|)` of `want` elementwise, before timing.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * (1.0 + b.abs()),
+            "{what}: element {i} is {a}, the scalar reference {b}"
+        );
+    }
+}

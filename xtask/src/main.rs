@@ -1,5 +1,7 @@
 //! `cargo xtask <command>`: this file only dispatches; each command is a module.
 
+mod bench;
+mod book;
 mod prompts;
 mod table;
 mod verify;
@@ -8,6 +10,8 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("verify") => verify::run(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
+        Some("book") => book::run(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{}", HELP);
             Ok(())
@@ -21,4 +25,7 @@ cargo xtask <command>
 
 commands:
   verify   prove every engine gives the naive engine's greedy tokens on every model and prompt
-           (cargo xtask verify --help for options)";
+           (cargo xtask verify --help for options)
+  book     build the mdBook in docs/ and run every Reproduce-it command in it
+  bench    latency, throughput, memory and roofline of every engine; JSON, table and plots under
+           target/kvlab-bench/ (cargo xtask bench --help for options)";

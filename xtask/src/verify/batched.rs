@@ -37,7 +37,12 @@ pub(super) fn run(
     let mut cases: Vec<(Vec<u32>, Vec<u32>)> = refs
         .iter()
         .flatten()
-        .map(|r| (r.prompt.clone(), r.tokens[..r.tokens.len().min(MAX_NEW).min(ctx - r.prompt.len())].to_vec()))
+        .map(|r| {
+            (
+                r.prompt.clone(),
+                r.tokens[..r.tokens.len().min(MAX_NEW).min(ctx - r.prompt.len())].to_vec(),
+            )
+        })
         .filter(|(_, expected)| !expected.is_empty())
         .collect();
     anyhow::ensure!(!cases.is_empty(), "no solo reference to compare with");
@@ -62,7 +67,10 @@ pub(super) fn run(
     }
 
     let block_size = kvlab_paged::DEFAULT_BLOCK_SIZE;
-    let demand: usize = cases.iter().map(|(p, e)| (p.len() + e.len()).div_ceil(block_size)).sum();
+    let demand: usize = cases
+        .iter()
+        .map(|(p, e)| (p.len() + e.len()).div_ceil(block_size))
+        .sum();
     // The smallest pool the scheduler accepts holds one whole-context sequence. Start at a
     // quarter of the peak demand; the scheduler admits only what fits, so if that forced no
     // preemption (short outputs finish before the pool runs dry), halve the pool and run again.
@@ -71,10 +79,17 @@ pub(super) fn run(
     let requests: Vec<Request> = cases
         .iter()
         .enumerate()
-        .map(|(i, (p, e))| Request { prompt: p.clone(), stop: StopConditions::max_tokens(e.len()), arrival_step: (i % 4) * 3 })
+        .map(|(i, (p, e))| Request {
+            prompt: p.clone(),
+            stop: StopConditions::max_tokens(e.len()),
+            arrival_step: (i % 4) * 3,
+        })
         .collect();
     let (report, sched) = loop {
-        let pool = PoolOptions { num_blocks, block_size };
+        let pool = PoolOptions {
+            num_blocks,
+            block_size,
+        };
         let mut sched = Scheduler::new(scheduler_config(model, pool, ctx))?;
         let mut exec = build_paged(engine, model.clone(), pool)?;
         let report = drive(exec.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;

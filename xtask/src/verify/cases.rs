@@ -71,21 +71,39 @@ pub fn for_model(
 
 fn read_fixture(file: &str) -> Result<Value> {
     let path = super::workspace_root().join("fixtures").join(file);
-    Ok(serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?)?)
+    Ok(serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+    )?)
 }
 
 fn ids(x: &Value) -> Result<Vec<u32>> {
-    x.as_array().context("an id array")?.iter().map(|i| i.as_u64().map(|i| i as u32).context("an id")).collect()
+    x.as_array()
+        .context("an id array")?
+        .iter()
+        .map(|i| i.as_u64().map(|i| i as u32).context("an id"))
+        .collect()
 }
 
 fn margins(c: &Value) -> Result<Vec<f32>> {
-    Ok(c["margins"].as_array().context("margins")?.iter().map(|m| m.as_f64().unwrap_or(0.0) as f32).collect())
+    Ok(c["margins"]
+        .as_array()
+        .context("margins")?
+        .iter()
+        .map(|m| m.as_f64().unwrap_or(0.0) as f32)
+        .collect())
 }
 
 fn oracle_cases(entry: &ModelEntry, file: &str) -> Result<Vec<Case>> {
     let v = read_fixture(file)?;
-    let source = format!("llama.cpp (llama-cpp-python {})", v["provenance"]["llama_cpp_python"].as_str().unwrap_or("?"));
-    let strict = entry.strict_oracle.as_deref().map(read_fixture).transpose()?;
+    let source = format!(
+        "llama.cpp (llama-cpp-python {})",
+        v["provenance"]["llama_cpp_python"].as_str().unwrap_or("?")
+    );
+    let strict = entry
+        .strict_oracle
+        .as_deref()
+        .map(read_fixture)
+        .transpose()?;
     v["cases"]
         .as_array()
         .context("a cases array")?
@@ -96,18 +114,40 @@ fn oracle_cases(entry: &ModelEntry, file: &str) -> Result<Vec<Case>> {
             let oracle_ids = ids(&c["generated_ids"])?;
             let name = c["name"].as_str().unwrap_or("case");
             let text = c["prompt"].as_str().unwrap_or("");
-            let mut oracles = vec![Oracle { source: source.clone(), margins: margins(c)?, ids: oracle_ids.clone(), near_tie: entry.oracle_near_tie.unwrap_or(0.0) }];
+            let mut oracles = vec![Oracle {
+                source: source.clone(),
+                margins: margins(c)?,
+                ids: oracle_ids.clone(),
+                near_tie: entry.oracle_near_tie.unwrap_or(0.0),
+            }];
             if let Some(s) = &strict {
                 let p = &s["provenance"];
-                let hf = s["cases"].as_array().context("a cases array")?.iter().find(|h| h["name"] == c["name"]).with_context(|| format!("{name} is missing from the strict oracle"))?;
+                let hf = s["cases"]
+                    .as_array()
+                    .context("a cases array")?
+                    .iter()
+                    .find(|h| h["name"] == c["name"])
+                    .with_context(|| format!("{name} is missing from the strict oracle"))?;
                 oracles.push(Oracle {
-                    source: format!("HF transformers {} ({}, {})", p["transformers"].as_str().unwrap_or("?"), p["dtype"].as_str().unwrap_or("?"), p["attn_implementation"].as_str().unwrap_or("?")),
+                    source: format!(
+                        "HF transformers {} ({}, {})",
+                        p["transformers"].as_str().unwrap_or("?"),
+                        p["dtype"].as_str().unwrap_or("?"),
+                        p["attn_implementation"].as_str().unwrap_or("?")
+                    ),
                     ids: ids(&hf["generated_ids"])?,
                     margins: margins(hf)?,
                     near_tie: 0.0,
                 });
             }
-            Ok(Case { index, label: format!("{name}: {}", prompts::label(text)), n_gen: oracle_ids.len(), prompt, cut: false, oracles })
+            Ok(Case {
+                index,
+                label: format!("{name}: {}", prompts::label(text)),
+                n_gen: oracle_ids.len(),
+                prompt,
+                cut: false,
+                oracles,
+            })
         })
         .collect()
 }

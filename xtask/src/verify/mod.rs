@@ -183,8 +183,15 @@ pub fn run(args: &[String]) -> Result<()> {
             Ok(()) => engines.push(e),
             Err(why) => {
                 let required = kvlab_cli::engines::require_cuda();
-                eprintln!("{} engine {e}: {why}", if required { "FAILED" } else { "SKIPPED" });
-                rows.push(Row { status: if required { "ERROR" } else { "SKIPPED" }.into(), note: why, ..Row::empty("all", e) });
+                eprintln!(
+                    "{} engine {e}: {why}",
+                    if required { "FAILED" } else { "SKIPPED" }
+                );
+                rows.push(Row {
+                    status: if required { "ERROR" } else { "SKIPPED" }.into(),
+                    note: why,
+                    ..Row::empty("all", e)
+                });
             }
         }
     }
@@ -254,7 +261,13 @@ pub fn run(args: &[String]) -> Result<()> {
                     bar.inc(1);
                     if bar.is_hidden() {
                         // No terminal (CI, a pipe): say how far we are in plain lines.
-                        eprintln!("verify: {}/{} {} case {c} done ({:.0} s)", bar.position(), work.len(), entry.name, bar.elapsed().as_secs_f64());
+                        eprintln!(
+                            "verify: {}/{} {} case {c} done ({:.0} s)",
+                            bar.position(),
+                            work.len(),
+                            entry.name,
+                            bar.elapsed().as_secs_f64()
+                        );
                     }
                 }
             });
@@ -291,7 +304,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let failed: Vec<&Row> = rows
         .iter()
         .filter(|r| {
-            r.status == "MISMATCH" || r.status == "ERROR" || (require && r.status == "SKIPPED" && r.engine == "all")
+            r.status == "MISMATCH"
+                || r.status == "ERROR"
+                || (require && r.status == "SKIPPED" && r.engine == "all")
         })
         .collect();
     if !failed.is_empty() {
@@ -417,12 +432,26 @@ fn compare_logits(got: &[Vec<f32>], reference: &[Vec<f32>]) -> (f32, bool) {
     let mut ok = got.len() == reference.len();
     for (g, r) in got.iter().zip(reference) {
         let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let worst = g.iter().zip(r).map(|(a, b)| (a - b).abs()).fold(0.0f32, |m, d| if d.is_nan() || m.is_nan() { f32::NAN } else { m.max(d) });
+        let worst = g
+            .iter()
+            .zip(r)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, |m, d| {
+                if d.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    m.max(d)
+                }
+            });
         // NaN never passes, and poisons the max.
         if worst.is_nan() || worst > ABS_TOL + REL_TOL * scale || g.len() != r.len() {
             ok = false;
         }
-        max = if worst.is_nan() || max.is_nan() { f32::NAN } else { max.max(worst) };
+        max = if worst.is_nan() || max.is_nan() {
+            f32::NAN
+        } else {
+            max.max(worst)
+        };
     }
     (max, ok)
 }
@@ -590,16 +619,31 @@ fn verify_case(
             None => ("ok", format!("identical to {}", o.source)),
             Some(s) if o.margins.get(s).is_some_and(|&m| m < o.near_tie) => (
                 "near-tie",
-                format!("{} diverges at step {s} where its own top-2 margin is {:.3} < {}: it computes in lower precision (8-bit activations)", o.source, o.margins[s], o.near_tie),
+                format!(
+                    "{} diverges at step {s} where its own top-2 margin is {:.3} < {}: it computes in lower precision (8-bit activations)",
+                    o.source, o.margins[s], o.near_tie
+                ),
             ),
-            Some(s) => ("MISMATCH", format!("{} diverges at step {s} with top-2 margin {:.3}", o.source, o.margins.get(s).copied().unwrap_or(f32::NAN))),
+            Some(s) => (
+                "MISMATCH",
+                format!(
+                    "{} diverges at step {s} with top-2 margin {:.3}",
+                    o.source,
+                    o.margins.get(s).copied().unwrap_or(f32::NAN)
+                ),
+            ),
         };
         rows.push(Row {
             engine: o.source.split(' ').next().unwrap_or("oracle").to_string(),
             status: status.into(),
             tokens_compared: o.ids.len(),
             identical: step.is_none(),
-            first_divergence: step.map(|s| Divergence { step: s, reference: reference[s], got: o.ids[s], reference_top2_margin: o.margins.get(s).copied().unwrap_or(f32::NAN) }),
+            first_divergence: step.map(|s| Divergence {
+                step: s,
+                reference: reference[s],
+                got: o.ids[s],
+                reference_top2_margin: o.margins.get(s).copied().unwrap_or(f32::NAN),
+            }),
             min_top2_margin: o.margins.iter().copied().fold(f32::INFINITY, f32::min),
             note,
             ..base.clone()
