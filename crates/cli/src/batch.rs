@@ -55,36 +55,70 @@ const DEFAULT_PROMPTS: [&str; 4] = [
 
 pub fn run(a: Args) -> Result<()> {
     if !PAGED_ENGINES.contains(&a.engine.as_str()) {
-        bail!("{} is not a paged engine; paged engines: {}", a.engine, PAGED_ENGINES.join(", "));
+        bail!(
+            "{} is not a paged engine; paged engines: {}",
+            a.engine,
+            PAGED_ENGINES.join(", ")
+        );
     }
     let loaded = crate::load(&a.model)?;
-    let tok = loaded.tokenizer.as_ref().with_context(|| format!("{} has no tokenizer", loaded.name))?;
+    let tok = loaded
+        .tokenizer
+        .as_ref()
+        .with_context(|| format!("{} has no tokenizer", loaded.name))?;
     let model = Arc::new(loaded.model);
-    let texts: Vec<String> = if a.prompt.is_empty() { DEFAULT_PROMPTS.iter().map(|s| s.to_string()).collect() } else { a.prompt.clone() };
+    let texts: Vec<String> = if a.prompt.is_empty() {
+        DEFAULT_PROMPTS.iter().map(|s| s.to_string()).collect()
+    } else {
+        a.prompt.clone()
+    };
     let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + a.max_tokens;
     if longest > model.config.max_seq_len {
-        bail!("a sequence would need {longest} positions; the model holds {}", model.config.max_seq_len);
+        bail!(
+            "a sequence would need {longest} positions; the model holds {}",
+            model.config.max_seq_len
+        );
     }
     let max_model_len = longest.next_multiple_of(a.block_size);
-    let num_blocks = a.num_blocks.unwrap_or_else(|| prompts.iter().map(|p| (p.len() + a.max_tokens).div_ceil(a.block_size)).sum::<usize>() + 1);
-    let pool = PoolOptions { num_blocks, block_size: a.block_size };
+    let num_blocks = a.num_blocks.unwrap_or_else(|| {
+        prompts
+            .iter()
+            .map(|p| (p.len() + a.max_tokens).div_ceil(a.block_size))
+            .sum::<usize>()
+            + 1
+    });
+    let pool = PoolOptions {
+        num_blocks,
+        block_size: a.block_size,
+    };
     let mut sched = Scheduler::new(scheduler_config(&model, pool, max_model_len))?;
     let mut engine = build_paged(&a.engine, model.clone(), pool)?;
     let requests: Vec<Request> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| Request { prompt: p.clone(), stop: StopConditions::max_tokens(a.max_tokens).with_stop_tokens(model.config.stop_ids.clone()), arrival_step: i * a.arrival_gap })
+        .map(|(i, p)| Request {
+            prompt: p.clone(),
+            stop: StopConditions::max_tokens(a.max_tokens)
+                .with_stop_tokens(model.config.stop_ids.clone()),
+            arrival_step: i * a.arrival_gap,
+        })
         .collect();
     let mut picture = None;
-    let report = drive(engine.as_mut(), &mut sched, &requests, argmax, |step, batch, s| {
-        if a.trace {
-            print_step(step, batch);
-        }
-        if step == a.svg_step || (picture.is_none() && a.svg.is_some() && step > a.svg_step) {
-            picture = Some(block_svg(step, s));
-        }
-    })?;
+    let report = drive(
+        engine.as_mut(),
+        &mut sched,
+        &requests,
+        argmax,
+        |step, batch, s| {
+            if a.trace {
+                print_step(step, batch);
+            }
+            if step == a.svg_step || (picture.is_none() && a.svg.is_some() && step > a.svg_step) {
+                picture = Some(block_svg(step, s));
+            }
+        },
+    )?;
     for (i, (text, (out, reason))) in texts.iter().zip(&report.outputs).enumerate() {
         let mut all = prompts[i].clone();
         all.extend(out);
@@ -114,15 +148,42 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn print_step(step: usize, batch: &ScheduledBatch) {
-    println!("step {step}: {} sequences, {} tokens{}", batch.seqs.len(), batch.num_batched_tokens(),
-        if batch.preempted.is_empty() { String::new() } else { format!(", preempted {:?}", batch.preempted.iter().map(|s| s.0).collect::<Vec<_>>()) });
+    println!(
+        "step {step}: {} sequences, {} tokens{}",
+        batch.seqs.len(),
+        batch.num_batched_tokens(),
+        if batch.preempted.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", preempted {:?}",
+                batch.preempted.iter().map(|s| s.0).collect::<Vec<_>>()
+            )
+        }
+    );
     for s in &batch.seqs {
         let kind = match s.kind {
-            StepKind::Prefill { num_cached_tokens, is_recompute } => format!("prefill ({num_cached_tokens} tokens from the prefix cache{})", if is_recompute { ", recompute after preemption" } else { "" }),
+            StepKind::Prefill {
+                num_cached_tokens,
+                is_recompute,
+            } => format!(
+                "prefill ({num_cached_tokens} tokens from the prefix cache{})",
+                if is_recompute {
+                    ", recompute after preemption"
+                } else {
+                    ""
+                }
+            ),
             StepKind::Decode => "decode".into(),
         };
         let g = &s.groups[0];
-        println!("  {} {kind}: positions {}..={}, context_len {}", s.seq_id, s.positions[0], s.positions[s.positions.len() - 1], s.context_len);
+        println!(
+            "  {} {kind}: positions {}..={}, context_len {}",
+            s.seq_id,
+            s.positions[0],
+            s.positions[s.positions.len() - 1],
+            s.context_len
+        );
         println!("    block_table {:?}", g.block_table);
         println!("    slot_mapping {:?}", g.slot_mapping);
         for c in &g.block_copies {
@@ -145,26 +206,61 @@ fn block_svg(step: usize, s: &Scheduler) -> String {
             }
         }
     }
-    const PALETTE: [&str; 8] = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7"];
+    const PALETTE: [&str; 8] = [
+        "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+    ];
     let (cols, cell) = (16usize, 40usize);
     let rows = n.div_ceil(cols);
     let (w, h) = (cols * cell + 20, rows * cell + 70);
-    let mut svg = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n");
-    let _ = writeln!(svg, "<text x=\"10\" y=\"18\" font-size=\"14\">KV block pool at step {step}: {n} blocks of {} tokens; colour = owning sequence</text>", alloc.block_size());
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n"
+    );
+    let _ = writeln!(
+        svg,
+        "<text x=\"10\" y=\"18\" font-size=\"14\">KV block pool at step {step}: {n} blocks of {} tokens; colour = owning sequence</text>",
+        alloc.block_size()
+    );
     for b in 0..n {
         let (x, y) = (10 + (b % cols) * cell, 30 + (b / cols) * cell);
         let (fill, label, stroke) = match owners.get(&(b as u32)) {
-            Some(o) if o.len() > 1 => (PALETTE[o[0] as usize % PALETTE.len()], format!("x{}", o.len()), "#000"),
-            Some(o) => (PALETTE[o[0] as usize % PALETTE.len()], format!("s{}", o[0]), "#fff"),
+            Some(o) if o.len() > 1 => (
+                PALETTE[o[0] as usize % PALETTE.len()],
+                format!("x{}", o.len()),
+                "#000",
+            ),
+            Some(o) => (
+                PALETTE[o[0] as usize % PALETTE.len()],
+                format!("s{}", o[0]),
+                "#fff",
+            ),
             None if alloc.is_evictable(b as u32) => ("#cccccc", "cached".into(), "#fff"),
             None => ("#f4f4f4", String::new(), "#fff"),
         };
         let width = if stroke == "#000" { 3 } else { 1 };
-        let _ = writeln!(svg, "<rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{fill}\" stroke=\"{stroke}\" stroke-width=\"{width}\"/>", cell - 2, cell - 2);
-        let _ = writeln!(svg, "<text x=\"{}\" y=\"{}\" fill=\"#222\">{b}</text>", x + 3, y + 12);
-        let _ = writeln!(svg, "<text x=\"{}\" y=\"{}\" fill=\"#222\">{label}</text>", x + 3, y + 30);
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{fill}\" stroke=\"{stroke}\" stroke-width=\"{width}\"/>",
+            cell - 2,
+            cell - 2
+        );
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" fill=\"#222\">{b}</text>",
+            x + 3,
+            y + 12
+        );
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" fill=\"#222\">{label}</text>",
+            x + 3,
+            y + 30
+        );
     }
-    let _ = writeln!(svg, "<text x=\"10\" y=\"{}\">sN: held by sequence N; xK: shared by K sequences (prefix cache / fork); cached: free, content kept for reuse</text>", h - 12);
+    let _ = writeln!(
+        svg,
+        "<text x=\"10\" y=\"{}\">sN: held by sequence N; xK: shared by K sequences (prefix cache / fork); cached: free, content kept for reuse</text>",
+        h - 12
+    );
     svg.push_str("</svg>\n");
     svg
 }

@@ -36,14 +36,20 @@ pub trait PagedEngine: Engine + StepExecutor<Error = kvlab_model::Error> {
 impl PagedEngine for kvlab_cpu::paged::PagedCpuEngine {
     fn pool(&self) -> PoolOptions {
         let (num_blocks, block_size) = self.pool_geometry();
-        PoolOptions { num_blocks, block_size }
+        PoolOptions {
+            num_blocks,
+            block_size,
+        }
     }
 }
 
 impl PagedEngine for kvlab_cuda::CudaEngine {
     fn pool(&self) -> PoolOptions {
         let (num_blocks, block_size) = self.pool_geometry();
-        PoolOptions { num_blocks, block_size }
+        PoolOptions {
+            num_blocks,
+            block_size,
+        }
     }
 }
 
@@ -59,7 +65,10 @@ pub struct PoolOptions {
 impl PoolOptions {
     /// A pool that holds `sequences` full-length sequences of `max_seq_len` tokens.
     pub fn for_sequences(sequences: usize, max_seq_len: usize, block_size: usize) -> PoolOptions {
-        PoolOptions { num_blocks: sequences * max_seq_len.div_ceil(block_size), block_size }
+        PoolOptions {
+            num_blocks: sequences * max_seq_len.div_ceil(block_size),
+            block_size,
+        }
     }
 }
 
@@ -74,10 +83,17 @@ pub fn build(name: &str, model: Arc<Model>) -> Result<Box<dyn Engine>> {
         "cpu" => Box::new(kvlab_cpu::CpuEngine::new(model)),
         _ if PAGED_ENGINES.contains(&name) => {
             // Room for two sequences of the whole context (at most 8,192 positions each).
-            let pool = PoolOptions::for_sequences(2, model.config.max_seq_len.min(8192), kvlab_paged::DEFAULT_BLOCK_SIZE);
+            let pool = PoolOptions::for_sequences(
+                2,
+                model.config.max_seq_len.min(8192),
+                kvlab_paged::DEFAULT_BLOCK_SIZE,
+            );
             build_paged_inner(name, model, pool)?
         }
-        other => bail!("unknown engine {other:?}; choose one of: {}", ENGINES.join(", ")),
+        other => bail!(
+            "unknown engine {other:?}; choose one of: {}",
+            ENGINES.join(", ")
+        ),
     })
 }
 
@@ -85,19 +101,38 @@ pub fn build(name: &str, model: Arc<Model>) -> Result<Box<dyn Engine>> {
 ///
 /// # Errors
 /// An unknown or non-paged name.
-pub fn build_paged(name: &str, model: Arc<Model>, pool: PoolOptions) -> Result<Box<dyn PagedEngine>> {
+pub fn build_paged(
+    name: &str,
+    model: Arc<Model>,
+    pool: PoolOptions,
+) -> Result<Box<dyn PagedEngine>> {
     build_paged_inner(name, model, pool)
 }
 
-fn build_paged_inner(name: &str, model: Arc<Model>, pool: PoolOptions) -> Result<Box<dyn PagedEngine>> {
+fn build_paged_inner(
+    name: &str,
+    model: Arc<Model>,
+    pool: PoolOptions,
+) -> Result<Box<dyn PagedEngine>> {
     match name {
-        "cpu-paged" => Ok(Box::new(kvlab_cpu::paged::PagedCpuEngine::new(model, pool.num_blocks, pool.block_size)?)),
+        "cpu-paged" => Ok(Box::new(kvlab_cpu::paged::PagedCpuEngine::new(
+            model,
+            pool.num_blocks,
+            pool.block_size,
+        )?)),
         // f32 weights, activations and KV pool: the parity mode verify needs.
         "cuda" => Ok(Box::new(kvlab_cuda::CudaEngine::new(
             model,
-            kvlab_cuda::CudaOptions { num_blocks: Some(pool.num_blocks), block_size: pool.block_size, ..Default::default() },
+            kvlab_cuda::CudaOptions {
+                num_blocks: Some(pool.num_blocks),
+                block_size: pool.block_size,
+                ..Default::default()
+            },
         )?)),
-        other => bail!("{other:?} is not a paged engine; paged engines: {}", PAGED_ENGINES.join(", ")),
+        other => bail!(
+            "{other:?} is not a paged engine; paged engines: {}",
+            PAGED_ENGINES.join(", ")
+        ),
     }
 }
 
@@ -106,7 +141,15 @@ fn build_paged_inner(name: &str, model: Arc<Model>, pool: PoolOptions) -> Result
 pub fn scheduler_config(model: &Model, pool: PoolOptions, max_model_len: usize) -> SchedulerConfig {
     let mut cfg = SchedulerConfig::new(pool.num_blocks, max_model_len);
     cfg.block_size = pool.block_size;
-    cfg.groups = model.config.kv_groups().into_iter().map(|w| KvGroupConfig { num_blocks: pool.num_blocks, sliding_window: w }).collect();
+    cfg.groups = model
+        .config
+        .kv_groups()
+        .into_iter()
+        .map(|w| KvGroupConfig {
+            num_blocks: pool.num_blocks,
+            sliding_window: w,
+        })
+        .collect();
     cfg.enable_prefix_caching = cfg.groups.iter().all(|g| g.sliding_window.is_none());
     cfg
 }

@@ -78,7 +78,12 @@ fn main() {
         Command::Mem(args) => mem::run(args),
         Command::Export { model, out } => load(&model).and_then(|l| {
             kvlab_model::llama2c::write(&l.model, &out)?;
-            eprintln!("wrote {} ({}) to {}", l.name, bytes(std::fs::metadata(&out)?.len() as usize), out.display());
+            eprintln!(
+                "wrote {} ({}) to {}",
+                l.name,
+                bytes(std::fs::metadata(&out)?.len() as usize),
+                out.display()
+            );
             Ok(())
         }),
         Command::Batch(args) => batch::run(args),

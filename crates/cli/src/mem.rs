@@ -28,22 +28,94 @@ pub struct Shape {
 
 /// Well-known models, from their published configs.
 pub const PRESETS: &[Shape] = &[
-    Shape { name: "llama-2-7b", n_layers: 32, n_heads: 32, n_kv_heads: 32, head_dim: 128, window: None, max_context: 4096, params: 6.74e9,
-        source: "meta-llama/Llama-2-7b-hf config.json: hidden_size 4096, num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 32, max_position_embeddings 4096" },
-    Shape { name: "llama-2-70b", n_layers: 80, n_heads: 64, n_kv_heads: 8, head_dim: 128, window: None, max_context: 4096, params: 68.98e9,
-        source: "meta-llama/Llama-2-70b-hf config.json: hidden_size 8192, num_hidden_layers 80, num_attention_heads 64, num_key_value_heads 8" },
-    Shape { name: "llama-3-8b", n_layers: 32, n_heads: 32, n_kv_heads: 8, head_dim: 128, window: None, max_context: 8192, params: 8.03e9,
-        source: "meta-llama/Meta-Llama-3-8B config.json: hidden_size 4096, num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, max_position_embeddings 8192" },
-    Shape { name: "llama-3.1-70b", n_layers: 80, n_heads: 64, n_kv_heads: 8, head_dim: 128, window: None, max_context: 131072, params: 70.55e9,
-        source: "meta-llama/Llama-3.1-70B config.json: hidden_size 8192, num_hidden_layers 80, num_attention_heads 64, num_key_value_heads 8, max_position_embeddings 131072" },
-    Shape { name: "mistral-7b", n_layers: 32, n_heads: 32, n_kv_heads: 8, head_dim: 128, window: Some((4096, 32)), max_context: 32768, params: 7.24e9,
-        source: "mistralai/Mistral-7B-v0.1 config.json: hidden_size 4096, num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, sliding_window 4096, max_position_embeddings 32768" },
-    Shape { name: "gemma-3-270m", n_layers: 18, n_heads: 4, n_kv_heads: 1, head_dim: 256, window: Some((512, 15)), max_context: 32768, params: 268e6,
-        source: "google/gemma-3-270m config.json / the GGUF metadata: 18 layers, 4 heads, 1 KV head, head_dim 256, sliding_window 512 on 15 of 18 layers (every sixth layer global), context 32768" },
-    Shape { name: "stories260K", n_layers: 5, n_heads: 8, n_kv_heads: 4, head_dim: 8, window: None, max_context: 512, params: 260e3,
-        source: "the stories260K.bin header (karpathy/tinyllamas): dim 64, 5 layers, 8 heads, 4 KV heads, seq_len 512" },
-    Shape { name: "stories15M", n_layers: 6, n_heads: 6, n_kv_heads: 6, head_dim: 48, window: None, max_context: 256, params: 15.2e6,
-        source: "llama2.c's stories15M: dim 288, 6 layers, 6 heads, seq_len 256 (the stories15M-shape fixture)" },
+    Shape {
+        name: "llama-2-7b",
+        n_layers: 32,
+        n_heads: 32,
+        n_kv_heads: 32,
+        head_dim: 128,
+        window: None,
+        max_context: 4096,
+        params: 6.74e9,
+        source: "meta-llama/Llama-2-7b-hf config.json: hidden_size 4096, num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 32, max_position_embeddings 4096",
+    },
+    Shape {
+        name: "llama-2-70b",
+        n_layers: 80,
+        n_heads: 64,
+        n_kv_heads: 8,
+        head_dim: 128,
+        window: None,
+        max_context: 4096,
+        params: 68.98e9,
+        source: "meta-llama/Llama-2-70b-hf config.json: hidden_size 8192, num_hidden_layers 80, num_attention_heads 64, num_key_value_heads 8",
+    },
+    Shape {
+        name: "llama-3-8b",
+        n_layers: 32,
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        window: None,
+        max_context: 8192,
+        params: 8.03e9,
+        source: "meta-llama/Meta-Llama-3-8B config.json: hidden_size 4096, num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, max_position_embeddings 8192",
+    },
+    Shape {
+        name: "llama-3.1-70b",
+        n_layers: 80,
+        n_heads: 64,
+        n_kv_heads: 8,
+        head_dim: 128,
+        window: None,
+        max_context: 131072,
+        params: 70.55e9,
+        source: "meta-llama/Llama-3.1-70B config.json: hidden_size 8192, num_hidden_layers 80, num_attention_heads 64, num_key_value_heads 8, max_position_embeddings 131072",
+    },
+    Shape {
+        name: "mistral-7b",
+        n_layers: 32,
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        window: Some((4096, 32)),
+        max_context: 32768,
+        params: 7.24e9,
+        source: "mistralai/Mistral-7B-v0.1 config.json: hidden_size 4096, num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, sliding_window 4096, max_position_embeddings 32768",
+    },
+    Shape {
+        name: "gemma-3-270m",
+        n_layers: 18,
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: 256,
+        window: Some((512, 15)),
+        max_context: 32768,
+        params: 268e6,
+        source: "google/gemma-3-270m config.json / the GGUF metadata: 18 layers, 4 heads, 1 KV head, head_dim 256, sliding_window 512 on 15 of 18 layers (every sixth layer global), context 32768",
+    },
+    Shape {
+        name: "stories260K",
+        n_layers: 5,
+        n_heads: 8,
+        n_kv_heads: 4,
+        head_dim: 8,
+        window: None,
+        max_context: 512,
+        params: 260e3,
+        source: "the stories260K.bin header (karpathy/tinyllamas): dim 64, 5 layers, 8 heads, 4 KV heads, seq_len 512",
+    },
+    Shape {
+        name: "stories15M",
+        n_layers: 6,
+        n_heads: 6,
+        n_kv_heads: 6,
+        head_dim: 48,
+        window: None,
+        max_context: 256,
+        params: 15.2e6,
+        source: "llama2.c's stories15M: dim 288, 6 layers, 6 heads, seq_len 256 (the stories15M-shape fixture)",
+    },
 ];
 
 /// Bytes per element of a precision name.
@@ -136,7 +208,10 @@ fn preset(name: &str) -> Result<Shape> {
         });
     }
     let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-    bail!("no preset {name:?}; presets: {} (or a synthetic model of fixtures/models.json)", names.join(", "))
+    bail!(
+        "no preset {name:?}; presets: {} (or a synthetic model of fixtures/models.json)",
+        names.join(", ")
+    )
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -148,11 +223,27 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut s = match &a.preset {
         Some(p) => preset(p)?,
-        None => Shape { name: "custom", n_layers: 0, n_heads: 0, n_kv_heads: 0, head_dim: 0, window: None, max_context: 0, params: 0.0, source: "command-line flags" },
+        None => Shape {
+            name: "custom",
+            n_layers: 0,
+            n_heads: 0,
+            n_kv_heads: 0,
+            head_dim: 0,
+            window: None,
+            max_context: 0,
+            params: 0.0,
+            source: "command-line flags",
+        },
     };
-    if let Some(v) = a.n_layers { s.n_layers = v; }
-    if let Some(v) = a.n_kv_heads { s.n_kv_heads = v; }
-    if let Some(v) = a.head_dim { s.head_dim = v; }
+    if let Some(v) = a.n_layers {
+        s.n_layers = v;
+    }
+    if let Some(v) = a.n_kv_heads {
+        s.n_kv_heads = v;
+    }
+    if let Some(v) = a.head_dim {
+        s.head_dim = v;
+    }
     if let Some(w) = a.window {
         s.window = Some((w, a.local_layers.unwrap_or(s.n_layers)));
     }
@@ -174,27 +265,71 @@ pub fn run(a: Args) -> Result<()> {
         (0, _) => String::new(),
         (h, kv) if h == kv => " (MHA)".into(),
         (h, 1) => format!(" (MQA: {h} query heads share 1 KV head)"),
-        (h, kv) => format!(" (GQA: {h} query heads, {}× fewer KV heads than MHA)", h / kv),
+        (h, kv) => format!(
+            " (GQA: {h} query heads, {}× fewer KV heads than MHA)",
+            h / kv
+        ),
     };
-    println!("shape          n_layers {} × n_kv_heads {} × head_dim {}{attn}{}", s.n_layers, s.n_kv_heads, s.head_dim,
-        s.window.map_or(String::new(), |(w, n)| format!(", {n} layers with a {w}-token window")));
+    println!(
+        "shape          n_layers {} × n_kv_heads {} × head_dim {}{attn}{}",
+        s.n_layers,
+        s.n_kv_heads,
+        s.head_dim,
+        s.window.map_or(String::new(), |(w, n)| format!(
+            ", {n} layers with a {w}-token window"
+        ))
+    );
     println!("precision      {} ({b} bytes per element)", a.dtype);
-    println!("per token      2 × {} × {} × {} × {b} = {}", s.n_layers, s.n_kv_heads, s.head_dim, bytes(per_token as usize));
-    println!("per sequence   {} at {ctx} tokens{}", bytes(per_seq as usize),
-        if s.window.is_some() { format!(" (every layer keeping all: {})", bytes((per_token * ctx as f64) as usize)) } else { String::new() });
-    println!("per batch      {} for {} sequences", bytes((per_seq * a.batch as f64) as usize), a.batch);
+    println!(
+        "per token      2 × {} × {} × {} × {b} = {}",
+        s.n_layers,
+        s.n_kv_heads,
+        s.head_dim,
+        bytes(per_token as usize)
+    );
+    println!(
+        "per sequence   {} at {ctx} tokens{}",
+        bytes(per_seq as usize),
+        if s.window.is_some() {
+            format!(
+                " (every layer keeping all: {})",
+                bytes((per_token * ctx as f64) as usize)
+            )
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "per batch      {} for {} sequences",
+        bytes((per_seq * a.batch as f64) as usize),
+        a.batch
+    );
     if let Some(dev) = a.device_gib {
-        let weights = a.weights_gib.map(|g| g * GIB).unwrap_or(s.params * dtype_bytes(&a.weights_dtype)?);
+        let weights = a
+            .weights_gib
+            .map(|g| g * GIB)
+            .unwrap_or(s.params * dtype_bytes(&a.weights_dtype)?);
         let free = dev * GIB - weights;
-        println!("device         {dev} GiB, weights {} → {} left for the KV cache", bytes(weights as usize), bytes(free.max(0.0) as usize));
+        println!(
+            "device         {dev} GiB, weights {} → {} left for the KV cache",
+            bytes(weights as usize),
+            bytes(free.max(0.0) as usize)
+        );
         if free <= 0.0 {
             println!("               the weights alone do not fit");
             return Ok(());
         }
         let avg = a.avg_tokens.unwrap_or(ctx / 2).max(1);
         let paged_seq = s.bytes_per_sequence(avg.div_ceil(a.block_size) * a.block_size, b);
-        println!("fits           {} sequences with max-length preallocation ({ctx} tokens reserved each)", (free / per_seq).floor());
-        println!("               {} sequences with paging (block_size {}, {avg} tokens held on average)", (free / paged_seq).floor(), a.block_size);
+        println!(
+            "fits           {} sequences with max-length preallocation ({ctx} tokens reserved each)",
+            (free / per_seq).floor()
+        );
+        println!(
+            "               {} sequences with paging (block_size {}, {avg} tokens held on average)",
+            (free / paged_seq).floor(),
+            a.block_size
+        );
     }
     Ok(())
 }
@@ -211,7 +346,12 @@ mod tests {
             let manual = 2 * p.n_layers * p.n_kv_heads * p.head_dim * 2;
             assert_eq!(p.bytes_per_token(2.0) as usize, manual, "{}", p.name);
             if p.window.is_none() {
-                assert_eq!(p.bytes_per_sequence(1000, 2.0) as usize, manual * 1000, "{}", p.name);
+                assert_eq!(
+                    p.bytes_per_sequence(1000, 2.0) as usize,
+                    manual * 1000,
+                    "{}",
+                    p.name
+                );
             }
         }
         let l = |n: &str| PRESETS.iter().find(|p| p.name == n).unwrap().clone();
@@ -220,7 +360,10 @@ mod tests {
         // Llama 3 8B: 131,072 bytes per token at f16.
         assert_eq!(l("llama-3-8b").bytes_per_token(2.0), 131_072.0);
         // Gemma 3 270M keeps 3 global layers × 8192 + 15 local × 512 positions at 8,192 tokens.
-        assert_eq!(l("gemma-3-270m").bytes_per_sequence(8192, 4.0), (2 * 256 * 4 * (3 * 8192 + 15 * 512)) as f64);
+        assert_eq!(
+            l("gemma-3-270m").bytes_per_sequence(8192, 4.0),
+            (2 * 256 * 4 * (3 * 8192 + 15 * 512)) as f64
+        );
     }
 
     #[test]

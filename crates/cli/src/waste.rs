@@ -24,8 +24,21 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let workloads = [
-        ("uniform prompt 100-1024, output 100-1024", uniform_requests(a.requests, a.seed)),
-        ("long-tail (log-normal, median prompt 256, output 128)", long_tail_requests(a.requests, a.seed, LongTail { max_seq_len: a.max_seq_len, ..LongTail::default() })?),
+        (
+            "uniform prompt 100-1024, output 100-1024",
+            uniform_requests(a.requests, a.seed),
+        ),
+        (
+            "long-tail (log-normal, median prompt 256, output 128)",
+            long_tail_requests(
+                a.requests,
+                a.seed,
+                LongTail {
+                    max_seq_len: a.max_seq_len,
+                    ..LongTail::default()
+                },
+            )?,
+        ),
     ];
     let mut rows = Vec::new();
     for (name, reqs) in &workloads {
@@ -35,15 +48,30 @@ pub fn run(a: Args) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!("{} requests per workload, max_seq_len {}; waste = reserved slots holding no token / reserved slots", a.requests, a.max_seq_len);
-    println!("{:<56} {:<18} {:>16} {:>14} {:>22}", "workload", "scheme", "reserved/seq", "waste at end", "waste, time-averaged");
+    println!(
+        "{} requests per workload, max_seq_len {}; waste = reserved slots holding no token / reserved slots",
+        a.requests, a.max_seq_len
+    );
+    println!(
+        "{:<56} {:<18} {:>16} {:>14} {:>22}",
+        "workload", "scheme", "reserved/seq", "waste at end", "waste, time-averaged"
+    );
     for r in &rows {
         let scheme = match r.block_size {
             Some(b) => format!("paged, block {b}"),
             None => "max-length".into(),
         };
-        println!("{:<56} {:<18} {:>16.0} {:>13.1}% {:>21.1}%", r.workload, scheme, r.mean_reserved_slots, 100.0 * r.final_waste_frac, 100.0 * r.time_avg_waste_frac);
+        println!(
+            "{:<56} {:<18} {:>16.0} {:>13.1}% {:>21.1}%",
+            r.workload,
+            scheme,
+            r.mean_reserved_slots,
+            100.0 * r.final_waste_frac,
+            100.0 * r.time_avg_waste_frac
+        );
     }
-    println!("\"at end\": each sequence at its final length; \"time-averaged\": over every decode step while sequences grow (what a running server holds).");
+    println!(
+        "\"at end\": each sequence at its final length; \"time-averaged\": over every decode step while sequences grow (what a running server holds)."
+    );
     Ok(())
 }

@@ -17,7 +17,14 @@ impl<F: FnMut(usize, &[f32], &[f32], &[f32], &mut [f32])> Attend for F {}
 
 /// Runs `tokens` at `positions` (one per row) and returns the logits (vocab_size,) of each row
 /// listed in `logit_rows`.
-pub fn forward(model: &Model, rope: &[RopeTable], tokens: &[u32], positions: &[usize], logit_rows: &[usize], mut attend: impl Attend) -> Vec<Vec<f32>> {
+pub fn forward(
+    model: &Model,
+    rope: &[RopeTable],
+    tokens: &[u32],
+    positions: &[usize],
+    logit_rows: &[usize],
+    mut attend: impl Attend,
+) -> Vec<Vec<f32>> {
     let c = &model.config;
     let w = &model.weights;
     let t = tokens.len();
@@ -36,7 +43,9 @@ pub fn forward(model: &Model, rope: &[RopeTable], tokens: &[u32], positions: &[u
 
     for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
         let e = &w.token_embedding[tok as usize * d..(tok as usize + 1) * d];
-        row.iter_mut().zip(e).for_each(|(r, &e)| *r = e * c.embed_scale);
+        row.iter_mut()
+            .zip(e)
+            .for_each(|(r, &e)| *r = e * c.embed_scale);
     }
 
     for (l, lw) in w.layers.iter().enumerate() {
@@ -46,10 +55,15 @@ pub fn forward(model: &Model, rope: &[RopeTable], tokens: &[u32], positions: &[u
         linear(&mut k, &xn, &lw.wk, t, d, kvd);
         linear(&mut v, &xn, &lw.wv, t, d, kvd);
         if c.qk_norm {
-            q.chunks_exact_mut(hd).for_each(|h| ops::rmsnorm_in_place(h, &lw.q_norm, c.norm_eps));
-            k.chunks_exact_mut(hd).for_each(|h| ops::rmsnorm_in_place(h, &lw.k_norm, c.norm_eps));
+            q.chunks_exact_mut(hd)
+                .for_each(|h| ops::rmsnorm_in_place(h, &lw.q_norm, c.norm_eps));
+            k.chunks_exact_mut(hd)
+                .for_each(|h| ops::rmsnorm_in_place(h, &lw.k_norm, c.norm_eps));
         }
-        let table = rope.iter().find(|r| r.theta == c.rope_theta_for(l)).expect("a table per theta");
+        let table = rope
+            .iter()
+            .find(|r| r.theta == c.rope_theta_for(l))
+            .expect("a table per theta");
         for (i, &pos) in positions.iter().enumerate() {
             table.apply(&mut q[i * qd..(i + 1) * qd], pos, c.rope_layout);
             table.apply(&mut k[i * kvd..(i + 1) * kvd], pos, c.rope_layout);
@@ -57,7 +71,8 @@ pub fn forward(model: &Model, rope: &[RopeTable], tokens: &[u32], positions: &[u
         attend(l, &q, &k, &v, &mut att);
         linear(&mut o, &att, &lw.wo, t, qd, d);
         if c.post_norms {
-            o.chunks_exact_mut(d).for_each(|r| ops::rmsnorm_in_place(r, &lw.post_attn_norm, c.norm_eps));
+            o.chunks_exact_mut(d)
+                .for_each(|r| ops::rmsnorm_in_place(r, &lw.post_attn_norm, c.norm_eps));
         }
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
 
@@ -68,7 +83,8 @@ pub fn forward(model: &Model, rope: &[RopeTable], tokens: &[u32], positions: &[u
         ops::glu(&mut gate, &up, c.activation);
         linear(&mut o, &gate, &lw.w2, t, hid, d);
         if c.post_norms {
-            o.chunks_exact_mut(d).for_each(|r| ops::rmsnorm_in_place(r, &lw.post_ffn_norm, c.norm_eps));
+            o.chunks_exact_mut(d)
+                .for_each(|r| ops::rmsnorm_in_place(r, &lw.post_ffn_norm, c.norm_eps));
         }
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
     }
@@ -81,7 +97,10 @@ pub fn forward(model: &Model, rope: &[RopeTable], tokens: &[u32], positions: &[u
     }
     let mut logits = vec![0.0f32; b * c.vocab_size]; // (b, vocab_size)
     linear(&mut logits, &xl, w.classifier(), b, d, c.vocab_size);
-    logits.chunks_exact(c.vocab_size).map(<[f32]>::to_vec).collect()
+    logits
+        .chunks_exact(c.vocab_size)
+        .map(<[f32]>::to_vec)
+        .collect()
 }
 
 /// RMSNorm of each row of x (rows, d) into out (rows, d).

@@ -65,7 +65,7 @@ impl KvCache {
     }
 
     /// Writes the key and value of position `pos` at layer `l` into its slot `pos % cap_l`.
-// ANCHOR_END: kv_cache
+    // ANCHOR_END: kv_cache
     pub fn write(&mut self, l: usize, pos: usize, k: &[f32], v: &[f32]) {
         let slot = pos % self.caps[l];
         let at = self.offsets[l] + slot * self.kv_dim;

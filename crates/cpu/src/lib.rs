@@ -75,23 +75,43 @@ impl CpuEngine {
                 LayerKind::Local { window } => window,
             };
             let input = AttentionInput {
-                q, k_new: k, v_new: v, cache_k, cache_v,
-                cap: cache.cap(l), pos0,
-                n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim,
-                scale: c.attn_scale, window,
+                q,
+                k_new: k,
+                v_new: v,
+                cache_k,
+                cache_v,
+                cap: cache.cap(l),
+                pos0,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
+                scale: c.attn_scale,
+                window,
             };
             attention(out, &input);
             // Only now write the new K and V into the cache: with a ring buffer shorter than the
             // step, only the last `cap` survive, and the queries above still needed the rest.
             let (n, kvd) = (positions.len(), c.kv_dim());
             for i in n.saturating_sub(cache.cap(l))..n {
-                cache.write(l, pos0 + i, &k[i * kvd..(i + 1) * kvd], &v[i * kvd..(i + 1) * kvd]);
+                cache.write(
+                    l,
+                    pos0 + i,
+                    &k[i * kvd..(i + 1) * kvd],
+                    &v[i * kvd..(i + 1) * kvd],
+                );
             }
         };
-        let mut logits = forward::forward(&self.model, &self.rope, tokens, &positions, &[tokens.len() - 1], attend);
+        let mut logits = forward::forward(
+            &self.model,
+            &self.rope,
+            tokens,
+            &positions,
+            &[tokens.len() - 1],
+            attend,
+        );
         cache.len = pos0 + tokens.len();
         Ok(logits.pop().expect("one row of logits"))
-    // ANCHOR_END: cpu_step
+        // ANCHOR_END: cpu_step
     }
 }
 

@@ -12,7 +12,10 @@ use proptest::prelude::*;
 
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= 1e-4 + 1e-4 * y.abs(), "{what}: logit {i}: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= 1e-4 + 1e-4 * y.abs(),
+            "{what}: logit {i}: {x} vs {y}"
+        );
     }
 }
 
@@ -34,7 +37,15 @@ fn naive_greedy(model: &Arc<Model>, prompt: &[u32], n: usize) -> Vec<u32> {
 
 fn windowed(mut model: Model, window: Option<usize>) -> Model {
     if let Some(w) = window {
-        model.config.layer_kinds = (0..model.config.n_layers).map(|l| if l % 2 == 0 { LayerKind::Local { window: w } } else { LayerKind::Global }).collect();
+        model.config.layer_kinds = (0..model.config.n_layers)
+            .map(|l| {
+                if l % 2 == 0 {
+                    LayerKind::Local { window: w }
+                } else {
+                    LayerKind::Global
+                }
+            })
+            .collect();
     }
     model
 }
@@ -62,27 +73,48 @@ proptest! {
 
 #[test]
 fn batched_run_with_preemption_and_prefix_hits_equals_solo_naive_runs() {
-    let model = Arc::new(SyntheticSpec::new(32, 64, 2, 4, 2, 64, 96, 5).build().unwrap());
+    let model = Arc::new(
+        SyntheticSpec::new(32, 64, 2, 4, 2, 64, 96, 5)
+            .build()
+            .unwrap(),
+    );
     let common: Vec<u32> = (0..40).map(|i| (i * 5 % 64) as u32).collect();
-    let mut prompts: Vec<Vec<u32>> = (0..6u32).map(|i| [&common[..], &[i, i + 1, i + 2]].concat()).collect();
+    let mut prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|i| [&common[..], &[i, i + 1, i + 2]].concat())
+        .collect();
     prompts.push(prompts[0].clone()); // a duplicate
     prompts.push(vec![7, 8, 9]);
     let n_new = 24;
     let requests: Vec<Request> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| Request { prompt: p.clone(), stop: StopConditions::max_tokens(n_new), arrival_step: i % 3 * 2 })
+        .map(|(i, p)| Request {
+            prompt: p.clone(),
+            stop: StopConditions::max_tokens(n_new),
+            arrival_step: i % 3 * 2,
+        })
         .collect();
     let block_size = 4;
     let num_blocks = 30; // at the peak the 8 sequences want ≈ 66 blocks, even sharing their prefix
     let mut cfg = SchedulerConfig::new(num_blocks, 96);
     cfg.block_size = block_size;
-    cfg.groups = vec![KvGroupConfig { num_blocks, sliding_window: None }];
+    cfg.groups = vec![KvGroupConfig {
+        num_blocks,
+        sliding_window: None,
+    }];
     let mut sched = Scheduler::new(cfg).unwrap();
     let mut engine = PagedCpuEngine::new(model.clone(), num_blocks, block_size).unwrap();
     let report = drive(&mut engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
-    assert!(report.metrics.num_preemptions > 0, "the pool should force preemption: {:?}", report.metrics);
-    assert!(report.metrics.prefix_cache_hits > 0, "shared prefixes should hit: {:?}", report.metrics);
+    assert!(
+        report.metrics.num_preemptions > 0,
+        "the pool should force preemption: {:?}",
+        report.metrics
+    );
+    assert!(
+        report.metrics.prefix_cache_hits > 0,
+        "shared prefixes should hit: {:?}",
+        report.metrics
+    );
     for (i, (p, (out, _))) in prompts.iter().zip(&report.outputs).enumerate() {
         assert_eq!(out, &naive_greedy(&model, p, n_new), "request {i}");
     }

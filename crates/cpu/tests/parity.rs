@@ -133,12 +133,20 @@ fn stories260k_generates_the_llama2c_reference() {
 /// interleaved, must each equal a fresh engine's run.
 #[test]
 fn chunked_prefill_and_reused_engines_agree_with_fresh_runs() {
-    let model = Arc::new(SyntheticSpec::new(32, 72, 2, 4, 1, 64, 128, 21).build().unwrap());
+    let model = Arc::new(
+        SyntheticSpec::new(32, 72, 2, 4, 1, 64, 128, 21)
+            .build()
+            .unwrap(),
+    );
     let prompt: Vec<u32> = (0..40).map(|i| (i * 11 % 64) as u32).collect();
     let other: Vec<u32> = (0..25).map(|i| (i * 3 % 64) as u32).collect();
     let fresh = |p: &[u32]| CpuEngine::new(model.clone()).prefill_fresh(p);
     let (want_a, want_b) = (fresh(&prompt), fresh(&other));
-    let engines: Vec<Box<dyn Engine>> = vec![Box::new(CpuEngine::new(model.clone())), Box::new(kvlab_cpu::paged::PagedCpuEngine::new(model.clone(), 32, 8).unwrap()), Box::new(NaiveEngine::new(model.clone()))];
+    let engines: Vec<Box<dyn Engine>> = vec![
+        Box::new(CpuEngine::new(model.clone())),
+        Box::new(kvlab_cpu::paged::PagedCpuEngine::new(model.clone(), 32, 8).unwrap()),
+        Box::new(NaiveEngine::new(model.clone())),
+    ];
     for mut e in engines {
         // Two chunks.
         let s = e.new_sequence(128).unwrap();
@@ -153,7 +161,11 @@ fn chunked_prefill_and_reused_engines_agree_with_fresh_runs() {
         e.free(t);
         let u = e.new_sequence(128).unwrap();
         let again = e.prefill(u, &prompt).unwrap();
-        assert_close(&again, &want_a, &format!("{}: sequence after free", e.name()));
+        assert_close(
+            &again,
+            &want_a,
+            &format!("{}: sequence after free", e.name()),
+        );
         assert!(e.kv_usage().used_bytes <= e.kv_usage().reserved_bytes);
     }
 }

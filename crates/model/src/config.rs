@@ -100,7 +100,9 @@ pub fn check_field(name: &str, value: usize, max: usize) -> Result<usize> {
         return Err(Error::Config(format!("{name} is 0; it must be positive")));
     }
     if value > max {
-        return Err(Error::Config(format!("{name} = {value} is absurd (limit {max})")));
+        return Err(Error::Config(format!(
+            "{name} = {value} is absurd (limit {max})"
+        )));
     }
     Ok(value)
 }
@@ -195,7 +197,10 @@ impl Config {
             LayerKind::Global => None,
             LayerKind::Local { window } => Some(window),
         };
-        self.kv_groups().iter().position(|g| *g == w).expect("every layer's kind is a group")
+        self.kv_groups()
+            .iter()
+            .position(|g| *g == w)
+            .expect("every layer's kind is a group")
     }
 
     /// Positions layer `l` must keep for a sequence of `max_seq_len` positions: all of them for

@@ -51,7 +51,10 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let md = f.metadata();
     let arch = md.get_str("general.architecture").map_err(&e)?;
     if arch != "gemma3" {
-        return Err(Error::Format(format!("{}: architecture {arch:?} is not supported; kvlab reads gemma3 GGUF files (and llama2.c .bin files)", path.display())));
+        return Err(Error::Format(format!(
+            "{}: architecture {arch:?} is not supported; kvlab reads gemma3 GGUF files (and llama2.c .bin files)",
+            path.display()
+        )));
     }
     let key = |k: &str| format!("{arch}.{k}");
     let u = |k: &str| md.get_usize(&key(k)).map_err(&e);
@@ -63,14 +66,36 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let n_heads = check_field("head_count", u("attention.head_count")?, MAX_DIM)?;
     let window = u("attention.sliding_window")?;
     let head_dim = u("attention.key_length")?;
-    let mut c = Config::llama(dim, u("feed_forward_length")?, n_layers, n_heads, u("attention.head_count_kv")?, tokens.len(), u("context_length")?, true);
+    let mut c = Config::llama(
+        dim,
+        u("feed_forward_length")?,
+        n_layers,
+        n_heads,
+        u("attention.head_count_kv")?,
+        tokens.len(),
+        u("context_length")?,
+        true,
+    );
     c.head_dim = head_dim;
-    c.norm_eps = md.get_f32(&key("attention.layer_norm_rms_epsilon")).map_err(&e)?;
+    c.norm_eps = md
+        .get_f32(&key("attention.layer_norm_rms_epsilon"))
+        .map_err(&e)?;
     c.rope_layout = RopeLayout::Neox;
     c.rope_theta = md.get_f32(&key("rope.freq_base")).map_err(&e)?;
-    c.rope_theta_local = md.opt_f32(&key("rope.freq_base_swa")).map_err(&e)?.unwrap_or(10_000.0);
+    c.rope_theta_local = md
+        .opt_f32(&key("rope.freq_base_swa"))
+        .map_err(&e)?
+        .unwrap_or(10_000.0);
     c.activation = Activation::GeluTanh;
-    c.layer_kinds = (0..n_layers).map(|l| if l % 6 < 5 { LayerKind::Local { window } } else { LayerKind::Global }).collect();
+    c.layer_kinds = (0..n_layers)
+        .map(|l| {
+            if l % 6 < 5 {
+                LayerKind::Local { window }
+            } else {
+                LayerKind::Global
+            }
+        })
+        .collect();
     c.embed_scale = (dim as f32).sqrt();
     c.attn_scale = 1.0 / (head_dim as f32).sqrt();
     c.qk_norm = true;
@@ -83,7 +108,10 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     }
     c.validate()?;
     if f.has_tensor("output.weight") {
-        return Err(Error::Format(format!("{}: an untied output.weight is not expected for gemma3", path.display())));
+        return Err(Error::Format(format!(
+            "{}: an untied output.weight is not expected for gemma3",
+            path.display()
+        )));
     }
 
     let t = |name: String| f.dequantize(&name).map_err(&e);
@@ -107,7 +135,12 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let weights = Weights { token_embedding: t("token_embd.weight".into())?, layers, final_norm: t("output_norm.weight".into())?, classifier: None };
+    let weights = Weights {
+        token_embedding: t("token_embd.weight".into())?,
+        layers,
+        final_norm: t("output_norm.weight".into())?,
+        classifier: None,
+    };
     let model = Model::new(c, weights)?;
     let tok = tokenizer_from_gguf(&f, path)?;
     Ok((model, tok))
@@ -124,19 +157,36 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
     let md = f.metadata();
     let model = md.get_str("tokenizer.ggml.model").map_err(&e)?;
     if model != "llama" {
-        return Err(Error::Format(format!("{}: tokenizer model {model:?} is not supported (kvlab reads SentencePiece-style 'llama' vocabularies)", path.display())));
+        return Err(Error::Format(format!(
+            "{}: tokenizer model {model:?} is not supported (kvlab reads SentencePiece-style 'llama' vocabularies)",
+            path.display()
+        )));
     }
     let tokens = md.get_str_array("tokenizer.ggml.tokens").map_err(&e)?;
     let scores = md.get_f32_array("tokenizer.ggml.scores").map_err(&e)?;
     let types = md.get_i32_array("tokenizer.ggml.token_type").map_err(&e)?;
     if types.len() != tokens.len() {
-        return Err(Error::Format(format!("{}: {} token types for {} tokens", path.display(), types.len(), tokens.len())));
+        return Err(Error::Format(format!(
+            "{}: {} token types for {} tokens",
+            path.display(),
+            types.len(),
+            tokens.len()
+        )));
     }
     let pieces: Vec<Vec<u8>> = tokens.iter().map(|t| t.as_bytes().to_vec()).collect();
     let bos = md.get_u32("tokenizer.ggml.bos_token_id").map_err(&e)?;
     let eos = md.get_u32("tokenizer.ggml.eos_token_id").map_err(&e)?;
-    let prefix = md.opt_bool("tokenizer.ggml.add_space_prefix").map_err(&e)?.unwrap_or(true);
+    let prefix = md
+        .opt_bool("tokenizer.ggml.add_space_prefix")
+        .map_err(&e)?
+        .unwrap_or(true);
     const USER_DEFINED: i32 = 4;
-    let verbatim = types.iter().enumerate().filter(|(_, t)| **t == USER_DEFINED).map(|(i, _)| i as u32);
-    Ok(Tokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?.with_escaped_spaces().with_verbatim(verbatim))
+    let verbatim = types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == USER_DEFINED)
+        .map(|(i, _)| i as u32);
+    Ok(Tokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
+        .with_escaped_spaces()
+        .with_verbatim(verbatim))
 }

@@ -75,7 +75,9 @@ pub fn parse_header(h: [i32; 7]) -> Result<Config> {
     check_field("vocab_size", u(vocab.saturating_abs()), MAX_VOCAB)?;
     check_field("seq_len", u(seq_len), MAX_SEQ_LEN)?;
     if dim % n_heads != 0 {
-        return Err(Error::Config(format!("dim ({dim}) is not a multiple of n_heads ({n_heads})")));
+        return Err(Error::Config(format!(
+            "dim ({dim}) is not a multiple of n_heads ({n_heads})"
+        )));
     }
     let config = Config::llama(
         u(dim),

@@ -135,14 +135,27 @@ mod tests {
             rmsnorm_in_place(head, &gain, 0.0);
         }
         // head 0: rms = sqrt((9 + 16) / 2) = 3.5355; head 1: rms = sqrt(4 / 2) = 1.4142.
-        assert_relative_eq!(&q[..], &[3.0 / 3.535_534, 2.0 * 4.0 / 3.535_534, 0.0, 2.0 * 2.0 / 1.414_213_6][..], epsilon = 1e-5);
+        assert_relative_eq!(
+            &q[..],
+            &[
+                3.0 / 3.535_534,
+                2.0 * 4.0 / 3.535_534,
+                0.0,
+                2.0 * 2.0 / std::f32::consts::SQRT_2
+            ][..],
+            epsilon = 1e-5
+        );
     }
 
     #[test]
     fn geglu_gates_the_up_projection() {
         let mut gate = [1.0f32, -3.0];
         glu(&mut gate, &[2.0, 10.0], Activation::GeluTanh);
-        assert_relative_eq!(&gate[..], &[2.0 * 0.841_192, 10.0 * -0.003_637_392][..], epsilon = 1e-5);
+        assert_relative_eq!(
+            &gate[..],
+            &[2.0 * 0.841_192, 10.0 * -0.003_637_392][..],
+            epsilon = 1e-5
+        );
         let mut gate = [1.0f32];
         glu(&mut gate, &[3.0], Activation::Silu);
         assert_relative_eq!(gate[0], 3.0 * 0.731_058_6, epsilon = 1e-6);

@@ -260,7 +260,9 @@ impl Tokenizer {
         let unescaped;
         let mut piece = raw;
         if self.escape_spaces {
-            unescaped = String::from_utf8_lossy(raw).replace(SPACE_MARKER, " ").into_bytes();
+            unescaped = String::from_utf8_lossy(raw)
+                .replace(SPACE_MARKER, " ")
+                .into_bytes();
             piece = &unescaped;
         }
         if self.add_dummy_prefix && prev == self.bos_id && piece.first() == Some(&b' ') {

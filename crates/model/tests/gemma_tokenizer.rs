@@ -7,20 +7,40 @@ use serde_json::Value;
 
 #[test]
 fn gemma3_encodes_every_fixture_text_as_llama_cpp_does() {
-    let Some(path) = common::model_file("gemma-3-270m-q4_k_m.gguf") else { return };
+    let Some(path) = common::model_file("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
     let f = kvlab_gguf::GgufFile::open(&path).unwrap();
     let tok = kvlab_model::gguf_model::tokenizer_from_gguf(&f, &path).unwrap();
-    let fixture: Value = serde_json::from_str(include_str!("../../../fixtures/gemma3/tokens.json")).unwrap();
+    let fixture: Value =
+        serde_json::from_str(include_str!("../../../fixtures/gemma3/tokens.json")).unwrap();
     let mut failures = Vec::new();
     for case in fixture["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         let got = tok.encode(text, true, false);
         if got != want {
-            failures.push(format!("{text:?}:\n  llama.cpp {want:?}\n  kvlab     {got:?}"));
+            failures.push(format!(
+                "{text:?}:\n  llama.cpp {want:?}\n  kvlab     {got:?}"
+            ));
         }
         // Decoding the ids gives the text back (llama.cpp's detokenize without special tokens).
-        assert_eq!(tok.decode_all(&want), case["detokenized"].as_str().unwrap(), "decode of {text:?}");
+        assert_eq!(
+            tok.decode_all(&want),
+            case["detokenized"].as_str().unwrap(),
+            "decode of {text:?}"
+        );
     }
-    assert!(failures.is_empty(), "{} of {} texts differ:\n{}", failures.len(), fixture["cases"].as_array().unwrap().len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} texts differ:\n{}",
+        failures.len(),
+        fixture["cases"].as_array().unwrap().len(),
+        failures.join("\n")
+    );
 }

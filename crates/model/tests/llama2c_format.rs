@@ -23,7 +23,10 @@ fn write_then_load_round_trips_both_classifier_kinds() {
         let m = spec.build().unwrap();
         let p = tmp(&format!("rt-{shared}.bin"));
         llama2c::write(&m, &p).unwrap();
-        assert_eq!(std::fs::metadata(&p).unwrap().len(), llama2c::expected_file_bytes(&m.config));
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().len(),
+            llama2c::expected_file_bytes(&m.config)
+        );
         let back = llama2c::load(&p).unwrap();
         assert_eq!(back.config, m.config);
         assert_eq!(back.weights.layers[1].w2, m.weights.layers[1].w2);
@@ -33,7 +36,10 @@ fn write_then_load_round_trips_both_classifier_kinds() {
 
 #[test]
 fn missing_file() {
-    assert!(matches!(llama2c::load(&tmp("nope.bin")), Err(Error::Open { .. })));
+    assert!(matches!(
+        llama2c::load(&tmp("nope.bin")),
+        Err(Error::Open { .. })
+    ));
 }
 
 #[test]
@@ -50,7 +56,9 @@ fn truncated_header_and_truncated_tensors() {
 
 #[test]
 fn size_mismatch_when_longer_than_the_header_implies() {
-    let m = SyntheticSpec::new(16, 24, 1, 2, 2, 10, 8, 1).build().unwrap();
+    let m = SyntheticSpec::new(16, 24, 1, 2, 2, 10, 8, 1)
+        .build()
+        .unwrap();
     let p = tmp("long.bin");
     llama2c::write(&m, &p).unwrap();
     let mut bytes = std::fs::read(&p).unwrap();

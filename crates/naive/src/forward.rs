@@ -9,7 +9,9 @@ use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis, s};
 
 /// Logits (vocab_size,) of the last of `tokens`, computed from scratch.
 pub fn forward(model: &Model, tokens: &[u32]) -> Vec<f32> {
-    forward_rows(model, tokens, tokens.len() - 1).row(0).to_vec()
+    forward_rows(model, tokens, tokens.len() - 1)
+        .row(0)
+        .to_vec()
 }
 
 /// Logits of positions `from..T` of `tokens`, (T − from, vocab_size), computed from scratch in
@@ -68,7 +70,7 @@ pub fn forward_rows(model: &Model, tokens: &[u32], from: usize) -> Array2<f32> {
             o = rmsnorm_rows(&o, &lw.post_attn_norm, c.norm_eps);
         }
         x += &o;
-    // ANCHOR_END: naive_attention
+        // ANCHOR_END: naive_attention
 
         // --- feed-forward block: W2 (act(W1 x) ⊙ W3 x) ---
         let xn = rmsnorm_rows(&x, &lw.ffn_norm, c.norm_eps);
@@ -83,7 +85,11 @@ pub fn forward_rows(model: &Model, tokens: &[u32], from: usize) -> Array2<f32> {
     }
 
     // Logits of the requested rows only: logits = norm(x_rows) (r, d) @ W_clsᵀ (d, vocab).
-    let rows = rmsnorm_rows(&x.slice(s![from..t, ..]).to_owned(), &w.final_norm, c.norm_eps);
+    let rows = rmsnorm_rows(
+        &x.slice(s![from..t, ..]).to_owned(),
+        &w.final_norm,
+        c.norm_eps,
+    );
     rows.dot(&mat(w.classifier(), c.vocab_size, d).t())
 }
 

@@ -46,11 +46,24 @@ impl NaiveEngine {
     /// [`Error::EmptyPrompt`], [`Error::TokenOutOfRange`], [`Error::ContextFull`] beyond the
     /// model's context, [`Error::Config`] if `from` is not a position of `tokens`.
     pub fn logits_at_every_position(&self, tokens: &[u32], from: usize) -> Result<Vec<Vec<f32>>> {
-        check_tokens(&self.model.config, 0, 0, self.model.config.max_seq_len, tokens)?;
+        check_tokens(
+            &self.model.config,
+            0,
+            0,
+            self.model.config.max_seq_len,
+            tokens,
+        )?;
         if from >= tokens.len() {
-            return Err(Error::Config(format!("position {from} is past the {} tokens", tokens.len())));
+            return Err(Error::Config(format!(
+                "position {from} is past the {} tokens",
+                tokens.len()
+            )));
         }
-        Ok(forward::forward_rows(&self.model, tokens, from).rows().into_iter().map(|r| r.to_vec()).collect())
+        Ok(forward::forward_rows(&self.model, tokens, from)
+            .rows()
+            .into_iter()
+            .map(|r| r.to_vec())
+            .collect())
     }
 
     fn run(&mut self, seq: SeqId, new: &[u32]) -> Result<Vec<f32>> {

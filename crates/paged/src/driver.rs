@@ -69,7 +69,9 @@ pub enum DriveError<E: std::fmt::Display> {
     Paged(#[from] PagedError),
     #[error("engine: {0}")]
     Engine(E),
-    #[error("the scheduler made no progress at step {0} with requests still unfinished; the pool is too small for them")]
+    #[error(
+        "the scheduler made no progress at step {0} with requests still unfinished; the pool is too small for them"
+    )]
     Stuck(usize),
 }
 
@@ -117,7 +119,12 @@ where
         let logits = engine.execute(&batch).map_err(DriveError::Engine)?;
         let seconds = t.elapsed();
         engine_time += seconds;
-        let sampled: Vec<(SeqId, u32)> = batch.seqs.iter().zip(&logits).map(|(s, l)| (s.seq_id, sample(l))).collect();
+        let sampled: Vec<(SeqId, u32)> = batch
+            .seqs
+            .iter()
+            .zip(&logits)
+            .map(|(s, l)| (s.seq_id, sample(l)))
+            .collect();
         for f in scheduler.update(&sampled)? {
             if let Some(i) = ids.iter().position(|id| *id == Some(f.seq_id)) {
                 outputs[i] = Some((f.output_token_ids, f.reason));
@@ -136,7 +143,10 @@ where
         step += 1;
     }
     Ok(DriveReport {
-        outputs: outputs.into_iter().map(|o| o.unwrap_or((Vec::new(), FinishReason::Length))).collect(),
+        outputs: outputs
+            .into_iter()
+            .map(|o| o.unwrap_or((Vec::new(), FinishReason::Length)))
+            .collect(),
         steps,
         metrics: scheduler.metrics(),
         engine_time,

@@ -48,7 +48,13 @@ const PAR_MIN_WORK: usize = 1 << 14;
 /// out (num_tokens, n_heads·head_dim) ← attention of every new query and head.
 pub fn paged_attention(out: &mut [f32], a: &PagedInput<'_>) {
     let hd = a.head_dim;
-    let work: usize = a.seqs.iter().map(|s| s.n * (s.pos0 + s.n).min(a.window)).sum::<usize>() * a.n_heads * hd;
+    let work: usize = a
+        .seqs
+        .iter()
+        .map(|s| s.n * (s.pos0 + s.n).min(a.window))
+        .sum::<usize>()
+        * a.n_heads
+        * hd;
     let task = |(i, o): (usize, &mut [f32])| {
         let mut scores = Vec::new();
         one_head(o, a, i / a.n_heads, i % a.n_heads, &mut scores);
@@ -82,14 +88,22 @@ fn one_head(o: &mut [f32], a: &PagedInput<'_>, row: usize, h: usize, scores: &mu
     scores.clear();
     scores.extend((lo..=p).map(|j| {
         let (fresh, off) = at(j);
-        let k = if fresh { &a.k_new[off..off + hd] } else { &a.pool_k[off..off + hd] };
+        let k = if fresh {
+            &a.k_new[off..off + hd]
+        } else {
+            &a.pool_k[off..off + hd]
+        };
         simd::dot(q, k) * a.scale
     }));
     kvlab_model::ops::softmax(scores);
     o.fill(0.0);
     for (j, &w) in (lo..=p).zip(scores.iter()) {
         let (fresh, off) = at(j);
-        let v = if fresh { &a.v_new[off..off + hd] } else { &a.pool_v[off..off + hd] };
+        let v = if fresh {
+            &a.v_new[off..off + hd]
+        } else {
+            &a.pool_v[off..off + hd]
+        };
         simd::axpy(o, w, v);
     }
 }

@@ -27,7 +27,10 @@ use pool::KvPool;
 const NAME: &str = "cpu-paged";
 
 fn paged_err(e: kvlab_paged::PagedError) -> Error {
-    Error::Engine { engine: NAME, reason: e.to_string() }
+    Error::Engine {
+        engine: NAME,
+        reason: e.to_string(),
+    }
 }
 
 /// One sequence's part of a step, whoever scheduled it.
@@ -71,15 +74,27 @@ impl PagedCpuEngine {
         let allocators = c
             .kv_groups()
             .iter()
-            .map(|_| BlockAllocator::new(num_blocks, block_size).map(|a| a.with_prefix_caching(false)))
+            .map(|_| {
+                BlockAllocator::new(num_blocks, block_size).map(|a| a.with_prefix_caching(false))
+            })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
         let max_pos = c.max_seq_len.min(num_blocks.saturating_mul(block_size));
         let mut thetas: Vec<f32> = (0..c.n_layers).map(|l| c.rope_theta_for(l)).collect();
         thetas.dedup();
-        let rope = thetas.into_iter().map(|t| RopeTable::new(t, c.head_dim, max_pos)).collect();
+        let rope = thetas
+            .into_iter()
+            .map(|t| RopeTable::new(t, c.head_dim, max_pos))
+            .collect();
         let pool = KvPool::new(c.n_layers, num_blocks, block_size, c.kv_dim());
-        Ok(PagedCpuEngine { model, rope, pool, allocators, solo: HashMap::new(), next_id: 0 })
+        Ok(PagedCpuEngine {
+            model,
+            rope,
+            pool,
+            allocators,
+            solo: HashMap::new(),
+            next_id: 0,
+        })
     }
 
     /// Blocks per group and tokens per block.
@@ -95,7 +110,10 @@ impl PagedCpuEngine {
     pub fn run_step(&mut self, seqs: &[StepSeq<'_>]) -> Vec<Vec<f32>> {
         let c = &self.model.config;
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        let positions: Vec<usize> = seqs.iter().flat_map(|s| s.pos0..s.pos0 + s.tokens.len()).collect();
+        let positions: Vec<usize> = seqs
+            .iter()
+            .flat_map(|s| s.pos0..s.pos0 + s.tokens.len())
+            .collect();
         let mut views_rows = Vec::with_capacity(seqs.len());
         let mut row_seq = Vec::with_capacity(tokens.len());
         let mut row = 0;
@@ -104,17 +122,37 @@ impl PagedCpuEngine {
             row_seq.extend(std::iter::repeat_n(i, s.tokens.len()));
             row += s.tokens.len();
         }
-        let logit_rows: Vec<usize> = seqs.iter().zip(&views_rows).map(|(s, r)| r + s.tokens.len() - 1).collect();
+        let logit_rows: Vec<usize> = seqs
+            .iter()
+            .zip(&views_rows)
+            .map(|(s, r)| r + s.tokens.len() - 1)
+            .collect();
         let pool = &mut self.pool;
         let attend = |l: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]| {
             let g = c.layer_group(l);
-            let views: Vec<SeqView<'_>> = seqs.iter().zip(&views_rows).map(|(s, &row0)| SeqView { row0, n: s.tokens.len(), pos0: s.pos0, block_table: s.block_table[g] }).collect();
+            let views: Vec<SeqView<'_>> = seqs
+                .iter()
+                .zip(&views_rows)
+                .map(|(s, &row0)| SeqView {
+                    row0,
+                    n: s.tokens.len(),
+                    pos0: s.pos0,
+                    block_table: s.block_table[g],
+                })
+                .collect();
             let (pool_k, pool_v) = pool.layer(l);
             let input = PagedInput {
-                q, k_new: k, v_new: v, pool_k, pool_v,
+                q,
+                k_new: k,
+                v_new: v,
+                pool_k,
+                pool_v,
                 block_size: pool.block_size,
-                seqs: &views, row_seq: &row_seq,
-                n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim,
+                seqs: &views,
+                row_seq: &row_seq,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: c.head_dim,
                 scale: c.attn_scale,
                 window: match c.layer_kinds[l] {
                     LayerKind::Global => usize::MAX,
@@ -124,18 +162,36 @@ impl PagedCpuEngine {
             paged_attention(out, &input);
             // reshape_and_cache: every new token's K and V to its slot (−1: not kept).
             let kvd = c.kv_dim();
-            for (r, &slot) in seqs.iter().flat_map(|s| s.slot_mapping[g].iter()).enumerate() {
+            for (r, &slot) in seqs
+                .iter()
+                .flat_map(|s| s.slot_mapping[g].iter())
+                .enumerate()
+            {
                 if slot >= 0 {
-                    pool.write(l, slot as usize, &k[r * kvd..(r + 1) * kvd], &v[r * kvd..(r + 1) * kvd]);
+                    pool.write(
+                        l,
+                        slot as usize,
+                        &k[r * kvd..(r + 1) * kvd],
+                        &v[r * kvd..(r + 1) * kvd],
+                    );
                 }
             }
         };
-        forward(&self.model, &self.rope, &tokens, &positions, &logit_rows, attend)
+        forward(
+            &self.model,
+            &self.rope,
+            &tokens,
+            &positions,
+            &logit_rows,
+            attend,
+        )
     }
 
     /// Copies every block of `copies` in every layer of KV group `group`.
     fn copy_blocks(&mut self, group: usize, copies: &[BlockCopy]) {
-        for l in (0..self.model.config.n_layers).filter(|&l| self.model.config.layer_group(l) == group) {
+        for l in
+            (0..self.model.config.n_layers).filter(|&l| self.model.config.layer_group(l) == group)
+        {
             for cp in copies {
                 self.pool.copy_block(l, cp.src as usize, cp.dst as usize);
             }
@@ -156,19 +212,30 @@ impl PagedCpuEngine {
                 reason: format!("{e}; the pool has {} blocks of {} tokens: build the engine with more blocks", self.pool.num_blocks, self.pool.block_size),
             })?);
         }
-        let slots: Vec<Vec<i64>> = s.tables.iter().map(|t| t.slot_mapping(pos0..pos0 + n)).collect();
+        let slots: Vec<Vec<i64>> = s
+            .tables
+            .iter()
+            .map(|t| t.slot_mapping(pos0..pos0 + n))
+            .collect();
         let rows: Vec<Vec<i32>> = s.tables.iter().map(BlockTable::to_row).collect();
         s.last_slots = slots[0].clone();
         for (g, cp) in copies.iter().enumerate() {
             self.copy_blocks(g, cp);
         }
-        let step = StepSeq { tokens, pos0, slot_mapping: slots.iter().map(Vec::as_slice).collect(), block_table: rows.iter().map(Vec::as_slice).collect() };
+        let step = StepSeq {
+            tokens,
+            pos0,
+            slot_mapping: slots.iter().map(Vec::as_slice).collect(),
+            block_table: rows.iter().map(Vec::as_slice).collect(),
+        };
         let mut logits = self.run_step(std::slice::from_ref(&step));
         let s = self.solo.get_mut(&seq).expect("present above");
         s.len = pos0 + n;
         for (g, (alloc, table)) in self.allocators.iter_mut().zip(&mut s.tables).enumerate() {
             if let Some(w) = Self::window(&c, g) {
-                alloc.free_outside_window(table, s.len, w).map_err(paged_err)?;
+                alloc
+                    .free_outside_window(table, s.len, w)
+                    .map_err(paged_err)?;
             }
         }
         Ok(logits.pop().expect("one sequence"))
@@ -193,8 +260,20 @@ impl StepExecutor for PagedCpuEngine {
                 block_table: s.groups.iter().map(|g| g.block_table.as_slice()).collect(),
             })
             .collect();
-        if let Some(bad) = batch.seqs.iter().find(|s| s.groups.len() != n_groups || s.token_ids.is_empty() || s.token_ids.iter().any(|&t| t as usize >= self.model.config.vocab_size)) {
-            return Err(Error::Engine { engine: NAME, reason: format!("malformed step for {}: expected {n_groups} KV groups and in-vocabulary tokens", bad.seq_id) });
+        if let Some(bad) = batch.seqs.iter().find(|s| {
+            s.groups.len() != n_groups
+                || s.token_ids.is_empty()
+                || s.token_ids
+                    .iter()
+                    .any(|&t| t as usize >= self.model.config.vocab_size)
+        }) {
+            return Err(Error::Engine {
+                engine: NAME,
+                reason: format!(
+                    "malformed step for {}: expected {n_groups} KV groups and in-vocabulary tokens",
+                    bad.seq_id
+                ),
+            });
         }
         Ok(self.run_step(&seqs))
     }
@@ -213,12 +292,26 @@ impl Engine for PagedCpuEngine {
         check_max_seq_len(&self.model.config, max_seq_len)?;
         let cap = self.rope.first().map_or(0, RopeTable::positions);
         if max_seq_len > cap {
-            return Err(Error::Config(format!("the pool holds at most {cap} positions; a sequence of {max_seq_len} needs a larger pool")));
+            return Err(Error::Config(format!(
+                "the pool holds at most {cap} positions; a sequence of {max_seq_len} needs a larger pool"
+            )));
         }
         let id = self.next_id;
         self.next_id += 1;
-        let tables = self.allocators.iter().map(|_| BlockTable::new(self.pool.block_size)).collect();
-        self.solo.insert(id, Solo { tables, len: 0, max_seq_len, last_slots: Vec::new() });
+        let tables = self
+            .allocators
+            .iter()
+            .map(|_| BlockTable::new(self.pool.block_size))
+            .collect();
+        self.solo.insert(
+            id,
+            Solo {
+                tables,
+                len: 0,
+                max_seq_len,
+                last_slots: Vec::new(),
+            },
+        );
         Ok(id)
     }
 
@@ -243,8 +336,13 @@ impl Engine for PagedCpuEngine {
     /// the scheduler's metrics). Reserved: the whole pool.
     fn kv_usage(&self) -> KvUsage {
         let c = &self.model.config;
-        let used: usize = (0..c.n_layers).map(|l| self.allocators[c.layer_group(l)].num_used_blocks() * self.pool.block_bytes()).sum();
-        KvUsage { used_bytes: used, reserved_bytes: self.pool.reserved_bytes() }
+        let used: usize = (0..c.n_layers)
+            .map(|l| self.allocators[c.layer_group(l)].num_used_blocks() * self.pool.block_bytes())
+            .sum();
+        KvUsage {
+            used_bytes: used,
+            reserved_bytes: self.pool.reserved_bytes(),
+        }
     }
 
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
@@ -260,6 +358,17 @@ impl Engine for PagedCpuEngine {
                 )
             })
             .collect();
-        Some(TraceStep { len: s.len, layer_cache_shapes: shapes, block_table: Some(s.tables[0].to_row().iter().map(|&b| b.max(-1) as u32).collect()), slot_mapping: Some(s.last_slots.iter().map(|&x| x as u32).collect()) })
+        Some(TraceStep {
+            len: s.len,
+            layer_cache_shapes: shapes,
+            block_table: Some(
+                s.tables[0]
+                    .to_row()
+                    .iter()
+                    .map(|&b| b.max(-1) as u32)
+                    .collect(),
+            ),
+            slot_mapping: Some(s.last_slots.iter().map(|&x| x as u32).collect()),
+        })
     }
 }

@@ -17,7 +17,13 @@ impl KvPool {
     /// Allocates `num_blocks` blocks for each of `n_layers` layers.
     pub fn new(n_layers: usize, num_blocks: usize, block_size: usize, kv_dim: usize) -> KvPool {
         let n = num_blocks * block_size * kv_dim;
-        KvPool { k: vec![vec![0.0; n]; n_layers], v: vec![vec![0.0; n]; n_layers], num_blocks, block_size, kv_dim }
+        KvPool {
+            k: vec![vec![0.0; n]; n_layers],
+            v: vec![vec![0.0; n]; n_layers],
+            num_blocks,
+            block_size,
+            kv_dim,
+        }
     }
 
     /// Layer `l`'s K and V, each (num_blocks · block_size, kv_dim).
