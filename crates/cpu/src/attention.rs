@@ -41,14 +41,19 @@ pub fn attention(out: &mut [f32], a: &AttentionInput<'_>) {
     let hd = a.head_dim;
     let t = a.q.len() / (a.n_heads * hd);
     let work = t * a.n_heads * (a.pos0 + t).min(a.window) * hd;
-    let task = |(i, o): (usize, &mut [f32])| {
-        let mut scores = Vec::new();
-        one_head(o, a, i / a.n_heads, i % a.n_heads, &mut scores);
+    // `scores` is scratch reused across the heads a thread handles.
+    let task = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+        one_head(o, a, i / a.n_heads, i % a.n_heads, scores)
     };
     if work < PAR_MIN_WORK {
-        out.chunks_exact_mut(hd).enumerate().for_each(task);
+        let mut scores = Vec::new();
+        out.chunks_exact_mut(hd)
+            .enumerate()
+            .for_each(|io| task(&mut scores, io));
     } else {
-        out.par_chunks_exact_mut(hd).enumerate().for_each(task);
+        out.par_chunks_exact_mut(hd)
+            .enumerate()
+            .for_each_init(Vec::new, task);
     }
 }
 
@@ -81,11 +86,11 @@ fn one_head(o: &mut [f32], a: &AttentionInput<'_>, t: usize, h: usize, scores: &
     };
 
     scores.clear();
-    scores.extend((lo..=p).map(|j| simd::dot(q, key(j)) * a.scale));
+    scores.extend((lo..=p).map(|j| simd::dot_short(q, key(j)) * a.scale));
     kvlab_model::ops::softmax(scores);
     o.fill(0.0);
     for (j, &w) in (lo..=p).zip(scores.iter()) {
-        simd::axpy(o, w, val(j));
+        simd::axpy_short(o, w, val(j));
     }
 }
 // ANCHOR_END: one_head

@@ -19,17 +19,11 @@ pub fn gemv(out: &mut [f32], w: &[f32], x: &[f32]) {
     let cols = x.len();
     debug_assert_eq!(w.len(), out.len() * cols);
     if out.len() * cols < PAR_GEMV_MIN_WORK {
-        for (o, row) in out.iter_mut().zip(w.chunks_exact(cols)) {
-            *o = simd::dot(row, x);
-        }
+        simd::gemv_rows(out, w, x);
     } else {
         out.par_chunks_mut(GEMV_ROWS_PER_TASK)
             .zip(w.par_chunks(GEMV_ROWS_PER_TASK * cols))
-            .for_each(|(o, rows)| {
-                for (o, row) in o.iter_mut().zip(rows.chunks_exact(cols)) {
-                    *o = simd::dot(row, x);
-                }
-            });
+            .for_each(|(o, rows)| simd::gemv_rows(o, rows, x));
     }
 }
 

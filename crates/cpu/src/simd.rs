@@ -66,6 +66,30 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_with(isa(), a, b)
 }
 
+/// Vectors shorter than this are summed by a plain loop: for a head of 8 floats (stories260K)
+/// the SIMD dispatch costs more than the arithmetic.
+pub const SHORT: usize = 16;
+
+/// [`dot`] for short vectors (attention over small heads): a plain loop below [`SHORT`].
+#[inline]
+pub fn dot_short(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() < SHORT {
+        kvlab_model::ops::dot(a, b)
+    } else {
+        dot(a, b)
+    }
+}
+
+/// [`axpy`] for short vectors: a plain loop below [`SHORT`].
+#[inline]
+pub fn axpy_short(y: &mut [f32], alpha: f32, x: &[f32]) {
+    if y.len() < SHORT {
+        kvlab_model::ops::axpy(y, alpha, x)
+    } else {
+        axpy(y, alpha, x)
+    }
+}
+
 /// y ← y + alpha·x over the common length.
 #[inline]
 pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
@@ -113,9 +137,150 @@ pub fn axpy_with(isa: Isa, y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
+/// out (rows,) = W (rows, cols) @ x (cols,) at the current level, the level chosen once for all
+/// rows and several rows computed per pass so each load of x serves them all. Every output equals
+/// [`dot`] of its row bit for bit (same accumulators, same order).
+pub fn gemv_rows(out: &mut [f32], w: &[f32], x: &[f32]) {
+    let cols = x.len();
+    assert_eq!(
+        w.len(),
+        out.len() * cols,
+        "gemv_rows: W must be (rows, cols)"
+    );
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: isa() returns only levels the CPU supports; the assert above makes every row
+        // of `w` exactly `cols` long, which is what the kernel reads.
+        Isa::Avx512 => unsafe { x86::gemv_avx512(out, w, x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX2 + FMA.
+        Isa::Avx2Fma => unsafe { x86::gemv_avx2(out, w, x) },
+        _ => {
+            for (o, row) in out.iter_mut().zip(w.chunks_exact(cols)) {
+                *o = kvlab_model::ops::dot(row, x);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// GEMV, 4 rows per pass sharing each load of x; every row keeps dot_avx512's 4
+    /// accumulators and summation order, so each output is bit-identical to `dot_avx512(row, x)`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `w` must hold `out.len()` rows of `x.len()` floats.
+    // k indexes both x's offset and each row's accumulator: a range loop says that best.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[f32], x: &[f32]) {
+        const R: usize = 4;
+        let n = x.len();
+        let px = x.as_ptr();
+        let rows = out.len();
+        let mut r = 0;
+        while r + R <= rows {
+            // SAFETY (every raw load below): row r + q < rows starts at (r + q)·n inside w, and
+            // i + lanes ≤ n, so each load reads inside its row and inside x.
+            let pw: [*const f32; R] =
+                std::array::from_fn(|k| unsafe { w.as_ptr().add((r + k) * n) });
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            let mut i = 0;
+            while i + 64 <= n {
+                for k in 0..4 {
+                    let xv = unsafe { _mm512_loadu_ps(px.add(i + 16 * k)) };
+                    for q in 0..R {
+                        acc[q][k] = unsafe {
+                            _mm512_fmadd_ps(_mm512_loadu_ps(pw[q].add(i + 16 * k)), xv, acc[q][k])
+                        };
+                    }
+                }
+                i += 64;
+            }
+            while i + 16 <= n {
+                let xv = unsafe { _mm512_loadu_ps(px.add(i)) };
+                for q in 0..R {
+                    acc[q][0] =
+                        unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(pw[q].add(i)), xv, acc[q][0]) };
+                }
+                i += 16;
+            }
+            for q in 0..R {
+                let a = &acc[q];
+                let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+                let mut s = _mm512_reduce_add_ps(sum);
+                let row = &w[(r + q) * n..(r + q + 1) * n];
+                for j in i..n {
+                    s += row[j] * x[j];
+                }
+                out[r + q] = s;
+            }
+            r += R;
+        }
+        for q in r..rows {
+            out[q] = unsafe { dot_avx512(&w[q * n..(q + 1) * n], x) };
+        }
+    }
+
+    /// GEMV, 2 rows per pass, each bit-identical to `dot_avx2(row, x)`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `w` must hold `out.len()` rows of `x.len()` floats.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[f32], x: &[f32]) {
+        const R: usize = 2;
+        let n = x.len();
+        let px = x.as_ptr();
+        let rows = out.len();
+        let mut r = 0;
+        while r + R <= rows {
+            // SAFETY (every raw load below): row r + q < rows starts at (r + q)·n inside w, and
+            // i + lanes ≤ n, so each load reads inside its row and inside x.
+            let pw: [*const f32; R] =
+                std::array::from_fn(|k| unsafe { w.as_ptr().add((r + k) * n) });
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            let mut i = 0;
+            while i + 32 <= n {
+                for k in 0..4 {
+                    let xv = unsafe { _mm256_loadu_ps(px.add(i + 8 * k)) };
+                    for q in 0..R {
+                        acc[q][k] = unsafe {
+                            _mm256_fmadd_ps(_mm256_loadu_ps(pw[q].add(i + 8 * k)), xv, acc[q][k])
+                        };
+                    }
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                let xv = unsafe { _mm256_loadu_ps(px.add(i)) };
+                for q in 0..R {
+                    acc[q][0] =
+                        unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pw[q].add(i)), xv, acc[q][0]) };
+                }
+                i += 8;
+            }
+            for q in 0..R {
+                let a = &acc[q];
+                let v = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+                let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                let v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+                let mut s = _mm_cvtss_f32(v);
+                let row = &w[(r + q) * n..(r + q + 1) * n];
+                for j in i..n {
+                    s += row[j] * x[j];
+                }
+                out[r + q] = s;
+            }
+            r += R;
+        }
+        for q in r..rows {
+            out[q] = unsafe { dot_avx2(&w[q * n..(q + 1) * n], x) };
+        }
+    }
 
     /// Four 16-lane accumulators hide the FMA latency; the tail is scalar.
     ///
@@ -307,6 +472,23 @@ mod tests {
                         isa.name()
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn gemv_rows_equals_dot_per_row_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for (rows, cols) in [(1, 5), (3, 64), (4, 65), (7, 288), (9, 1031), (13, 8)] {
+            let (w, x) = (rand_vec(&mut rng, rows * cols), rand_vec(&mut rng, cols));
+            let mut out = vec![f32::NAN; rows];
+            gemv_rows(&mut out, &w, &x);
+            for (r, o) in out.iter().enumerate() {
+                assert_eq!(
+                    o.to_bits(),
+                    dot(&w[r * cols..(r + 1) * cols], &x).to_bits(),
+                    "row {r} of ({rows}, {cols})"
+                );
             }
         }
     }

@@ -55,14 +55,19 @@ pub fn paged_attention(out: &mut [f32], a: &PagedInput<'_>) {
         .sum::<usize>()
         * a.n_heads
         * hd;
-    let task = |(i, o): (usize, &mut [f32])| {
-        let mut scores = Vec::new();
-        one_head(o, a, i / a.n_heads, i % a.n_heads, &mut scores);
+    // `scores` is scratch reused across the heads a thread handles.
+    let task = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+        one_head(o, a, i / a.n_heads, i % a.n_heads, scores)
     };
     if work < PAR_MIN_WORK {
-        out.chunks_exact_mut(hd).enumerate().for_each(task);
+        let mut scores = Vec::new();
+        out.chunks_exact_mut(hd)
+            .enumerate()
+            .for_each(|io| task(&mut scores, io));
     } else {
-        out.par_chunks_exact_mut(hd).enumerate().for_each(task);
+        out.par_chunks_exact_mut(hd)
+            .enumerate()
+            .for_each_init(Vec::new, task);
     }
 }
 
@@ -93,7 +98,7 @@ fn one_head(o: &mut [f32], a: &PagedInput<'_>, row: usize, h: usize, scores: &mu
         } else {
             &a.pool_k[off..off + hd]
         };
-        simd::dot(q, k) * a.scale
+        simd::dot_short(q, k) * a.scale
     }));
     kvlab_model::ops::softmax(scores);
     o.fill(0.0);
@@ -104,7 +109,7 @@ fn one_head(o: &mut [f32], a: &PagedInput<'_>, row: usize, h: usize, scores: &mu
         } else {
             &a.pool_v[off..off + hd]
         };
-        simd::axpy(o, w, v);
+        simd::axpy_short(o, w, v);
     }
 }
 // ANCHOR_END: paged_one_head
