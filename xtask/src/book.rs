@@ -67,8 +67,16 @@ pub fn run(args: &[String]) -> Result<()> {
         ),
     }
     // Commands the caller already ran in this job (CI runs the bench smoke test on its own).
-    let skip: Vec<String> = std::env::var("KVLAB_BOOK_SKIP").unwrap_or_default().split(';').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
-    let cmds: Vec<(String, String)> = reproduce_commands()?.into_iter().filter(|(_, c)| !skip.contains(c)).collect();
+    let skip: Vec<String> = std::env::var("KVLAB_BOOK_SKIP")
+        .unwrap_or_default()
+        .split(';')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let cmds: Vec<(String, String)> = reproduce_commands()?
+        .into_iter()
+        .filter(|(_, c)| !skip.contains(c))
+        .collect();
     let mut failed = Vec::new();
     for (i, (file, cmd)) in cmds.iter().enumerate() {
         let t = Instant::now();

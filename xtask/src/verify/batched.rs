@@ -159,9 +159,9 @@ pub(super) fn run(
             steps: report.steps.len(),
             num_blocks,
             block_size,
-            num_preemptions: m.num_preemptions as u64,
-            prefix_cache_hits: m.prefix_cache_hits as u64,
-            num_recomputed_tokens: m.num_recomputed_tokens as u64,
+            num_preemptions: m.num_preemptions,
+            prefix_cache_hits: m.prefix_cache_hits,
+            num_recomputed_tokens: m.num_recomputed_tokens,
         }),
         ..Row::empty(&entry.name, engine)
     })
