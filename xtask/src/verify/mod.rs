@@ -244,7 +244,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .progress_chars("=> "),
     );
     let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<(usize, (Vec<Row>, Option<Reference>))>> = Mutex::new(Vec::new());
+    let done: Mutex<Vec<(usize, CaseResult)>> = Mutex::new(Vec::new());
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(work.len().max(1));
@@ -455,6 +455,9 @@ fn compare_logits(got: &[Vec<f32>], reference: &[Vec<f32>]) -> (f32, bool) {
     }
     (max, ok)
 }
+
+/// A case's rows and the naive engine's verified tokens (for the batched mode).
+type CaseResult = (Vec<Row>, Option<Reference>);
 
 /// The naive engine's verdict on a generated sequence.
 struct NaiveCheck {
