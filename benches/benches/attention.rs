@@ -1,0 +1,128 @@
+//! One decode query of one head attending over `ctx` cached keys: the inner loop of every
+//! decode step, whose cost grows with the context. (n_heads = n_kv_heads = 1, head_dim = 64, the
+//! Llama-3.2-1B head.) Throughput: bytes of K and V read, 2 × ctx × head_dim × 4.
+//!
+//! * `scalar/attention_decode`: the reference maths with kvlab-model's scalar ops;
+//! * `cpu/attention_decode`: kvlab-cpu's SIMD kernel over a contiguous (ctx, head_dim) cache;
+//! * `cpu-paged/attention_decode/bs16`: the paged kernel reading the same keys through a block
+//!   table whose 16-token blocks are scattered over a pool: the paged gather's cost.
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvlab_benches::{assert_close, data};
+use kvlab_cpu::attention::{AttentionInput, attention};
+use kvlab_cpu::paged::attention::{PagedInput, SeqView, paged_attention};
+use kvlab_model::ops;
+
+const HEAD_DIM: usize = 64;
+const CTXS: [usize; 6] = [128, 256, 512, 1024, 2048, 4096];
+const BLOCK: usize = 16;
+
+/// Reference: s_j = q·k_j·scale for j ≤ p, a = softmax(s), o = Σ_j a_j v_j.
+fn scalar(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scale: f32) {
+    let mut s: Vec<f32> = k
+        .chunks_exact(HEAD_DIM)
+        .map(|kj| ops::dot(q, kj) * scale)
+        .collect();
+    ops::softmax(&mut s);
+    out.fill(0.0);
+    for (w, vj) in s.iter().zip(v.chunks_exact(HEAD_DIM)) {
+        ops::axpy(out, *w, vj);
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    for ctx in CTXS {
+        // The new token is position ctx − 1; positions 0..ctx−1 are cached.
+        let past = ctx - 1;
+        let q = data(HEAD_DIM, 1); // (head_dim,)
+        let k = data(ctx * HEAD_DIM, 2); // (ctx, head_dim): cache rows then the new row
+        let v = data(ctx * HEAD_DIM, 3); // (ctx, head_dim)
+        let (k_cache, k_new) = k.split_at(past * HEAD_DIM);
+        let (v_cache, v_new) = v.split_at(past * HEAD_DIM);
+        let contiguous = AttentionInput {
+            q: &q,
+            k_new,
+            v_new,
+            cache_k: k_cache,
+            cache_v: v_cache,
+            cap: past.max(1),
+            pos0: past,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: HEAD_DIM,
+            scale,
+            window: usize::MAX,
+        };
+        // The paged pool: twice the blocks needed, the sequence's blocks at scattered ids
+        // (block b → physical (b · 7 + 3) mod num_blocks, a permutation as 7 is odd).
+        let nb = past.div_ceil(BLOCK).max(1);
+        let num_blocks = 2 * nb;
+        let table: Vec<i32> = (0..nb).map(|b| ((b * 7 + 3) % num_blocks) as i32).collect(); // (nb,)
+        let mut pool_k = vec![0.0f32; num_blocks * BLOCK * HEAD_DIM]; // (num_blocks·block, head_dim)
+        let mut pool_v = vec![0.0f32; num_blocks * BLOCK * HEAD_DIM];
+        for j in 0..past {
+            let slot = table[j / BLOCK] as usize * BLOCK + j % BLOCK;
+            pool_k[slot * HEAD_DIM..][..HEAD_DIM].copy_from_slice(&k[j * HEAD_DIM..][..HEAD_DIM]);
+            pool_v[slot * HEAD_DIM..][..HEAD_DIM].copy_from_slice(&v[j * HEAD_DIM..][..HEAD_DIM]);
+        }
+        let seqs = [SeqView {
+            row0: 0,
+            n: 1,
+            pos0: past,
+            block_table: &table,
+        }];
+        let paged = PagedInput {
+            q: &q,
+            k_new,
+            v_new,
+            pool_k: &pool_k,
+            pool_v: &pool_v,
+            block_size: BLOCK,
+            seqs: &seqs,
+            row_seq: &[0],
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: HEAD_DIM,
+            scale,
+            window: usize::MAX,
+        };
+
+        // Validate both fast kernels against the reference before timing them.
+        let mut want = vec![0.0; HEAD_DIM];
+        scalar(&mut want, &q, &k, &v, scale);
+        let mut got = vec![0.0; HEAD_DIM];
+        attention(&mut got, &contiguous);
+        assert_close("cpu/attention_decode", &got, &want, 1e-4);
+        paged_attention(&mut got, &paged);
+        assert_close("cpu-paged/attention_decode", &got, &want, 1e-4);
+
+        let bytes = (2 * ctx * HEAD_DIM * 4) as u64;
+        let mut out = vec![0.0; HEAD_DIM];
+        let id = BenchmarkId::new("ctx", ctx);
+        let mut g = c.benchmark_group("scalar/attention_decode");
+        g.throughput(Throughput::Bytes(bytes));
+        g.bench_function(id.clone(), |b| {
+            b.iter(|| scalar(&mut out, &q, &k, &v, scale))
+        });
+        g.finish();
+        let mut g = c.benchmark_group("cpu/attention_decode");
+        g.throughput(Throughput::Bytes(bytes));
+        g.bench_function(id.clone(), |b| b.iter(|| attention(&mut out, &contiguous)));
+        g.finish();
+        let mut g = c.benchmark_group("cpu-paged/attention_decode/bs16");
+        g.throughput(Throughput::Bytes(bytes));
+        g.bench_function(id, |b| b.iter(|| paged_attention(&mut out, &paged)));
+        g.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(std::time::Duration::from_millis(300))
+        .measurement_time(std::time::Duration::from_secs(1));
+    targets = bench
+}
+criterion_main!(benches);

@@ -1,0 +1,178 @@
+//! What ran the benchmark: CPU, cores, SIMD level, caches, memory, GPU, toolchain and commit.
+//! Recorded with every run, because absolute numbers mean nothing without it.
+
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+/// The machine and software of one run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Machine {
+    /// /proc/cpuinfo "model name".
+    pub cpu_model: String,
+    /// Logical CPUs this process may use (std::thread::available_parallelism).
+    pub logical_cpus: usize,
+    /// SIMD-related CPU flags present (of avx, avx2, fma, avx512f, avx512bw, avx512vl, ...).
+    pub cpu_features: Vec<String>,
+    /// The level kvlab-cpu's dot/axpy dispatch chose ("avx512f", "avx2+fma", "scalar").
+    pub kvlab_simd: String,
+    /// Last-level cache size in bytes (sysfs), when known.
+    pub llc_bytes: Option<u64>,
+    /// MemTotal of /proc/meminfo, bytes.
+    pub mem_total_bytes: Option<u64>,
+    /// 1-, 5- and 15-minute load averages when the run started: above the core count means the
+    /// machine was shared and timings are noisier.
+    pub loadavg_start: Option<[f64; 3]>,
+    /// `nvidia-smi` name and driver of each GPU; empty without one.
+    pub gpus: Vec<String>,
+    pub os: String,
+    /// `rustc -V` at run time.
+    pub rustc: String,
+    /// `git rev-parse HEAD`, with "+dirty" when the work tree has changes.
+    pub git_commit: String,
+    /// Start of the run, UTC, RFC 3339 (from `date -u`).
+    pub date_utc: String,
+    /// The machine's host name.
+    pub hostname: String,
+}
+
+const FLAGS: &[&str] = &[
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+];
+
+/// Collects everything that can be found; missing pieces are left empty, never an error.
+pub fn detect() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let flags: Vec<String> = field("flags")
+        .map(|f| {
+            let have: Vec<&str> = f.split_whitespace().collect();
+            FLAGS
+                .iter()
+                .filter(|x| have.contains(x))
+                .map(|x| x.to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let dirty = cmd("git", &["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
+    Machine {
+        cpu_model: field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+        logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_features: flags,
+        kvlab_simd: kvlab_cpu::simd::isa().name().to_string(),
+        llc_bytes: llc_bytes(),
+        mem_total_bytes: meminfo_kib("MemTotal:").map(|k| k * 1024),
+        loadavg_start: loadavg(),
+        gpus: cmd(
+            "nvidia-smi",
+            &[
+                "--query-gpu=name,driver_version,memory.total",
+                "--format=csv,noheader",
+            ],
+        )
+        .map(|s| s.lines().map(str::to_string).collect())
+        .unwrap_or_default(),
+        os: cmd("uname", &["-sr"]).unwrap_or_else(|| std::env::consts::OS.to_string()),
+        rustc: cmd("rustc", &["-V"]).unwrap_or_default(),
+        git_commit: cmd("git", &["rev-parse", "HEAD"])
+            .map(|c| if dirty { format!("{c}+dirty") } else { c })
+            .unwrap_or_default(),
+        date_utc: cmd("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default(),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+    }
+}
+
+/// A command's trimmed stdout, or `None` if it fails or is absent.
+fn cmd(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(crate::verify::workspace_root())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The largest cache of cpu0 (sysfs "index*/size", e.g. "32768K").
+fn llc_bytes() -> Option<u64> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.filter_map(|e| {
+        let s = std::fs::read_to_string(e.ok()?.path().join("size")).ok()?;
+        let s = s.trim();
+        let (num, mult) = match s.strip_suffix('K') {
+            Some(n) => (n, 1024),
+            None => match s.strip_suffix('M') {
+                Some(n) => (n, 1024 * 1024),
+                None => (s, 1),
+            },
+        };
+        num.parse::<u64>().ok().map(|n| n * mult)
+    })
+    .max()
+}
+
+fn loadavg() -> Option<[f64; 3]> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let v: Vec<f64> = s
+        .split_whitespace()
+        .take(3)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    (v.len() == 3).then(|| [v[0], v[1], v[2]])
+}
+
+/// A "Name:   123 kB" line of /proc/meminfo, in KiB.
+fn meminfo_kib(name: &str) -> Option<u64> {
+    kib_field(&std::fs::read_to_string("/proc/meminfo").ok()?, name)
+}
+
+fn kib_field(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(name))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// This process's peak resident set size (VmHWM), bytes; `None` off Linux.
+pub fn peak_rss_bytes() -> Option<u64> {
+    kib_field(
+        &std::fs::read_to_string("/proc/self/status").ok()?,
+        "VmHWM:",
+    )
+    .map(|k| k * 1024)
+}
+
+/// This process's current resident set size (VmRSS), bytes; `None` off Linux.
+pub fn rss_bytes() -> Option<u64> {
+    kib_field(
+        &std::fs::read_to_string("/proc/self/status").ok()?,
+        "VmRSS:",
+    )
+    .map(|k| k * 1024)
+}
+
+/// The 1-minute load average now.
+pub fn load_now() -> Option<f64> {
+    loadavg().map(|l| l[0])
+}
