@@ -27,7 +27,12 @@ pub fn gemv(out: &mut [f32], w: &[f32], x: &[f32]) {
     }
 }
 
-/// y (t, out) = x (t, in) @ Wᵀ with W (out, in). GEMV for t = 1, sgemm otherwise.
+/// Up to this many rows, `linear` reads W once and dots each of its rows with every x row
+/// (a decode batch, a short prompt); sgemm's packing of W costs more than it saves there.
+pub const SMALL_BATCH: usize = 16;
+
+/// y (t, out) = x (t, in) @ Wᵀ with W (out, in): a GEMV for t = 1, row-by-row dot products for
+/// t ≤ [`SMALL_BATCH`] (each equal, bit for bit, to the GEMV of that row alone), sgemm above.
 pub fn linear(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
     assert!(
         x.len() >= t * d_in && y.len() >= t * d_out && w.len() == d_out * d_in,
@@ -35,6 +40,10 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out:
     );
     if t == 1 {
         gemv(&mut y[..d_out], w, &x[..d_in]);
+        return;
+    }
+    if t <= SMALL_BATCH {
+        small_batch(y, &x[..t * d_in], w, t, d_in, d_out);
         return;
     }
     // C (m=t, n=out) = A (m, k=in) · B (k, n) where B = Wᵀ: B[k][n] = W[n][k], i.e. row stride 1
@@ -61,10 +70,62 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out:
     }
 }
 
+/// y (t, out) = x (t, in) @ Wᵀ for a few rows: each W row is loaded once and dotted with every x
+/// row while it sits in L1; output columns are split across threads.
+fn small_batch(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+    // (out, t) scratch: one task owns a contiguous range of W rows and all their outputs.
+    let mut yt = vec![0.0f32; d_out * t];
+    let work = |(chunk, rows): (&mut [f32], &[f32])| {
+        for (o, row) in chunk.chunks_exact_mut(t).zip(rows.chunks_exact(d_in)) {
+            for (r, v) in o.iter_mut().enumerate() {
+                *v = simd::dot(row, &x[r * d_in..(r + 1) * d_in]);
+            }
+        }
+    };
+    if d_out * d_in * t < PAR_GEMV_MIN_WORK {
+        work((&mut yt, w));
+    } else {
+        yt.par_chunks_mut(GEMV_ROWS_PER_TASK * t)
+            .zip(w.par_chunks(GEMV_ROWS_PER_TASK * d_in))
+            .for_each(work);
+    }
+    for (i, o) in yt.chunks_exact(t).enumerate() {
+        for (r, &v) in o.iter().enumerate() {
+            y[r * d_out + i] = v;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn a_row_of_a_small_batch_equals_its_gemv_bit_for_bit() {
+        // Batch invariance at the bit level: a decode row does not depend on its batch-mates.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let (d_in, d_out) = (288, 1000);
+        let w: Vec<f32> = (0..d_out * d_in)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        for t in 2..=SMALL_BATCH {
+            let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut y = vec![f32::NAN; t * d_out];
+            linear(&mut y, &x, &w, t, d_in, d_out);
+            for r in 0..t {
+                let mut alone = vec![0.0; d_out];
+                linear(&mut alone, &x[r * d_in..(r + 1) * d_in], &w, 1, d_in, d_out);
+                assert!(
+                    y[r * d_out..(r + 1) * d_out]
+                        .iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "t={t} row {r}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn linear_matches_the_scalar_reference_for_one_and_many_tokens() {
