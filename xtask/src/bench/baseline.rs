@@ -18,6 +18,9 @@ use super::ratios::Ratio;
 /// The smallest relative change ever flagged: on this shared 2-core machine, two runs of the
 /// same commit moved ratios by up to ~20 %.
 pub const MIN_TOLERANCE: f64 = 0.25;
+/// The floor when either side has fewer than 3 samples (quick runs, the naive engine's long
+/// generations).
+pub const FEW_SAMPLES_TOLERANCE: f64 = 0.5;
 /// Ratios whose engine side took less than this (ms) in either run are shown, not judged.
 pub const MIN_JUDGED_MS: f64 = 1.0;
 
@@ -74,7 +77,13 @@ pub fn compare(file: &Path, now: &[Ratio], cpu_model: &str) -> Result<BaselineRe
             continue;
         };
         let change = n.value / b.value - 1.0;
-        let tolerance = (b.noise + n.noise).max(MIN_TOLERANCE);
+        // With fewer than 3 samples on a side the spread says little about the noise.
+        let floor = if b.n.min(n.n) < 3 {
+            FEW_SAMPLES_TOLERANCE
+        } else {
+            MIN_TOLERANCE
+        };
+        let tolerance = (b.noise + n.noise).max(floor);
         let verdict = if b.engine_ms.min(n.engine_ms) < MIN_JUDGED_MS {
             "too short to judge"
         } else if change < -tolerance {
