@@ -741,6 +741,22 @@ fn report(rows: &[Row], o: &Opts) -> Result<()> {
         ],
         &cells,
     );
+    for r in rows {
+        if let Some(b) = &r.batch {
+            println!(
+                "batched {} / {}: {} requests in {} steps, pool {} blocks x {} tokens: {} preemptions, {} prefix-cache hit tokens, {} recomputed tokens",
+                r.model,
+                r.engine,
+                b.requests,
+                b.steps,
+                b.num_blocks,
+                b.block_size,
+                b.num_preemptions,
+                b.prefix_cache_hits,
+                b.num_recomputed_tokens
+            );
+        }
+    }
     for r in rows
         .iter()
         .filter(|r| !r.note.is_empty() && r.status != "ok" && r.status != "reference")
