@@ -285,3 +285,26 @@ pub fn load_llama2c(model: &Path, tokenizer: Option<&Path>) -> Result<(Model, Op
         .transpose()?;
     Ok((m, t))
 }
+
+/// For tests of real checkpoints: `$KVLAB_MODELS/<file>` if it exists; otherwise says so loudly
+/// on stderr ("SKIPPED: ...") and returns `None`, so the test can return early.
+///
+/// # Panics
+/// When the file is absent and `KVLAB_REQUIRE_MODELS=1` (CI), so a missing checkpoint fails
+/// instead of silently skipping.
+pub fn test_model_file(file: &str) -> Option<PathBuf> {
+    match models_dir().map(|d| d.join(file)) {
+        Some(p) if p.is_file() => Some(p),
+        _ => {
+            let msg = format!(
+                "real model file {file} not found (set KVLAB_MODELS to the folder holding it, e.g. KVLAB_MODELS=../shared/models)"
+            );
+            assert!(
+                std::env::var("KVLAB_REQUIRE_MODELS").as_deref() != Ok("1"),
+                "KVLAB_REQUIRE_MODELS=1: {msg}"
+            );
+            eprintln!("SKIPPED: {msg}");
+            None
+        }
+    }
+}
