@@ -12,6 +12,17 @@ pub const ENGINES: &[&str] = &["naive", "cpu", "cpu-paged", "cuda"];
 /// The engines with a paged KV cache, which also run batched steps from the scheduler.
 pub const PAGED_ENGINES: &[&str] = &["cpu-paged", "cuda"];
 
+/// Checks engine names given on a command line.
+///
+/// # Errors
+/// The first unknown name (the message lists the known ones).
+pub fn check_names(names: &[String]) -> Result<()> {
+    match names.iter().find(|n| !ENGINES.contains(&n.as_str())) {
+        Some(e) => bail!("unknown engine {e:?}; known: {}", ENGINES.join(", ")),
+        None => Ok(()),
+    }
+}
+
 /// Whether an engine can run on this machine: `Err` with the reason when it cannot (the cuda
 /// engine without an NVIDIA driver or GPU). Harnesses report such engines as SKIPPED, unless
 /// `KVLAB_REQUIRE_CUDA=1` makes a missing GPU a failure.

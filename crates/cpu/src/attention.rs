@@ -41,19 +41,29 @@ pub fn attention(out: &mut [f32], a: &AttentionInput<'_>) {
     let hd = a.head_dim;
     let t = a.q.len() / (a.n_heads * hd);
     let work = t * a.n_heads * (a.pos0 + t).min(a.window) * hd;
-    // `scores` is scratch reused across the heads a thread handles.
-    let task = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+    for_each_head(out, hd, work, |o, i, scores| {
         one_head(o, a, i / a.n_heads, i % a.n_heads, scores)
-    };
+    });
+}
+
+/// Calls `f(out_head, index, scores)` for every head_dim-wide chunk of `out` (index = query row ×
+/// n_heads + head), on the calling thread below [`PAR_MIN_WORK`] multiply-adds, across rayon's
+/// threads above; `scores` is scratch reused across the heads one thread handles.
+pub(crate) fn for_each_head(
+    out: &mut [f32],
+    hd: usize,
+    work: usize,
+    f: impl Fn(&mut [f32], usize, &mut Vec<f32>) + Sync,
+) {
     if work < PAR_MIN_WORK {
         let mut scores = Vec::new();
         out.chunks_exact_mut(hd)
             .enumerate()
-            .for_each(|io| task(&mut scores, io));
+            .for_each(|(i, o)| f(o, i, &mut scores));
     } else {
         out.par_chunks_exact_mut(hd)
             .enumerate()
-            .for_each_init(Vec::new, task);
+            .for_each_init(Vec::new, |scores, (i, o)| f(o, i, scores));
     }
 }
 
@@ -85,11 +95,25 @@ fn one_head(o: &mut [f32], a: &AttentionInput<'_>, t: usize, h: usize, scores: &
         }
     };
 
+    attend(o, q, a.scale, lo..=p, key, val, scores);
+}
+
+/// The attention of one query over keys and values `keys` (wherever they live):
+/// s_j = (q · k_j) · scale, a = softmax(s), o = Σ_j a_j v_j.
+pub(crate) fn attend<'k>(
+    o: &mut [f32],
+    q: &[f32],
+    scale: f32,
+    keys: std::ops::RangeInclusive<usize>,
+    key: impl Fn(usize) -> &'k [f32],
+    val: impl Fn(usize) -> &'k [f32],
+    scores: &mut Vec<f32>,
+) {
     scores.clear();
-    scores.extend((lo..=p).map(|j| simd::dot_short(q, key(j)) * a.scale));
+    scores.extend(keys.clone().map(|j| simd::dot_short(q, key(j)) * scale));
     kvlab_model::ops::softmax(scores);
     o.fill(0.0);
-    for (j, &w) in (lo..=p).zip(scores.iter()) {
+    for (j, &w) in keys.zip(scores.iter()) {
         simd::axpy_short(o, w, val(j));
     }
 }

@@ -80,14 +80,7 @@ fn parse(args: &[String]) -> Result<Opts> {
             other => bail!("unknown option {other:?}\n\n{USAGE}"),
         }
     }
-    for e in &o.engines {
-        if !kvlab_cli::engines::ENGINES.contains(&e.as_str()) {
-            bail!(
-                "unknown engine {e:?}; known: {}",
-                kvlab_cli::engines::ENGINES.join(", ")
-            );
-        }
-    }
+    kvlab_cli::engines::check_names(&o.engines)?;
     Ok(o)
 }
 

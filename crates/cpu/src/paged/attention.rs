@@ -5,9 +5,7 @@
 //! contiguous engine. Softmax and the weighted sum of values are the same maths as
 //! `crate::attention`; only where a key lives differs.
 
-use rayon::prelude::*;
-
-use crate::simd;
+use crate::attention::{attend, for_each_head};
 
 /// One sequence of a step, as the attention sees it.
 pub struct SeqView<'a> {
@@ -43,8 +41,6 @@ pub struct PagedInput<'a> {
     pub window: usize,
 }
 
-const PAR_MIN_WORK: usize = 1 << 14;
-
 /// out (num_tokens, n_heads·head_dim) ← attention of every new query and head.
 pub fn paged_attention(out: &mut [f32], a: &PagedInput<'_>) {
     let hd = a.head_dim;
@@ -55,20 +51,9 @@ pub fn paged_attention(out: &mut [f32], a: &PagedInput<'_>) {
         .sum::<usize>()
         * a.n_heads
         * hd;
-    // `scores` is scratch reused across the heads a thread handles.
-    let task = |scores: &mut Vec<f32>, (i, o): (usize, &mut [f32])| {
+    for_each_head(out, hd, work, |o, i, scores| {
         one_head(o, a, i / a.n_heads, i % a.n_heads, scores)
-    };
-    if work < PAR_MIN_WORK {
-        let mut scores = Vec::new();
-        out.chunks_exact_mut(hd)
-            .enumerate()
-            .for_each(|io| task(&mut scores, io));
-    } else {
-        out.par_chunks_exact_mut(hd)
-            .enumerate()
-            .for_each_init(Vec::new, task);
-    }
+    });
 }
 
 // ANCHOR: paged_one_head
@@ -87,29 +72,17 @@ fn one_head(o: &mut [f32], a: &PagedInput<'_>, row: usize, h: usize, scores: &mu
         } else {
             let block = s.block_table[j / bs];
             debug_assert!(block >= 0, "position {j} is in a freed window block");
-            ((false), (block as usize * bs + j % bs) * kv_dim + g * hd)
+            (false, (block as usize * bs + j % bs) * kv_dim + g * hd)
         }
     };
-    scores.clear();
-    scores.extend((lo..=p).map(|j| {
-        let (fresh, off) = at(j);
-        let k = if fresh {
-            &a.k_new[off..off + hd]
-        } else {
-            &a.pool_k[off..off + hd]
-        };
-        simd::dot_short(q, k) * a.scale
-    }));
-    kvlab_model::ops::softmax(scores);
-    o.fill(0.0);
-    for (j, &w) in (lo..=p).zip(scores.iter()) {
-        let (fresh, off) = at(j);
-        let v = if fresh {
-            &a.v_new[off..off + hd]
-        } else {
-            &a.pool_v[off..off + hd]
-        };
-        simd::axpy_short(o, w, v);
-    }
+    let key = |j: usize| match at(j) {
+        (true, off) => &a.k_new[off..off + hd],
+        (false, off) => &a.pool_k[off..off + hd],
+    };
+    let val = |j: usize| match at(j) {
+        (true, off) => &a.v_new[off..off + hd],
+        (false, off) => &a.pool_v[off..off + hd],
+    };
+    attend(o, q, a.scale, lo..=p, key, val, scores);
 }
 // ANCHOR_END: paged_one_head
