@@ -34,7 +34,8 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Most tokens (prompt + generated) in any sequence.
     pub max_model_len: usize,
-    /// Share cached full blocks between sequences with a common prefix (full-attention only).
+    /// Share cached full blocks between sequences with a common prefix, in every group (a hit
+    /// must be served by all groups; sliding-window groups need only the blocks in the window).
     pub enable_prefix_caching: bool,
 }
 
@@ -84,7 +85,7 @@ impl SchedulerConfig {
     /// group; a full-attention pool holds fewer than `max_model_len` tokens; a sliding-window
     /// pool holds fewer blocks than one sequence needs (`ceil(W / block_size) + 1`, or
     /// `ceil(max_model_len / block_size)` if smaller); `max_num_batched_tokens` is below
-    /// `max_model_len` or `max_num_seqs`; or prefix caching is on with a sliding-window group.
+    /// `max_model_len` or `max_num_seqs`.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(PagedError::InvalidConfig(msg));
         if self.block_size == 0 || self.max_num_seqs == 0 || self.max_model_len == 0 {
@@ -116,12 +117,6 @@ impl SchedulerConfig {
                     "group {g}: {} blocks cannot hold one sequence of max_model_len = {} tokens \
                      (needs {needed} blocks of {}); raise num_blocks or lower max_model_len",
                     group.num_blocks, self.max_model_len, self.block_size
-                ));
-            }
-            if group.sliding_window.is_some() && self.enable_prefix_caching {
-                return bad(format!(
-                    "group {g} has a sliding window, which prefix caching does not support; set \
-                     enable_prefix_caching = false"
                 ));
             }
         }

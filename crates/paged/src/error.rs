@@ -43,10 +43,10 @@ pub enum PagedError {
 
     /// A prefix match was computed, then the pool changed (a matched block got evicted).
     #[error(
-        "prefix match is stale: block {block} was evicted or re-registered since match_prefix; \
-         call match_prefix again right before adopt_prefix"
+        "prefix match is stale: level {level} (logical block) was evicted or dropped since \
+         match_prefix; call match_prefix again right before adopt_prefix"
     )]
-    StalePrefixMatch { block: BlockId },
+    StalePrefixMatch { level: usize },
 
     /// A sliding window of zero tokens would attend to nothing.
     #[error("sliding window must be at least 1 token, got {window}")]

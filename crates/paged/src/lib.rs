@@ -31,10 +31,12 @@
 //! * [`hash`]: chained content hashes of full blocks (deterministic FNV-1a).
 //! * [`block_table`]: [`BlockTable`], slots, padded `block_tables` ([`PAD_BLOCK`] = -1,
 //!   [`PAD_SLOT`] = -1).
-//! * `prefix_cache.rs`: the hash → block store, verified hits, LRU of evictable blocks.
+//! * `prefix_cache.rs`: the hash → entry → block store, verified hits, ghost entries that keep
+//!   the chain verified where no block is held, LRU of evictable blocks.
 //! * `allocator.rs`, `table_ops.rs`, `prefix_sharing.rs`, `window.rs`: [`BlockAllocator`], the
 //!   pool: `can_allocate`/`allocate`, `can_append`/`append_slot(s)` with copy-on-write, `fork`,
-//!   `free`, `match_prefix`/`adopt_prefix`/`register_full_blocks`, `free_outside_window`.
+//!   `free`, `match_prefix(_levels)`/`adopt_prefix`/`register_full_blocks`,
+//!   `free_outside_window`.
 //! * `sequence.rs`, `config.rs`, `scheduler.rs`, `schedule.rs`, `update.rs`: [`Scheduler`],
 //!   continuous batching with FCFS admission, token and sequence budgets, preemption by
 //!   recompute, returning a [`ScheduledBatch`] per step.

@@ -3,14 +3,27 @@
 //!
 //! A full block, once written, never changes (later tokens go to later blocks), so its KV can be
 //! shared by every sequence whose prompt starts with the same tokens. The cache maps a block's
-//! chained hash ([`crate::hash`]) to the physical block holding it.
+//! chained hash ([`crate::hash`]) to an *entry* for that content, and the entry to the physical
+//! block holding it.
 //!
-//! **Collisions are verified, never trusted.** Each cached block keeps an *entry*: a unique
-//! `EntryId` (never reused), its token ids and its parent's `EntryId`. A lookup at level i
-//! succeeds only if the entry under the hash has the same tokens *and* its parent is the very
-//! entry matched at level i-1. By induction a hit's whole prefix is identical token for token,
-//! even if the hash function were constant. (Comparing the parent's *hash* would not be enough: a
-//! collision one level up would pass unnoticed.)
+//! **Collisions are verified, never trusted.** Each entry has a unique `EntryId` (never reused),
+//! its token ids and its parent's `EntryId`. A lookup at level i succeeds only if the entry under
+//! the hash has the same tokens *and* its parent is the very entry matched at level i-1. By
+//! induction a hit's whole prefix is identical token for token, even if the hash function were
+//! constant. (Comparing the parent's *hash* would not be enough: a collision one level up would
+//! pass unnoticed.)
+//!
+//! **Entries can outlive their blocks (ghosts).** The chain of verified entries is the identity
+//! of a prefix; a block is only where one level of it is stored. When a cached block is evicted,
+//! or a sliding-window table never stored a level (it was behind the window when computed), the
+//! entry stays as a *ghost* (no block) for as long as something hangs from it: a child entry, or
+//! a block table whose registration chain ends there (`refs`). That is what lets a
+//! sliding-window group, which holds only the last `ceil(W / block_size) + 1` blocks of a
+//! sequence, still prove that those blocks follow exactly this prompt's first tokens; and an
+//! evicted level that is computed again re-attaches to its old entry, so the cached levels after
+//! it become reachable again. A ghost that nothing hangs from is dropped at once (and its parent
+//! after it, if that was the last thing holding it), so ghosts never outnumber the levels on the
+//! paths to cached blocks and live tables.
 //!
 //! **Eviction is LRU over unreferenced blocks.** A cached block whose ref count drops to 0 keeps
 //! its content and entry and becomes *evictable*: still counted as free, still a possible hit.
@@ -23,37 +36,42 @@ use std::collections::{BTreeMap, HashMap};
 use crate::BlockId;
 use crate::hash::{BlockHash, HashFn};
 
-/// Identity of one cached content. Unique for the allocator's lifetime, so a child entry whose
-/// parent was evicted can never be matched through a later, different block.
+/// Identity of one cached content. Unique for the allocator's lifetime, so an entry can never be
+/// confused with a later, different content that happens to reuse its hash or its block.
 pub(crate) type EntryId = u64;
 
-/// How far the prefix cache has registered a block table's leading full blocks.
+/// How far the prefix cache has registered a block table's leading full blocks. A table whose
+/// chain ends at an entry holds one `refs` on it (see [`PrefixCache::pin`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PrefixChain {
     /// Leading full blocks already registered (or found equal to a cached block).
     pub(crate) num_blocks: usize,
     /// Hash and entry of block `num_blocks - 1`: the parent of the next block to register.
     pub(crate) last: Option<(BlockHash, EntryId)>,
-    /// A true hash collision (or a hole) stopped registration; later blocks stay private.
+    /// A true hash collision stopped registration; later blocks stay private.
     pub(crate) broken: bool,
 }
 
 /// One cached content.
 #[derive(Debug, Clone)]
 struct CacheEntry {
-    id: EntryId,
     hash: BlockHash,
     parent: Option<EntryId>,
     /// (block_size,) the tokens whose KV the block holds, compared on every hit.
     tokens: Box<[u32]>,
+    /// The block holding this content; `None` for a ghost (evicted, or never stored).
+    block: Option<BlockId>,
+    /// Child entries plus block tables whose chain ends here. A ghost at 0 is dropped.
+    refs: u32,
 }
 
 /// Result of looking one block up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lookup {
-    /// The block holding exactly these tokens after exactly this parent.
+    /// The entry for exactly these tokens after exactly this parent, and the block holding it
+    /// (`None`: a ghost, the content is known but stored nowhere).
     Hit {
-        block: BlockId,
+        block: Option<BlockId>,
         hash: BlockHash,
         entry: EntryId,
     },
@@ -63,13 +81,15 @@ pub(crate) enum Lookup {
     Collision { hash: BlockHash },
 }
 
-/// Hash → block map, per-block entries and the LRU of evictable blocks.
+/// Hash → entry map, the entries, the block of each entry and the LRU of evictable blocks.
 #[derive(Debug, Clone)]
 pub(crate) struct PrefixCache {
     pub(crate) hash_fn: HashFn,
-    by_hash: HashMap<BlockHash, BlockId>,
-    /// (num_blocks,) the entry of each cached block.
-    entries: Vec<Option<CacheEntry>>,
+    by_hash: HashMap<BlockHash, EntryId>,
+    entries: HashMap<EntryId, CacheEntry>,
+    /// (num_blocks,) the entry each cached block holds.
+    block_entry: Vec<Option<EntryId>>,
+    num_cached: usize,
     /// Evictable blocks keyed by release tick; the smallest key is evicted first.
     lru: BTreeMap<u64, BlockId>,
     /// (num_blocks,) the LRU key of each evictable block.
@@ -83,7 +103,9 @@ impl PrefixCache {
         Self {
             hash_fn,
             by_hash: HashMap::new(),
-            entries: vec![None; num_blocks],
+            entries: HashMap::new(),
+            block_entry: vec![None; num_blocks],
+            num_cached: 0,
             lru: BTreeMap::new(),
             lru_key: vec![None; num_blocks],
             next_tick: 0,
@@ -94,48 +116,103 @@ impl PrefixCache {
     /// Looks up the block after `parent` (None for the first block) holding `tokens`.
     pub(crate) fn lookup(&self, parent: Option<(BlockHash, EntryId)>, tokens: &[u32]) -> Lookup {
         let hash = (self.hash_fn)(parent.map(|(h, _)| h), tokens);
-        let Some(&block) = self.by_hash.get(&hash) else {
+        let Some(&entry) = self.by_hash.get(&hash) else {
             return Lookup::Miss { hash };
         };
-        match self.entries.get(block as usize).and_then(Option::as_ref) {
+        match self.entries.get(&entry) {
             Some(e) if e.parent == parent.map(|(_, id)| id) && *e.tokens == *tokens => {
                 Lookup::Hit {
-                    block,
+                    block: e.block,
                     hash,
-                    entry: e.id,
+                    entry,
                 }
             }
             _ => Lookup::Collision { hash },
         }
     }
 
-    /// Registers `block` as holding `tokens` after `parent`. The caller has seen `Lookup::Miss`
-    /// for this hash and checked that the block has no entry yet.
+    /// Registers `tokens` after `parent`, stored in `block` (`None`: a ghost, which the caller
+    /// pins or gives a child at once). The caller has seen `Lookup::Miss` for this hash and
+    /// checked that the block holds no entry yet.
     pub(crate) fn insert(
         &mut self,
-        block: BlockId,
+        block: Option<BlockId>,
         hash: BlockHash,
         parent: Option<EntryId>,
         tokens: &[u32],
     ) -> EntryId {
         let id = self.next_entry;
         self.next_entry += 1;
-        self.by_hash.insert(hash, block);
-        self.entries[block as usize] = Some(CacheEntry {
+        if let Some(e) = parent.and_then(|p| self.entries.get_mut(&p)) {
+            e.refs += 1;
+        }
+        self.by_hash.insert(hash, id);
+        self.entries.insert(
             id,
-            hash,
-            parent,
-            tokens: tokens.into(),
-        });
+            CacheEntry {
+                hash,
+                parent,
+                tokens: tokens.into(),
+                block: None,
+                refs: 0,
+            },
+        );
+        if let Some(b) = block {
+            self.attach(id, b);
+        }
         id
     }
 
-    /// The entry id of a cached block.
+    /// Stores ghost `entry` in `block` again (the same content was computed once more). The
+    /// caller has seen the ghost hit and checked that the block holds no entry.
+    pub(crate) fn attach(&mut self, entry: EntryId, block: BlockId) {
+        if let Some(e) = self.entries.get_mut(&entry) {
+            e.block = Some(block);
+            self.block_entry[block as usize] = Some(entry);
+            self.num_cached += 1;
+        }
+    }
+
+    /// Keeps `entry` alive: a block table's registration chain ends there.
+    pub(crate) fn pin(&mut self, entry: EntryId) {
+        if let Some(e) = self.entries.get_mut(&entry) {
+            e.refs += 1;
+        }
+    }
+
+    /// Undoes one [`Self::pin`]; a ghost left with nothing hanging from it is dropped.
+    pub(crate) fn unpin(&mut self, entry: EntryId) {
+        if let Some(e) = self.entries.get_mut(&entry) {
+            e.refs = e.refs.saturating_sub(1);
+        }
+        self.drop_unused_ghosts(entry);
+    }
+
+    /// Drops `entry` if it is a ghost nothing hangs from, then its parent on the same terms.
+    fn drop_unused_ghosts(&mut self, mut entry: EntryId) {
+        while let Some(e) = self.entries.get(&entry) {
+            if e.block.is_some() || e.refs > 0 {
+                return;
+            }
+            let (hash, parent) = (e.hash, e.parent);
+            self.entries.remove(&entry);
+            self.by_hash.remove(&hash);
+            let Some(p) = parent else { return };
+            if let Some(pe) = self.entries.get_mut(&p) {
+                pe.refs = pe.refs.saturating_sub(1);
+            }
+            entry = p;
+        }
+    }
+
+    /// Whether `entry` is still known (held in a block or a ghost).
+    pub(crate) fn contains(&self, entry: EntryId) -> bool {
+        self.entries.contains_key(&entry)
+    }
+
+    /// The entry a cached block holds.
     pub(crate) fn entry_id(&self, block: BlockId) -> Option<EntryId> {
-        self.entries
-            .get(block as usize)
-            .and_then(Option::as_ref)
-            .map(|e| e.id)
+        self.block_entry.get(block as usize).copied().flatten()
     }
 
     /// Whether `block` holds registered content.
@@ -157,7 +234,12 @@ impl PrefixCache {
 
     /// Number of blocks holding registered content (referenced or evictable).
     pub(crate) fn num_cached(&self) -> usize {
-        self.by_hash.len()
+        self.num_cached
+    }
+
+    /// Number of ghost entries: verified levels that no block holds.
+    pub(crate) fn num_ghosts(&self) -> usize {
+        self.entries.len() - self.num_cached
     }
 
     /// Puts a cached block whose ref count just reached 0 at the young end of the LRU.
@@ -175,13 +257,18 @@ impl PrefixCache {
         }
     }
 
-    /// Evicts the least recently released block: forgets its content and returns it, now a
-    /// plain free block. `None` when nothing is evictable.
+    /// Evicts the least recently released block: its entry becomes a ghost (dropped unless
+    /// something hangs from it) and the block is returned as a plain free block. `None` when
+    /// nothing is evictable.
     pub(crate) fn evict_lru(&mut self) -> Option<BlockId> {
         let (_, block) = self.lru.pop_first()?;
         self.lru_key[block as usize] = None;
-        if let Some(entry) = self.entries[block as usize].take() {
-            self.by_hash.remove(&entry.hash);
+        if let Some(entry) = self.block_entry[block as usize].take() {
+            self.num_cached -= 1;
+            if let Some(e) = self.entries.get_mut(&entry) {
+                e.block = None;
+            }
+            self.drop_unused_ghosts(entry);
         }
         Some(block)
     }

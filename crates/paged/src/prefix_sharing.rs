@@ -13,6 +13,15 @@
 //! 3. After each step, `register_full_blocks(table, tokens, num_computed)` names every newly
 //!    full, computed block. If an identical block is already cached, the table switches to the
 //!    cached one and its own copy returns to the pool (deduplication, as vLLM v0 did).
+//!
+//! **Sliding-window groups** need only the blocks the first uncached query can see, not the
+//! whole prefix (vLLM v1's `SlidingWindowManager` makes the same observation). For them,
+//! `match_prefix_levels` walks every *verified* level, including the ones no block holds any more
+//! (ghosts, see `prefix_cache.rs`), and reports which levels are held; the caller picks a hit
+//! length `h` for which [`PrefixMatch::holds`] the blocks from `window_start(h · block_size) /
+//! block_size` on, and [`PrefixMatch::forget_before`] turns the older levels into holes before
+//! adopting. A model with both kinds of layers takes the longest `h` that every group holds,
+//! which is what vLLM's hybrid KV cache coordinator computes.
 
 use crate::allocator::BlockAllocator;
 use crate::block_table::{BlockId, BlockTable};
@@ -20,12 +29,15 @@ use crate::error::{PagedError, Result};
 use crate::hash::BlockHash;
 use crate::prefix_cache::{EntryId, Lookup, PrefixChain};
 
-/// The cached blocks a prompt starts with, from [`BlockAllocator::match_prefix`].
+/// The cached levels a prompt starts with, from [`BlockAllocator::match_prefix`] or
+/// [`BlockAllocator::match_prefix_levels`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrefixMatch {
-    /// (num_matched_blocks,) physical blocks, in logical order.
-    blocks: Vec<BlockId>,
-    /// Hash and entry of each matched block, to re-check at adoption and to continue the chain.
+    /// (num_matched_blocks,) the physical block of each verified level, in logical order;
+    /// `None` where no block holds that level (only from `match_prefix_levels`, or after
+    /// `forget_before`).
+    blocks: Vec<Option<BlockId>>,
+    /// Hash and entry of each matched level, to re-check at adoption and to continue the chain.
     links: Vec<(BlockHash, EntryId)>,
     /// Whether each matched block is currently unreferenced (adopting takes it out of the free
     /// count).
@@ -34,12 +46,12 @@ pub struct PrefixMatch {
 }
 
 impl PrefixMatch {
-    /// The matched physical blocks, in logical order.
-    pub fn blocks(&self) -> &[BlockId] {
+    /// The matched levels' physical blocks, in logical order (`None`: not held).
+    pub fn blocks(&self) -> &[Option<BlockId>] {
         &self.blocks
     }
 
-    /// Number of matched blocks.
+    /// Number of matched levels (held or not).
     pub fn num_blocks(&self) -> usize {
         self.blocks.len()
     }
@@ -55,20 +67,48 @@ impl PrefixMatch {
         self.collision
     }
 
-    /// Keeps only the first `num_blocks` matched blocks.
+    /// Whether a hit of `num_blocks` levels is usable by a table that needs the blocks from
+    /// logical block `first_needed` on (0 for full attention): all those levels are matched and
+    /// held.
+    pub fn holds(&self, num_blocks: usize, first_needed: usize) -> bool {
+        num_blocks <= self.blocks.len()
+            && self.blocks[first_needed.min(num_blocks)..num_blocks]
+                .iter()
+                .all(Option::is_some)
+    }
+
+    /// Keeps only the first `num_blocks` matched levels.
     pub fn truncate(&mut self, num_blocks: usize) {
         self.blocks.truncate(num_blocks);
         self.links.truncate(num_blocks);
         self.evictable.truncate(num_blocks);
     }
+
+    /// Makes every level below `first_needed` a hole: a sliding-window table adopts only the
+    /// blocks its next query can see (the levels stay part of the verified chain).
+    pub fn forget_before(&mut self, first_needed: usize) {
+        let end = first_needed.min(self.blocks.len());
+        self.blocks[..end].fill(None);
+        self.evictable[..end].fill(false);
+    }
 }
 
 impl BlockAllocator {
-    /// The longest run of cached full blocks that `tokens` starts with, at most `max_blocks`
-    /// (pass `(prompt_len - 1) / block_size`, see the module docs). Empty when prefix caching
-    /// is off. Each hit is verified on tokens and parent, so a hash collision ends the match
-    /// instead of returning a wrong block.
+    /// The longest run of cached, held full blocks that `tokens` starts with, at most
+    /// `max_blocks` (pass `(prompt_len - 1) / block_size`, see the module docs): what a
+    /// full-attention table can adopt. Empty when prefix caching is off. Each hit is verified on
+    /// tokens and parent, so a hash collision ends the match instead of returning a wrong block.
     pub fn match_prefix(&self, tokens: &[u32], max_blocks: usize) -> PrefixMatch {
+        let mut m = self.match_prefix_levels(tokens, max_blocks);
+        let held = m.blocks.iter().take_while(|b| b.is_some()).count();
+        m.truncate(held);
+        m
+    }
+
+    /// Every verified level `tokens` starts with, at most `max_blocks`, including levels that
+    /// no block holds any more (`None`): what a sliding-window table chooses its hit from with
+    /// [`PrefixMatch::holds`]. Empty when prefix caching is off.
+    pub fn match_prefix_levels(&self, tokens: &[u32], max_blocks: usize) -> PrefixMatch {
         let mut m = PrefixMatch::default();
         if !self.prefix_caching {
             return m;
@@ -78,7 +118,8 @@ impl BlockAllocator {
                 Lookup::Hit { block, hash, entry } => {
                     m.blocks.push(block);
                     m.links.push((hash, entry));
-                    m.evictable.push(self.cache.is_evictable(block));
+                    m.evictable
+                        .push(block.is_some_and(|b| self.cache.is_evictable(b)));
                 }
                 Lookup::Miss { .. } => break,
                 Lookup::Collision { .. } => {
@@ -90,8 +131,10 @@ impl BlockAllocator {
         m
     }
 
-    /// Makes the empty `table` start with the matched blocks (ref count + 1 each) and marks their
-    /// tokens as present. Returns the number of cached tokens, which the engine skips.
+    /// Makes the empty `table` start with the matched levels (ref count + 1 on each held block,
+    /// a hole for each level without one) and marks their tokens as present. Returns the number
+    /// of cached tokens, which the engine skips. A full-attention table must only adopt matches
+    /// without holes (what [`Self::match_prefix`] returns).
     ///
     /// # Errors
     /// [`PagedError::TableNotEmpty`] or [`PagedError::BlockSizeMismatch`] for an unsuitable
@@ -104,28 +147,37 @@ impl BlockAllocator {
             });
         }
         self.check_table(table)?;
-        for (&block, &(_, entry)) in m.blocks.iter().zip(&m.links) {
-            if self.cache.entry_id(block) != Some(entry) {
-                return Err(PagedError::StalePrefixMatch { block });
+        for (level, (&block, &(_, entry))) in m.blocks.iter().zip(&m.links).enumerate() {
+            let fresh = match block {
+                Some(b) => self.cache.entry_id(b) == Some(entry),
+                None => self.cache.contains(entry),
+            };
+            if !fresh {
+                return Err(PagedError::StalePrefixMatch { level });
             }
         }
-        for &block in &m.blocks {
+        for &block in m.blocks.iter().flatten() {
             self.acquire(block);
         }
-        table.blocks = m.blocks.iter().map(|&b| Some(b)).collect();
+        table.blocks = m.blocks.clone();
         table.num_tokens = m.blocks.len() * self.block_size;
         table.chain = PrefixChain {
             num_blocks: m.blocks.len(),
             last: m.links.last().copied(),
             broken: false,
         };
+        if let Some((_, entry)) = table.chain.last {
+            self.cache.pin(entry);
+        }
         Ok(table.num_tokens)
     }
 
     /// Registers every full block of `table` whose tokens are computed (positions below
     /// `num_computed`) and not yet registered; `tokens` is the sequence's token history.
-    /// A block identical to a cached one is replaced by it (deduplication); a hash collision
-    /// stops registration for this table (its later blocks stay private, counted in
+    /// A block identical to a cached one is replaced by it (deduplication); a level the table
+    /// holds no block for (a sliding-window hole) is registered as a ghost, but only on the way
+    /// to a held block, so trailing holes wait for the next call. A hash collision stops
+    /// registration for this table (its later blocks stay private, counted in
     /// [`crate::AllocatorStats::num_hash_collisions`]). No-op when prefix caching is off.
     ///
     /// # Errors
@@ -143,43 +195,71 @@ impl BlockAllocator {
         self.check_table(table)?;
         let bs = self.block_size;
         let full = num_computed.min(tokens.len()).min(table.num_tokens) / bs;
+        let done = table.chain.num_blocks;
+        let full = (done..full)
+            .rev()
+            .find(|&i| table.blocks[i].is_some())
+            .map_or(done, |i| i + 1);
         while table.chain.num_blocks < full && !table.chain.broken {
             let i = table.chain.num_blocks;
             let parent = table.chain.last;
-            let Some(block) = table.blocks[i] else {
-                table.chain.broken = true; // A hole: nothing left to name.
-                break;
-            };
+            let block = table.blocks[i];
             let block_tokens = &tokens[i * bs..(i + 1) * bs];
-            let link = match self.cache.lookup(parent, block_tokens) {
-                Lookup::Hit {
-                    block: cached,
-                    hash,
-                    entry,
-                } => {
-                    if cached != block {
+            let free_of_entry = block.is_none_or(|b| !self.cache.is_cached(b));
+            let link = match (self.cache.lookup(parent, block_tokens), block) {
+                (
+                    Lookup::Hit {
+                        block: Some(cached),
+                        hash,
+                        entry,
+                    },
+                    Some(own),
+                ) => {
+                    if cached != own {
                         self.acquire(cached);
-                        self.release(block);
+                        self.release(own);
                         table.blocks[i] = Some(cached);
                         self.stats.num_dedup_blocks += 1;
                     }
                     (hash, entry)
                 }
-                Lookup::Miss { hash } if !self.cache.is_cached(block) => {
+                (
+                    Lookup::Hit {
+                        block: None,
+                        hash,
+                        entry,
+                    },
+                    Some(own),
+                ) if free_of_entry => {
+                    self.cache.attach(entry, own);
+                    (hash, entry)
+                }
+                (Lookup::Hit { hash, entry, .. }, None) => (hash, entry),
+                (Lookup::Miss { hash }, _) if free_of_entry => {
                     let entry =
                         self.cache
                             .insert(block, hash, parent.map(|(_, e)| e), block_tokens);
                     (hash, entry)
                 }
-                Lookup::Miss { .. } | Lookup::Collision { .. } => {
+                _ => {
                     self.stats.num_hash_collisions += 1;
                     table.chain.broken = true;
                     break;
                 }
             };
+            self.cache.pin(link.1);
+            if let Some((_, old)) = parent {
+                self.cache.unpin(old);
+            }
             table.chain.num_blocks += 1;
             table.chain.last = Some(link);
         }
         Ok(())
+    }
+
+    /// Levels the prefix cache knows but no block holds (evicted, or behind a sliding window
+    /// when computed): kept only while a cached block or a live table hangs from them.
+    pub fn num_ghost_entries(&self) -> usize {
+        self.cache.num_ghosts()
     }
 }

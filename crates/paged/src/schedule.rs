@@ -105,29 +105,68 @@ impl Scheduler {
 
     /// Admits waiting sequence `id` if a prefill of its uncached tokens fits `budget` and the
     /// pools; `None` (nothing changed) otherwise.
+    ///
+    /// The prefix hit is the longest `h` full blocks that every group can serve: a
+    /// full-attention group needs all `h` blocks, a sliding-window group only those from
+    /// `window_start(h · block_size)` on (see `prefix_sharing.rs`).
     fn try_admit(&mut self, id: SeqId, budget: usize) -> Result<Option<ScheduledSeq>> {
         let bs = self.config.block_size;
         let seq = self.seq(id)?;
         let len = seq.len();
-        let mut matches: Vec<_> = self
-            .allocators
-            .iter()
-            .map(|a| a.match_prefix(&seq.token_ids, (len - 1) / bs))
+        let max_blocks = (len - 1) / bs;
+        let mut matches: Vec<_> = (0..self.allocators.len())
+            .map(|g| {
+                let alloc = &self.allocators[g];
+                match self.config.groups[g].sliding_window {
+                    Some(_) => alloc.match_prefix_levels(&seq.token_ids, max_blocks),
+                    None => alloc.match_prefix(&seq.token_ids, max_blocks),
+                }
+            })
             .collect();
-        let hit_blocks = matches.iter().map(|m| m.num_blocks()).min().unwrap_or(0);
-        let cached = hit_blocks * bs;
-        if len - cached > budget {
-            return Ok(None);
-        }
-        for (g, m) in matches.iter_mut().enumerate() {
-            m.truncate(hit_blocks);
+        let first_needed = |g: usize, h: usize| self.keep_from(g, h * bs) / bs;
+        // Blocks group g must take to prefill from a hit of h blocks: the matched blocks it
+        // adopts that are evictable now, plus fresh ones for the uncached positions it keeps.
+        let blocks_to_take = |g: usize, h: usize| {
+            let alloc = &self.allocators[g];
+            let adopted = matches[g].blocks()[first_needed(g, h).min(h)..h]
+                .iter()
+                .flatten()
+                .filter(|&&b| alloc.is_evictable(b))
+                .count();
             let keep = self.keep_from(g, len);
-            let fresh = (hit_blocks..len.div_ceil(bs))
+            let fresh = (h..len.div_ceil(bs))
                 .filter(|j| (j + 1) * bs > keep)
                 .count();
-            if !self.allocators[g].can_allocate(m.num_evictable() + fresh) {
-                return Ok(None);
+            adopted + fresh
+        };
+        let longest = matches.iter().map(|m| m.num_blocks()).min().unwrap_or(0);
+        let mut hit = None;
+        for h in (0..=longest).rev() {
+            let groups = 0..matches.len();
+            if !groups
+                .clone()
+                .all(|g| matches[g].holds(h, first_needed(g, h)))
+            {
+                continue;
             }
+            if len - h * bs > budget {
+                break; // A shorter hit computes even more tokens.
+            }
+            if groups
+                .into_iter()
+                .all(|g| self.allocators[g].can_allocate(blocks_to_take(g, h)))
+            {
+                hit = Some(h);
+                break;
+            }
+        }
+        let Some(hit_blocks) = hit else {
+            return Ok(None);
+        };
+        let cached = hit_blocks * bs;
+        for (g, m) in matches.iter_mut().enumerate() {
+            m.truncate(hit_blocks);
+            m.forget_before(first_needed(g, hit_blocks));
         }
         let mut copies = Vec::with_capacity(matches.len());
         for (g, m) in matches.iter().enumerate() {

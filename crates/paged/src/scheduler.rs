@@ -68,9 +68,8 @@ impl Scheduler {
             .groups
             .iter()
             .map(|g| {
-                let caching = config.enable_prefix_caching && g.sliding_window.is_none();
                 Ok(BlockAllocator::new(g.num_blocks, config.block_size)?
-                    .with_prefix_caching(caching))
+                    .with_prefix_caching(config.enable_prefix_caching))
             })
             .collect::<Result<_>>()?;
         Ok(Self {

@@ -116,7 +116,8 @@ impl BlockAllocator {
     }
 
     /// Drops every reference `table` holds, last block first (so its tail is evicted before its
-    /// shared head), and leaves the table empty.
+    /// shared head), and its hold on the prefix-cache entry its registration ended at, and leaves
+    /// the table empty. (A table dropped without `free` keeps those references forever.)
     ///
     /// # Errors
     /// [`PagedError::BlockSizeMismatch`] or [`PagedError::InvalidBlock`] (nothing is freed) if
@@ -125,6 +126,9 @@ impl BlockAllocator {
         self.check_table(table)?;
         for block in table.blocks.iter().rev().flatten() {
             self.release(*block);
+        }
+        if let Some((_, entry)) = table.chain.last {
+            self.cache.unpin(entry);
         }
         *table = BlockTable::new(self.block_size);
         Ok(())
@@ -141,6 +145,9 @@ impl BlockAllocator {
         self.check_table(table)?;
         for block in table.blocks.iter().flatten() {
             self.ref_counts[*block as usize] += 1;
+        }
+        if let Some((_, entry)) = table.chain.last {
+            self.cache.pin(entry);
         }
         Ok(table.clone())
     }

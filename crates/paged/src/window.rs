@@ -21,7 +21,12 @@
 //! `keep_from = window_start(end_of_step)`: keys that only this step's own queries read get
 //! [`crate::PAD_SLOT`] and no memory, so a 100k-token prompt still takes ~W/block_size blocks in
 //! the local group. The engine then takes those keys from the step's in-flight k/v (as vLLM v0's
-//! sliding-window prefill did). Prefix caching is not combined with sliding-window groups.
+//! sliding-window prefill did).
+//!
+//! **Prefix caching** works in local groups too: a prefix hit there needs only the blocks the
+//! first uncached query can see, so the levels behind the window are adopted as holes (their
+//! content stays verified through ghost entries, see `prefix_cache.rs` and
+//! `prefix_sharing.rs`), and a hit counts only if every group can serve it.
 
 use crate::allocator::BlockAllocator;
 use crate::block_table::{BlockId, BlockTable};

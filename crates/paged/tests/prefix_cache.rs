@@ -1,5 +1,5 @@
-//! Unit tests of prefix caching: hash chaining, verified hits, forced collisions, LRU eviction
-//! and deduplication.
+//! Unit tests of prefix caching: hash chaining, verified hits, forced collisions, LRU eviction,
+//! deduplication, and ghost entries that keep evicted levels verified.
 
 use kvlab_paged::{
     BlockAllocator, BlockHash, BlockTable, PagedError, chain_hashes, fnv1a_block_hash,
@@ -52,13 +52,10 @@ fn shared_prefix_is_reused_and_counted_once() {
     let first = prefill(&mut a, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     assert_eq!(a.num_cached_blocks(), 2);
     let m = a.match_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13], 10 / 4);
-    assert_eq!(
-        m.blocks(),
-        &first.blocks().iter().flatten().copied().collect::<Vec<_>>()[..2]
-    );
+    assert_eq!(m.blocks(), &first.blocks()[..2]);
     let mut t = BlockTable::new(4);
     assert_eq!(a.adopt_prefix(&mut t, &m), Ok(8));
-    assert_eq!(a.ref_count(m.blocks()[0]), 2);
+    assert_eq!(a.ref_count(m.blocks()[0].unwrap()), 2);
     // A different second block matches only the first one.
     let m2 = a.match_prefix(&[1, 2, 3, 4, 0, 0, 0, 0, 1], 2);
     assert_eq!(m2.num_blocks(), 1);
@@ -93,7 +90,7 @@ fn forced_collisions_are_detected_not_reused() {
     assert!(m.collision_detected());
     // The same prompt: block 0 is a true hit, block 1 is refused.
     let m = a.match_prefix(&[1, 2, 3, 4, 0], 2);
-    assert_eq!(m.blocks(), &[first.blocks()[0].unwrap()]);
+    assert_eq!(m.blocks(), &first.blocks()[..1]);
     assert!(m.collision_detected());
     a.free(&mut first).unwrap();
 }
@@ -109,13 +106,10 @@ fn same_tokens_after_a_different_parent_are_refused() {
     assert_eq!(a.stats().num_hash_collisions, 1);
     // [2 2] hits, then [5 5] is cached only after [1 1]: refused, although tokens are equal.
     let m = a.match_prefix(&[2, 2, 5, 5, 0], 2);
-    assert_eq!(m.blocks(), &[z.blocks()[0].unwrap()]);
+    assert_eq!(m.blocks(), &z.blocks()[..1]);
     assert!(m.collision_detected());
     let m = a.match_prefix(&[1, 1, 5, 5, 0], 2);
-    assert_eq!(
-        m.blocks(),
-        &[x.blocks()[0].unwrap(), x.blocks()[1].unwrap()]
-    );
+    assert_eq!(m.blocks(), &x.blocks()[..2]);
 }
 
 #[test]
@@ -157,7 +151,7 @@ fn a_hit_refreshes_lru_order() {
     let got = a.allocate(3).unwrap();
     assert_eq!(got[2], y0);
     assert_eq!(a.match_prefix(&[2, 2, 0], 1).num_blocks(), 0);
-    assert_eq!(a.match_prefix(&[1, 1, 0], 1).blocks(), &[x0]);
+    assert_eq!(a.match_prefix(&[1, 1, 0], 1).blocks(), &[Some(x0)]);
 }
 
 #[test]
@@ -207,4 +201,40 @@ fn prefix_caching_off_matches_nothing() {
     prefill(&mut a, &[1, 1, 2, 2, 0]);
     assert_eq!(a.num_cached_blocks(), 0);
     assert_eq!(a.match_prefix(&[1, 1, 2, 2, 0], 2).num_blocks(), 0);
+}
+
+#[test]
+fn evicted_levels_stay_verified_as_ghosts_and_reattach_when_recomputed() {
+    let mut a = BlockAllocator::new(6, 2).unwrap();
+    let tokens = [1, 1, 2, 2, 3, 3, 4, 4];
+    let mut long = prefill(&mut a, &tokens);
+    // A window of 3 at position 8 keeps keys 6.. only: levels 0..3 leave the table, and taking
+    // every free block evicts them. Level 3, still held, hangs from them.
+    a.free_outside_window(&mut long, 8, 3).unwrap();
+    let taken = a.allocate(5).unwrap();
+    assert_eq!(a.num_cached_blocks(), 1);
+    assert_eq!(a.num_ghost_entries(), 3);
+    let mut query = tokens.to_vec();
+    query.push(9);
+    let m = a.match_prefix_levels(&query, 4);
+    assert_eq!(m.blocks(), &[None, None, None, long.blocks()[3]]);
+    assert!(m.holds(4, 3) && !m.holds(4, 2));
+    assert_eq!(
+        a.match_prefix(&query, 4).num_blocks(),
+        0,
+        "full attention needs all"
+    );
+    // Computing levels 0..3 again re-attaches them to their entries: the whole chain is
+    // cached again, level 3 included.
+    taken.into_iter().for_each(|b| a.free_block(b).unwrap());
+    let mut again = prefill(&mut a, &[1, 1, 2, 2, 3, 3, 0]);
+    assert_eq!(a.num_ghost_entries(), 0);
+    let m = a.match_prefix(&query, 4);
+    assert_eq!(&m.blocks()[..3], &again.blocks()[..3]);
+    assert_eq!(m.blocks()[3], long.blocks()[3]);
+    // Once nothing holds them, evicting every block leaves no entry at all.
+    a.free(&mut long).unwrap();
+    a.free(&mut again).unwrap();
+    a.allocate(6).unwrap();
+    assert_eq!((a.num_cached_blocks(), a.num_ghost_entries()), (0, 0));
 }

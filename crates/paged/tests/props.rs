@@ -101,6 +101,7 @@ impl World {
         let bs = self.bs();
         let m = self.alloc.match_prefix(&tokens, (tokens.len() - 1) / bs);
         for (i, &b) in m.blocks().iter().enumerate() {
+            let b = b.expect("match_prefix returns held blocks only");
             for k in 0..bs {
                 let got = self.shadow[b as usize * bs + k].as_deref();
                 let want = &tokens[..=i * bs + k];
@@ -269,6 +270,10 @@ proptest! {
         }
         prop_assert_eq!(w.alloc.num_free_blocks(), num_blocks, "blocks leaked");
         prop_assert_eq!(w.alloc.num_used_blocks(), 0);
+        // Evicting everything must leave no prefix-cache entry behind (no ghost leaks).
+        w.alloc.allocate(num_blocks).unwrap();
+        prop_assert_eq!(w.alloc.num_ghost_entries(), 0, "ghost entries leaked");
+        prop_assert_eq!(w.alloc.num_cached_blocks(), 0);
     }
 }
 
@@ -422,7 +427,7 @@ proptest! {
             max_num_batched_tokens: max_model_len.max(max_num_seqs) + extra_budget,
             max_num_seqs,
             max_model_len,
-            enable_prefix_caching: caching && window.is_none(),
+            enable_prefix_caching: caching,
         };
         let mut s = Scheduler::new(config.clone()).unwrap().with_hash_fn(hash_fn(hash_kind));
         let mut shadow: Vec<Vec<Option<Vec<u32>>>> =
@@ -464,6 +469,9 @@ proptest! {
         prop_assert!(!s.has_unfinished(), "did not finish in 500 steps");
         for alloc in s.allocators() {
             prop_assert_eq!(alloc.num_free_blocks(), alloc.num_blocks(), "blocks leaked");
+            let mut evict_all = alloc.clone();
+            evict_all.allocate(alloc.num_blocks()).unwrap();
+            prop_assert_eq!(evict_all.num_ghost_entries(), 0, "ghost entries leaked");
         }
         for f in &finished {
             let mut history = f.prompt_token_ids.clone();

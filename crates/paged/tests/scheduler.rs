@@ -413,7 +413,11 @@ fn config_validation_names_the_problem() {
         sliding_window: Some(4),
     });
     window_cache.enable_prefix_caching = true;
-    assert!(says(&window_cache, "prefix caching"));
+    assert_eq!(
+        window_cache.validate(),
+        Ok(()),
+        "hybrid prefix caching is allowed"
+    );
     let mut zero = config(4, 4, 16);
     zero.block_size = 0;
     assert!(Scheduler::new(zero).is_err());
@@ -457,6 +461,60 @@ fn sliding_window_group_stays_bounded() {
             "same logical indices"
         );
         step(&mut s, &b);
+    }
+}
+
+#[test]
+fn sliding_window_prefix_hit_adopts_only_the_window() {
+    // bs 2, window 4: the query at position p reads keys p-3..=p.
+    let (bs, w) = (2, 4);
+    let mut c = config(16, bs, 16);
+    c.groups.push(KvGroupConfig {
+        num_blocks: 8,
+        sliding_window: Some(w),
+    });
+    c.enable_prefix_caching = true;
+    let mut s = Scheduler::new(c).unwrap();
+    let prompt: Vec<u32> = (1..=12).collect();
+    s.add_request(prompt.clone(), StopConditions::max_tokens(1))
+        .unwrap();
+    // The prefill stores only keys 9..12 in the local group: blocks 0..4 are never written
+    // there, yet their levels are registered (as ghosts) so that the chain stays verified.
+    let b = s.schedule().unwrap();
+    assert_eq!(&b.seqs[0].groups[1].block_table[..4], &[PAD_BLOCK; 4]);
+    assert_eq!(step(&mut s, &b).len(), 1);
+    assert!(s.allocators()[1].num_ghost_entries() > 0);
+
+    // The same 12 tokens and two more: 6 full blocks match in both groups, and the hit needs
+    // local keys from window_start(12) = 9 on, i.e. logical blocks 4 and 5 only.
+    let mut longer = prompt.clone();
+    longer.extend([40, 41]);
+    s.add_request(longer, StopConditions::max_tokens(2))
+        .unwrap();
+    let b = s.schedule().unwrap();
+    let q = &b.seqs[0];
+    assert_eq!(
+        q.kind,
+        StepKind::Prefill {
+            num_cached_tokens: 12,
+            is_recompute: false
+        }
+    );
+    assert_eq!(q.positions, vec![12, 13]);
+    assert!(q.groups[0].block_table[..6].iter().all(|&x| x >= 0));
+    assert_eq!(&q.groups[1].block_table[..4], &[PAD_BLOCK; 4]);
+    assert!(q.groups[1].block_table[4..6].iter().all(|&x| x >= 0));
+    step(&mut s, &b);
+    drain(&mut s);
+    let m = s.metrics();
+    assert_eq!(m.prefix_cache_hits, 12);
+
+    // Evicting every cached block leaves no ghost behind: nothing hangs from them any more.
+    for alloc in s.allocators() {
+        let mut a = alloc.clone();
+        a.allocate(a.num_blocks()).unwrap();
+        assert_eq!(a.num_ghost_entries(), 0);
+        assert_eq!(a.num_cached_blocks(), 0);
     }
 }
 
