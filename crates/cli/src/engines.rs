@@ -148,7 +148,7 @@ fn build_paged_inner(
 }
 
 /// A scheduler config matching a model and a pool: one KV group for global layers and one per
-/// distinct sliding window, each with `pool.num_blocks` blocks.
+/// distinct sliding window, each with `pool.num_blocks` blocks; prefix caching on in every group.
 pub fn scheduler_config(model: &Model, pool: PoolOptions, max_model_len: usize) -> SchedulerConfig {
     let mut cfg = SchedulerConfig::new(pool.num_blocks, max_model_len);
     cfg.block_size = pool.block_size;
@@ -161,6 +161,5 @@ pub fn scheduler_config(model: &Model, pool: PoolOptions, max_model_len: usize) 
             sliding_window: w,
         })
         .collect();
-    cfg.enable_prefix_caching = cfg.groups.iter().all(|g| g.sliding_window.is_none());
     cfg
 }

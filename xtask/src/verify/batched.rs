@@ -85,7 +85,7 @@ pub(super) fn run(
             arrival_step: (i % 4) * 3,
         })
         .collect();
-    let (report, sched) = loop {
+    let report = loop {
         let pool = PoolOptions {
             num_blocks,
             block_size,
@@ -94,7 +94,7 @@ pub(super) fn run(
         let mut exec = build_paged(engine, model.clone(), pool)?;
         let report = drive(exec.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;
         if report.metrics.num_preemptions > 0 || num_blocks == min_blocks {
-            break (report, sched);
+            break report;
         }
         num_blocks = min_blocks.max(num_blocks / 2);
     };
@@ -116,7 +116,6 @@ pub(super) fn run(
         }
     }
     let m = &report.metrics;
-    let caching = sched.config().enable_prefix_caching;
     let mut problems = Vec::new();
     if let Some((i, d)) = &first {
         problems.push(format!(
@@ -127,18 +126,10 @@ pub(super) fn run(
     if m.num_preemptions == 0 {
         problems.push("the pool forced no preemption".into());
     }
-    if caching && m.prefix_cache_hits == 0 {
+    if m.prefix_cache_hits == 0 {
         problems.push("no prefix-cache hit".into());
     }
-    let note = if problems.is_empty() {
-        if caching {
-            String::new()
-        } else {
-            "prefix caching is off for sliding-window models".into()
-        }
-    } else {
-        problems.join("; ")
-    };
+    let note = problems.join("; ");
     Ok(Row {
         prompt: format!("batched: {} requests", cases.len()),
         prompt_tokens: cases.iter().map(|(p, _)| p.len()).sum(),

@@ -22,7 +22,6 @@ fn scheduler(num_blocks: usize, windows: &[Option<usize>]) -> Scheduler {
             sliding_window: w,
         })
         .collect();
-    cfg.enable_prefix_caching = windows.iter().all(Option::is_none);
     Scheduler::new(cfg).unwrap()
 }
 
