@@ -42,6 +42,9 @@ pub struct PrefixMatch {
     /// Whether each matched block is currently unreferenced (adopting takes it out of the free
     /// count).
     evictable: Vec<bool>,
+    /// Levels before the first hole: `holds(h, 0)` in O(1), so scanning hit lengths for a
+    /// long prompt stays linear.
+    num_leading_held: usize,
     collision: bool,
 }
 
@@ -71,10 +74,11 @@ impl PrefixMatch {
     /// logical block `first_needed` on (0 for full attention): all those levels are matched and
     /// held.
     pub fn holds(&self, num_blocks: usize, first_needed: usize) -> bool {
-        num_blocks <= self.blocks.len()
-            && self.blocks[first_needed.min(num_blocks)..num_blocks]
-                .iter()
-                .all(Option::is_some)
+        match first_needed.min(num_blocks) {
+            _ if num_blocks > self.blocks.len() => false,
+            0 => num_blocks <= self.num_leading_held,
+            first => self.blocks[first..num_blocks].iter().all(Option::is_some),
+        }
     }
 
     /// Keeps only the first `num_blocks` matched levels.
@@ -82,6 +86,7 @@ impl PrefixMatch {
         self.blocks.truncate(num_blocks);
         self.links.truncate(num_blocks);
         self.evictable.truncate(num_blocks);
+        self.num_leading_held = self.num_leading_held.min(num_blocks);
     }
 
     /// Makes every level below `first_needed` a hole: a sliding-window table adopts only the
@@ -90,6 +95,9 @@ impl PrefixMatch {
         let end = first_needed.min(self.blocks.len());
         self.blocks[..end].fill(None);
         self.evictable[..end].fill(false);
+        if end > 0 {
+            self.num_leading_held = 0;
+        }
     }
 }
 
@@ -100,8 +108,7 @@ impl BlockAllocator {
     /// tokens and parent, so a hash collision ends the match instead of returning a wrong block.
     pub fn match_prefix(&self, tokens: &[u32], max_blocks: usize) -> PrefixMatch {
         let mut m = self.match_prefix_levels(tokens, max_blocks);
-        let held = m.blocks.iter().take_while(|b| b.is_some()).count();
-        m.truncate(held);
+        m.truncate(m.num_leading_held);
         m
     }
 
@@ -116,6 +123,9 @@ impl BlockAllocator {
         for block_tokens in tokens.chunks_exact(self.block_size).take(max_blocks) {
             match self.cache.lookup(m.links.last().copied(), block_tokens) {
                 Lookup::Hit { block, hash, entry } => {
+                    if block.is_some() && m.num_leading_held == m.blocks.len() {
+                        m.num_leading_held += 1;
+                    }
                     m.blocks.push(block);
                     m.links.push((hash, entry));
                     m.evictable

@@ -218,7 +218,7 @@ fn evicted_levels_stay_verified_as_ghosts_and_reattach_when_recomputed() {
     query.push(9);
     let m = a.match_prefix_levels(&query, 4);
     assert_eq!(m.blocks(), &[None, None, None, long.blocks()[3]]);
-    assert!(m.holds(4, 3) && !m.holds(4, 2));
+    assert!(m.holds(4, 3) && !m.holds(4, 2) && !m.holds(4, 0) && m.holds(0, 0));
     assert_eq!(
         a.match_prefix(&query, 4).num_blocks(),
         0,
