@@ -61,7 +61,15 @@ impl PrefixMatch {
 
     /// Matched blocks that are unreferenced now: adopting them lowers the free count by this.
     pub fn num_evictable(&self) -> usize {
-        self.evictable.iter().filter(|&&e| e).count()
+        self.num_evictable_in(0..self.evictable.len())
+    }
+
+    /// Matched blocks among `levels` that are unreferenced now (what adopting only those levels
+    /// takes out of the free count); levels past the match count nothing.
+    pub(crate) fn num_evictable_in(&self, levels: std::ops::Range<usize>) -> usize {
+        let end = levels.end.min(self.evictable.len());
+        let start = levels.start.min(end);
+        self.evictable[start..end].iter().filter(|&&e| e).count()
     }
 
     /// Whether the walk stopped at a block whose hash was cached for other content (a hash

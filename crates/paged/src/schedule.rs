@@ -127,12 +127,7 @@ impl Scheduler {
         // Blocks group g must take to prefill from a hit of h blocks: the matched blocks it
         // adopts that are evictable now, plus fresh ones for the uncached positions it keeps.
         let blocks_to_take = |g: usize, h: usize| {
-            let alloc = &self.allocators[g];
-            let adopted = matches[g].blocks()[first_needed(g, h).min(h)..h]
-                .iter()
-                .flatten()
-                .filter(|&&b| alloc.is_evictable(b))
-                .count();
+            let adopted = matches[g].num_evictable_in(first_needed(g, h).min(h)..h);
             let keep = self.keep_from(g, len);
             let fresh = (h..len.div_ceil(bs))
                 .filter(|j| (j + 1) * bs > keep)
