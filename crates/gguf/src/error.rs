@@ -18,7 +18,7 @@ pub enum GgufError {
     /// The file does not exist.
     #[error(
         "GGUF file not found: {path}; check the path, or set KVLAB_MODELS to the folder that \
-         holds the model files (for example KVLAB_MODELS=../shared/models)"
+         holds the model files (for example KVLAB_MODELS=~/models)"
     )]
     NotFound { path: PathBuf },
 

@@ -73,7 +73,7 @@ pub use tensor::{MAX_DIMS, TensorInfo};
 pub use types::{GgmlType, QK_K};
 
 /// Environment variable naming the folder that holds real checkpoints (for example
-/// `KVLAB_MODELS=../shared/models`).
+/// `KVLAB_MODELS=~/models`).
 pub const MODELS_ENV: &str = "KVLAB_MODELS";
 /// When set to `1`, tests that need a real checkpoint fail instead of skipping.
 pub const REQUIRE_MODELS_ENV: &str = "KVLAB_REQUIRE_MODELS";

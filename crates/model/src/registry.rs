@@ -1,7 +1,9 @@
 //! Named models: the manifest in `fixtures/models.json` (name, format, files with sha256 and
 //! upstream URL, or a synthetic spec) and where their files are found: `$KVLAB_MODELS` first, then
-//! the user cache directory (`$XDG_CACHE_HOME/kvlab` or `~/.cache/kvlab`). Downloading is the
-//! CLI's job; this module only looks.
+//! the user cache directory (`$XDG_CACHE_HOME/kvlab` or `~/.cache/kvlab`), then the copy shipped
+//! in the repository (`fixtures/models/`: stories260K.bin and tok512.bin only, so a fresh clone
+//! runs offline). Downloading is the CLI's job; this module only looks. Tests look in the same
+//! places ([`test_model_file`]).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -121,23 +123,53 @@ pub fn cache_dir() -> PathBuf {
     base.join("kvlab")
 }
 
-/// Where a file is, if present: `$KVLAB_MODELS/<file>`, else `<cache>/<file>`.
-pub fn find_file(f: &FileRef) -> Option<PathBuf> {
+/// The checkpoints shipped inside the repository (`fixtures/models/`: the default model,
+/// stories260K, and its tokenizer), found through the path this crate was compiled from; `None`
+/// when that folder is gone (a binary installed elsewhere and its clone removed).
+pub fn shipped_dir() -> Option<PathBuf> {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map(|root| root.join("fixtures").join("models"))
+        .filter(|d| d.is_dir())
+}
+
+/// The folders searched for a file, in order: `$KVLAB_MODELS`, the user cache, the shipped copy.
+pub fn search_dirs() -> Vec<PathBuf> {
     models_dir()
         .into_iter()
         .chain([cache_dir()])
-        .map(|d| d.join(&f.file))
+        .chain(shipped_dir())
+        .collect()
+}
+
+/// Where a file is, if present: the first of [`search_dirs`] holding it.
+pub fn find_file(f: &FileRef) -> Option<PathBuf> {
+    find_named(&f.file)
+}
+
+fn find_named(file: &str) -> Option<PathBuf> {
+    search_dirs()
+        .into_iter()
+        .map(|d| d.join(file))
         .find(|p| p.is_file())
 }
 
 /// Where a file was looked for, for error messages.
 pub fn searched_places(f: &FileRef) -> String {
+    searched_for(&f.file)
+}
+
+fn searched_for(file: &str) -> String {
     let mut v = Vec::new();
-    match models_dir() {
-        Some(d) => v.push(d.join(&f.file).display().to_string()),
-        None => v.push("$KVLAB_MODELS (not set)".into()),
+    if models_dir().is_none() {
+        v.push("$KVLAB_MODELS (not set)".to_string());
     }
-    v.push(cache_dir().join(&f.file).display().to_string());
+    v.extend(
+        search_dirs()
+            .into_iter()
+            .map(|d| d.join(file).display().to_string()),
+    );
     v.join(", ")
 }
 
@@ -286,25 +318,29 @@ pub fn load_llama2c(model: &Path, tokenizer: Option<&Path>) -> Result<(Model, Op
     Ok((m, t))
 }
 
-/// For tests of real checkpoints: `$KVLAB_MODELS/<file>` if it exists; otherwise says so loudly
-/// on stderr ("SKIPPED: ...") and returns `None`, so the test can return early.
+/// For tests of real checkpoints: the file where the CLI would find it ([`search_dirs`]:
+/// `$KVLAB_MODELS`, the user cache, the shipped copy). Absent, it says so loudly on stderr
+/// ("SKIPPED: ...", written to the stderr handle so libtest's capture does not hide it) and
+/// returns `None`, so the test can return early. Tests of checkpoints a clone lacks (Gemma,
+/// the Llama 2 `tokenizer.bin`) are also marked `#[ignore = "needs ...: set KVLAB_MODELS"]`, so
+/// libtest counts them as not run; CI runs them with `--include-ignored`.
 ///
 /// # Panics
 /// When the file is absent and `KVLAB_REQUIRE_MODELS=1` (CI), so a missing checkpoint fails
 /// instead of silently skipping.
 pub fn test_model_file(file: &str) -> Option<PathBuf> {
-    match models_dir().map(|d| d.join(file)) {
-        Some(p) if p.is_file() => Some(p),
-        _ => {
-            let msg = format!(
-                "real model file {file} not found (set KVLAB_MODELS to the folder holding it, e.g. KVLAB_MODELS=../shared/models)"
-            );
-            assert!(
-                std::env::var("KVLAB_REQUIRE_MODELS").as_deref() != Ok("1"),
-                "KVLAB_REQUIRE_MODELS=1: {msg}"
-            );
-            eprintln!("SKIPPED: {msg}");
-            None
-        }
+    if let Some(p) = find_named(file) {
+        return Some(p);
     }
+    let msg = format!(
+        "real model file {file} not found in {}; set KVLAB_MODELS to the folder holding it",
+        searched_for(file)
+    );
+    assert!(
+        std::env::var("KVLAB_REQUIRE_MODELS").as_deref() != Ok("1"),
+        "KVLAB_REQUIRE_MODELS=1: {msg}"
+    );
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {msg}");
+    None
 }

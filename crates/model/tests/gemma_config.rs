@@ -6,6 +6,7 @@ mod common;
 use kvlab_model::{Activation, LayerKind, RopeLayout};
 
 #[test]
+#[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn gemma3_gguf_becomes_the_expected_config() {
     let Some(path) = common::model_file("gemma-3-270m-q4_k_m.gguf") else {
         return;

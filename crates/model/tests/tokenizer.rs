@@ -11,7 +11,7 @@ fn tok512() -> Option<Tokenizer> {
 #[test]
 fn once_upon_a_time_encodes_as_run_c_does() {
     let Some(t) = tok512() else { return };
-    // ../shared/models/README.md: run.c encodes this prompt to 1 403 407 261 378.
+    // llama2.c run.c (temperature 0) encodes this prompt to 1 403 407 261 378.
     assert_eq!(
         t.encode("Once upon a time", true, false),
         vec![1, 403, 407, 261, 378]
@@ -65,6 +65,7 @@ fn decode_drops_the_space_after_bos_only() {
 }
 
 #[test]
+#[ignore = "needs tokenizer.bin (the Llama 2 vocabulary): set KVLAB_MODELS"]
 fn llama2_vocab_encodes_like_run_c() {
     let Some(p) = common::model_file("tokenizer.bin") else {
         return;

@@ -311,7 +311,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         if require && failed.iter().any(|r| r.status == "SKIPPED") {
             eprintln!(
-                "KVLAB_REQUIRE_MODELS=1: missing checkpoints are failures; set KVLAB_MODELS=../shared/models"
+                "KVLAB_REQUIRE_MODELS=1: missing checkpoints are failures; set KVLAB_MODELS to the folder holding them"
             );
         }
         bail!("verify failed: {} of {} rows", failed.len(), rows.len());
@@ -353,7 +353,7 @@ impl Row {
 fn missing_reason(entry: &ModelEntry) -> String {
     match registry::locate(&entry.name) {
         Ok(Located::Missing { file, searched, .. }) => format!(
-            "{} not found in {searched} (set KVLAB_MODELS=../shared/models)",
+            "{} not found in {searched} (set KVLAB_MODELS to the folder holding it)",
             file.file
         ),
         _ => "files missing".into(),
