@@ -9,8 +9,8 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvlab_benches::{assert_close, data};
-use kvlab_cpu::attention::{AttentionInput, attention};
-use kvlab_cpu::paged::attention::{PagedInput, SeqView, paged_attention};
+use kvlab_cpu::attention::{Heads, KvRows, attention};
+use kvlab_cpu::paged::attention::{PagedLayer, SeqView, paged_attention};
 use kvlab_model::ops;
 
 const HEAD_DIM: usize = 64;
@@ -30,6 +30,22 @@ fn scalar(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scale: f32) {
     }
 }
 
+/// A contiguous cache without a ring: position j in row j.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+}
+
+impl KvRows for Rows<'_> {
+    fn key(&self, j: usize) -> &[f32] {
+        &self.k[j * HEAD_DIM..(j + 1) * HEAD_DIM]
+    }
+    fn value(&self, j: usize) -> &[f32] {
+        &self.v[j * HEAD_DIM..(j + 1) * HEAD_DIM]
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     for ctx in CTXS {
@@ -38,22 +54,17 @@ fn bench(c: &mut Criterion) {
         let q = data(HEAD_DIM, 1); // (head_dim,)
         let k = data(ctx * HEAD_DIM, 2); // (ctx, head_dim): cache rows then the new row
         let v = data(ctx * HEAD_DIM, 3); // (ctx, head_dim)
-        let (k_cache, k_new) = k.split_at(past * HEAD_DIM);
-        let (v_cache, v_new) = v.split_at(past * HEAD_DIM);
-        let contiguous = AttentionInput {
-            q: &q,
-            k_new,
-            v_new,
-            cache_k: k_cache,
-            cache_v: v_cache,
-            cap: past.max(1),
-            pos0: past,
+        // The contiguous cache: rows 0..ctx of (ctx, head_dim), the new row written last.
+        let contiguous = Rows { k: &k, v: &v };
+        let heads = Heads {
             n_heads: 1,
             n_kv_heads: 1,
             head_dim: HEAD_DIM,
             scale,
             window: usize::MAX,
         };
+        let (_, k_new) = k.split_at(past * HEAD_DIM);
+        let (_, v_new) = v.split_at(past * HEAD_DIM);
         // The paged pool: twice the blocks needed, the sequence's blocks at scattered ids
         // (block b → physical (b · 7 + 3) mod num_blocks, a permutation as 7 is odd).
         let nb = past.div_ceil(BLOCK).max(1);
@@ -72,29 +83,24 @@ fn bench(c: &mut Criterion) {
             pos0: past,
             block_table: &table,
         }];
-        let paged = PagedInput {
-            q: &q,
-            k_new,
-            v_new,
+        let paged = PagedLayer {
             pool_k: &pool_k,
             pool_v: &pool_v,
             block_size: BLOCK,
-            seqs: &seqs,
-            row_seq: &[0],
-            n_heads: 1,
-            n_kv_heads: 1,
-            head_dim: HEAD_DIM,
-            scale,
-            window: usize::MAX,
+            k_new,
+            v_new,
+            kv_dim: HEAD_DIM,
         };
+        let run_contiguous = |out: &mut [f32]| attention(out, &q, &heads, |_| past, |_| contiguous);
+        let run_paged = |out: &mut [f32]| paged_attention(out, &q, &heads, paged, &seqs, &[0]);
 
         // Validate both fast kernels against the reference before timing them.
         let mut want = vec![0.0; HEAD_DIM];
         scalar(&mut want, &q, &k, &v, scale);
         let mut got = vec![0.0; HEAD_DIM];
-        attention(&mut got, &contiguous);
+        run_contiguous(&mut got);
         assert_close("cpu/attention_decode", &got, &want, 1e-4);
-        paged_attention(&mut got, &paged);
+        run_paged(&mut got);
         assert_close("cpu-paged/attention_decode", &got, &want, 1e-4);
 
         let bytes = (2 * ctx * HEAD_DIM * 4) as u64;
@@ -108,11 +114,11 @@ fn bench(c: &mut Criterion) {
         g.finish();
         let mut g = c.benchmark_group("cpu/attention_decode");
         g.throughput(Throughput::Bytes(bytes));
-        g.bench_function(id.clone(), |b| b.iter(|| attention(&mut out, &contiguous)));
+        g.bench_function(id.clone(), |b| b.iter(|| run_contiguous(&mut out)));
         g.finish();
         let mut g = c.benchmark_group("cpu-paged/attention_decode/bs16");
         g.throughput(Throughput::Bytes(bytes));
-        g.bench_function(id, |b| b.iter(|| paged_attention(&mut out, &paged)));
+        g.bench_function(id, |b| b.iter(|| run_paged(&mut out)));
         g.finish();
     }
 }

@@ -1,120 +1,174 @@
-//! Causal attention of new queries over the KV cache, one (query, head) pair per task.
+//! Causal attention of a step's queries over the keys and values in a KV cache, for both cache
+//! layouts: the caller says where the key and value of position j live ([`KvRows`]).
 //!
-//! For the query at position p and head h (KV head g = h / (n_heads / n_kv_heads), GQA/MQA):
+//! For the query at position p and head h (KV head g = h / kv_mul, kv_mul = n_heads / n_kv_heads;
+//! GQA/MQA share one KV head among kv_mul query heads):
 //!   s_j = (q_h · k_{g,j}) · scale            for j in lo..=p, lo = max(0, p + 1 − window)
 //!   a   = softmax(s)
-//!   o_h = Σ_j a_j v_{g,j}                      (axpy per key)
-//! Keys of positions before this call come from the cache (slot j % cap); keys of the call's own
-//! tokens come from the fresh `k_new`/`v_new` rows, because a ring buffer shorter than the prompt
-//! must not be overwritten before the earlier queries have read it.
+//!   o_h = Σ_j a_j v_{g,j}
+//! The kv_mul query heads of one KV head are computed together, so each key and value row is read
+//! once per KV head, not once per query head. One task is one (query row, KV head) pair; tasks run
+//! on the calling thread when the step is small and across the engine's threads when it is not.
 
 use rayon::prelude::*;
 
 use crate::simd;
 
-/// The inputs of one layer's attention.
-pub struct AttentionInput<'a> {
-    /// Queries of the new tokens. (t, n_heads·head_dim)
-    pub q: &'a [f32],
-    /// Keys and values of the new tokens. (t, kv_dim) each
-    pub k_new: &'a [f32],
-    pub v_new: &'a [f32],
-    /// The layer's cache, slots `pos % cap`. (cap, kv_dim) each
-    pub cache_k: &'a [f32],
-    pub cache_v: &'a [f32],
-    pub cap: usize,
-    /// Position of the first new token.
-    pub pos0: usize,
+/// The attention shape of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Score scale, 1/√head_dim unless the model says otherwise.
     pub scale: f32,
-    /// Keys visible to a query, its own included (usize::MAX for global layers).
+    /// Keys visible to a query, its own included (`usize::MAX` for global layers).
     pub window: usize,
 }
 
-/// Below this many multiply-adds the heads run on the calling thread.
-const PAR_MIN_WORK: usize = 1 << 14;
+impl Heads {
+    /// Query heads per KV head.
+    pub fn kv_mul(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
 
-/// out (t, n_heads·head_dim) ← attention of every new query and head.
-pub fn attention(out: &mut [f32], a: &AttentionInput<'_>) {
-    let hd = a.head_dim;
-    let t = a.q.len() / (a.n_heads * hd);
-    let work = t * a.n_heads * (a.pos0 + t).min(a.window) * hd;
-    for_each_head(out, hd, work, |o, i, scores| {
-        one_head(o, a, i / a.n_heads, i % a.n_heads, scores)
-    });
+    /// First key position the query at `pos` sees.
+    pub fn first_visible(&self, pos: usize) -> usize {
+        (pos + 1).saturating_sub(self.window)
+    }
 }
 
-/// Calls `f(out_head, index, scores)` for every head_dim-wide chunk of `out` (index = query row ×
-/// n_heads + head), on the calling thread below [`PAR_MIN_WORK`] multiply-adds, across rayon's
-/// threads above; `scores` is scratch reused across the heads one thread handles.
-pub(crate) fn for_each_head(
+/// Where one sequence's keys and values live: `key(j)` and `value(j)` are the (kv_dim,) rows of
+/// position j, all KV heads side by side.
+pub trait KvRows: Sync {
+    fn key(&self, j: usize) -> &[f32];
+    fn value(&self, j: usize) -> &[f32];
+}
+
+/// Below this many multiply-adds a step's attention runs on the calling thread: handing tasks
+/// to other threads costs microseconds, more than a short context takes.
+const PAR_MIN_WORK: usize = 1 << 15;
+
+/// out (rows, n_heads·head_dim) ← attention of every query row, where row r is the query at
+/// position `pos_of(r)` of the sequence whose keys `rows_of(r)` reads.
+pub fn attention<R: KvRows>(
     out: &mut [f32],
-    hd: usize,
-    work: usize,
-    f: impl Fn(&mut [f32], usize, &mut Vec<f32>) + Sync,
+    q: &[f32],
+    heads: &Heads,
+    pos_of: impl Fn(usize) -> usize + Sync,
+    rows_of: impl Fn(usize) -> R + Sync,
 ) {
+    let hd = heads.head_dim;
+    let group = heads.kv_mul() * hd; // one task's slice of a row: the heads of one KV head
+    let n_rows = out.len() / (heads.n_heads * hd);
+    let work: usize = (0..n_rows)
+        .map(|r| pos_of(r) + 1 - heads.first_visible(pos_of(r)))
+        .sum::<usize>()
+        * 2
+        * heads.n_heads
+        * hd;
+    let task = |(i, o): (usize, &mut [f32]), scores: &mut Vec<f32>| {
+        let (r, g) = (i / heads.n_kv_heads, i % heads.n_kv_heads);
+        let q = &q[r * heads.n_heads * hd + g * group..][..group];
+        attend_group(o, q, g, pos_of(r), &rows_of(r), heads, scores);
+    };
     if work < PAR_MIN_WORK {
         let mut scores = Vec::new();
-        out.chunks_exact_mut(hd)
+        out.chunks_exact_mut(group)
             .enumerate()
-            .for_each(|(i, o)| f(o, i, &mut scores));
+            .for_each(|t| task(t, &mut scores));
     } else {
-        out.par_chunks_exact_mut(hd)
+        out.par_chunks_exact_mut(group)
             .enumerate()
-            .for_each_init(Vec::new, |scores, (i, o)| f(o, i, scores));
+            .for_each_init(Vec::new, |scores, t| task(t, scores));
     }
 }
 
-/// o (head_dim,) ← attention of new query `t`, head `h`.
-// ANCHOR: one_head
-fn one_head(o: &mut [f32], a: &AttentionInput<'_>, t: usize, h: usize, scores: &mut Vec<f32>) {
-    let (hd, kv_dim) = (a.head_dim, a.n_kv_heads * a.head_dim);
-    let g = h / (a.n_heads / a.n_kv_heads);
-    let q = &a.q[(t * a.n_heads + h) * hd..][..hd];
-    let p = a.pos0 + t;
-    let lo = (p + 1).saturating_sub(a.window);
-    // Row of key/value j: in the fresh rows if this call computed it, else in its cache slot.
-    let row = |j: usize| {
-        let r = if j >= a.pos0 { j - a.pos0 } else { j % a.cap };
-        r * kv_dim + g * hd..r * kv_dim + (g + 1) * hd
-    };
-    let key = |j: usize| {
-        if j >= a.pos0 {
-            &a.k_new[row(j)]
-        } else {
-            &a.cache_k[row(j)]
-        }
-    };
-    let val = |j: usize| {
-        if j >= a.pos0 {
-            &a.v_new[row(j)]
-        } else {
-            &a.cache_v[row(j)]
-        }
-    };
-
-    attend(o, q, a.scale, lo..=p, key, val, scores);
-}
-
-/// The attention of one query over keys and values `keys` (wherever they live):
-/// s_j = (q · k_j) · scale, a = softmax(s), o = Σ_j a_j v_j.
-pub(crate) fn attend<'k>(
+/// o (kv_mul, head_dim) ← attention of the kv_mul queries q (kv_mul, head_dim) at position `pos`
+/// that share KV head `g`, over keys `first_visible(pos)..=pos`. `scores` is scratch.
+///
+/// The body is compiled once per instruction set and chosen at run time ([`simd::isa`]), so its
+/// small per-key loops vectorize with the widest registers the CPU has.
+pub fn attend_group<R: KvRows>(
     o: &mut [f32],
     q: &[f32],
-    scale: f32,
-    keys: std::ops::RangeInclusive<usize>,
-    key: impl Fn(usize) -> &'k [f32],
-    val: impl Fn(usize) -> &'k [f32],
+    g: usize,
+    pos: usize,
+    kv: &R,
+    heads: &Heads,
     scores: &mut Vec<f32>,
 ) {
-    scores.clear();
-    scores.extend(keys.clone().map(|j| simd::dot_short(q, key(j)) * scale));
-    kvlab_model::ops::softmax(scores);
-    o.fill(0.0);
-    for (j, &w) in keys.zip(scores.iter()) {
-        simd::axpy_short(o, w, val(j));
+    match simd::isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: isa() returns only levels the CPU supports; the body is safe code.
+        simd::Isa::Avx512 => unsafe { attend_group_avx512(o, q, g, pos, kv, heads, scores) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX2 + FMA.
+        simd::Isa::Avx2Fma => unsafe { attend_group_avx2(o, q, g, pos, kv, heads, scores) },
+        _ => attend_group_body(o, q, g, pos, kv, heads, scores),
     }
 }
-// ANCHOR_END: one_head
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn attend_group_avx512<R: KvRows>(
+    o: &mut [f32],
+    q: &[f32],
+    g: usize,
+    pos: usize,
+    kv: &R,
+    heads: &Heads,
+    scores: &mut Vec<f32>,
+) {
+    attend_group_body(o, q, g, pos, kv, heads, scores)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_group_avx2<R: KvRows>(
+    o: &mut [f32],
+    q: &[f32],
+    g: usize,
+    pos: usize,
+    kv: &R,
+    heads: &Heads,
+    scores: &mut Vec<f32>,
+) {
+    attend_group_body(o, q, g, pos, kv, heads, scores)
+}
+
+// ANCHOR: attend_group
+#[inline(always)]
+fn attend_group_body<R: KvRows>(
+    o: &mut [f32],
+    q: &[f32],
+    g: usize,
+    pos: usize,
+    kv: &R,
+    heads: &Heads,
+    scores: &mut Vec<f32>,
+) {
+    let hd = heads.head_dim;
+    let lo = heads.first_visible(pos);
+    let n = pos + 1 - lo; // keys visible to this query
+    // scores (kv_mul, n): s[m][j − lo] = (q_m · k_j) · scale, each key row read once.
+    scores.resize(heads.kv_mul() * n, 0.0);
+    for j in lo..=pos {
+        let k = &kv.key(j)[g * hd..][..hd];
+        for (m, q_m) in q.chunks_exact(hd).enumerate() {
+            scores[m * n + j - lo] = simd::dot_head(q_m, k) * heads.scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(n) {
+        crate::softmax::softmax(s);
+    }
+    // o_m = Σ_j a[m][j] v_j, each value row read once.
+    o.fill(0.0);
+    for j in lo..=pos {
+        let v = &kv.value(j)[g * hd..][..hd];
+        for (m, o_m) in o.chunks_exact_mut(hd).enumerate() {
+            simd::axpy_head(o_m, scores[m * n + j - lo], v);
+        }
+    }
+}
+// ANCHOR_END: attend_group

@@ -1,29 +1,28 @@
-//! The forward pass of the cached engines over a step's new tokens (one sequence's prompt, one
-//! decode token, or many sequences' tokens at once for the paged engine). Every projection runs
-//! over all the step's rows at once: GEMVs for one row, one sgemm for many. Only attention — and
-//! where K and V are kept — differs between the contiguous and the paged cache, so it is passed in
-//! as `attend`, which must also store the new K and V.
+//! The cached forward step over a step's new tokens (one sequence's prompt, one decode token, or
+//! many sequences' tokens at once for the paged engine). Read it beside the naive engine's
+//! `forward` (crates/naive/src/forward.rs): the maths is the same; what the cache changes is that
+//! q, k and v are computed for the new positions only, k and v are appended to the cache, and the
+//! queries attend over the cached positions instead of recomputing the whole prefix.
+//!
+//! Every projection runs over all the step's rows at once: a GEMV for one row, one matrix product
+//! for many.
 
-use kvlab_model::{Model, ops};
+use kvlab_model::{LayerKind, Model, ops};
 
+use crate::attention::Heads;
+use crate::kv_cache::KvCache;
 use crate::linear::linear;
 use crate::rope::RopeTable;
 
-/// One layer's attention step: `attend(layer, q, k, v, out)` reads queries q (rows, q_dim) and
-/// the new keys and values k, v (rows, kv_dim), writes out (rows, q_dim), and stores k and v in
-/// the engine's cache.
-pub trait Attend: FnMut(usize, &[f32], &[f32], &[f32], &mut [f32]) {}
-impl<F: FnMut(usize, &[f32], &[f32], &[f32], &mut [f32])> Attend for F {}
-
-/// Runs `tokens` at `positions` (one per row) and returns the logits (vocab_size,) of each row
-/// listed in `logit_rows`.
+/// Runs `tokens` at `positions` (one per row) through every layer, appending their keys and
+/// values to `cache`, and returns the logits (vocab_size,) of each row listed in `logit_rows`.
 pub fn forward(
     model: &Model,
     rope: &[RopeTable],
     tokens: &[u32],
     positions: &[usize],
     logit_rows: &[usize],
-    mut attend: impl Attend,
+    cache: &mut impl KvCache,
 ) -> Vec<Vec<f32>> {
     let c = &model.config;
     let w = &model.weights;
@@ -48,8 +47,10 @@ pub fn forward(
             .for_each(|(r, &e)| *r = e * c.embed_scale);
     }
 
+    // ANCHOR: cached_attention
     for (l, lw) in w.layers.iter().enumerate() {
         // Attention block: x += [post_norm] Wo · attention(RoPE(q), RoPE(k), v).
+        // q, k, v for the step's new positions only. (rows, q_dim), (rows, kv_dim) ×2
         rmsnorm_rows(&mut xn, &x, &lw.attn_norm, d, c.norm_eps);
         linear(&mut q, &xn, &lw.wq, t, d, qd);
         linear(&mut k, &xn, &lw.wk, t, d, kvd);
@@ -68,13 +69,27 @@ pub fn forward(
             table.apply(&mut q[i * qd..(i + 1) * qd], pos, c.rope_layout);
             table.apply(&mut k[i * kvd..(i + 1) * kvd], pos, c.rope_layout);
         }
-        attend(l, &q, &k, &v, &mut att);
+        // Write k, v into the cache at their positions (a ring slot on sliding-window layers),
+        // then attend over every cached position the query may see, the new ones included.
+        cache.append(l, &k, &v);
+        let heads = Heads {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: hd,
+            scale: c.attn_scale,
+            window: match c.layer_kinds[l] {
+                LayerKind::Global => usize::MAX,
+                LayerKind::Local { window } => window,
+            },
+        };
+        cache.attend(l, &q, &heads, &mut att);
         linear(&mut o, &att, &lw.wo, t, qd, d);
         if c.post_norms {
             o.chunks_exact_mut(d)
                 .for_each(|r| ops::rmsnorm_in_place(r, &lw.post_attn_norm, c.norm_eps));
         }
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        // ANCHOR_END: cached_attention
 
         // Feed-forward block: x += [post_norm] W2 (act(W1 x) ⊙ W3 x).
         rmsnorm_rows(&mut xn, &x, &lw.ffn_norm, d, c.norm_eps);

@@ -2,17 +2,40 @@
 //! `pos`; never grown or concatenated per token (llama2.c's RunState; candle-nn's preallocated
 //! KvCache rather than `Tensor::cat` per step).
 //!
-//! Each layer keeps `cap_l` positions: `max_seq_len` for a global layer, `min(window,
-//! max_seq_len)` for a sliding-window layer. A position `pos` lives in slot `pos % cap_l`, so a
-//! windowed layer is a ring buffer: position `pos` overwrites `pos − window`, which no query at
-//! `pos` or later can see. For a model without windows the buffers are exactly
-//! `(n_layers, max_seq_len, kv_dim)`.
+//! A cached step does two things per layer, in this order (run.c's `forward`, vLLM's
+//! `reshape_and_cache` then attention): [`KvCache::append`] writes the keys and values of the
+//! step's new positions into the cache, then [`KvCache::attend`] lets the step's queries attend
+//! over the cached positions, the new ones included. The contiguous cache below and the paged
+//! pool (`crate::paged`) are the two implementations.
+//!
+//! Each layer keeps `cap_l` positions: `max_seq_len` for a global layer; for a sliding-window
+//! layer a ring buffer of `window − 1 + RING_STEP` slots (fewer if `max_seq_len` is smaller), where
+//! position `pos` lives in slot `pos % cap_l`. A query at `pos` sees `pos + 1 − window..=pos`, so a
+//! step of up to `RING_STEP` new positions can be written before its first query reads: nothing
+//! it still needs is overwritten (llama.cpp sizes its sliding-window cache the same way, window +
+//! batch). Longer prompts run in steps of `RING_STEP` ([`ContiguousKvCache::max_step`]). For a
+//! model without windows the buffers are exactly `(n_layers, max_seq_len, kv_dim)`.
 
-use kvlab_model::{Config, KvUsage};
+use kvlab_model::{Config, KvUsage, LayerKind};
+
+use crate::attention::{Heads, KvRows, attention};
+
+/// New positions one step may write into a ring buffer before its queries read it.
+pub const RING_STEP: usize = 64;
+
+/// What a cached forward step needs from a KV cache: store the step's keys and values, then
+/// attend over everything cached.
+pub trait KvCache {
+    /// Writes the keys and values k, v (rows, kv_dim) of the step's new positions at layer `l`.
+    fn append(&mut self, l: usize, k: &[f32], v: &[f32]);
+    /// out (rows, n_heads·head_dim) ← attention of the step's queries q (rows, n_heads·head_dim)
+    /// over layer `l`'s cached keys and values.
+    fn attend(&self, l: usize, q: &[f32], heads: &Heads, out: &mut [f32]);
+}
 
 // ANCHOR: kv_cache
-/// Keys and values of one sequence for every layer.
-pub struct KvCache {
+/// Keys and values of one sequence for every layer, contiguous.
+pub struct ContiguousKvCache {
     /// Keys: layer l's slots at `offsets[l]..offsets[l] + caps[l]·kv_dim`. (Σ_l cap_l, kv_dim)
     k: Vec<f32>,
     /// Values, same layout as `k`. (Σ_l cap_l, kv_dim)
@@ -22,16 +45,22 @@ pub struct KvCache {
     /// Start of layer l in `k` and `v`, in floats. (n_layers,)
     offsets: Vec<usize>,
     kv_dim: usize,
-    /// Positions written so far (the next position to write).
+    /// Positions written so far: the position of the step's first new token.
     pub len: usize,
     pub max_seq_len: usize,
 }
+// ANCHOR_END: kv_cache
 
-impl KvCache {
+impl ContiguousKvCache {
     /// Allocates the whole cache for `max_seq_len` positions.
-    pub fn new(c: &Config, max_seq_len: usize) -> KvCache {
-        let caps: Vec<usize> = (0..c.n_layers)
-            .map(|l| c.cache_positions(l, max_seq_len))
+    pub fn new(c: &Config, max_seq_len: usize) -> ContiguousKvCache {
+        let caps: Vec<usize> = c
+            .layer_kinds
+            .iter()
+            .map(|kind| match kind {
+                LayerKind::Global => max_seq_len,
+                LayerKind::Local { window } => (window - 1 + RING_STEP).min(max_seq_len),
+            })
             .collect();
         let offsets = caps
             .iter()
@@ -42,7 +71,7 @@ impl KvCache {
             })
             .collect();
         let total = caps.iter().sum::<usize>() * c.kv_dim();
-        KvCache {
+        ContiguousKvCache {
             k: vec![0.0; total],
             v: vec![0.0; total],
             caps,
@@ -53,24 +82,18 @@ impl KvCache {
         }
     }
 
-    /// Positions layer `l` keeps.
-    pub fn cap(&self, l: usize) -> usize {
-        self.caps[l]
+    /// The most new positions one step may append: unbounded unless a ring buffer wraps.
+    pub fn max_step(&self) -> usize {
+        if self.caps.iter().all(|&cap| cap == self.max_seq_len) {
+            usize::MAX
+        } else {
+            RING_STEP
+        }
     }
 
-    /// Layer `l`'s keys and values, each (cap_l, kv_dim).
-    pub fn layer(&self, l: usize) -> (&[f32], &[f32]) {
-        let r = self.offsets[l]..self.offsets[l] + self.caps[l] * self.kv_dim;
-        (&self.k[r.clone()], &self.v[r])
-    }
-
-    /// Writes the key and value of position `pos` at layer `l` into its slot `pos % cap_l`.
-    // ANCHOR_END: kv_cache
-    pub fn write(&mut self, l: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let slot = pos % self.caps[l];
-        let at = self.offsets[l] + slot * self.kv_dim;
-        self.k[at..at + self.kv_dim].copy_from_slice(k);
-        self.v[at..at + self.kv_dim].copy_from_slice(v);
+    /// Layer l's keys or values buffer range.
+    fn layer(&self, l: usize) -> std::ops::Range<usize> {
+        self.offsets[l]..self.offsets[l] + self.caps[l] * self.kv_dim
     }
 
     /// Used and reserved bytes (f32 = 4 bytes): a layer uses min(len, cap_l) slots.
@@ -99,12 +122,66 @@ impl KvCache {
                     )
                 } else {
                     format!(
-                        "ring (window={cap}, kv_dim={}), {} valid",
+                        "ring (slots={cap}, kv_dim={}), {} valid",
                         self.kv_dim,
                         self.len.min(cap)
                     )
                 }
             })
             .collect()
+    }
+}
+
+// ANCHOR: append_attend
+impl KvCache for ContiguousKvCache {
+    /// Position `len + i` of the step goes to slot `(len + i) % cap_l`: its own row for a global
+    /// layer (cap = max_seq_len), a ring slot for a sliding-window layer.
+    fn append(&mut self, l: usize, k: &[f32], v: &[f32]) {
+        let (kv_dim, cap, layer) = (self.kv_dim, self.caps[l], self.layer(l));
+        let (cache_k, cache_v) = (&mut self.k[layer.clone()], &mut self.v[layer]);
+        for (i, (k, v)) in k
+            .chunks_exact(kv_dim)
+            .zip(v.chunks_exact(kv_dim))
+            .enumerate()
+        {
+            let slot = (self.len + i) % cap;
+            cache_k[slot * kv_dim..(slot + 1) * kv_dim].copy_from_slice(k);
+            cache_v[slot * kv_dim..(slot + 1) * kv_dim].copy_from_slice(v);
+        }
+    }
+
+    /// Query row i is position `len + i`; it reads keys `first_visible..=len + i` from their slots.
+    fn attend(&self, l: usize, q: &[f32], heads: &Heads, out: &mut [f32]) {
+        let layer = self.layer(l);
+        let rows = Slots {
+            k: &self.k[layer.clone()],
+            v: &self.v[layer],
+            cap: self.caps[l],
+            kv_dim: self.kv_dim,
+        };
+        attention(out, q, heads, |i| self.len + i, |_| rows);
+    }
+}
+// ANCHOR_END: append_attend
+
+/// One layer of the contiguous cache seen as rows by position: position j in slot j % cap.
+#[derive(Clone, Copy)]
+struct Slots<'a> {
+    k: &'a [f32], // (cap, kv_dim)
+    v: &'a [f32], // (cap, kv_dim)
+    cap: usize,
+    kv_dim: usize,
+}
+
+impl KvRows for Slots<'_> {
+    #[inline(always)]
+    fn key(&self, j: usize) -> &[f32] {
+        let s = if j < self.cap { j } else { j % self.cap };
+        &self.k[s * self.kv_dim..(s + 1) * self.kv_dim]
+    }
+    #[inline(always)]
+    fn value(&self, j: usize) -> &[f32] {
+        let s = if j < self.cap { j } else { j % self.cap };
+        &self.v[s * self.kv_dim..(s + 1) * self.kv_dim]
     }
 }

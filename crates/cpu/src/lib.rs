@@ -1,13 +1,14 @@
 //! kvlab-cpu: the cached CPU engine.
 //!
 //! Per sequence a KV cache for K and V of shape `(n_layers, max_seq_len, kv_dim)` (ring buffers
-//! of `window` positions for sliding-window layers) is allocated once, when the sequence starts,
-//! and written in place at `pos`. Prefill runs the whole prompt as matrix-matrix products
-//! (matrixmultiply's sgemm) and fills the cache; decode computes one position with SIMD GEMVs and
-//! attends over the cache with SIMD dot/axpy, threads (rayon) across output rows and heads.
+//! for sliding-window layers) is allocated once, when the sequence starts, and written in place at
+//! `pos`. Prefill runs the whole prompt as matrix-matrix products (matrixmultiply's sgemm) and
+//! fills the cache; decode computes one position with SIMD GEMVs and attends over the cache, on
+//! the engine's worker threads (entered once per step).
 //!
-//! Files in data-flow order: [`simd`] (dot, axpy), [`linear`] (GEMV/sgemm), [`rope`],
-//! [`kv_cache`], [`attention`], [`forward`].
+//! Files in data-flow order: [`simd`] (dot, axpy, GEMV rows), [`softmax`], [`linear`]
+//! (GEMV/sgemm), [`rope`], [`attention`], [`kv_cache`] (append, then attend), [`forward`] (the
+//! cached step), [`threads`]; [`paged`] is the same step over a block pool.
 
 pub mod attention;
 pub mod forward;
@@ -16,22 +17,23 @@ pub mod linear;
 pub mod paged;
 pub mod rope;
 pub mod simd;
+pub mod softmax;
+pub mod threads;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, LayerKind, Model, Result, SeqId, TraceStep};
+use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
 
-use attention::{AttentionInput, attention};
-
-use kv_cache::KvCache;
+use kv_cache::ContiguousKvCache;
 use rope::RopeTable;
+pub use threads::set_num_threads;
 
 /// The contiguous-cache CPU engine.
 pub struct CpuEngine {
     model: Arc<Model>,
-    seqs: HashMap<SeqId, KvCache>,
+    seqs: HashMap<SeqId, ContiguousKvCache>,
     /// One cos/sin table per distinct RoPE theta, covering the longest sequence asked for.
     rope: Vec<RopeTable>,
     next_id: SeqId,
@@ -61,57 +63,28 @@ impl CpuEngine {
         }
     }
 
-    // ANCHOR: cpu_step
+    /// Runs `tokens` at the sequence's next positions; returns the last one's logits.
     fn run(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         let cache = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
-        let c = &self.model.config;
-        check_tokens(c, seq, cache.len, cache.max_seq_len, tokens)?;
-        let pos0 = cache.len;
-        let positions: Vec<usize> = (pos0..pos0 + tokens.len()).collect();
-        let attend = |l: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]| {
-            let (cache_k, cache_v) = cache.layer(l);
-            let window = match c.layer_kinds[l] {
-                LayerKind::Global => usize::MAX,
-                LayerKind::Local { window } => window,
-            };
-            let input = AttentionInput {
-                q,
-                k_new: k,
-                v_new: v,
-                cache_k,
-                cache_v,
-                cap: cache.cap(l),
-                pos0,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim,
-                scale: c.attn_scale,
-                window,
-            };
-            attention(out, &input);
-            // Only now write the new K and V into the cache: with a ring buffer shorter than the
-            // step, only the last `cap` survive, and the queries above still needed the rest.
-            let (n, kvd) = (positions.len(), c.kv_dim());
-            for i in n.saturating_sub(cache.cap(l))..n {
-                cache.write(
-                    l,
-                    pos0 + i,
-                    &k[i * kvd..(i + 1) * kvd],
-                    &v[i * kvd..(i + 1) * kvd],
-                );
-            }
-        };
-        let mut logits = forward::forward(
-            &self.model,
-            &self.rope,
+        check_tokens(
+            &self.model.config,
+            seq,
+            cache.len,
+            cache.max_seq_len,
             tokens,
-            &positions,
-            &[tokens.len() - 1],
-            attend,
-        );
-        cache.len = pos0 + tokens.len();
-        Ok(logits.pop().expect("one row of logits"))
-        // ANCHOR_END: cpu_step
+        )?;
+        let (model, rope) = (&self.model, &self.rope);
+        let mut logits = Vec::new();
+        // A prompt longer than a ring buffer's spare slots runs in several steps.
+        for step in tokens.chunks(cache.max_step()) {
+            let positions: Vec<usize> = (cache.len..cache.len + step.len()).collect();
+            let last = [step.len() - 1];
+            logits = threads::install(|| {
+                forward::forward(model, rope, step, &positions, &last, &mut *cache)
+            });
+            cache.len += step.len();
+        }
+        Ok(logits.pop().unwrap_or_default())
     }
 }
 
@@ -130,7 +103,7 @@ impl Engine for CpuEngine {
         let id = self.next_id;
         self.next_id += 1;
         self.seqs
-            .insert(id, KvCache::new(&self.model.config, max_seq_len));
+            .insert(id, ContiguousKvCache::new(&self.model.config, max_seq_len));
         Ok(id)
     }
 
@@ -149,7 +122,7 @@ impl Engine for CpuEngine {
     fn kv_usage(&self) -> KvUsage {
         self.seqs
             .values()
-            .map(KvCache::usage)
+            .map(ContiguousKvCache::usage)
             .fold(KvUsage::default(), |a, b| KvUsage {
                 used_bytes: a.used_bytes + b.used_bytes,
                 reserved_bytes: a.reserved_bytes + b.reserved_bytes,

@@ -66,27 +66,44 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_with(isa(), a, b)
 }
 
-/// Vectors shorter than this are summed by a plain loop: for a head of 8 floats (stories260K)
-/// the SIMD dispatch costs more than the arithmetic.
-pub const SHORT: usize = 16;
+/// Lanes of [`dot_head`] and [`axpy_head`]: independent accumulators the compiler keeps in one
+/// vector register (8 × f32 = 256 bits).
+const HEAD_LANES: usize = 8;
 
-/// [`dot`] for short vectors (attention over small heads): a plain loop below [`SHORT`].
-#[inline]
-pub fn dot_short(a: &[f32], b: &[f32]) -> f32 {
-    if a.len() < SHORT {
-        kvlab_model::ops::dot(a, b)
-    } else {
-        dot(a, b)
+/// Σ a_i b_i for one attention head (head_dim of 8 to 256): a plain loop over 8 lanes, inlined
+/// into the attention kernel and vectorized there for the instruction set that kernel is compiled
+/// for; a call into [`dot`] per key would cost more than the arithmetic of a small head.
+#[inline(always)]
+pub fn dot_head(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; HEAD_LANES];
+    let (ca, cb) = (a.chunks_exact(HEAD_LANES), b.chunks_exact(HEAD_LANES));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..HEAD_LANES {
+            acc[i] += x[i] * y[i];
+        }
     }
+    let pairs = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
 }
 
-/// [`axpy`] for short vectors: a plain loop below [`SHORT`].
-#[inline]
-pub fn axpy_short(y: &mut [f32], alpha: f32, x: &[f32]) {
-    if y.len() < SHORT {
-        kvlab_model::ops::axpy(y, alpha, x)
-    } else {
-        axpy(y, alpha, x)
+/// y ← y + alpha·x for one attention head; see [`dot_head`].
+#[inline(always)]
+pub fn axpy_head(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
     }
 }
 
@@ -500,5 +517,26 @@ mod tests {
             a[70] = f32::NAN;
             assert!(dot_with(isa, &a, &a).is_nan(), "{}", isa.name());
         }
+    }
+
+    #[test]
+    fn head_kernels_match_the_scalar_reference() {
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        for n in [1, 7, 8, 9, 16, 48, 64, 128, 256, 257] {
+            let (a, b) = (rand_vec(&mut rng, n), rand_vec(&mut rng, n));
+            let (got, want) = (dot_head(&a, &b), kvlab_model::ops::dot(&a, &b));
+            let scale: f32 = a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum();
+            assert!(
+                (got - want).abs() <= 1e-6 * scale,
+                "dot n={n}: {got} vs {want}"
+            );
+            let (mut y, mut y_ref) = (b.clone(), b.clone());
+            axpy_head(&mut y, 0.37, &a);
+            kvlab_model::ops::axpy(&mut y_ref, 0.37, &a);
+            assert_eq!(y, y_ref, "axpy n={n}");
+        }
+        let mut a = vec![1.0f32; 48];
+        a[40] = f32::NAN;
+        assert!(dot_head(&a, &a).is_nan());
     }
 }

@@ -1,11 +1,13 @@
 //! Sliding-window layers keep a ring buffer of `window` positions. For random small configs and
 //! windows, the ring-buffer cache must give the same logits as attending over the full history
 //! with a window mask (the naive engine), including prompts several windows long and decode steps
-//! that wrap the ring many times.
+//! that wrap the ring many times, and prompts longer than one step can append to a ring
+//! (`RING_STEP`), which run as several steps.
 
 use std::sync::Arc;
 
 use kvlab_cpu::CpuEngine;
+use kvlab_cpu::kv_cache::RING_STEP;
 use kvlab_model::{Engine, LayerKind, SyntheticSpec, teacher_force};
 use kvlab_naive::NaiveEngine;
 use proptest::prelude::*;
@@ -35,11 +37,47 @@ proptest! {
                 prop_assert!((x - y).abs() <= 1e-4 + 1e-4 * y.abs(), "step {step}: {x} vs {y}");
             }
         }
-        // The ring buffer reserves window positions for local layers, not the whole context.
+        // The ring buffer reserves window − 1 + RING_STEP slots for local layers, not the whole
+        // context.
         let s = cpu.new_sequence(96).unwrap();
         let locals = model.config.layer_kinds.iter().filter(|k| matches!(k, LayerKind::Local { .. })).count();
-        let expected = 2 * 4 * model.config.kv_dim() * ((3 - locals) * 96 + locals * window.min(96));
+        let ring = (window - 1 + RING_STEP).min(96);
+        let expected = 2 * 4 * model.config.kv_dim() * ((3 - locals) * 96 + locals * ring);
         prop_assert_eq!(cpu.kv_usage().reserved_bytes, expected);
         cpu.free(s);
+    }
+}
+
+/// A prompt of several ring steps (more than RING_STEP + window tokens): the engine runs it in
+/// steps that never overwrite a slot a query of the same step still reads.
+#[test]
+fn a_prompt_longer_than_a_ring_step_runs_in_steps() {
+    for window in [1, 5, 64] {
+        let mut model = SyntheticSpec::new(16, 40, 3, 4, 2, 32, 400, 7)
+            .build()
+            .unwrap();
+        model.config.layer_kinds = vec![
+            LayerKind::Local { window },
+            LayerKind::Global,
+            LayerKind::Local { window },
+        ];
+        let model = Arc::new(model);
+        let prompt: Vec<u32> = (0..2 * RING_STEP as u32 + window as u32 + 7)
+            .map(|i| (i * 7 + 3) % 32)
+            .collect();
+        let forced: Vec<u32> = (0..20).map(|i| (i * 5 + 1) % 32).collect();
+        let full =
+            teacher_force(&mut NaiveEngine::new(model.clone()), &prompt, &forced, 400).unwrap();
+        let ring =
+            teacher_force(&mut CpuEngine::new(model.clone()), &prompt, &forced, 400).unwrap();
+        assert_eq!(ring.len(), full.len());
+        for (step, (a, b)) in ring.iter().zip(&full).enumerate() {
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-4 + 1e-4 * y.abs(),
+                    "window {window} step {step}: {x} vs {y}"
+                );
+            }
+        }
     }
 }

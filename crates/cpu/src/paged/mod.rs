@@ -16,12 +16,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, LayerKind, Model, Result, SeqId, TraceStep};
+use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
 use kvlab_paged::{BlockAllocator, BlockCopy, BlockTable, ScheduledBatch, StepExecutor};
 
+use crate::attention::Heads;
 use crate::forward::forward;
+use crate::kv_cache::KvCache;
 use crate::rope::RopeTable;
-use attention::{PagedInput, SeqView, paged_attention};
+use attention::{PagedLayer, SeqView, paged_attention};
 use pool::KvPool;
 
 const NAME: &str = "cpu-paged";
@@ -42,6 +44,72 @@ pub struct StepSeq<'a> {
     pub slot_mapping: Vec<&'a [i64]>,
     /// Per KV group: the block table. (n_groups,) × (num_logical_blocks,)
     pub block_table: Vec<&'a [i32]>,
+}
+
+/// The pool as the cached forward step sees it during one scheduled step.
+struct PagedStep<'a> {
+    config: &'a Config,
+    pool: &'a mut KvPool,
+    seqs: &'a [StepSeq<'a>],
+    /// Row of each sequence's first token. (num_seqs,)
+    row0: &'a [usize],
+    /// Sequence of each row. (num_tokens,)
+    row_seq: &'a [usize],
+    /// The step's own keys and values of the layer being run. (num_tokens, kv_dim) each
+    k_new: Vec<f32>,
+    v_new: Vec<f32>,
+}
+
+impl KvCache for PagedStep<'_> {
+    /// `reshape_and_cache`: every new token's k and v go to their slot in the pool (−1: a
+    /// sliding-window position no later step reads, not kept); the step keeps its own rows for
+    /// this layer's attention.
+    fn append(&mut self, l: usize, k: &[f32], v: &[f32]) {
+        let g = self.config.layer_group(l);
+        let kvd = self.config.kv_dim();
+        let slots = self.seqs.iter().flat_map(|s| s.slot_mapping[g].iter());
+        for (r, &slot) in slots.enumerate() {
+            if slot >= 0 {
+                self.pool.write(
+                    l,
+                    slot as usize,
+                    &k[r * kvd..(r + 1) * kvd],
+                    &v[r * kvd..(r + 1) * kvd],
+                );
+            }
+        }
+        self.k_new.clear();
+        self.k_new.extend_from_slice(k);
+        self.v_new.clear();
+        self.v_new.extend_from_slice(v);
+    }
+
+    /// Each query attends over its own sequence: earlier positions through its block table,
+    /// this step's from the step's rows.
+    fn attend(&self, l: usize, q: &[f32], heads: &Heads, out: &mut [f32]) {
+        let g = self.config.layer_group(l);
+        let views: Vec<SeqView<'_>> = self
+            .seqs
+            .iter()
+            .zip(self.row0)
+            .map(|(s, &row0)| SeqView {
+                row0,
+                n: s.tokens.len(),
+                pos0: s.pos0,
+                block_table: s.block_table[g],
+            })
+            .collect();
+        let (pool_k, pool_v) = self.pool.layer(l);
+        let layer = PagedLayer {
+            pool_k,
+            pool_v,
+            block_size: self.pool.block_size,
+            k_new: &self.k_new,
+            v_new: &self.v_new,
+            kv_dim: self.config.kv_dim(),
+        };
+        paged_attention(out, q, heads, layer, &views, self.row_seq);
+    }
 }
 
 /// A sequence driven through the single-sequence [`Engine`] API.
@@ -108,83 +176,35 @@ impl PagedCpuEngine {
 
     /// Runs one step over the given sequences; returns each one's last-token logits.
     pub fn run_step(&mut self, seqs: &[StepSeq<'_>]) -> Vec<Vec<f32>> {
-        let c = &self.model.config;
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         let positions: Vec<usize> = seqs
             .iter()
             .flat_map(|s| s.pos0..s.pos0 + s.tokens.len())
             .collect();
-        let mut views_rows = Vec::with_capacity(seqs.len());
+        let mut row0 = Vec::with_capacity(seqs.len());
         let mut row_seq = Vec::with_capacity(tokens.len());
-        let mut row = 0;
         for (i, s) in seqs.iter().enumerate() {
-            views_rows.push(row);
+            row0.push(row_seq.len());
             row_seq.extend(std::iter::repeat_n(i, s.tokens.len()));
-            row += s.tokens.len();
         }
         let logit_rows: Vec<usize> = seqs
             .iter()
-            .zip(&views_rows)
+            .zip(&row0)
             .map(|(s, r)| r + s.tokens.len() - 1)
             .collect();
-        let pool = &mut self.pool;
-        let attend = |l: usize, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]| {
-            let g = c.layer_group(l);
-            let views: Vec<SeqView<'_>> = seqs
-                .iter()
-                .zip(&views_rows)
-                .map(|(s, &row0)| SeqView {
-                    row0,
-                    n: s.tokens.len(),
-                    pos0: s.pos0,
-                    block_table: s.block_table[g],
-                })
-                .collect();
-            let (pool_k, pool_v) = pool.layer(l);
-            let input = PagedInput {
-                q,
-                k_new: k,
-                v_new: v,
-                pool_k,
-                pool_v,
-                block_size: pool.block_size,
-                seqs: &views,
-                row_seq: &row_seq,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim,
-                scale: c.attn_scale,
-                window: match c.layer_kinds[l] {
-                    LayerKind::Global => usize::MAX,
-                    LayerKind::Local { window } => window,
-                },
-            };
-            paged_attention(out, &input);
-            // reshape_and_cache: every new token's K and V to its slot (−1: not kept).
-            let kvd = c.kv_dim();
-            for (r, &slot) in seqs
-                .iter()
-                .flat_map(|s| s.slot_mapping[g].iter())
-                .enumerate()
-            {
-                if slot >= 0 {
-                    pool.write(
-                        l,
-                        slot as usize,
-                        &k[r * kvd..(r + 1) * kvd],
-                        &v[r * kvd..(r + 1) * kvd],
-                    );
-                }
-            }
+        let mut step = PagedStep {
+            config: &self.model.config,
+            pool: &mut self.pool,
+            seqs,
+            row0: &row0,
+            row_seq: &row_seq,
+            k_new: Vec::new(),
+            v_new: Vec::new(),
         };
-        forward(
-            &self.model,
-            &self.rope,
-            &tokens,
-            &positions,
-            &logit_rows,
-            attend,
-        )
+        let (model, rope) = (&self.model, &self.rope);
+        crate::threads::install(|| {
+            forward(model, rope, &tokens, &positions, &logit_rows, &mut step)
+        })
     }
 
     /// Copies every block of `copies` in every layer of KV group `group`.
