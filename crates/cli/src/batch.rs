@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
+use kvlab_cli::args::{MAX_ARRIVAL_GAP, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_POSITIONS, usize_in};
 use kvlab_cli::engines::{PAGED_ENGINES, PoolOptions, build_paged, scheduler_config};
 use kvlab_model::sampler::argmax;
 use kvlab_paged::{Request, ScheduledBatch, Scheduler, StepKind, StopConditions, drive};
@@ -23,18 +24,19 @@ pub struct Args {
     #[arg(long, short)]
     prompt: Vec<String>,
     /// New tokens per sequence.
-    #[arg(long, short = 'n', default_value_t = 48)]
+    #[arg(long, short = 'n', default_value_t = 48, value_parser = usize_in(1, MAX_POSITIONS))]
     max_tokens: usize,
     /// Paged engine.
     #[arg(long, short, default_value = "cpu-paged")]
     engine: String,
     /// Blocks in the pool (default: enough for every sequence at once).
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_NUM_BLOCKS))]
     num_blocks: Option<usize>,
-    #[arg(long, default_value_t = 16)]
+    /// Token slots per block.
+    #[arg(long, default_value_t = 16, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
     block_size: usize,
     /// Each prompt arrives this many steps after the previous one.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = usize_in(0, MAX_ARRIVAL_GAP))]
     arrival_gap: usize,
     /// Print every step's batch: positions, slot_mapping, block tables.
     #[arg(long)]
@@ -73,10 +75,12 @@ pub fn run(a: Args) -> Result<()> {
         a.prompt.clone()
     };
     let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
+    // Both terms are at most MAX_POSITIONS (the prompt fits the context or is refused below).
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + a.max_tokens;
     if longest > model.config.max_seq_len {
         bail!(
-            "a sequence would need {longest} positions; the model holds {}",
+            "a sequence would need {longest} positions (its prompt plus --max-tokens {}); the model holds {}: lower --max-tokens or shorten the prompt",
+            a.max_tokens,
             model.config.max_seq_len
         );
     }

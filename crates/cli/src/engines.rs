@@ -125,6 +125,21 @@ fn build_paged_inner(
     model: Arc<Model>,
     pool: PoolOptions,
 ) -> Result<Box<dyn PagedEngine>> {
+    // Every KV group holds `num_blocks` blocks for its own layers, so the groups together hold
+    // num_blocks × block_size × (KV bytes per token over all layers).
+    let pool_bytes = (pool.num_blocks as u64)
+        .checked_mul(pool.block_size as u64)
+        .and_then(|slots| slots.checked_mul(model.config.kv_bytes_per_token(4) as u64));
+    if name == "cpu-paged" {
+        crate::memory::ensure_fits(
+            &format!(
+                "a KV pool of {} blocks x {} tokens",
+                pool.num_blocks, pool.block_size
+            ),
+            pool_bytes,
+            "lower --num-blocks or --block-size",
+        )?;
+    }
     match name {
         "cpu-paged" => Ok(Box::new(kvlab_cpu::paged::PagedCpuEngine::new(
             model,

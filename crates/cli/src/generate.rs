@@ -4,6 +4,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
 use kvlab_model::{GenerateOptions, Sampler, generate_text};
 
 use crate::{ModelArgs, bytes};
@@ -17,13 +18,14 @@ pub struct Args {
     prompt: String,
     /// Positions to compute, prompt included (run.c's -n); 0 or more than the context means the
     /// whole context.
-    #[arg(long, short = 'n', default_value_t = 256)]
+    #[arg(long, short = 'n', default_value_t = 256,
+          value_parser = usize_in(0, MAX_POSITIONS))]
     steps: usize,
-    /// 0 is greedy (argmax).
-    #[arg(long, short, default_value_t = 1.0)]
+    /// 0 is greedy (argmax); otherwise 0.001 to 100.
+    #[arg(long, short, default_value_t = 1.0, value_parser = args::temperature)]
     temperature: f32,
-    /// Nucleus sampling threshold; 1 disables it.
-    #[arg(long, default_value_t = 0.9)]
+    /// Nucleus sampling threshold, greater than 0 and at most 1; 1 disables it.
+    #[arg(long, default_value_t = 0.9, value_parser = args::top_p)]
     top_p: f32,
     /// Seed of the sampler's RNG.
     #[arg(long, short, default_value_t = 42)]
@@ -32,7 +34,7 @@ pub struct Args {
     #[arg(long, short, default_value = "cpu")]
     engine: String,
     /// Positions the engine reserves (default: the model's context).
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_POSITIONS))]
     max_seq_len: Option<usize>,
     /// Print, for every step, the tokens fed and the shapes and bytes of the cache (to stderr).
     #[arg(long)]
@@ -47,13 +49,22 @@ pub fn run(a: Args) -> Result<()> {
         .with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
     let model = Arc::new(loaded.model);
     let config = model.config.clone();
+    let reserve = a.max_seq_len.unwrap_or(config.max_seq_len);
+    if a.engine != "naive" {
+        // The cached engines reserve this many positions (ring buffers for windowed layers).
+        kvlab_cli::memory::ensure_fits(
+            "the KV cache",
+            u64::try_from(config.kv_bytes_windowed(reserve, 4)).ok(),
+            "lower --max-seq-len",
+        )?;
+    }
     let mut engine = kvlab_cli::engines::build(&a.engine, model)?;
     let opts = GenerateOptions {
         steps: a.steps,
         max_seq_len: a.max_seq_len.unwrap_or(0),
         trace: a.trace,
     };
-    let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed);
+    let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)?;
     let mut out = std::io::stdout().lock();
     let g = generate_text(
         engine.as_mut(),

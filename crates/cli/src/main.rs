@@ -102,16 +102,5 @@ pub fn load(m: &ModelArgs) -> anyhow::Result<kvlab_model::registry::Loaded> {
 
 /// Bytes as a human reads them (binary units), with the exact count.
 pub fn bytes(n: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {} ({n} B)", UNITS[u])
-    }
+    kvlab_cli::human_bytes(n as f64)
 }

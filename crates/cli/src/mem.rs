@@ -7,7 +7,8 @@
 use anyhow::{Result, bail};
 use clap::Args as ClapArgs;
 
-use crate::bytes;
+use kvlab_cli::args::{self, usize_in};
+use kvlab_cli::human_bytes as bytes;
 
 /// A model's KV-relevant shape.
 #[derive(Clone, Debug)]
@@ -155,40 +156,51 @@ pub struct Args {
     /// List the presets and their sources.
     #[arg(long)]
     list: bool,
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_LAYERS))]
     n_layers: Option<usize>,
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_HEADS))]
     n_kv_heads: Option<usize>,
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_HEAD_DIM))]
     head_dim: Option<usize>,
     /// Sliding window: positions kept by local layers.
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_CONTEXT))]
     window: Option<usize>,
     /// How many layers use the sliding window (default: all, with --window).
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(0, MAX_LAYERS))]
     local_layers: Option<usize>,
     /// KV precision: f32, f16, bf16, fp8, int8, int4.
     #[arg(long, default_value = "f16")]
     dtype: String,
     /// Tokens per sequence (default: the preset's context).
-    #[arg(long, short)]
+    #[arg(long, short, value_parser = usize_in(1, MAX_CONTEXT))]
     context: Option<usize>,
-    #[arg(long, short, default_value_t = 1)]
+    /// Sequences in the batch.
+    #[arg(long, short, default_value_t = 1, value_parser = usize_in(1, MAX_BATCH))]
     batch: usize,
     /// Device memory in GiB: prints how many sequences fit.
-    #[arg(long)]
+    #[arg(long, value_parser = args::gib)]
     device_gib: Option<f64>,
     /// Weight memory in GiB (default: the preset's parameters at --weights-dtype).
-    #[arg(long)]
+    #[arg(long, value_parser = args::gib_or_zero)]
     weights_gib: Option<f64>,
     #[arg(long, default_value = "f16")]
     weights_dtype: String,
     /// Average tokens a sequence really holds, for the paging estimate (default: half the context).
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_CONTEXT))]
     avg_tokens: Option<usize>,
-    #[arg(long, default_value_t = 16)]
+    /// Token slots per block, for the paging estimate.
+    #[arg(long, default_value_t = 16, value_parser = usize_in(1, args::MAX_BLOCK_SIZE))]
     block_size: usize,
 }
+
+// Bounds of the calculator's inputs: generous for any published model, small enough that every
+// product stays exact or at least finite in f64 (2^80 bytes at most), so nothing wraps or turns
+// NaN.
+const MAX_LAYERS: u64 = 1 << 12;
+const MAX_HEADS: u64 = 1 << 12;
+const MAX_HEAD_DIM: u64 = 1 << 14;
+const MAX_CONTEXT: u64 = 1 << 30;
+const MAX_BATCH: u64 = 1 << 20;
 
 fn preset(name: &str) -> Result<Shape> {
     if let Some(p) = PRESETS.iter().find(|p| p.name.eq_ignore_ascii_case(name)) {
@@ -285,15 +297,15 @@ pub fn run(a: Args) -> Result<()> {
         s.n_layers,
         s.n_kv_heads,
         s.head_dim,
-        bytes(per_token as usize)
+        bytes(per_token)
     );
     println!(
         "per sequence   {} at {ctx} tokens{}",
-        bytes(per_seq as usize),
+        bytes(per_seq),
         if s.window.is_some() {
             format!(
                 " (every layer keeping all: {})",
-                bytes((per_token * ctx as f64) as usize)
+                bytes(per_token * ctx as f64)
             )
         } else {
             String::new()
@@ -301,7 +313,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     println!(
         "per batch      {} for {} sequences",
-        bytes((per_seq * a.batch as f64) as usize),
+        bytes(per_seq * a.batch as f64),
         a.batch
     );
     if let Some(dev) = a.device_gib {
@@ -312,8 +324,8 @@ pub fn run(a: Args) -> Result<()> {
         let free = dev * GIB - weights;
         println!(
             "device         {dev} GiB, weights {} → {} left for the KV cache",
-            bytes(weights as usize),
-            bytes(free.max(0.0) as usize)
+            bytes(weights),
+            bytes(free.max(0.0))
         );
         if free <= 0.0 {
             println!("               the weights alone do not fit");

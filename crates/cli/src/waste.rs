@@ -4,16 +4,17 @@
 
 use anyhow::Result;
 use clap::Args as ClapArgs;
+use kvlab_cli::args::{MAX_POSITIONS, MAX_REQUESTS, usize_in};
 use kvlab_paged::waste::{TABLE_BLOCK_SIZES, waste_table};
 use kvlab_paged::workload::{LongTail, long_tail_requests, uniform_requests};
 
 #[derive(ClapArgs)]
 pub struct Args {
     /// Requests per workload.
-    #[arg(long, short, default_value_t = 1000)]
+    #[arg(long, short, default_value_t = 1000, value_parser = usize_in(1, MAX_REQUESTS))]
     requests: usize,
     /// Context every sequence reserves under max-length preallocation.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, value_parser = usize_in(1, MAX_POSITIONS))]
     max_seq_len: usize,
     #[arg(long, short, default_value_t = 0)]
     seed: u64,

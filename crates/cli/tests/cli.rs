@@ -173,3 +173,74 @@ fn a_fresh_clone_generates_offline_from_the_shipped_model() {
         text(&o.stderr)
     );
 }
+
+/// Bad numeric input is refused by the argument parser (exit status 2, no panic) with the valid
+/// range, before any model is loaded.
+macro_rules! refused {
+    ($($name:ident: [$($arg:expr),*] => $needle:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            let o = kvlab(&[$($arg),*]);
+            let err = text(&o.stderr);
+            assert!(!o.status.success(), "accepted: {err}");
+            assert!(err.contains($needle), "{err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    )*};
+}
+
+refused! {
+    temperature_nan: ["generate", "--temperature", "nan"] => "use 0 (greedy) or a value from 0.001 to 100";
+    temperature_inf: ["generate", "--temperature", "inf"] => "use 0 (greedy) or a value from 0.001 to 100";
+    temperature_negative: ["generate", "--temperature=-1"] => "use 0 (greedy) or a value from 0.001 to 100";
+    temperature_tiny: ["generate", "--temperature", "1e-38"] => "use 0 (greedy) or a value from 0.001 to 100";
+    top_p_nan: ["generate", "--top-p", "nan"] => "greater than 0 and at most 1";
+    top_p_zero: ["generate", "--top-p", "0"] => "greater than 0 and at most 1";
+    top_p_above_one: ["generate", "--top-p", "1.5"] => "greater than 0 and at most 1";
+    generate_steps_u64_max: ["generate", "-n", "18446744073709551615"] => "is not in 0..=1048576";
+    generate_max_seq_len_zero: ["generate", "--max-seq-len", "0"] => "is not in 1..=1048576";
+    batch_block_size_zero: ["batch", "--block-size", "0"] => "is not in 1..=4096";
+    batch_block_size_2_pow_62: ["batch", "--block-size", "4611686018427387904", "--num-blocks", "1"] => "is not in 1..=4096";
+    batch_num_blocks_1e9: ["batch", "--num-blocks", "1000000000"] => "is not in 1..=16777216";
+    batch_arrival_gap_1e12: ["batch", "--arrival-gap", "1000000000000"] => "is not in 0..=10000";
+    batch_max_tokens_u64_max: ["batch", "-n", "18446744073709551615"] => "is not in 1..=1048576";
+    mem_block_size_zero: ["mem", "--preset", "llama-3-8b", "--block-size", "0"] => "is not in 1..=4096";
+    mem_device_gib_nan: ["mem", "--preset", "llama-3-8b", "--device-gib", "nan"] => "greater than 0";
+    mem_weights_gib_negative: ["mem", "--preset", "llama-3-8b", "--device-gib", "80", "--weights-gib=-1"] => "greater than 0";
+    mem_n_layers_huge: ["mem", "--n-layers", "18446744073709551615", "--n-kv-heads", "8", "--head-dim", "128"] => "is not in 1..=4096";
+    waste_requests_u64_max: ["waste", "--requests", "18446744073709551615"] => "is not in 1..=1000000";
+    a_pool_larger_than_memory_is_refused_before_allocation: ["batch", "--num-blocks", "16777216", "--block-size", "4096"] => "would need 80.00 TiB";
+}
+
+#[test]
+fn mem_at_its_largest_inputs_prints_sizes_not_wrapped_ones() {
+    let o = kvlab(&[
+        "mem",
+        "--n-layers",
+        "4096",
+        "--n-kv-heads",
+        "4096",
+        "--head-dim",
+        "16384",
+        "--context",
+        "1073741824",
+        "--batch",
+        "1048576",
+        "--dtype",
+        "f32",
+        "--device-gib",
+        "80",
+    ]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // 2 × 2^12 × 2^12 × 2^14 × 4 = 2^41 bytes per token; × 2^30 × 2^20 = 2^91 per batch.
+    assert!(
+        out.contains("per token      2 × 4096 × 4096 × 16384 × 4 = 2.00 TiB (2199023255552 B)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("per batch      2048.00 YiB (2.476e27 B)"),
+        "{out}"
+    );
+    assert!(!out.contains("NaN") && !out.contains("inf"), "{out}");
+}

@@ -73,6 +73,18 @@ pub enum Error {
         engine: &'static str,
         reason: String,
     },
+    /// A sampling parameter outside its range (the message names the range).
+    #[error("{0}")]
+    Sampling(String),
+    /// The model produced a NaN or infinite logit, so no token can be sampled.
+    #[error(
+        "step {pos}: the model's logit for token {index} is {value}, so no token can be chosen; the checkpoint's weights or the engine's arithmetic produced NaN or infinity. Check the file against its sha256 (fixtures/models.json) or compare with --engine naive"
+    )]
+    NonFiniteLogits {
+        pos: usize,
+        index: usize,
+        value: f32,
+    },
     /// A model file whose format this crate does not read.
     #[error("unsupported model format: {0}")]
     Format(String),

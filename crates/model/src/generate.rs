@@ -160,7 +160,14 @@ fn run(
     let mut prev = *prompt.last().expect("non-empty prompt");
     let mut pos = prompt.len() - 1;
     loop {
-        let next = sampler.sample(&mut logits);
+        // `pos` is the position whose logits these are: the next token goes to pos + 1.
+        let next = sampler
+            .sample(&mut logits)
+            .map_err(|e| Error::NonFiniteLogits {
+                pos,
+                index: e.index,
+                value: e.value,
+            })?;
         if stop_ids.contains(&next) {
             g.stopped = true;
             break;

@@ -4,45 +4,118 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::{Error, Result};
+
+/// The smallest positive temperature: below it, logits / temperature overflows f32 for logits of
+/// ordinary size (a logit of 40 over 1e-38 is infinite), and sampling is greedy in all but name.
+pub const MIN_TEMPERATURE: f32 = 1e-3;
+/// The largest temperature: above it every distribution is uniform to f32 precision.
+pub const MAX_TEMPERATURE: f32 = 100.0;
+
+/// Checks a sampling temperature: 0 (greedy) or a finite value in
+/// [`MIN_TEMPERATURE`, `MAX_TEMPERATURE`].
+///
+/// # Errors
+/// [`Error::Sampling`] naming the valid range.
+pub fn check_temperature(t: f32) -> Result<f32> {
+    if t == 0.0 || (MIN_TEMPERATURE..=MAX_TEMPERATURE).contains(&t) {
+        Ok(t)
+    } else {
+        Err(Error::Sampling(format!(
+            "temperature {t:?} is out of range: use 0 (greedy) or a value from {MIN_TEMPERATURE} to {MAX_TEMPERATURE}"
+        )))
+    }
+}
+
+/// Checks a nucleus (top-p) threshold: a finite value in (0, 1]; 1 disables it.
+///
+/// # Errors
+/// [`Error::Sampling`] naming the valid range.
+pub fn check_top_p(p: f32) -> Result<f32> {
+    if p > 0.0 && p <= 1.0 {
+        Ok(p)
+    } else {
+        Err(Error::Sampling(format!(
+            "top-p {p:?} is out of range: use a value greater than 0 and at most 1 (1 disables nucleus sampling)"
+        )))
+    }
+}
+
+/// A logit that is NaN or infinite: the model's arithmetic broke down (NaN weights, an
+/// overflow), so no token can be chosen from it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NonFiniteLogit {
+    /// Its index (token id) in the logits.
+    pub index: usize,
+    pub value: f32,
+}
+
 /// Turns logits into a token id.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     /// 0 means greedy.
-    pub temperature: f32,
-    /// Nucleus threshold in (0, 1); outside it, plain multinomial sampling.
-    pub top_p: f32,
+    temperature: f32,
+    /// Nucleus threshold in (0, 1]; 1 means plain multinomial sampling.
+    top_p: f32,
     rng: ChaCha8Rng,
 }
 
 impl Sampler {
-    pub fn new(temperature: f32, top_p: f32, seed: u64) -> Sampler {
-        Sampler {
-            temperature,
-            top_p,
+    /// A sampler with a seeded RNG.
+    ///
+    /// # Errors
+    /// [`Error::Sampling`] for a temperature or top-p outside the ranges of [`check_temperature`]
+    /// and [`check_top_p`].
+    pub fn new(temperature: f32, top_p: f32, seed: u64) -> Result<Sampler> {
+        Ok(Sampler {
+            temperature: check_temperature(temperature)?,
+            top_p: check_top_p(top_p)?,
             rng: ChaCha8Rng::seed_from_u64(seed),
-        }
+        })
     }
 
     /// The deterministic sampler: argmax, ties to the lowest id.
     pub fn greedy() -> Sampler {
-        Sampler::new(0.0, 1.0, 0)
+        Sampler {
+            temperature: 0.0,
+            top_p: 1.0,
+            rng: ChaCha8Rng::seed_from_u64(0),
+        }
+    }
+
+    pub fn temperature(&self) -> f32 {
+        self.temperature
+    }
+
+    pub fn top_p(&self) -> f32 {
+        self.top_p
     }
 
     /// Samples one token. `logits` is scratch: it is overwritten with probabilities.
-    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        if self.temperature <= 0.0 {
-            return argmax(logits);
+    ///
+    /// # Errors
+    /// The first logit that is NaN or infinite (greedy decoding included: an argmax over NaN
+    /// would silently pick token 0).
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, NonFiniteLogit> {
+        if let Some((index, &value)) = logits.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(NonFiniteLogit { index, value });
         }
+        if self.temperature == 0.0 {
+            return Ok(argmax(logits));
+        }
+        // softmax(x / T) = softmax((x − max x) / T): subtracting the maximum first keeps every
+        // exponent ≤ 0, so no temperature in range can overflow.
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         for l in logits.iter_mut() {
-            *l /= self.temperature;
+            *l = (*l - max) / self.temperature;
         }
         softmax_in_place(logits);
         let coin: f32 = self.rng.random();
-        if self.top_p <= 0.0 || self.top_p >= 1.0 {
+        Ok(if self.top_p >= 1.0 {
             sample_multinomial(logits, coin)
         } else {
             sample_top_p(logits, self.top_p, coin)
-        }
+        })
     }
 }
 
@@ -118,7 +191,7 @@ fn sample_top_p(probs: &[f32], top_p: f32, coin: f32) -> u32 {
     }
     let r = coin * cum;
     let mut cdf = 0.0;
-    for &(id, p) in &cand[..=last] {
+    for &(id, p) in cand.iter().take(last + 1) {
         cdf += p;
         if r < cdf {
             return id;
@@ -140,17 +213,17 @@ mod tests {
     #[test]
     fn greedy_ignores_the_seed() {
         let mut l = vec![0.1, 0.9, 0.3];
-        assert_eq!(Sampler::greedy().sample(&mut l.clone()), 1);
-        assert_eq!(Sampler::new(0.0, 0.9, 7).sample(&mut l), 1);
+        assert_eq!(Sampler::greedy().sample(&mut l.clone()), Ok(1));
+        assert_eq!(Sampler::new(0.0, 0.9, 7).unwrap().sample(&mut l), Ok(1));
     }
 
     #[test]
     fn seeded_sampling_is_reproducible_and_respects_top_p() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
         let run = |seed| {
-            let mut s = Sampler::new(1.0, 0.5, seed);
+            let mut s = Sampler::new(1.0, 0.5, seed).unwrap();
             (0..20)
-                .map(|_| s.sample(&mut logits.clone()))
+                .map(|_| s.sample(&mut logits.clone()).unwrap())
                 .collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));
@@ -176,5 +249,50 @@ mod tests {
     #[test]
     fn top2_margin_measures_the_gap() {
         assert_eq!(top2_margin(&[1.0, 4.0, 2.5]), 1.5);
+    }
+
+    #[test]
+    fn out_of_range_parameters_are_refused_with_the_range() {
+        for t in [f32::NAN, f32::INFINITY, -1.0, 1e-38, 1e9] {
+            let e = Sampler::new(t, 0.9, 0).unwrap_err().to_string();
+            assert!(
+                e.contains("use 0 (greedy) or a value from 0.001 to 100"),
+                "{t}: {e}"
+            );
+        }
+        for p in [f32::NAN, 0.0, -0.5, 1.5, f32::INFINITY] {
+            let e = Sampler::new(1.0, p, 0).unwrap_err().to_string();
+            assert!(e.contains("greater than 0 and at most 1"), "{p}: {e}");
+        }
+        for (t, p) in [(0.0, 1.0), (0.001, 0.01), (100.0, 1.0)] {
+            assert!(Sampler::new(t, p, 0).is_ok(), "{t} {p}");
+        }
+    }
+
+    #[test]
+    fn non_finite_logits_are_an_error_for_every_sampler() {
+        for (t, p) in [(0.0, 1.0), (1.0, 1.0), (0.8, 0.9)] {
+            let mut s = Sampler::new(t, p, 1).unwrap();
+            let e = s.sample(&mut [0.5, f32::NAN, 1.0]).unwrap_err();
+            assert!(e.index == 1 && e.value.is_nan(), "{t} {p}: {e:?}");
+            let e = s.sample(&mut [0.5, 1.0, f32::INFINITY]).unwrap_err();
+            assert_eq!(
+                e,
+                NonFiniteLogit {
+                    index: 2,
+                    value: f32::INFINITY
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn the_smallest_temperature_does_not_overflow() {
+        // Logits of 40 over T = 0.001 would be 40,000 before the max is subtracted; softmax of
+        // the shifted values is still a distribution and picks the maximum.
+        let mut s = Sampler::new(MIN_TEMPERATURE, 1.0, 3).unwrap();
+        for _ in 0..10 {
+            assert_eq!(s.sample(&mut [40.0, 39.0, -40.0]), Ok(0));
+        }
     }
 }

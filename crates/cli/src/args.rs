@@ -1,0 +1,73 @@
+//! Value parsers for numeric flags: every flag is range-checked by clap before anything runs, and
+//! the error names the valid range. Sampling ranges live with the sampler
+//! (`kvlab_model::sampler`), so the CLI and the library agree on them.
+
+use clap::builder::RangedU64ValueParser;
+
+/// Most positions any model here may hold (the loaders' bound on `max_seq_len`).
+pub const MAX_POSITIONS: u64 = kvlab_model::config::MAX_SEQ_LEN as u64;
+/// Largest block size accepted (vLLM uses 8 to 32; a block is a unit of allocation).
+pub const MAX_BLOCK_SIZE: u64 = 4096;
+/// Most blocks a pool may have; the pool's bytes are then checked against the machine's memory.
+pub const MAX_NUM_BLOCKS: u64 = 1 << 24;
+/// Most scheduler steps between two arrivals in `batch` (every idle step is simulated).
+pub const MAX_ARRIVAL_GAP: u64 = 10_000;
+/// Most requests per workload in `waste`.
+pub const MAX_REQUESTS: u64 = 1_000_000;
+
+/// A `usize` flag that must lie in `lo..=hi`; clap's message names the range.
+pub fn usize_in(lo: u64, hi: u64) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::<usize>::new().range(lo..=hi)
+}
+
+/// `--temperature`: 0 (greedy) or 0.001..=100.
+///
+/// # Errors
+/// Not a number, or out of range (the message names the range).
+pub fn temperature(s: &str) -> Result<f32, String> {
+    let v: f32 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    kvlab_model::sampler::check_temperature(v).map_err(|e| e.to_string())
+}
+
+/// `--top-p`: greater than 0 and at most 1.
+///
+/// # Errors
+/// Not a number, or out of range (the message names the range).
+pub fn top_p(s: &str) -> Result<f32, String> {
+    let v: f32 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    kvlab_model::sampler::check_top_p(v).map_err(|e| e.to_string())
+}
+
+/// A size in GiB: finite, greater than 0 and at most 2^20 GiB (a petabyte).
+///
+/// # Errors
+/// Not a number, NaN, infinite, or out of range.
+pub fn gib(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    if v > 0.0 && v <= (1u64 << 20) as f64 {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{s} is out of range: give a size in GiB greater than 0 and at most {}",
+            1u64 << 20
+        ))
+    }
+}
+
+/// A size in GiB that may be 0 (weights of a model too small to matter).
+///
+/// # Errors
+/// As [`gib`], but 0 is accepted.
+pub fn gib_or_zero(s: &str) -> Result<f64, String> {
+    if s.parse::<f64>() == Ok(0.0) {
+        Ok(0.0)
+    } else {
+        gib(s)
+    }
+}
