@@ -10,9 +10,10 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
+use super::machine::Machine;
 use super::ratios::Ratio;
 
 /// The smallest relative change ever flagged: on this shared 2-core machine, two runs of the
@@ -46,6 +47,11 @@ pub struct BaselineReport {
     pub baseline_commit: String,
     pub baseline_date: String,
     pub same_cpu_model: bool,
+    /// How the baseline's machine differs from this one (CPU model, logical CPUs, SIMD level,
+    /// GPUs); empty on the same machine. Across machines only ratios compare, and even those
+    /// move with core counts and SIMD width.
+    #[serde(default)]
+    pub machine_differences: Vec<String>,
     pub comparisons: Vec<Comparison>,
     /// Keys in only one of the two runs (not compared).
     pub only_in_baseline: Vec<String>,
@@ -55,12 +61,88 @@ pub struct BaselineReport {
 
 #[derive(Deserialize)]
 struct Stored {
-    machine: super::machine::Machine,
+    machine: Machine,
     ratios: Vec<Ratio>,
 }
 
-/// Reads `file` (a bench.json) and compares its ratios with `now`.
-pub fn compare(file: &Path, now: &[Ratio], cpu_model: &str) -> Result<BaselineReport> {
+/// What differs between the baseline's machine and this one, in words.
+pub fn machine_differences(then: &Machine, now: &Machine) -> Vec<String> {
+    let mut d = Vec::new();
+    if then.cpu_model != now.cpu_model {
+        d.push(format!(
+            "CPU {:?} then, {:?} now",
+            then.cpu_model, now.cpu_model
+        ));
+    }
+    if then.logical_cpus != now.logical_cpus {
+        d.push(format!(
+            "{} logical CPUs then, {} now",
+            then.logical_cpus, now.logical_cpus
+        ));
+    }
+    if then.kvlab_simd != now.kvlab_simd {
+        d.push(format!(
+            "SIMD {} then, {} now",
+            then.kvlab_simd, now.kvlab_simd
+        ));
+    }
+    if then.gpus != now.gpus {
+        d.push(format!("GPUs {:?} then, {:?} now", then.gpus, now.gpus));
+    }
+    d
+}
+
+impl BaselineReport {
+    /// The run's outcome against the baseline: an error when a speedup regressed, or when
+    /// nothing could be compared (a comparison of nothing is not a pass).
+    ///
+    /// # Errors
+    /// Regressions, or no ratio in common / none long enough to judge, with the reason.
+    pub fn verdict(&self) -> Result<()> {
+        let judged = self
+            .comparisons
+            .iter()
+            .filter(|c| c.verdict != "too short to judge")
+            .count();
+        if self.comparisons.is_empty() {
+            bail!(
+                "nothing to compare with {}: no speedup key in common (the baseline has {}, this \
+                 run {}); keys carry the model and its context, so compare a full run with a full \
+                 baseline and a --quick run with a --quick one, with the same models and engines",
+                self.file,
+                self.only_in_baseline.len(),
+                self.only_now.len()
+            );
+        }
+        if judged == 0 {
+            bail!(
+                "nothing to judge against {}: all {} speedups in common timed under {MIN_JUDGED_MS} ms \
+                 on one side; run without --quick or with larger models",
+                self.file,
+                self.comparisons.len()
+            );
+        }
+        if self.regressions > 0 {
+            bail!(
+                "{} speedup(s) regressed against {} beyond the measured noise{}",
+                self.regressions,
+                self.file,
+                if self.machine_differences.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (the baseline is from another machine: {})",
+                        self.machine_differences.join("; ")
+                    )
+                }
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Reads `file` (a bench.json) and compares its ratios with `now`, measured on `machine`.
+pub fn compare(file: &Path, now: &[Ratio], machine: &Machine) -> Result<BaselineReport> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("reading baseline {}", file.display()))?;
     let stored: Stored = serde_json::from_str(&text).with_context(|| {
@@ -115,7 +197,8 @@ pub fn compare(file: &Path, now: &[Ratio], cpu_model: &str) -> Result<BaselineRe
         ),
         baseline_commit: stored.machine.git_commit.clone(),
         baseline_date: stored.machine.date_utc.clone(),
-        same_cpu_model: stored.machine.cpu_model == cpu_model,
+        same_cpu_model: stored.machine.cpu_model == machine.cpu_model,
+        machine_differences: machine_differences(&stored.machine, machine),
         regressions: comparisons
             .iter()
             .filter(|c| c.verdict == "REGRESSED")
@@ -150,7 +233,7 @@ mod tests {
     #[test]
     fn a_drop_beyond_the_noise_is_a_regression_and_within_it_is_not() {
         let stored = serde_json::json!({
-            "machine": super::super::machine::Machine::default(),
+            "machine": Machine::default(),
             "ratios": [ratio("a", 40.0, 0.05), ratio("b", 40.0, 0.05), ratio("gone", 2.0, 0.0)],
         });
         let path =
@@ -162,7 +245,7 @@ mod tests {
             ratio("b", 36.8, 0.05),
             ratio("new", 1.0, 0.0),
         ];
-        let r = compare(&path, &now, "").unwrap();
+        let r = compare(&path, &now, &Machine::default()).unwrap();
         std::fs::remove_file(&path).unwrap();
         let verdict = |k: &str| {
             r.comparisons
@@ -177,5 +260,88 @@ mod tests {
         assert_eq!(r.regressions, 1);
         assert_eq!(r.only_in_baseline, vec!["gone".to_string()]);
         assert_eq!(r.only_now, vec!["new".to_string()]);
+    }
+
+    fn report(comparisons: Vec<Comparison>, regressions: usize) -> BaselineReport {
+        BaselineReport {
+            file: "b.json".into(),
+            baseline_machine: String::new(),
+            baseline_commit: String::new(),
+            baseline_date: String::new(),
+            same_cpu_model: true,
+            machine_differences: vec!["2 logical CPUs then, 16 now".into()],
+            comparisons,
+            only_in_baseline: vec!["x".into()],
+            only_now: vec!["y".into(), "z".into()],
+            regressions,
+        }
+    }
+
+    fn comparison(verdict: &str) -> Comparison {
+        Comparison {
+            key: "k".into(),
+            baseline: 1.0,
+            now: 1.0,
+            change: 0.0,
+            tolerance: 0.25,
+            verdict: verdict.into(),
+        }
+    }
+
+    #[test]
+    fn nothing_comparable_fails_and_says_why() {
+        let e = report(vec![], 0).verdict().unwrap_err().to_string();
+        assert!(
+            e.contains("no speedup key in common (the baseline has 1, this run 2)"),
+            "{e}"
+        );
+        let e = report(vec![comparison("too short to judge")], 0)
+            .verdict()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nothing to judge"), "{e}");
+        assert!(report(vec![comparison("ok")], 0).verdict().is_ok());
+        let e = report(vec![comparison("REGRESSED")], 1)
+            .verdict()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("another machine: 2 logical CPUs then, 16 now"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_baseline_from_another_machine_says_how_it_differs() {
+        let then = Machine {
+            cpu_model: "A".into(),
+            logical_cpus: 2,
+            kvlab_simd: "avx512f".into(),
+            ..Machine::default()
+        };
+        let now = Machine {
+            cpu_model: "B".into(),
+            logical_cpus: 16,
+            kvlab_simd: "avx512f".into(),
+            ..Machine::default()
+        };
+        assert_eq!(
+            machine_differences(&then, &now),
+            vec![
+                "CPU \"A\" then, \"B\" now".to_string(),
+                "2 logical CPUs then, 16 now".to_string()
+            ]
+        );
+        assert!(machine_differences(&now, &now).is_empty());
+    }
+
+    #[test]
+    fn the_stored_baseline_records_its_machine() {
+        let path = crate::verify::workspace_root().join("benches/baseline.json");
+        let stored: Stored =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(!stored.machine.cpu_model.is_empty(), "{}", path.display());
+        assert!(stored.machine.logical_cpus > 0);
+        assert!(!stored.machine.kvlab_simd.is_empty());
     }
 }

@@ -206,7 +206,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let baseline = o
         .baseline
         .as_ref()
-        .map(|f| baseline::compare(f, &ratios, &machine.cpu_model))
+        .map(|f| baseline::compare(f, &ratios, &machine))
         .transpose()?;
     let mut rep = report::Report::new(
         &plan,
@@ -236,12 +236,8 @@ pub fn run(args: &[String]) -> Result<()> {
         rep.wall_seconds,
         workspace_root().join("xtask/src/bench/schema.md").display()
     );
-    if let Some(b) = rep.baseline.as_ref().filter(|b| b.regressions > 0) {
-        bail!(
-            "{} speedup(s) regressed against {} beyond the measured noise",
-            b.regressions,
-            b.file
-        );
+    if let Some(b) = &rep.baseline {
+        b.verdict()?;
     }
     Ok(())
 }

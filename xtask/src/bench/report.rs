@@ -621,6 +621,13 @@ pub fn print(r: &Report) {
                 " — another CPU model: only ratios compare"
             }
         );
+        if !b.machine_differences.is_empty() {
+            println!(
+                "another machine ({}): absolute times do not compare, and speedups move with \
+                 core counts and SIMD width",
+                b.machine_differences.join("; ")
+            );
+        }
         let rows: Vec<Vec<String>> = b
             .comparisons
             .iter()

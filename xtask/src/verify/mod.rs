@@ -316,16 +316,37 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         bail!("verify failed: {} of {} rows", failed.len(), rows.len());
     }
-    let compared: usize = rows
-        .iter()
-        .filter(|r| r.status == "ok")
-        .map(|r| r.tokens_compared)
-        .sum();
-    println!(
-        "verify passed: {} engine runs, {compared} tokens identical to the naive reference",
-        rows.iter().filter(|r| r.status == "ok").count()
-    );
+    println!("{}", passed(&rows)?);
     Ok(())
+}
+
+/// The closing line of a verify run that had no failure. A run that compared no engine with the
+/// reference (every model skipped, or filters that select nothing) proves nothing and fails.
+fn passed(rows: &[Row]) -> Result<String> {
+    let ok: Vec<&Row> = rows.iter().filter(|r| r.status == "ok").collect();
+    if ok.is_empty() {
+        let skipped: Vec<String> = rows
+            .iter()
+            .filter(|r| r.status == "SKIPPED")
+            .map(|r| format!("{} / {}: {}", r.model, r.engine, r.note))
+            .collect();
+        bail!(
+            "verify compared no engine with the reference ({} rows{}); set KVLAB_MODELS to the \
+             folder holding the checkpoints, or choose --model and --engine values that can run \
+             here (not only the reference engine, naive)",
+            rows.len(),
+            if skipped.is_empty() {
+                String::new()
+            } else {
+                format!("; skipped: {}", skipped.join("; "))
+            }
+        );
+    }
+    let compared: usize = ok.iter().map(|r| r.tokens_compared).sum();
+    Ok(format!(
+        "verify passed: {} engine runs, {compared} tokens identical to the naive reference",
+        ok.len()
+    ))
 }
 
 impl Row {
@@ -766,4 +787,32 @@ fn report(rows: &[Row], o: &Opts) -> Result<()> {
     std::fs::write(&o.out, serde_json::to_string_pretty(&json)?)?;
     println!("report written to {}", o.out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(status: &str, engine: &str) -> Row {
+        Row {
+            status: status.into(),
+            tokens_compared: 10,
+            ..Row::empty("stories260K", engine)
+        }
+    }
+
+    #[test]
+    fn zero_engine_runs_is_a_failure_not_a_pass() {
+        let e = passed(&[]).unwrap_err().to_string();
+        assert!(e.contains("compared no engine"), "{e}");
+        let e = passed(&[row("reference", "naive"), row("SKIPPED", "cuda")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("skipped: stories260K / cuda"), "{e}");
+        let ok = passed(&[row("reference", "naive"), row("ok", "cpu")]).unwrap();
+        assert_eq!(
+            ok,
+            "verify passed: 1 engine runs, 10 tokens identical to the naive reference"
+        );
+    }
 }
