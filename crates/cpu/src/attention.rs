@@ -105,7 +105,7 @@ pub fn attend_group<R: KvRows>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2 + FMA.
         simd::Isa::Avx2Fma => unsafe { attend_group_avx2(o, q, g, pos, kv, heads, scores) },
-        _ => attend_group_body(o, q, g, pos, kv, heads, scores),
+        _ => attend_group_body::<R, simd::PlainDot4>(o, q, g, pos, kv, heads, scores),
     }
 }
 
@@ -120,7 +120,7 @@ unsafe fn attend_group_avx512<R: KvRows>(
     heads: &Heads,
     scores: &mut Vec<f32>,
 ) {
-    attend_group_body(o, q, g, pos, kv, heads, scores)
+    attend_group_body::<R, simd::Avx2Dot4>(o, q, g, pos, kv, heads, scores)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -134,12 +134,12 @@ unsafe fn attend_group_avx2<R: KvRows>(
     heads: &Heads,
     scores: &mut Vec<f32>,
 ) {
-    attend_group_body(o, q, g, pos, kv, heads, scores)
+    attend_group_body::<R, simd::Avx2Dot4>(o, q, g, pos, kv, heads, scores)
 }
 
 // ANCHOR: attend_group
 #[inline(always)]
-fn attend_group_body<R: KvRows>(
+fn attend_group_body<R: KvRows, D: simd::Dot4>(
     o: &mut [f32],
     q: &[f32],
     g: usize,
@@ -152,8 +152,22 @@ fn attend_group_body<R: KvRows>(
     let lo = heads.first_visible(pos);
     let n = pos + 1 - lo; // keys visible to this query
     // scores (kv_mul, n): s[m][j − lo] = (q_m · k_j) · scale, each key row read once.
+    // Four keys per pass, so the horizontal sums of four dot products share their shuffles.
     scores.resize(heads.kv_mul() * n, 0.0);
-    for j in lo..=pos {
+    let mut j = lo;
+    while j + 4 <= pos + 1 {
+        let row = |b: usize| &kv.key(j + b)[g * hd..][..hd];
+        let k = [row(0), row(1), row(2), row(3)];
+        for (m, q_m) in q.chunks_exact(hd).enumerate() {
+            let s = D::dot4(q_m, k);
+            let out = &mut scores[m * n + j - lo..][..4];
+            for b in 0..4 {
+                out[b] = s[b] * heads.scale;
+            }
+        }
+        j += 4;
+    }
+    for j in j..=pos {
         let k = &kv.key(j)[g * hd..][..hd];
         for (m, q_m) in q.chunks_exact(hd).enumerate() {
             scores[m * n + j - lo] = simd::dot_head(q_m, k) * heads.scale;
@@ -162,9 +176,20 @@ fn attend_group_body<R: KvRows>(
     for s in scores.chunks_exact_mut(n) {
         crate::softmax::softmax(s);
     }
-    // o_m = Σ_j a[m][j] v_j, each value row read once.
+    // o_m = Σ_j a[m][j] v_j, each value row read once. Four keys per pass: o_m is loaded and
+    // stored once per four value rows, so the sum is not one long chain through memory.
     o.fill(0.0);
-    for j in lo..=pos {
+    let mut j = lo;
+    while j + 4 <= pos + 1 {
+        let row = |b: usize| &kv.value(j + b)[g * hd..][..hd];
+        let v = [row(0), row(1), row(2), row(3)];
+        for (m, o_m) in o.chunks_exact_mut(hd).enumerate() {
+            let a = &scores[m * n + j - lo..][..4];
+            D::axpy4(o_m, [a[0], a[1], a[2], a[3]], v);
+        }
+        j += 4;
+    }
+    for j in j..=pos {
         let v = &kv.value(j)[g * hd..][..hd];
         for (m, o_m) in o.chunks_exact_mut(hd).enumerate() {
             simd::axpy_head(o_m, scores[m * n + j - lo], v);

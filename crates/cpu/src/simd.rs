@@ -78,31 +78,106 @@ pub fn dot_head(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f32; HEAD_LANES];
-    let (ca, cb) = (a.chunks_exact(HEAD_LANES), b.chunks_exact(HEAD_LANES));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
+    let full = n - n % HEAD_LANES;
+    for c in (0..full).step_by(HEAD_LANES) {
+        // Arrays, not slices: a known length is what lets the compiler use one 8-wide register.
+        let x: &[f32; HEAD_LANES] = a[c..c + HEAD_LANES].try_into().expect("8 lanes");
+        let y: &[f32; HEAD_LANES] = b[c..c + HEAD_LANES].try_into().expect("8 lanes");
         for i in 0..HEAD_LANES {
             acc[i] += x[i] * y[i];
         }
     }
-    let pairs = [
+    let tail: f32 = a[full..].iter().zip(&b[full..]).map(|(x, y)| x * y).sum();
+    let h4 = [
         acc[0] + acc[4],
         acc[1] + acc[5],
         acc[2] + acc[6],
         acc[3] + acc[7],
     ];
-    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
+    let h2 = [h4[0] + h4[2], h4[1] + h4[3]];
+    (h2[0] + h2[1]) + tail
+}
+
+/// The two per-head kernels of attention, four key (value) rows at a time: scores q · k_b, and
+/// y += Σ_b a_b v_b.
+pub trait Dot4 {
+    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4];
+    fn axpy4(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]);
+}
+
+/// [`Dot4`] as four [`dot_head`]s: the reference, and the kernel where AVX2 is missing.
+pub struct PlainDot4;
+
+impl Dot4 for PlainDot4 {
+    #[inline(always)]
+    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+        [
+            dot_head(q, k[0]),
+            dot_head(q, k[1]),
+            dot_head(q, k[2]),
+            dot_head(q, k[3]),
+        ]
+    }
+    #[inline(always)]
+    fn axpy4(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]) {
+        axpy4_head(y, a, x)
+    }
+}
+
+/// [`Dot4`] with AVX2 + FMA: 8 lanes per row, and the four horizontal sums done together by
+/// three `hadd`s. Only for code that runs after [`isa`] reported AVX2 or AVX-512.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx2Dot4;
+
+#[cfg(target_arch = "x86_64")]
+impl Dot4 for Avx2Dot4 {
+    #[inline(always)]
+    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+        debug_assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
+        // SAFETY: Avx2Dot4 is used only by the attention kernels compiled for AVX2/AVX-512,
+        // which run only where isa() found those features; the kernel checks lengths itself.
+        unsafe { x86::dot4_avx2(q, k) }
+    }
+    #[inline(always)]
+    fn axpy4(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]) {
+        // SAFETY: as for dot4.
+        unsafe { x86::axpy4_avx2(y, a, x) }
+    }
+}
+
+/// y ← y + (a₀x₀ + a₁x₁) + (a₂x₂ + a₃x₃) for one attention head: four rows of values per pass.
+#[inline(always)]
+pub fn axpy4_head(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]) {
+    let n = y.len();
+    let (x0, x1, x2, x3) = (&x[0][..n], &x[1][..n], &x[2][..n], &x[3][..n]);
+    // Fixed 8-lane chunks: a loop of unknown length would be vectorized 16 wide under AVX-512
+    // and leave a head of 8 to the scalar remainder.
+    let full = n - n % HEAD_LANES;
+    for c in (0..full).step_by(HEAD_LANES) {
+        let y: &mut [f32; HEAD_LANES] = (&mut y[c..c + HEAD_LANES]).try_into().expect("8 lanes");
+        let lanes =
+            |x: &[f32]| -> [f32; HEAD_LANES] { x[c..c + HEAD_LANES].try_into().expect("8") };
+        let (x0, x1, x2, x3) = (lanes(x0), lanes(x1), lanes(x2), lanes(x3));
+        for i in 0..HEAD_LANES {
+            y[i] += (a[0] * x0[i] + a[1] * x1[i]) + (a[2] * x2[i] + a[3] * x3[i]);
+        }
+    }
+    for i in full..n {
+        y[i] += (a[0] * x0[i] + a[1] * x1[i]) + (a[2] * x2[i] + a[3] * x3[i]);
+    }
 }
 
 /// y ← y + alpha·x for one attention head; see [`dot_head`].
 #[inline(always)]
 pub fn axpy_head(y: &mut [f32], alpha: f32, x: &[f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
+    let mut yc = y.chunks_exact_mut(HEAD_LANES);
+    let mut xc = x.chunks_exact(HEAD_LANES);
+    for (y, x) in (&mut yc).zip(&mut xc) {
+        for i in 0..HEAD_LANES {
+            y[i] += alpha * x[i];
+        }
+    }
+    for (y, x) in yc.into_remainder().iter_mut().zip(xc.remainder()) {
         *y += alpha * x;
     }
 }
@@ -183,6 +258,74 @@ pub fn gemv_rows(out: &mut [f32], w: &[f32], x: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// Four dot products q · k_b, b = 0..4, over the common length.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+        let n = k.iter().fold(q.len(), |n, k| n.min(k.len()));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 ≤ n ≤ the length of q and of every k_b.
+            let qv = unsafe { _mm256_loadu_ps(q.as_ptr().add(i)) };
+            for b in 0..4 {
+                let kv = unsafe { _mm256_loadu_ps(k[b].as_ptr().add(i)) };
+                acc[b] = _mm256_fmadd_ps(kv, qv, acc[b]);
+            }
+            i += 8;
+        }
+        // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]; after two levels
+        // each 128-bit half holds the four rows' partial sums, and the halves add up to them.
+        let t0 = _mm256_hadd_ps(acc[0], acc[1]);
+        let t1 = _mm256_hadd_ps(acc[2], acc[3]);
+        let t2 = _mm256_hadd_ps(t0, t1);
+        let r = _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps::<1>(t2));
+        let mut out = [0.0f32; 4];
+        // SAFETY: `out` holds 4 floats.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), r) };
+        for (b, o) in out.iter_mut().enumerate() {
+            *o += q[i..n]
+                .iter()
+                .zip(&k[b][i..n])
+                .map(|(x, y)| x * y)
+                .sum::<f32>();
+        }
+        out
+    }
+
+    /// y ← y + (a₀x₀ + a₁x₁) + (a₂x₂ + a₃x₃) over y's length (every x_b at least as long).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy4_avx2(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]) {
+        let n = y.len();
+        assert!(x.iter().all(|x| x.len() >= n), "axpy4: rows shorter than y");
+        let av = a.map(|a| _mm256_set1_ps(a));
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 ≤ n ≤ every row's length (asserted above).
+            unsafe {
+                let p = |b: usize| _mm256_loadu_ps(x[b].as_ptr().add(i));
+                let t0 = _mm256_fmadd_ps(av[1], p(1), _mm256_mul_ps(av[0], p(0)));
+                let t1 = _mm256_fmadd_ps(av[3], p(3), _mm256_mul_ps(av[2], p(2)));
+                let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+                _mm256_storeu_ps(
+                    y.as_mut_ptr().add(i),
+                    _mm256_add_ps(yv, _mm256_add_ps(t0, t1)),
+                );
+            }
+            i += 8;
+        }
+        for t in i..n {
+            y[t] += (a[0] * x[0][t] + a[1] * x[1][t]) + (a[2] * x[2][t] + a[3] * x[3][t]);
+        }
+    }
 
     /// GEMV, 4 rows per pass sharing each load of x; every row keeps dot_avx512's 4
     /// accumulators and summation order, so each output is bit-identical to `dot_avx512(row, x)`.
@@ -534,6 +677,53 @@ mod tests {
             axpy_head(&mut y, 0.37, &a);
             kvlab_model::ops::axpy(&mut y_ref, 0.37, &a);
             assert_eq!(y, y_ref, "axpy n={n}");
+        }
+        for n in [1, 7, 8, 9, 48, 64, 256, 259] {
+            let q = rand_vec(&mut rng, n);
+            let k: Vec<Vec<f32>> = (0..4).map(|_| rand_vec(&mut rng, n)).collect();
+            let rows = [&k[0][..], &k[1][..], &k[2][..], &k[3][..]];
+            let want = PlainDot4::dot4(&q, rows);
+            let mut got = vec![PlainDot4::dot4(&q, rows)];
+            #[cfg(target_arch = "x86_64")]
+            if Isa::available().contains(&Isa::Avx2Fma) {
+                got.push(Avx2Dot4::dot4(&q, rows));
+            }
+            for g in got {
+                for b in 0..4 {
+                    let scale: f32 = q.iter().zip(&k[b]).map(|(x, y)| (x * y).abs()).sum();
+                    assert!((g[b] - want[b]).abs() <= 1e-6 * scale, "dot4 n={n} row {b}");
+                    let exact = kvlab_model::ops::dot(&q, &k[b]);
+                    assert!(
+                        (g[b] - exact).abs() <= 1e-6 * scale,
+                        "dot4 vs ops::dot n={n}"
+                    );
+                }
+            }
+        }
+        for n in [1, 8, 9, 48, 256] {
+            let x: Vec<Vec<f32>> = (0..4).map(|_| rand_vec(&mut rng, n)).collect();
+            let mut y = rand_vec(&mut rng, n);
+            let mut y_ref = y.clone();
+            let a = [0.1, -0.7, 0.33, 1.5];
+            let y0 = y.clone();
+            axpy4_head(&mut y, a, [&x[0], &x[1], &x[2], &x[3]]);
+            for (ai, xi) in a.iter().zip(&x) {
+                kvlab_model::ops::axpy(&mut y_ref, *ai, xi);
+            }
+            for (p, q) in y.iter().zip(&y_ref) {
+                assert!(
+                    (p - q).abs() <= 1e-5 * (1.0 + q.abs()),
+                    "axpy4 n={n}: {p} vs {q}"
+                );
+            }
+            #[cfg(target_arch = "x86_64")]
+            if Isa::available().contains(&Isa::Avx2Fma) {
+                let mut y2 = y0.clone();
+                Avx2Dot4::axpy4(&mut y2, a, [&x[0], &x[1], &x[2], &x[3]]);
+                for (p, q) in y2.iter().zip(&y_ref) {
+                    assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "axpy4 avx2 n={n}");
+                }
+            }
         }
         let mut a = vec![1.0f32; 48];
         a[40] = f32::NAN;
