@@ -54,6 +54,15 @@ pub enum Error {
         "the prompt has {tokens} tokens but the context holds {max_seq_len} positions; shorten the prompt or raise --max-seq-len (at most the model's max_seq_len)"
     )]
     PromptTooLong { tokens: usize, max_seq_len: usize },
+    /// The prompt text is too long to fit whatever it encodes to (found before encoding it).
+    #[error(
+        "the prompt is {bytes} bytes, at least {at_least} tokens with BOS, but the context holds {max_seq_len} positions; shorten the prompt or raise --max-seq-len (at most the model's max_seq_len)"
+    )]
+    PromptTooLongBeforeEncoding {
+        bytes: usize,
+        at_least: usize,
+        max_seq_len: usize,
+    },
     /// The prompt is empty after encoding (it always holds BOS, so this means a bad call).
     #[error("the prompt is empty: at least the BOS token is needed")]
     EmptyPrompt,

@@ -213,6 +213,21 @@ pub fn generate_text(
     mut on_text: impl FnMut(&str),
     mut on_trace: impl FnMut(usize, &[u32], TraceStep),
 ) -> Result<Generation> {
+    // Refuse a prompt that cannot fit before spending time encoding it: a lower bound on its
+    // tokens is known from its length alone.
+    let max_seq_len = if opts.max_seq_len == 0 {
+        engine.config().max_seq_len
+    } else {
+        opts.max_seq_len
+    };
+    let at_least = tokenizer.min_tokens(text) + 1; // + BOS
+    if at_least > max_seq_len {
+        return Err(Error::PromptTooLongBeforeEncoding {
+            bytes: text.len(),
+            at_least,
+            max_seq_len,
+        });
+    }
     let prompt = tokenizer.encode(text, true, false);
     let mut stream = crate::tokenizer::Utf8Stream::default();
     let g = generate_tokens(engine, &prompt, opts, sampler, |e| match e {

@@ -26,6 +26,11 @@ pub struct Tokenizer {
     /// Pieces matched verbatim in the text before BPE runs (llama.cpp's USER_DEFINED tokens),
     /// longest first.
     verbatim: Vec<(Vec<u8>, u32)>,
+    /// Whether some verbatim piece starts with each byte, so the scan for them skips the rest
+    /// of the text in O(1) per byte. (256,)
+    verbatim_first: [bool; 256],
+    /// Bytes of the longest piece, for [`Tokenizer::min_tokens`].
+    max_piece_len: usize,
     pub bos_id: u32,
     pub eos_id: u32,
     /// Prepend a space to non-empty text (llama2.c; SentencePiece's `add_dummy_prefix`).
@@ -71,12 +76,15 @@ impl Tokenizer {
                 byte_ids[b as usize].get_or_insert(id as u32);
             }
         }
+        let max_piece_len = pieces.iter().map(Vec::len).max().unwrap_or(1);
         Ok(Tokenizer {
             pieces,
             scores,
             lookup,
             byte_ids,
             verbatim: Vec::new(),
+            verbatim_first: [false; 256],
+            max_piece_len,
             bos_id,
             eos_id,
             add_dummy_prefix,
@@ -99,6 +107,10 @@ impl Tokenizer {
             .collect();
         self.verbatim
             .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        self.verbatim_first = [false; 256];
+        for (p, _) in &self.verbatim {
+            self.verbatim_first[p[0] as usize] = true;
+        }
         self
     }
 
@@ -183,12 +195,14 @@ impl Tokenizer {
         }
         // Split out verbatim tokens, BPE the text between them.
         while !rest.is_empty() {
-            let hit = (0..rest.len()).find_map(|i| {
-                self.verbatim
-                    .iter()
-                    .find(|(p, _)| rest[i..].starts_with(p))
-                    .map(|(p, id)| (i, p.len(), *id))
-            });
+            let hit = (0..rest.len())
+                .filter(|&i| self.verbatim_first[rest[i] as usize])
+                .find_map(|i| {
+                    self.verbatim
+                        .iter()
+                        .find(|(p, _)| rest[i..].starts_with(p))
+                        .map(|(p, id)| (i, p.len(), *id))
+                });
             match hit {
                 Some((i, len, id)) => {
                     self.bpe(&rest[..i], &mut tokens);
@@ -215,38 +229,107 @@ impl Tokenizer {
     }
 
     /// Byte-fallback split into code points, then greedy highest-score merges.
+    ///
+    /// run.c rescans every adjacent pair after each merge (O(n²) for n code points). This keeps
+    /// the symbols in a doubly linked list and the candidate merges in a max-heap ordered by
+    /// score, then leftmost position (SentencePiece's `bpe_model.cc` and llama.cpp's
+    /// `llm_tokenizer_spm` do the same), so a merge costs O(log n): the heap's top is exactly
+    /// the pair the rescan would pick (highest score, ties to the leftmost), and entries made
+    /// stale by an earlier merge are recognised and dropped when popped.
     fn bpe(&self, text: &[u8], out: &mut Vec<u32>) {
         if text.is_empty() {
             return;
         }
-        let mut tokens: Vec<u32> = Vec::with_capacity(text.len());
+        let mut ids: Vec<u32> = Vec::with_capacity(text.len());
         let mut s = String::from_utf8_lossy(text);
         if self.escape_spaces {
             s = s.replace(' ', SPACE_MARKER).into();
         }
         let mut buf = [0u8; 4];
         for ch in s.chars() {
-            self.push_text(ch.encode_utf8(&mut buf).as_bytes(), &mut tokens);
+            self.push_text(ch.encode_utf8(&mut buf).as_bytes(), &mut ids);
         }
+        // (n_symbols,): symbol i starts as ids[i]; `len` counts the initial symbols it covers
+        // (0 once merged into its left neighbour).
+        let n = ids.len();
+        let mut sym: Vec<Symbol> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| Symbol {
+                id,
+                prev: i.checked_sub(1),
+                next: (i + 1 < n).then_some(i + 1),
+                len: 1,
+            })
+            .collect();
+        let mut heap = std::collections::BinaryHeap::with_capacity(n);
         let mut merged = Vec::new();
-        loop {
-            let mut best: Option<(f32, usize, u32)> = None;
-            for i in 0..tokens.len().saturating_sub(1) {
-                merged.clear();
-                merged.extend_from_slice(&self.pieces[tokens[i] as usize]);
-                merged.extend_from_slice(&self.pieces[tokens[i + 1] as usize]);
-                if let Some(&id) = self.lookup.get(&merged) {
-                    let score = self.scores[id as usize];
-                    if best.is_none_or(|(b, _, _)| score > b) {
-                        best = Some((score, i, id));
-                    }
-                }
-            }
-            let Some((_, i, id)) = best else { break };
-            tokens[i] = id;
-            tokens.remove(i + 1);
+        for i in 1..n {
+            self.push_candidate(&sym, i - 1, i, &mut merged, &mut heap);
         }
-        out.extend(tokens);
+        while let Some(c) = heap.pop() {
+            let Some(right) = sym[c.left].next else {
+                continue;
+            };
+            // Stale: the left or right symbol has merged since (symbols only grow, so their
+            // total length changed, or the right one is gone).
+            if sym[c.left].len == 0
+                || sym[right].len == 0
+                || sym[c.left].len + sym[right].len != c.len
+            {
+                continue;
+            }
+            let after = sym[right].next;
+            sym[c.left].id = c.id;
+            sym[c.left].len = c.len;
+            sym[c.left].next = after;
+            sym[right].len = 0;
+            if let Some(a) = after {
+                sym[a].prev = Some(c.left);
+                self.push_candidate(&sym, c.left, a, &mut merged, &mut heap);
+            }
+            if let Some(p) = sym[c.left].prev {
+                self.push_candidate(&sym, p, c.left, &mut merged, &mut heap);
+            }
+        }
+        let mut at = (n > 0).then_some(0);
+        while let Some(i) = at {
+            out.push(sym[i].id);
+            at = sym[i].next;
+        }
+    }
+
+    /// Pushes the merge of symbols `left` and `right` if their concatenation is a token.
+    fn push_candidate(
+        &self,
+        sym: &[Symbol],
+        left: usize,
+        right: usize,
+        merged: &mut Vec<u8>,
+        heap: &mut std::collections::BinaryHeap<Candidate>,
+    ) {
+        merged.clear();
+        merged.extend_from_slice(&self.pieces[sym[left].id as usize]);
+        merged.extend_from_slice(&self.pieces[sym[right].id as usize]);
+        if let Some(&id) = self.lookup.get(merged.as_slice()) {
+            heap.push(Candidate {
+                score: merge_key(self.scores[id as usize]),
+                left,
+                len: sym[left].len + sym[right].len,
+                id,
+            });
+        }
+    }
+
+    /// A lower bound on the tokens `encode(text, false, false)` returns, known without encoding:
+    /// every token covers at most the longest piece's bytes of text (a byte-fallback token
+    /// covers one). 0 when the vocabulary lacks some byte tokens (unknown bytes are then
+    /// dropped, and no bound holds).
+    pub fn min_tokens(&self, text: &str) -> usize {
+        if self.byte_ids.iter().any(Option::is_none) {
+            return 0;
+        }
+        text.len().div_ceil(self.max_piece_len.max(1))
     }
 
     /// The bytes a token prints as when it follows `prev` (run.c's `decode`): the leading space
@@ -283,6 +366,57 @@ impl Tokenizer {
             prev = t;
         }
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// One symbol of BPE's working list: a token and its neighbours.
+struct Symbol {
+    id: u32,
+    prev: Option<usize>,
+    next: Option<usize>,
+    /// Initial symbols (code points or fallback bytes) it covers; 0 once merged away.
+    len: usize,
+}
+
+/// A candidate merge of symbol `left` with its right neighbour into token `id`. The heap's
+/// greatest is the highest score, ties to the smallest (leftmost) `left`: run.c's choice.
+struct Candidate {
+    score: f32,
+    left: usize,
+    /// The merged symbol's `len`, to recognise candidates made stale by an earlier merge.
+    len: usize,
+    id: u32,
+}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.score
+            .total_cmp(&other.score)
+            .then(other.left.cmp(&self.left))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Candidate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Candidate {}
+
+/// A score as the heap orders it: −0 equals +0 (the rescan's `>` treats them as equal, so the
+/// leftmost wins), and NaN (a malformed file) ranks below every number.
+fn merge_key(score: f32) -> f32 {
+    if score.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        score + 0.0
     }
 }
 
@@ -361,5 +495,107 @@ impl Utf8Stream {
         let s = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// run.c's merge loop, kept as the reference the priority-queue version must equal: rescan
+    /// every adjacent pair, merge the highest-scoring (ties to the leftmost), repeat.
+    fn bpe_rescan(t: &Tokenizer, text: &[u8]) -> Vec<u32> {
+        let mut tokens = Vec::new();
+        let mut s = String::from_utf8_lossy(text);
+        if t.escape_spaces {
+            s = s.replace(' ', SPACE_MARKER).into();
+        }
+        let mut buf = [0u8; 4];
+        for ch in s.chars() {
+            t.push_text(ch.encode_utf8(&mut buf).as_bytes(), &mut tokens);
+        }
+        loop {
+            let mut best: Option<(f32, usize, u32)> = None;
+            for i in 0..tokens.len().saturating_sub(1) {
+                let merged = [
+                    t.pieces[tokens[i] as usize].as_slice(),
+                    &t.pieces[tokens[i + 1] as usize],
+                ]
+                .concat();
+                if let Some(&id) = t.lookup.get(&merged) {
+                    let score = t.scores[id as usize];
+                    if best.is_none_or(|(b, _, _)| score > b) {
+                        best = Some((score, i, id));
+                    }
+                }
+            }
+            let Some((_, i, id)) = best else { break };
+            tokens[i] = id;
+            tokens.remove(i + 1);
+        }
+        tokens
+    }
+
+    fn tok512() -> Tokenizer {
+        let p = crate::registry::test_model_file("tok512.bin").expect("tok512.bin is shipped");
+        Tokenizer::load_llama2c(&p, 512).unwrap()
+    }
+
+    /// A vocabulary with equal scores everywhere, so every choice is decided by the tie rule.
+    fn ties() -> Tokenizer {
+        let mut pieces: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec(), b"</s>".to_vec()];
+        pieces.extend((0..=255u8).map(|b| format!("<0x{b:02X}>").into_bytes()));
+        for p in [
+            "a", "b", "aa", "ab", "ba", "bb", "aaa", "aba", "abab", "bab",
+        ] {
+            pieces.push(p.as_bytes().to_vec());
+        }
+        let scores = vec![0.0; pieces.len()];
+        Tokenizer::new(pieces, scores, 1, 2, false).unwrap()
+    }
+
+    #[test]
+    fn the_heap_equals_the_rescan_on_stories_text() {
+        let t = tok512();
+        let text = "Once upon a time, there was a little girl named Lily. She loved to play \
+                    outside in the park. One day, she saw a big, red ball. naïve café ☕ 123!";
+        let mut out = Vec::new();
+        t.bpe(text.as_bytes(), &mut out);
+        assert_eq!(out, bpe_rescan(&t, text.as_bytes()));
+    }
+
+    proptest! {
+        #[test]
+        fn the_heap_equals_the_rescan_on_random_text(text in "[ a-zA-Z.,'é☕\n]{0,200}") {
+            let t = tok512();
+            let mut out = Vec::new();
+            t.bpe(text.as_bytes(), &mut out);
+            prop_assert_eq!(out, bpe_rescan(&t, text.as_bytes()));
+        }
+
+        #[test]
+        fn ties_go_to_the_leftmost_pair_as_in_the_rescan(text in "[ab]{0,40}") {
+            let t = ties();
+            let mut out = Vec::new();
+            t.bpe(text.as_bytes(), &mut out);
+            prop_assert_eq!(out, bpe_rescan(&t, text.as_bytes()));
+        }
+    }
+
+    #[test]
+    fn min_tokens_is_a_lower_bound() {
+        let t = tok512();
+        for text in [
+            "",
+            "a",
+            "Once upon a time",
+            &"the cat sat on the mat. ".repeat(50),
+        ] {
+            assert!(
+                t.min_tokens(text) <= t.encode(text, false, false).len(),
+                "{text}"
+            );
+        }
     }
 }

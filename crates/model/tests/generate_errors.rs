@@ -71,3 +71,47 @@ fn nan_logits_are_an_error_naming_the_step() {
         assert!(err.to_string().starts_with("step 6:"), "{err}");
     }
 }
+
+#[test]
+fn a_prompt_too_long_for_the_context_is_refused_before_it_is_encoded() {
+    let tok = kvlab_model::Tokenizer::load_llama2c(
+        &kvlab_model::registry::test_model_file("tok512.bin").expect("tok512.bin is shipped"),
+        512,
+    )
+    .unwrap();
+    let mut e = NanAt {
+        config: Config::llama(8, 16, 1, 2, 2, 512, 32, true),
+        pos: 0,
+        nan_at: usize::MAX,
+    };
+    let opts = GenerateOptions {
+        steps: 32,
+        max_seq_len: 0,
+        trace: false,
+    };
+    // 10 MB of text: encoding it would take seconds; the bound refuses it at once.
+    let text = "Once upon a time. ".repeat(10 << 20 >> 4);
+    let t = std::time::Instant::now();
+    let err = kvlab_model::generate_text(
+        &mut e,
+        &tok,
+        &text,
+        &opts,
+        &mut Sampler::greedy(),
+        |_| {},
+        |_, _, _| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::PromptTooLongBeforeEncoding {
+                max_seq_len: 32,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("shorten the prompt"), "{err}");
+    assert!(t.elapsed().as_millis() < 500, "{:?}", t.elapsed());
+}
