@@ -1,7 +1,13 @@
-//! `cargo xtask book`: builds the mdBook in docs/ (when mdbook is installed) and runs every
-//! "Reproduce it" command of every chapter, so the numbers the book quotes stay reproducible.
-//! `KVLAB_BOOK_SKIP="cmd1; cmd2"` leaves out commands the caller has just run itself.
+//! `cargo xtask book`: builds the mdBook in docs/ (when mdbook is installed), runs every
+//! "Reproduce it" command of every chapter, and checks every figure the prose quotes against
+//! the output it comes from (the markers of `check.rs`), so a number that drifts fails the build.
+//! `KVLAB_BOOK_SKIP="cmd1; cmd2"` leaves out commands the caller has just run itself (a command
+//! a check marker needs is run anyway). `--check-only` skips the HTML build and runs only the
+//! commands the markers need.
 
+mod check;
+
+use std::collections::HashMap;
 use std::process::Command;
 use std::time::Instant;
 
@@ -9,8 +15,34 @@ use anyhow::{Context, Result, bail};
 
 use crate::verify::workspace_root;
 
-/// The shell commands under each chapter's "## Reproduce it" heading, in book order.
-fn reproduce_commands() -> Result<Vec<(String, String)>> {
+/// One chapter: its file name, its "Reproduce it" commands and its check markers.
+struct Chapter {
+    file: String,
+    commands: Vec<String>,
+    markers: Vec<check::Marker>,
+}
+
+/// The shell commands under a chapter's "## Reproduce it" heading.
+fn reproduce_commands(file: &str, text: &str) -> Result<Vec<String>> {
+    let Some(section) = text.split("## Reproduce it").nth(1) else {
+        bail!("docs/src/{file} has no \"## Reproduce it\" section")
+    };
+    let block = section
+        .split("```sh")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .with_context(|| format!("docs/src/{file}: no ```sh block under Reproduce it"))?;
+    Ok(block
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect())
+}
+
+/// Every chapter of SUMMARY.md, in book order; a check marker whose command is not among its
+/// chapter's Reproduce-it commands is an error (the reader must be able to run it).
+fn chapters() -> Result<Vec<Chapter>> {
     let src = workspace_root().join("docs/src");
     let summary =
         std::fs::read_to_string(src.join("SUMMARY.md")).context("reading docs/src/SUMMARY.md")?;
@@ -22,23 +54,23 @@ fn reproduce_commands() -> Result<Vec<(String, String)>> {
     {
         let text = std::fs::read_to_string(src.join(file))
             .with_context(|| format!("reading docs/src/{file}"))?;
-        let Some(section) = text.split("## Reproduce it").nth(1) else {
-            bail!("docs/src/{file} has no \"## Reproduce it\" section")
-        };
-        let block = section
-            .split("```sh")
-            .nth(1)
-            .and_then(|b| b.split("```").next())
-            .with_context(|| format!("docs/src/{file}: no ```sh block under Reproduce it"))?;
-        for cmd in block
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
-            if !out.iter().any(|(_, c)| c == cmd) {
-                out.push((file.to_string(), cmd.to_string()));
+        let commands = reproduce_commands(file, &text)?;
+        let markers = check::parse(file, &text)?;
+        for m in &markers {
+            if let check::Check::Output { cmd, .. } = &m.check
+                && !commands.contains(cmd)
+            {
+                bail!(
+                    "docs/src/{file}:{}: `{cmd}` is checked but is not in the chapter's Reproduce it block; add it there",
+                    m.line
+                );
             }
         }
+        out.push(Chapter {
+            file: file.to_string(),
+            commands,
+            markers,
+        });
     }
     Ok(out)
 }
@@ -46,26 +78,19 @@ fn reproduce_commands() -> Result<Vec<(String, String)>> {
 pub fn run(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!(
-            "cargo xtask book: mdbook build docs (if mdbook is on PATH), then run every \"Reproduce it\" command"
+            "cargo xtask book [--check-only]: mdbook build docs (if mdbook is on PATH), run every \"Reproduce it\" command, and check every figure marked in the prose against its command's output\n  --check-only  no HTML build; run only the commands that check markers need"
         );
         return Ok(());
     }
-    let root = workspace_root();
-    match Command::new("mdbook")
-        .arg("build")
-        .arg("docs")
-        .current_dir(&root)
-        .status()
-    {
-        Ok(s) if s.success() => println!("book: mdbook build docs: ok (target/book)"),
-        Ok(s) => bail!("mdbook build docs failed ({s})"),
-        Err(_) if std::env::var("CI").is_ok() => {
-            bail!("mdbook is not installed: cargo install mdbook --no-default-features --locked")
-        }
-        Err(_) => eprintln!(
-            "book: mdbook not installed, skipping the HTML build (cargo install mdbook --no-default-features --locked)"
-        ),
+    let check_only = args.iter().any(|a| a == "--check-only");
+    if let Some(a) = args.iter().find(|a| *a != "--check-only") {
+        bail!("unknown option {a:?} (cargo xtask book --help)");
     }
+    let root = workspace_root();
+    if !check_only {
+        build_html(&root)?;
+    }
+    let chapters = chapters()?;
     // Commands the caller already ran in this job (CI runs the bench smoke test on its own).
     let skip: Vec<String> = std::env::var("KVLAB_BOOK_SKIP")
         .unwrap_or_default()
@@ -73,11 +98,23 @@ pub fn run(args: &[String]) -> Result<()> {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect();
-    let cmds: Vec<(String, String)> = reproduce_commands()?
-        .into_iter()
-        .filter(|(_, c)| !skip.contains(c))
-        .collect();
+    let checked = |cmd: &String| {
+        chapters
+            .iter()
+            .flat_map(|c| &c.markers)
+            .any(|m| matches!(&m.check, check::Check::Output { cmd: c, .. } if c == cmd))
+    };
+    let mut cmds: Vec<(String, String)> = Vec::new();
+    for c in &chapters {
+        for cmd in &c.commands {
+            let wanted = checked(cmd) || (!check_only && !skip.contains(cmd));
+            if wanted && !cmds.iter().any(|(_, x)| x == cmd) {
+                cmds.push((c.file.clone(), cmd.clone()));
+            }
+        }
+    }
     let mut failed = Vec::new();
+    let mut stdout: HashMap<String, String> = HashMap::new();
     for (i, (file, cmd)) in cmds.iter().enumerate() {
         let t = Instant::now();
         let out = Command::new("bash")
@@ -98,10 +135,59 @@ pub fn run(args: &[String]) -> Result<()> {
             eprintln!("{}", String::from_utf8_lossy(&out.stderr));
             failed.push(cmd.clone());
         }
+        stdout.insert(
+            cmd.clone(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        );
     }
     if !failed.is_empty() {
         bail!("{} reproduce command(s) failed: {failed:?}", failed.len());
     }
-    println!("book: all {} reproduce commands ran", cmds.len());
+    println!("book: {} reproduce commands ran", cmds.len());
+
+    let markers: Vec<&check::Marker> = chapters.iter().flat_map(|c| &c.markers).collect();
+    let mismatches: Vec<String> = markers
+        .iter()
+        .filter_map(|m| {
+            match &m.check {
+                check::Check::Output { cmd, .. } => check::verify_output(m, &stdout[cmd]),
+                check::Check::Json { .. } => check::verify_json(m, &root),
+            }
+            .err()
+        })
+        .collect();
+    for e in &mismatches {
+        eprintln!("book: {e}");
+    }
+    if !mismatches.is_empty() {
+        bail!(
+            "{} of {} figures quoted in the book no longer match their source",
+            mismatches.len(),
+            markers.len()
+        );
+    }
+    println!(
+        "book: all {} figures quoted in the book match their commands' output",
+        markers.len()
+    );
+    Ok(())
+}
+
+fn build_html(root: &std::path::Path) -> Result<()> {
+    match Command::new("mdbook")
+        .arg("build")
+        .arg("docs")
+        .current_dir(root)
+        .status()
+    {
+        Ok(s) if s.success() => println!("book: mdbook build docs: ok (target/book)"),
+        Ok(s) => bail!("mdbook build docs failed ({s})"),
+        Err(_) if std::env::var("CI").is_ok() => {
+            bail!("mdbook is not installed: cargo install mdbook --no-default-features --locked")
+        }
+        Err(_) => eprintln!(
+            "book: mdbook not installed, skipping the HTML build (cargo install mdbook --no-default-features --locked)"
+        ),
+    }
     Ok(())
 }
