@@ -70,30 +70,42 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out:
     }
 }
 
-/// y (t, out) = x (t, in) @ Wᵀ for a few rows: each W row is loaded once and dotted with every x
-/// row while it sits in L1; output columns are split across threads.
+/// y (t, out) = x (t, in) @ Wᵀ for a few rows: a task takes [`GEMV_ROWS_PER_TASK`] rows of W
+/// and runs the GEMV kernel of every x row over them while they sit in L1, so W is read from
+/// memory once per step for the whole batch. Each output is the GEMV's, bit for bit.
 fn small_batch(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
-    // (out, t) scratch: one task owns a contiguous range of W rows and all their outputs.
-    let mut yt = vec![0.0f32; d_out * t];
-    let work = |(chunk, rows): (&mut [f32], &[f32])| {
-        for (o, row) in chunk.chunks_exact_mut(t).zip(rows.chunks_exact(d_in)) {
-            for (r, v) in o.iter_mut().enumerate() {
-                *v = simd::dot(row, &x[r * d_in..(r + 1) * d_in]);
+    const R: usize = GEMV_ROWS_PER_TASK;
+    thread_local! {
+        /// (ceil(out / R), t, R): task c's outputs for every x row, reused across calls.
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(|scratch| {
+        scratch.clear();
+        scratch.resize(t * d_out, 0.0);
+        let work = |(out, rows): (&mut [f32], &[f32])| {
+            let n = rows.len() / d_in; // W rows of this task (R, or fewer in the last one)
+            for (o, xr) in out.chunks_exact_mut(n).zip(x.chunks_exact(d_in)) {
+                simd::gemv_rows(o, rows, xr);
+            }
+        };
+        if d_out * d_in * t < PAR_GEMV_MIN_WORK {
+            scratch
+                .chunks_mut(t * R)
+                .zip(w.chunks(R * d_in))
+                .for_each(work);
+        } else {
+            scratch
+                .par_chunks_mut(t * R)
+                .zip(w.par_chunks(R * d_in))
+                .for_each(work);
+        }
+        for (c, out) in scratch.chunks(t * R).enumerate() {
+            let n = out.len() / t;
+            for (r, o) in out.chunks_exact(n).enumerate() {
+                y[r * d_out + c * R..][..n].copy_from_slice(o);
             }
         }
-    };
-    if d_out * d_in * t < PAR_GEMV_MIN_WORK {
-        work((&mut yt, w));
-    } else {
-        yt.par_chunks_mut(GEMV_ROWS_PER_TASK * t)
-            .zip(w.par_chunks(GEMV_ROWS_PER_TASK * d_in))
-            .for_each(work);
-    }
-    for (i, o) in yt.chunks_exact(t).enumerate() {
-        for (r, &v) in o.iter().enumerate() {
-            y[r * d_out + i] = v;
-        }
-    }
+    });
 }
 
 #[cfg(test)]
