@@ -2,8 +2,8 @@
 //! (kvlab-model's `Tokenizer::encode`), so time grows near-linearly with the text. Throughput:
 //! tokens produced per second (criterion's elements/s); the ids are checked against a second
 //! encode of the same text before anything is timed. Measured on the shared 2-core machine:
-//! 100k characters in about 30 ms (tok512) and 65 ms (Gemma 3), where issue 13 measured the rescanning BPE at
-//! 7.6 s for 25k characters.
+//! 100k characters in about 30 ms (tok512) and 65 ms (Gemma 3), where issue 13 measured the
+//! rescanning BPE at 7.6 s for 25k characters.
 //!
 //! * `tok512/encode`: llama2.c's 512-token vocabulary (shipped in fixtures/models/);
 //! * `gemma3/encode`: Gemma 3's 262,144-token vocabulary, when gemma-3-270m-q4_k_m.gguf is

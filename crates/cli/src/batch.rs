@@ -21,13 +21,15 @@ pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     /// A prompt (repeat the flag for several); default: four stories sharing an opening.
-    #[arg(long, short)]
+    #[arg(long, short = 'p')]
     prompt: Vec<String>,
-    /// New tokens per sequence.
-    #[arg(long, short = 'n', default_value_t = 48, value_parser = usize_in(1, MAX_POSITIONS))]
+    /// New tokens per sequence (llama.cpp's -n).
+    #[arg(long = "n-predict", short = 'n', visible_alias = "max-tokens", default_value_t = 48,
+          value_parser = usize_in(1, MAX_POSITIONS))]
     max_tokens: usize,
     /// Paged engine.
-    #[arg(long, short, default_value = "cpu-paged")]
+    #[arg(long, short = 'e', default_value = "cpu-paged",
+          value_parser = clap::builder::PossibleValuesParser::new(PAGED_ENGINES))]
     engine: String,
     /// Blocks in the pool (default: enough for every sequence at once).
     #[arg(long, value_parser = usize_in(1, MAX_NUM_BLOCKS))]
@@ -79,7 +81,7 @@ pub fn run(a: Args) -> Result<()> {
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + a.max_tokens;
     if longest > model.config.max_seq_len {
         bail!(
-            "a sequence would need {longest} positions (its prompt plus --max-tokens {}); the model holds {}: lower --max-tokens or shorten the prompt",
+            "a sequence would need {longest} positions (its prompt plus --n-predict {}); the model holds {}: lower --n-predict or shorten the prompt",
             a.max_tokens,
             model.config.max_seq_len
         );

@@ -108,6 +108,21 @@ pub fn build(name: &str, model: Arc<Model>) -> Result<Box<dyn Engine>> {
     })
 }
 
+/// Builds the engine called `name` for one request of `positions` positions: paged engines get
+/// a pool of exactly that (rounded up to whole blocks), so the memory follows the request, not
+/// the model's context.
+///
+/// # Errors
+/// An unknown name (the message lists the known ones), or a pool larger than the machine.
+pub fn build_for(name: &str, model: Arc<Model>, positions: usize) -> Result<Box<dyn Engine>> {
+    if PAGED_ENGINES.contains(&name) {
+        let pool = PoolOptions::for_sequences(1, positions, kvlab_paged::DEFAULT_BLOCK_SIZE);
+        let engine: Box<dyn Engine> = build_paged_inner(name, model, pool)?;
+        return Ok(engine);
+    }
+    build(name, model)
+}
+
 /// Builds the paged engine called `name` with a pool of the given size.
 ///
 /// # Errors

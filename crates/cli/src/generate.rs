@@ -1,67 +1,105 @@
-//! `kvlab generate`: run.c's generate, on any engine.
+//! `kvlab generate`: run.c's generate, on any engine, with llama.cpp's flag names.
 
 use std::io::Write;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
+use kvlab_cli::engines::ENGINES;
 use kvlab_model::{GenerateOptions, Sampler, generate_text};
 
 use crate::{ModelArgs, bytes};
+
+/// run.c's default `-n`: positions computed, prompt included.
+const RUN_C_STEPS: usize = 256;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     /// The prompt (empty: start from BOS alone).
-    #[arg(long, short, default_value = "")]
+    #[arg(long, short = 'p', default_value = "")]
     prompt: String,
-    /// Positions to compute, prompt included (run.c's -n); 0 or more than the context means the
-    /// whole context.
-    #[arg(long, short = 'n', default_value_t = 256,
-          value_parser = usize_in(0, MAX_POSITIONS))]
-    steps: usize,
-    /// 0 is greedy (argmax); otherwise 0.001 to 100.
-    #[arg(long, short, default_value_t = 1.0, value_parser = args::temperature)]
+    /// New tokens to generate after the prompt (llama.cpp's -n); generation also stops at a
+    /// stop token or the end of the context. Without it (and without --steps): run.c's 256
+    /// positions, prompt included.
+    #[arg(long = "n-predict", short = 'n', conflicts_with = "steps",
+          value_parser = usize_in(1, MAX_POSITIONS))]
+    n_predict: Option<usize>,
+    /// Positions to compute, prompt included, as llama2.c's run.c counts its -n (for
+    /// side-by-side runs with run.c); 0 means the whole context.
+    #[arg(long, value_parser = usize_in(0, MAX_POSITIONS))]
+    steps: Option<usize>,
+    /// Sampling temperature: 0 is greedy (argmax); otherwise 0.001 to 100.
+    #[arg(long = "temp", visible_alias = "temperature", default_value_t = 1.0,
+          value_parser = args::temperature)]
     temperature: f32,
     /// Nucleus sampling threshold, greater than 0 and at most 1; 1 disables it.
     #[arg(long, default_value_t = 0.9, value_parser = args::top_p)]
     top_p: f32,
     /// Seed of the sampler's RNG.
-    #[arg(long, short, default_value_t = 42)]
+    #[arg(long, short = 's', default_value_t = 42)]
     seed: u64,
-    /// Engine: naive or cpu.
-    #[arg(long, short, default_value = "cpu")]
+    /// The engine to run.
+    #[arg(long, short = 'e', default_value = "cpu",
+          value_parser = clap::builder::PossibleValuesParser::new(ENGINES))]
     engine: String,
-    /// Positions the engine reserves (default: the model's context).
-    #[arg(long, value_parser = usize_in(1, MAX_POSITIONS))]
-    max_seq_len: Option<usize>,
+    /// Context positions the engine reserves (llama.cpp's -c; default: the prompt plus the
+    /// tokens asked for, at most the model's context).
+    #[arg(long = "ctx-size", short = 'c', visible_alias = "max-seq-len",
+          value_parser = usize_in(1, MAX_POSITIONS))]
+    ctx_size: Option<usize>,
     /// Print, for every step, the tokens fed and the shapes and bytes of the cache (to stderr).
     #[arg(long)]
     trace: bool,
+    /// Print the stats as one JSON object on stderr instead of text (stdout keeps the text).
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let t_load = Instant::now();
     let loaded = crate::load(&a.model)?;
+    let load_s = t_load.elapsed().as_secs_f64();
     let tok = loaded
         .tokenizer
         .as_ref()
         .with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
     let model = Arc::new(loaded.model);
     let config = model.config.clone();
-    let reserve = a.max_seq_len.unwrap_or(config.max_seq_len);
+    let context = a.ctx_size.unwrap_or(config.max_seq_len);
+    // Positions to compute, prompt included. -n counts new tokens, so it needs the prompt's
+    // length; a prompt that cannot fit is left to generate_text, which refuses it before
+    // encoding.
+    let steps = match (a.n_predict, a.steps) {
+        // The last prompt position's logits give the first new token, so n new tokens end at
+        // position prompt + n − 1.
+        (Some(n), _) if tok.min_tokens(&a.prompt) < context => {
+            tok.encode(&a.prompt, true, false).len() + n - 1
+        }
+        (Some(_), _) => context,
+        (None, Some(s)) => s,
+        (None, None) => RUN_C_STEPS,
+    };
+    let reserve = if steps == 0 {
+        context
+    } else {
+        steps.min(context)
+    };
     if a.engine != "naive" {
         // The cached engines reserve this many positions (ring buffers for windowed layers).
         kvlab_cli::memory::ensure_fits(
             "the KV cache",
             u64::try_from(config.kv_bytes_windowed(reserve, 4)).ok(),
-            "lower --max-seq-len",
+            "lower --ctx-size or --n-predict",
         )?;
     }
-    let mut engine = kvlab_cli::engines::build(&a.engine, model)?;
+    let threads = kvlab_cpu::threads::num_threads();
+    let mut engine = kvlab_cli::engines::build_for(&a.engine, model, reserve)?;
     let opts = GenerateOptions {
-        steps: a.steps,
-        max_seq_len: a.max_seq_len.unwrap_or(0),
+        steps,
+        max_seq_len: a.ctx_size.unwrap_or(0),
         trace: a.trace,
     };
     let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)?;
@@ -92,11 +130,36 @@ pub fn run(a: Args) -> Result<()> {
     // A closed pipe (`kvlab generate | head`) is not an error worth reporting.
     let _ = writeln!(out);
     drop(out);
+    // Positions in the cache: the prompt and every token fed back (the last one sampled is
+    // printed but never fed).
+    let positions = g.prompt.len() + g.decode_steps;
+    if a.json {
+        let stats = serde_json::json!({
+            "model": loaded.name,
+            "engine": engine.name(),
+            "threads": threads,
+            "load_s": load_s,
+            "prompt_tokens": g.prompt.len(),
+            "generated_tokens": g.tokens.len(),
+            "prefill_s": g.prefill_time.as_secs_f64(),
+            "prefill_tokens_per_s": g.prefill_tokens_per_s(),
+            "decode_steps": g.decode_steps,
+            "decode_s": g.decode_time.as_secs_f64(),
+            "decode_tokens_per_s": g.decode_tokens_per_s(),
+            "stopped_at_stop_token": g.stopped,
+            "kv_used_bytes": g.kv.used_bytes,
+            "kv_reserved_bytes": g.kv.reserved_bytes,
+            "kv_bytes_per_token": config.kv_bytes_per_token(4),
+        });
+        eprintln!("{stats}");
+        return Ok(());
+    }
     eprintln!(
-        "engine {} | prompt {} tokens | prefill {:.1} tok/s | decode {} tokens at {:.1} tok/s{}",
+        "engine {} | {threads} threads | load {load_s:.2} s | prompt {} tokens | prefill {:.1} tok/s | generated {} tokens | decode {} steps at {:.1} tok/s{}",
         engine.name(),
         g.prompt.len(),
         g.prefill_tokens_per_s(),
+        g.tokens.len(),
         g.decode_steps,
         g.decode_tokens_per_s(),
         if g.stopped {
@@ -105,7 +168,6 @@ pub fn run(a: Args) -> Result<()> {
             ""
         }
     );
-    let positions = g.prompt.len() + g.decode_steps;
     eprintln!(
         "KV cache: {} used, {} reserved (formula: {} per token x {positions} positions = {}{})",
         bytes(g.kv.used_bytes),

@@ -22,6 +22,11 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Worker threads of the CPU engines (llama.cpp's -t). Default: this machine's physical
+    /// cores (hyper-threads share a core's vector units, so they rarely speed up decode);
+    /// RAYON_NUM_THREADS also sets it.
+    #[arg(long, short = 't', global = true, value_parser = kvlab_cli::args::usize_in(1, 4096))]
+    threads: Option<usize>,
 }
 
 /// Where the model comes from.
@@ -29,7 +34,7 @@ struct Cli {
 pub struct ModelArgs {
     /// A model name from fixtures/models.json (found through $KVLAB_MODELS, the cache, or
     /// downloaded) or a path to a llama2.c .bin or a .gguf file.
-    #[arg(long, short, default_value = "stories260K")]
+    #[arg(long, short = 'm', default_value = "stories260K")]
     pub model: String,
     /// llama2.c tokenizer.bin to use instead of the model's own.
     #[arg(long)]
@@ -76,7 +81,14 @@ fn main() {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .init();
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads
+        && let Err(e) = kvlab_cpu::set_num_threads(n)
+    {
+        eprintln!("error: --threads {n}: {e}");
+        std::process::exit(1);
+    }
+    let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Info { model } => info::run(&model),
         Command::Mem(args) => mem::run(args),

@@ -150,8 +150,9 @@ impl Shape {
 
 #[derive(ClapArgs)]
 pub struct Args {
-    /// A preset (see --list) or a model of fixtures/models.json.
-    #[arg(long, short)]
+    /// A preset (see --list) or a model of fixtures/models.json. (No -p: across kvlab, -p is
+    /// the prompt, as in llama.cpp.)
+    #[arg(long)]
     preset: Option<String>,
     /// List the presets and their sources.
     #[arg(long)]
@@ -172,7 +173,7 @@ pub struct Args {
     #[arg(long, default_value = "f16")]
     dtype: String,
     /// Tokens per sequence (default: the preset's context).
-    #[arg(long, short, value_parser = usize_in(1, MAX_CONTEXT))]
+    #[arg(long, short = 'c', visible_alias = "ctx-size", value_parser = usize_in(1, MAX_CONTEXT))]
     context: Option<usize>,
     /// Sequences in the batch.
     #[arg(long, short, default_value_t = 1, value_parser = usize_in(1, MAX_BATCH))]

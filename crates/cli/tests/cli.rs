@@ -56,7 +56,10 @@ fn generate_prints_run_c_text_on_stdout_and_stats_on_stderr() {
 #[test]
 fn bad_input_gets_a_clear_error() {
     let cases: [(&[&str], &str); 5] = [
-        (&["generate", "--engine", "gpu9000"], "unknown engine"),
+        (
+            &["generate", "--engine", "gpu9000"],
+            "possible values: naive, cpu, cpu-paged, cuda",
+        ),
         (
             &["generate", "--prompt", &"word ".repeat(600)],
             "shorten the prompt",
@@ -120,7 +123,7 @@ fn info_and_mem_print_the_formula() {
 fn trace_shows_the_cache_growing() {
     let o = kvlab(&[
         "generate",
-        "-t",
+        "--temp",
         "0",
         "-p",
         "Hi",
@@ -135,14 +138,97 @@ fn trace_shows_the_cache_growing() {
         err.contains("block_table") && err.contains("slot_mapping"),
         "{err}"
     );
+    // "Hi" is 3 tokens with BOS; 6 new tokens end at position 8, and the cache reserves 8
+    // positions, not the model's 512 (memory follows the request), unless -c asks for more.
     let o = kvlab(&[
-        "generate", "-t", "0", "-p", "Hi", "-n", "6", "--trace", "--engine", "cpu",
+        "generate", "--temp", "0", "-p", "Hi", "-n", "6", "--trace", "--engine", "cpu",
     ]);
     assert!(
-        text(&o.stderr).contains("max_seq_len=512, kv_dim=32"),
+        text(&o.stderr).contains("(max_seq_len=8, kv_dim=32)"),
         "{}",
         text(&o.stderr)
     );
+    let o = kvlab(&[
+        "generate", "--temp", "0", "-p", "Hi", "-n", "6", "--trace", "-c", "512",
+    ]);
+    assert!(
+        text(&o.stderr).contains("(max_seq_len=512, kv_dim=32)"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn llama_cpp_flag_names_mean_what_they_mean_in_llama_cpp() {
+    // -m model, -p prompt, -n new tokens, --temp, --top-p, -s seed, -c context, -t threads.
+    let o = kvlab(&[
+        "generate",
+        "-m",
+        "stories260K",
+        "-p",
+        "Once upon a time",
+        "-n",
+        "5",
+        "--temp",
+        "0",
+        "--top-p",
+        "0.9",
+        "-s",
+        "7",
+        "-c",
+        "64",
+        "-t",
+        "1",
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(text(&o.stdout), "Once upon a time, there was a little\n");
+    assert!(
+        err.contains("engine cpu | 1 threads | load ")
+            && err.contains("prompt 5 tokens")
+            && err.contains("generated 5 tokens | decode 4 steps"),
+        "{err}"
+    );
+    // run.c's -n survives as --steps: positions, prompt included (5 + 4 generated = 9).
+    let o = kvlab(&[
+        "generate",
+        "--temperature",
+        "0",
+        "-p",
+        "Once upon a time",
+        "--steps",
+        "9",
+    ]);
+    assert_eq!(text(&o.stdout), "Once upon a time, there was a little\n");
+    // One meaning per flag: -n and --steps together are refused.
+    let o = kvlab(&["generate", "-n", "5", "--steps", "9"]);
+    assert!(
+        text(&o.stderr).contains("cannot be used with"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn generate_json_stats_and_memory_that_follows_the_request() {
+    let o = kvlab(&[
+        "generate",
+        "--temp",
+        "0",
+        "-p",
+        "Once upon a time",
+        "-n",
+        "5",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let stats: serde_json::Value = serde_json::from_str(text(&o.stderr).trim()).unwrap();
+    assert_eq!(stats["generated_tokens"], 5);
+    assert_eq!(stats["prompt_tokens"], 5);
+    // 5 prompt + 4 fed-back positions of 1,280 bytes: the request, not the 512-position context.
+    assert_eq!(stats["kv_reserved_bytes"], 9 * 1280);
+    assert!(stats["load_s"].as_f64().unwrap() >= 0.0);
+    assert!(stats["threads"].as_u64().unwrap() >= 1);
 }
 
 #[test]
@@ -197,8 +283,9 @@ refused! {
     top_p_nan: ["generate", "--top-p", "nan"] => "greater than 0 and at most 1";
     top_p_zero: ["generate", "--top-p", "0"] => "greater than 0 and at most 1";
     top_p_above_one: ["generate", "--top-p", "1.5"] => "greater than 0 and at most 1";
-    generate_steps_u64_max: ["generate", "-n", "18446744073709551615"] => "is not in 0..=1048576";
-    generate_max_seq_len_zero: ["generate", "--max-seq-len", "0"] => "is not in 1..=1048576";
+    generate_n_predict_u64_max: ["generate", "-n", "18446744073709551615"] => "is not in 1..=1048576";
+    generate_steps_u64_max: ["generate", "--steps", "18446744073709551615"] => "is not in 0..=1048576";
+    generate_ctx_size_zero: ["generate", "-c", "0"] => "is not in 1..=1048576";
     batch_block_size_zero: ["batch", "--block-size", "0"] => "is not in 1..=4096";
     batch_block_size_2_pow_62: ["batch", "--block-size", "4611686018427387904", "--num-blocks", "1"] => "is not in 1..=4096";
     batch_num_blocks_1e9: ["batch", "--num-blocks", "1000000000"] => "is not in 1..=16777216";

@@ -70,7 +70,9 @@ pub enum Event<'a> {
 pub struct GenerateOptions {
     /// Positions to compute, prompt included; 0 or more than the context means the context.
     pub steps: usize,
-    /// Positions the engine reserves for the sequence; 0 means the model's max_seq_len.
+    /// Positions the engine reserves for the sequence, and the context the prompt must fit; 0
+    /// means the model's max_seq_len as the limit, with only the positions computed (`steps`,
+    /// clamped) reserved.
     pub max_seq_len: usize,
     /// Ask the engine for a [`TraceStep`] after every call.
     pub trace: bool,
@@ -110,7 +112,15 @@ pub fn generate_tokens(
         opts.steps
     }
     .max(prompt.len());
-    let seq = engine.new_sequence(max_seq_len)?;
+    // Memory follows the request: without an explicit `max_seq_len`, the sequence reserves only
+    // the positions this generation computes, not the model's whole context (a GGUF whose
+    // header says 1M positions would otherwise reserve gigabytes for a few tokens).
+    let reserve = if opts.max_seq_len == 0 {
+        steps
+    } else {
+        max_seq_len
+    };
+    let seq = engine.new_sequence(reserve)?;
     let result = run(
         engine,
         seq,
