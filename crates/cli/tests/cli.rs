@@ -384,3 +384,46 @@ fn every_model_has_a_documented_way_to_get_it() {
         text(&o.stderr)
     );
 }
+
+#[test]
+#[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
+fn gemma_runs_on_the_paged_engine_with_default_flags() {
+    if kvlab_model::registry::test_model_file("gemma-3-270m-q4_k_m.gguf").is_none() {
+        return;
+    }
+    // The pool is sized for the request (prompt + new tokens), not the 32,768-position header.
+    let o = kvlab(&[
+        "generate",
+        "-m",
+        "gemma-3-270m",
+        "-e",
+        "cpu-paged",
+        "--temp",
+        "0",
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).starts_with("The capital of France is the capital of the country"),
+        "{}",
+        text(&o.stdout)
+    );
+    // And with run.c's position count.
+    let o = kvlab(&[
+        "generate",
+        "-m",
+        "gemma-3-270m",
+        "-e",
+        "cpu-paged",
+        "--temp",
+        "0",
+        "-p",
+        "Hi",
+        "--steps",
+        "16",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
