@@ -12,10 +12,12 @@
 //! ```
 //!
 //! The header is validated and the file size compared with what it implies *before* anything is
-//! allocated; the file is memory-mapped, never read whole into a buffer sized by the header.
+//! allocated. Tensors are then read one layer at a time straight into the Vecs the model keeps,
+//! through one 1 MiB buffer, so loading peaks at the weights' size plus that buffer (run.c maps
+//! the file and points into it; kvlab keeps owned f32 Vecs, so a copy is needed, but only one).
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::weights::LayerWeights;
@@ -135,16 +137,16 @@ pub fn load(path: &Path) -> Result<Model> {
             actual: len,
         });
     }
-    // SAFETY: the map is read-only and private to this function; checkpoints are not modified
-    // while kvlab runs (if one were truncated underneath us, reads could fault: the same caveat
-    // as llama2.c's own mmap).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
+    let mut r = std::io::BufReader::with_capacity(CHUNK_BYTES, file);
+    let io = |source| Error::Io {
         path: path.into(),
         source,
-    })?;
+    };
+    let mut head = [0u8; HEADER_BYTES as usize];
+    r.read_exact(&mut head).map_err(io)?;
     let mut header = [0i32; 7];
-    for (i, h) in header.iter_mut().enumerate() {
-        *h = i32::from_le_bytes(map[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    for (h, b) in header.iter_mut().zip(head.chunks_exact(4)) {
+        *h = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
     let config = parse_header(header)?;
     let expected = expected_file_bytes(&config);
@@ -163,41 +165,55 @@ pub fn load(path: &Path) -> Result<Model> {
             actual: len,
         });
     }
-    let mut r = Reader {
-        bytes: &map[HEADER_BYTES as usize..],
-    };
+    // Each tensor is read straight into its own per-layer Vec through one small buffer, so the
+    // peak memory is the weights plus CHUNK_BYTES: no whole-file buffer, no map whose touched
+    // pages count as resident, no all-layer tensor split into copies afterwards.
     let c = &config;
     let (d, h, l, kv) = (c.dim, c.hidden_dim, c.n_layers, c.kv_dim());
-    let token_embedding = r.take(c.vocab_size * d);
-    let rms_att = r.take(l * d);
-    let wq = r.take(l * d * d);
-    let wk = r.take(l * kv * d);
-    let wv = r.take(l * kv * d);
-    let wo = r.take(l * d * d);
-    let rms_ffn = r.take(l * d);
-    let w1 = r.take(l * h * d);
-    let w2 = r.take(l * d * h);
-    let w3 = r.take(l * h * d);
-    let final_norm = r.take(d);
-    r.skip(c.max_seq_len * c.head_dim); // unused RoPE tables: kvlab computes RoPE itself
-    let classifier = (!c.shared_classifier).then(|| r.take(c.vocab_size * d));
-    let layer = |t: &[f32], i: usize, n: usize| t[i * n..(i + 1) * n].to_vec();
-    let layers = (0..l)
-        .map(|i| LayerWeights {
-            attn_norm: layer(&rms_att, i, d),
-            wq: layer(&wq, i, d * d),
-            wk: layer(&wk, i, kv * d),
-            wv: layer(&wv, i, kv * d),
-            wo: layer(&wo, i, d * d),
-            q_norm: Vec::new(),
-            k_norm: Vec::new(),
-            post_attn_norm: Vec::new(),
-            ffn_norm: layer(&rms_ffn, i, d),
-            w1: layer(&w1, i, h * d),
-            w2: layer(&w2, i, d * h),
-            w3: layer(&w3, i, h * d),
-            post_ffn_norm: Vec::new(),
-        })
+    let mut t = TensorReader {
+        r,
+        buf: vec![0u8; CHUNK_BYTES],
+    };
+    let token_embedding = t.read(c.vocab_size * d).map_err(io)?;
+    // The file stores each tensor for all layers together: (n_layers, ...) per tensor.
+    let rms_att = t.per_layer(l, d).map_err(io)?;
+    let wq = t.per_layer(l, d * d).map_err(io)?;
+    let wk = t.per_layer(l, kv * d).map_err(io)?;
+    let wv = t.per_layer(l, kv * d).map_err(io)?;
+    let wo = t.per_layer(l, d * d).map_err(io)?;
+    let rms_ffn = t.per_layer(l, d).map_err(io)?;
+    let w1 = t.per_layer(l, h * d).map_err(io)?;
+    let w2 = t.per_layer(l, d * h).map_err(io)?;
+    let w3 = t.per_layer(l, h * d).map_err(io)?;
+    let final_norm = t.read(d).map_err(io)?;
+    // Unused RoPE tables (max_seq_len, head_dim/2) cos and sin: kvlab computes RoPE itself.
+    // validate() bounds max_seq_len and head_dim, so this fits i64.
+    t.r.seek_relative(4 * (c.max_seq_len * c.head_dim) as i64)
+        .map_err(io)?;
+    let classifier = if c.shared_classifier {
+        None
+    } else {
+        Some(t.read(c.vocab_size * d).map_err(io)?)
+    };
+    let layers = by_layer([rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3], l)
+        .into_iter()
+        .map(
+            |[attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3]| LayerWeights {
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                q_norm: Vec::new(),
+                k_norm: Vec::new(),
+                post_attn_norm: Vec::new(),
+                ffn_norm,
+                w1,
+                w2,
+                w3,
+                post_ffn_norm: Vec::new(),
+            },
+        )
         .collect();
     Model::new(
         config,
@@ -210,22 +226,48 @@ pub fn load(path: &Path) -> Result<Model> {
     )
 }
 
-/// Sequential reader of little-endian f32s; lengths were checked against the file size first.
-struct Reader<'a> {
-    bytes: &'a [u8],
+/// Bytes read per `read` call while loading (the loader's only buffer).
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Reads little-endian f32 tensors from a file, `buf.len()` bytes per read.
+struct TensorReader<R> {
+    r: R,
+    buf: Vec<u8>,
 }
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Vec<f32> {
-        let (head, rest) = self.bytes.split_at(4 * n);
-        self.bytes = rest;
-        head.chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .collect()
+impl<R: Read> TensorReader<R> {
+    /// `n` f32s into a new Vec.
+    fn read(&mut self, n: usize) -> std::io::Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(n);
+        let per_chunk = self.buf.len() / 4;
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(per_chunk);
+            let bytes = &mut self.buf[..4 * k];
+            self.r.read_exact(bytes)?;
+            out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            );
+            left -= k;
+        }
+        Ok(out)
     }
-    fn skip(&mut self, n: usize) {
-        self.bytes = &self.bytes[4 * n..];
+
+    /// A tensor stored for all `layers` together, as one Vec of `n` f32s per layer.
+    fn per_layer(&mut self, layers: usize, n: usize) -> std::io::Result<Vec<Vec<f32>>> {
+        (0..layers).map(|_| self.read(n)).collect()
     }
+}
+
+/// Regroups tensor-major lists (9 tensors, each with one Vec per layer) into one array of the 9
+/// tensors per layer.
+fn by_layer(tensors: [Vec<Vec<f32>>; 9], layers: usize) -> Vec<[Vec<f32>; 9]> {
+    let mut iters = tensors.map(Vec::into_iter);
+    (0..layers)
+        .map(|_| std::array::from_fn(|t| iters[t].next().unwrap_or_default()))
+        .collect()
 }
 
 /// Writes a model in llama2.c's legacy format, so run.c (or any llama2.c port) can run the same
