@@ -6,20 +6,93 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use kvlab_model::registry::{self, FileRef, Loaded, Located};
+use kvlab_model::Config;
+use kvlab_model::registry::{self, FileRef, Format, Loaded, Located, ModelEntry};
 
-/// Loads a model given by name or path, with an optional tokenizer override.
+/// Where a `--model` argument points, its files found (and downloaded if allowed).
+pub enum Resolved {
+    /// A manifest model with its files.
+    Entry {
+        entry: &'static ModelEntry,
+        model: Option<PathBuf>,
+        tokenizer: Option<PathBuf>,
+    },
+    /// A file given by path.
+    Path { path: PathBuf, gguf: bool },
+}
+
+/// File extensions of checkpoint formats kvlab does not read, and what to do instead.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "safetensors",
+        "Hugging Face safetensors are not read yet; convert the model to GGUF (llama.cpp's convert_hf_to_gguf.py) or to llama2.c's format (llama2.c's export.py)",
+    ),
+    (
+        "pt",
+        "PyTorch checkpoints are not read; export to llama2.c's format (llama2.c's export.py) or to GGUF",
+    ),
+    (
+        "pth",
+        "PyTorch checkpoints are not read; export to llama2.c's format (llama2.c's export.py) or to GGUF",
+    ),
+    (
+        "json",
+        "a .json file is a config or tokenizer, not a checkpoint; pass the .bin or .gguf file",
+    ),
+];
+
+/// Finds the files `--model` names: a path is checked for what it is; a name is looked up in
+/// the manifest and its files found in `$KVLAB_MODELS`, the user cache or the shipped copy, or
+/// downloaded when allowed.
 ///
 /// # Errors
-/// Unknown names, missing files that cannot be downloaded (the message names `KVLAB_MODELS` and
-/// the URL), sha256 mismatches, and every loader error.
-pub fn load(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Result<Loaded> {
+/// A path that is a directory, a device or a format kvlab does not read; an unknown name; a
+/// missing file that cannot be downloaded (the message says how to get it); `--tokenizer` with a
+/// GGUF (it carries its own).
+pub fn resolve(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Result<Resolved> {
     let path = Path::new(spec);
-    if path.is_file() {
-        return load_path(path, tokenizer);
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    if let Some((_, why)) = UNSUPPORTED.iter().find(|(e, _)| ext.as_deref() == Some(*e)) {
+        bail!("{spec}: {why}");
     }
-    if spec.ends_with(".bin") || spec.ends_with(".gguf") || spec.contains('/') {
-        bail!("model file {spec} does not exist");
+    if path.is_dir() {
+        bail!(
+            "{spec} is a directory; pass a checkpoint file inside it (a llama2.c .bin or a .gguf), or set KVLAB_MODELS={spec} and pass a model name"
+        );
+    }
+    if path.exists() && !path.is_file() {
+        bail!("{spec} is not a regular file (a device or a pipe?); pass a checkpoint file");
+    }
+    let gguf_refuses_tokenizer = |what: &str| -> Result<()> {
+        if let Some(t) = tokenizer {
+            bail!(
+                "{what} is a GGUF file, which carries its own tokenizer; --tokenizer {} applies to llama2.c checkpoints only: leave it out",
+                t.display()
+            );
+        }
+        Ok(())
+    };
+    if path.is_file() {
+        let gguf = ext.as_deref() == Some("gguf");
+        if gguf {
+            gguf_refuses_tokenizer(spec)?;
+        }
+        return Ok(Resolved::Path {
+            path: path.into(),
+            gguf,
+        });
+    }
+    if ext.as_deref().is_some_and(|e| e == "bin" || e == "gguf") || spec.contains('/') {
+        bail!(
+            "model file {spec} does not exist; check the path, or pass a model name (`kvlab models` lists them)"
+        );
+    }
+    if let Some(e) = registry::entry(spec)
+        && e.format == Format::Gguf
+    {
+        gguf_refuses_tokenizer(&e.name)?;
     }
     loop {
         match registry::locate(spec)? {
@@ -28,9 +101,11 @@ pub fn load(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Resul
                 model,
                 tokenizer: found_tok,
             } => {
-                let tok = tokenizer.map(Path::to_path_buf).or(found_tok);
-                return registry::load_entry(entry, model.as_deref(), tok.as_deref())
-                    .with_context(|| format!("loading {}", entry.name));
+                return Ok(Resolved::Entry {
+                    entry,
+                    model,
+                    tokenizer: tokenizer.map(Path::to_path_buf).or(found_tok),
+                });
             }
             Located::Missing {
                 entry,
@@ -54,6 +129,58 @@ pub fn load(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Resul
                     )
                 })?;
             }
+        }
+    }
+}
+
+/// Loads a model given by name or path, with an optional tokenizer override.
+///
+/// # Errors
+/// As [`resolve`], and every loader error.
+pub fn load(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Result<Loaded> {
+    match resolve(spec, tokenizer, allow_download)? {
+        Resolved::Entry {
+            entry,
+            model,
+            tokenizer,
+        } => registry::load_entry(entry, model.as_deref(), tokenizer.as_deref())
+            .with_context(|| format!("loading {}", entry.name)),
+        Resolved::Path { path, .. } => load_path(&path, tokenizer),
+    }
+}
+
+/// A model's name, config and files, without building its weights where the format allows
+/// (synthetic specs, llama2.c headers; a GGUF is loaded whole).
+///
+/// # Errors
+/// As [`resolve`], and every header reader's error.
+pub fn config(
+    spec: &str,
+    tokenizer: Option<&Path>,
+    allow_download: bool,
+) -> Result<(String, Config, Vec<PathBuf>)> {
+    match resolve(spec, tokenizer, allow_download)? {
+        Resolved::Entry {
+            entry,
+            model,
+            tokenizer,
+        } => {
+            let c = registry::entry_config(entry, model.as_deref())
+                .with_context(|| format!("reading {}", entry.name))?;
+            let files = model.into_iter().chain(tokenizer).collect();
+            Ok((entry.name.clone(), c, files))
+        }
+        Resolved::Path { path, gguf } => {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let c = if gguf {
+                kvlab_model::load_gguf(&path)?.0.config
+            } else {
+                kvlab_model::llama2c::read_config(&path)?
+            };
+            Ok((name, c, vec![path]))
         }
     }
 }

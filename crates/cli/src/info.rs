@@ -1,4 +1,5 @@
-//! `kvlab info`: a model's config and what its KV cache costs.
+//! `kvlab info`: a model's config and what its KV cache costs, read without building the
+//! weights (synthetic specs and llama2.c headers; a GGUF is still loaded whole).
 
 use anyhow::Result;
 use kvlab_model::LayerKind;
@@ -6,10 +7,12 @@ use kvlab_model::LayerKind;
 use crate::{ModelArgs, bytes};
 
 pub fn run(m: &ModelArgs) -> Result<()> {
-    let loaded = crate::load(m)?;
-    let c = &loaded.model.config;
-    println!("model        {}", loaded.name);
-    for f in &loaded.files {
+    // The config only: an 8B synthetic shape must not build 32 GB of weights to print its shape.
+    let (name, config, files) =
+        kvlab_cli::fetch::config(&m.model, m.tokenizer.as_deref(), !m.offline)?;
+    let c = &config;
+    println!("model        {name}");
+    for f in &files {
         println!("file         {}", f.display());
     }
     println!("dim          {}", c.dim);
@@ -64,7 +67,7 @@ pub fn run(m: &ModelArgs) -> Result<()> {
     println!(
         "parameters   {} ({} as f32)",
         c.n_params(),
-        bytes(loaded.model.weights.bytes())
+        bytes(c.n_params().saturating_mul(4))
     );
     println!();
     println!("KV bytes per token = 2 x n_layers x n_kv_heads x head_dim x bytes per element");

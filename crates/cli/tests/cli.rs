@@ -427,3 +427,63 @@ fn gemma_runs_on_the_paged_engine_with_default_flags() {
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
 }
+
+#[test]
+fn info_reads_the_config_without_building_the_weights() {
+    // llama-3-8b-shape is 8B f32 parameters (32 GB); info must answer from the spec alone.
+    let o = kvlab(&["info", "-m", "llama-3-8b-shape"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("parameters   8030261248 (29.92 GiB (32121044992 B) as f32)"),
+        "{}",
+        text(&o.stdout)
+    );
+}
+
+#[test]
+fn messages_say_what_happened() {
+    let dir = std::env::temp_dir().join(format!("kvlab-msg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let st = dir.join("model.safetensors");
+    std::fs::write(&st, b"{}").unwrap();
+    let tok = kvlab_model::registry::test_model_file("tok512.bin").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["info".into(), "-m".into(), dir.display().to_string()],
+            "is a directory; pass a checkpoint file inside it",
+        ),
+        (
+            vec!["info".into(), "-m".into(), "/dev/null".into()],
+            "is not a regular file",
+        ),
+        (
+            vec!["info".into(), "-m".into(), st.display().to_string()],
+            "safetensors are not read yet; convert the model to GGUF",
+        ),
+        (
+            vec!["info".into(), "-m".into(), "no-such-model".into()],
+            "no model called \"no-such-model\"; known models: stories260K",
+        ),
+        (
+            vec![
+                "generate".into(),
+                "-m".into(),
+                "gemma-3-270m".into(),
+                "--tokenizer".into(),
+                tok.display().to_string(),
+            ],
+            "carries its own tokenizer",
+        ),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = kvlab(&args);
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(
+            !err.contains("unsupported model format") && !err.contains("does not exist"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -94,6 +94,11 @@ pub enum Error {
         index: usize,
         value: f32,
     },
+    /// A model name that is not in the manifest.
+    #[error(
+        "no model called {name:?}; known models: {known} (`kvlab models` lists them), or pass a path to a llama2.c .bin or a .gguf file"
+    )]
+    UnknownModel { name: String, known: String },
     /// A model file whose format this crate does not read.
     #[error("unsupported model format: {0}")]
     Format(String),

@@ -111,6 +111,16 @@ pub fn expected_file_bytes(c: &Config) -> u64 {
     HEADER_BYTES + 4 * (v * d + l * per_layer + d + rope + cls)
 }
 
+/// Reads a llama2.c checkpoint's config from its header, checking the file's size against it,
+/// without reading any tensor.
+///
+/// # Errors
+/// As [`load`].
+pub fn read_config(path: &Path) -> Result<Config> {
+    let (config, _) = open_checked(path)?;
+    Ok(config)
+}
+
 /// Loads a llama2.c checkpoint.
 ///
 /// # Errors
@@ -118,53 +128,11 @@ pub fn expected_file_bytes(c: &Config) -> u64 {
 /// header or than the header implies; [`Error::SizeMismatch`] if longer; [`Error::Config`] for a
 /// bad header (see [`parse_header`]).
 pub fn load(path: &Path) -> Result<Model> {
-    let file = File::open(path).map_err(|source| Error::Open {
-        path: path.into(),
-        source,
-    })?;
-    let len = file
-        .metadata()
-        .map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })?
-        .len();
-    if len < HEADER_BYTES {
-        return Err(Error::Truncated {
-            path: path.into(),
-            what: "the 28-byte header",
-            needed: HEADER_BYTES,
-            actual: len,
-        });
-    }
-    let mut r = std::io::BufReader::with_capacity(CHUNK_BYTES, file);
+    let (config, r) = open_checked(path)?;
     let io = |source| Error::Io {
         path: path.into(),
         source,
     };
-    let mut head = [0u8; HEADER_BYTES as usize];
-    r.read_exact(&mut head).map_err(io)?;
-    let mut header = [0i32; 7];
-    for (h, b) in header.iter_mut().zip(head.chunks_exact(4)) {
-        *h = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    }
-    let config = parse_header(header)?;
-    let expected = expected_file_bytes(&config);
-    if len < expected {
-        return Err(Error::Truncated {
-            path: path.into(),
-            what: "the tensors its header announces",
-            needed: expected,
-            actual: len,
-        });
-    }
-    if len > expected {
-        return Err(Error::SizeMismatch {
-            path: path.into(),
-            expected,
-            actual: len,
-        });
-    }
     // Each tensor is read straight into its own per-layer Vec through one small buffer, so the
     // peak memory is the weights plus CHUNK_BYTES: no whole-file buffer, no map whose touched
     // pages count as resident, no all-layer tensor split into copies afterwards.
@@ -224,6 +192,60 @@ pub fn load(path: &Path) -> Result<Model> {
             classifier,
         },
     )
+}
+
+/// Opens a checkpoint, reads and validates its header and checks the file's size against it;
+/// returns the config and a reader positioned at the first tensor.
+fn open_checked(path: &Path) -> Result<(Config, std::io::BufReader<File>)> {
+    let file = File::open(path).map_err(|source| Error::Open {
+        path: path.into(),
+        source,
+    })?;
+    let io = |source| Error::Io {
+        path: path.into(),
+        source,
+    };
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(Error::Format(format!(
+            "{} is not a regular file (a directory or a device); pass a checkpoint file",
+            path.display()
+        )));
+    }
+    let len = meta.len();
+    if len < HEADER_BYTES {
+        return Err(Error::Truncated {
+            path: path.into(),
+            what: "the 28-byte header",
+            needed: HEADER_BYTES,
+            actual: len,
+        });
+    }
+    let mut r = std::io::BufReader::with_capacity(CHUNK_BYTES, file);
+    let mut head = [0u8; HEADER_BYTES as usize];
+    r.read_exact(&mut head).map_err(io)?;
+    let mut header = [0i32; 7];
+    for (h, b) in header.iter_mut().zip(head.chunks_exact(4)) {
+        *h = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    let config = parse_header(header)?;
+    let expected = expected_file_bytes(&config);
+    if len < expected {
+        return Err(Error::Truncated {
+            path: path.into(),
+            what: "the tensors its header announces",
+            needed: expected,
+            actual: len,
+        });
+    }
+    if len > expected {
+        return Err(Error::SizeMismatch {
+            path: path.into(),
+            expected,
+            actual: len,
+        });
+    }
+    Ok((config, r))
 }
 
 /// Bytes read per `read` call while loading (the loader's only buffer).

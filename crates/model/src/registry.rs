@@ -260,14 +260,14 @@ pub enum Located {
 /// Finds a manifest model's files.
 ///
 /// # Errors
-/// [`Error::Format`] for a name not in the manifest (the message lists the known names).
+/// [`Error::UnknownModel`] for a name not in the manifest (the message lists the known names).
 pub fn locate(name: &str) -> Result<Located> {
     let entry = entry(name).ok_or_else(|| {
         let names: Vec<_> = manifest().models.iter().map(|m| m.name.as_str()).collect();
-        Error::Format(format!(
-            "no model called {name:?}; known models: {}; or pass a path to a .bin or .gguf file",
-            names.join(", ")
-        ))
+        Error::UnknownModel {
+            name: name.into(),
+            known: names.join(", "),
+        }
     })?;
     let mut found = [None, None];
     for (slot, f) in found.iter_mut().zip([&entry.model, &entry.tokenizer]) {
@@ -339,6 +339,32 @@ pub fn load_entry(
         tokenizer: tok,
         files,
     })
+}
+
+/// A manifest model's config, without building its weights (`kvlab info` on an 8B shape must
+/// not allocate 32 GB): synthetic models from their spec, llama2.c files from their header.
+/// GGUF files are loaded whole (their config needs the metadata reader that builds the model).
+///
+/// # Errors
+/// Whatever the format's header reader or loader returns.
+pub fn entry_config(entry: &ModelEntry, model: Option<&Path>) -> Result<crate::Config> {
+    match (entry.format, model) {
+        (Format::Synthetic, _) => {
+            let spec = entry
+                .synthetic
+                .as_ref()
+                .ok_or_else(|| Error::Format(format!("{} has no synthetic spec", entry.name)))?;
+            let c = spec.config();
+            c.validate()?;
+            Ok(c)
+        }
+        (Format::Llama2c, Some(p)) => crate::llama2c::read_config(p),
+        (Format::Gguf, Some(p)) => Ok(crate::load_gguf(p)?.0.config),
+        (_, None) => Err(Error::Format(format!(
+            "{} has no model file in the manifest",
+            entry.name
+        ))),
+    }
 }
 
 /// Loads a llama2.c checkpoint and, if given, its tokenizer.
