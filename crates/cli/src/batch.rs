@@ -48,6 +48,9 @@ pub struct Args {
     svg: Option<PathBuf>,
     #[arg(long, default_value_t = 12)]
     svg_step: usize,
+    /// Print the stats as one JSON object on stderr instead of text (stdout keeps the outputs).
+    #[arg(long)]
+    json: bool,
 }
 
 const DEFAULT_PROMPTS: [&str; 4] = [
@@ -133,18 +136,37 @@ pub fn run(a: Args) -> Result<()> {
     }
     let m = &report.metrics;
     let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
-    eprintln!(
-        "{} steps, {tokens} tokens computed in {:.2} s ({:.0} tok/s); pool {num_blocks} blocks x {} tokens ({} of KV per block across layers); preemptions {}, prefix-cache hits {} of {} queried tokens, recomputed {} tokens",
-        report.steps.len(),
-        report.engine_time.as_secs_f64(),
-        tokens as f64 / report.engine_time.as_secs_f64().max(1e-9),
-        a.block_size,
-        bytes(model.config.kv_bytes_per_token(4) * a.block_size),
-        m.num_preemptions,
-        m.prefix_cache_hits,
-        m.prefix_cache_queries,
-        m.num_recomputed_tokens
-    );
+    if a.json {
+        let v = serde_json::json!({
+            "engine": a.engine,
+            "requests": requests.len(),
+            "steps": report.steps.len(),
+            "tokens_computed": tokens,
+            "engine_s": report.engine_time.as_secs_f64(),
+            "tokens_per_s": tokens as f64 / report.engine_time.as_secs_f64().max(1e-9),
+            "num_blocks": num_blocks,
+            "block_size": a.block_size,
+            "kv_bytes_per_block": model.config.kv_bytes_per_token(4) * a.block_size,
+            "preemptions": m.num_preemptions,
+            "prefix_cache_hits": m.prefix_cache_hits,
+            "prefix_cache_queries": m.prefix_cache_queries,
+            "recomputed_tokens": m.num_recomputed_tokens,
+        });
+        eprintln!("{v}");
+    } else {
+        eprintln!(
+            "{} steps, {tokens} tokens computed in {:.2} s ({:.0} tok/s); pool {num_blocks} blocks x {} tokens ({} of KV per block across layers); preemptions {}, prefix-cache hits {} of {} queried tokens, recomputed {} tokens",
+            report.steps.len(),
+            report.engine_time.as_secs_f64(),
+            tokens as f64 / report.engine_time.as_secs_f64().max(1e-9),
+            a.block_size,
+            bytes(model.config.kv_bytes_per_token(4) * a.block_size),
+            m.num_preemptions,
+            m.prefix_cache_hits,
+            m.prefix_cache_queries,
+            m.num_recomputed_tokens
+        );
+    }
     if let Some(path) = &a.svg {
         let svg = picture.with_context(|| format!("the run ended before step {}", a.svg_step))?;
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;

@@ -6,11 +6,35 @@ use kvlab_model::LayerKind;
 
 use crate::{ModelArgs, bytes};
 
-pub fn run(m: &ModelArgs) -> Result<()> {
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Print JSON (the config, its files and KV bytes) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: &Args) -> Result<()> {
+    let m = &a.model;
     // The config only: an 8B synthetic shape must not build 32 GB of weights to print its shape.
     let (name, config, files) =
         kvlab_cli::fetch::config(&m.model, m.tokenizer.as_deref(), !m.offline)?;
     let c = &config;
+    if a.json {
+        let v = serde_json::json!({
+            "model": name,
+            "files": files,
+            "config": c,
+            "n_params": c.n_params(),
+            "kv_bytes_per_token_f32": c.kv_bytes_per_token(4),
+            "kv_bytes_per_token_f16": c.kv_bytes_per_token(2),
+            "kv_bytes_full_context_f32": c.kv_bytes_full(c.max_seq_len, 4),
+            "kv_bytes_windowed_full_context_f32": c.kv_bytes_windowed(c.max_seq_len, 4),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
     println!("model        {name}");
     for f in &files {
         println!("file         {}", f.display());

@@ -49,10 +49,7 @@ enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Generate(generate::Args),
     /// Print a model's config and KV bytes per token.
-    Info {
-        #[command(flatten)]
-        model: ModelArgs,
-    },
+    Info(info::Args),
     /// Several prompts at once through the continuous-batching scheduler and a paged engine.
     Batch(batch::Args),
     /// Write a model (a synthetic one, typically) as a llama2.c checkpoint, so run.c or any
@@ -92,7 +89,7 @@ fn main() {
     // no pool and wakes no thread (kvlab_cpu::threads).
     let result = kvlab_cpu::threads::install(move || match cli.command {
         Command::Generate(args) => generate::run(args),
-        Command::Info { model } => info::run(&model),
+        Command::Info(args) => info::run(&args),
         Command::Mem(args) => mem::run(args),
         Command::Export { model, out } => load(&model).and_then(|l| {
             kvlab_model::llama2c::write(&l.model, &out)?;

@@ -192,6 +192,9 @@ pub struct Args {
     /// Token slots per block, for the paging estimate.
     #[arg(long, default_value_t = 16, value_parser = usize_in(1, args::MAX_BLOCK_SIZE))]
     block_size: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 // Bounds of the calculator's inputs: generous for any published model, small enough that every
@@ -273,6 +276,28 @@ pub fn run(a: Args) -> Result<()> {
     }
     let per_token = s.bytes_per_token(b);
     let per_seq = s.bytes_per_sequence(ctx, b);
+    let fit = fit(&a, &s, b, ctx, per_seq)?;
+    if a.json {
+        let v = serde_json::json!({
+            "model": s.name,
+            "source": s.source,
+            "n_layers": s.n_layers,
+            "n_heads": s.n_heads,
+            "n_kv_heads": s.n_kv_heads,
+            "head_dim": s.head_dim,
+            "window": s.window.map(|(w, n)| serde_json::json!({"positions": w, "layers": n})),
+            "dtype": a.dtype,
+            "bytes_per_element": b,
+            "context": ctx,
+            "batch": a.batch,
+            "bytes_per_token": per_token,
+            "bytes_per_sequence": per_seq,
+            "bytes_per_batch": per_seq * a.batch as f64,
+            "device": fit,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
     println!("model          {} ({})", s.name, s.source);
     let attn = match (s.n_heads, s.n_kv_heads) {
         (0, _) => String::new(),
@@ -317,34 +342,60 @@ pub fn run(a: Args) -> Result<()> {
         bytes(per_seq * a.batch as f64),
         a.batch
     );
-    if let Some(dev) = a.device_gib {
-        let weights = a
-            .weights_gib
-            .map(|g| g * GIB)
-            .unwrap_or(s.params * dtype_bytes(&a.weights_dtype)?);
-        let free = dev * GIB - weights;
+    if let Some(f) = &fit {
         println!(
-            "device         {dev} GiB, weights {} → {} left for the KV cache",
-            bytes(weights),
-            bytes(free.max(0.0))
+            "device         {} GiB, weights {} → {} left for the KV cache",
+            f.device_gib,
+            bytes(f.weights_bytes),
+            bytes(f.free_bytes)
         );
-        if free <= 0.0 {
+        if f.free_bytes <= 0.0 {
             println!("               the weights alone do not fit");
             return Ok(());
         }
-        let avg = a.avg_tokens.unwrap_or(ctx / 2).max(1);
-        let paged_seq = s.bytes_per_sequence(avg.div_ceil(a.block_size) * a.block_size, b);
         println!(
             "fits           {} sequences with max-length preallocation ({ctx} tokens reserved each)",
-            (free / per_seq).floor()
+            f.sequences_max_length
         );
         println!(
-            "               {} sequences with paging (block_size {}, {avg} tokens held on average)",
-            (free / paged_seq).floor(),
-            a.block_size
+            "               {} sequences with paging (block_size {}, {} tokens held on average)",
+            f.sequences_paged, a.block_size, f.avg_tokens
         );
     }
     Ok(())
+}
+
+/// How many sequences fit on a device (`--device-gib`).
+#[derive(serde::Serialize)]
+struct Fit {
+    device_gib: f64,
+    weights_bytes: f64,
+    /// Device memory left for the KV cache (0 when the weights do not fit).
+    free_bytes: f64,
+    avg_tokens: usize,
+    sequences_max_length: f64,
+    sequences_paged: f64,
+}
+
+fn fit(a: &Args, s: &Shape, b: f64, ctx: usize, per_seq: f64) -> Result<Option<Fit>> {
+    let Some(dev) = a.device_gib else {
+        return Ok(None);
+    };
+    let weights = a
+        .weights_gib
+        .map(|g| g * GIB)
+        .unwrap_or(s.params * dtype_bytes(&a.weights_dtype)?);
+    let free = (dev * GIB - weights).max(0.0);
+    let avg = a.avg_tokens.unwrap_or(ctx / 2).max(1);
+    let paged_seq = s.bytes_per_sequence(avg.div_ceil(a.block_size) * a.block_size, b);
+    Ok(Some(Fit {
+        device_gib: dev,
+        weights_bytes: weights,
+        free_bytes: free,
+        avg_tokens: avg,
+        sequences_max_length: (free / per_seq).floor(),
+        sequences_paged: (free / paged_seq).floor(),
+    }))
 }
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;

@@ -487,3 +487,27 @@ fn messages_say_what_happened() {
         );
     }
 }
+
+#[test]
+fn info_mem_and_batch_print_json_when_asked() {
+    let o = kvlab(&["info", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["config"]["n_kv_heads"], 4);
+    assert_eq!(v["kv_bytes_per_token_f32"], 1280);
+    let o = kvlab(&[
+        "mem",
+        "--preset",
+        "llama-3-8b",
+        "--device-gib",
+        "80",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["bytes_per_token"], 131_072.0);
+    assert_eq!(v["device"]["sequences_max_length"], 65.0);
+    let o = kvlab(&["batch", "-n", "4", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(text(&o.stderr).trim()).unwrap();
+    assert_eq!(v["requests"], 4);
+    assert!(v["tokens_computed"].as_u64().unwrap() > 0);
+}
