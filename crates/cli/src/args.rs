@@ -20,7 +20,7 @@ pub fn usize_in(lo: u64, hi: u64) -> RangedU64ValueParser<usize> {
     RangedU64ValueParser::<usize>::new().range(lo..=hi)
 }
 
-/// `--temperature`: 0 (greedy) or 0.001..=100.
+/// `--temp`: 0 (greedy) or 0.001..=100.
 ///
 /// # Errors
 /// Not a number, or out of range (the message names the range).

@@ -51,12 +51,12 @@ pub enum Error {
     TokenOutOfRange { id: u32, vocab_size: usize },
     /// The prompt (plus BOS) does not fit in the context.
     #[error(
-        "the prompt has {tokens} tokens but the context holds {max_seq_len} positions; shorten the prompt or raise --max-seq-len (at most the model's max_seq_len)"
+        "the prompt has {tokens} tokens but the context holds {max_seq_len} positions; shorten the prompt or raise -c/--ctx-size (at most the model's max_seq_len)"
     )]
     PromptTooLong { tokens: usize, max_seq_len: usize },
     /// The prompt text is too long to fit whatever it encodes to (found before encoding it).
     #[error(
-        "the prompt is {bytes} bytes, at least {at_least} tokens with BOS, but the context holds {max_seq_len} positions; shorten the prompt or raise --max-seq-len (at most the model's max_seq_len)"
+        "the prompt is {bytes} bytes, at least {at_least} tokens with BOS, but the context holds {max_seq_len} positions; shorten the prompt or raise -c/--ctx-size (at most the model's max_seq_len)"
     )]
     PromptTooLongBeforeEncoding {
         bytes: usize,
@@ -67,7 +67,9 @@ pub enum Error {
     #[error("the prompt is empty: at least the BOS token is needed")]
     EmptyPrompt,
     /// A decode step past the sequence's reserved positions.
-    #[error("sequence {seq} is full: position {pos} is past its max_seq_len {max_seq_len}")]
+    #[error(
+        "sequence {seq} is full: position {pos} is past the {max_seq_len} positions it reserved; raise -c/--ctx-size or ask for fewer tokens (-n)"
+    )]
     ContextFull {
         seq: u64,
         pos: usize,
