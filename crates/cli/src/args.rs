@@ -71,3 +71,25 @@ pub fn gib_or_zero(s: &str) -> Result<f64, String> {
         gib(s)
     }
 }
+
+/// `--min-p`: 0 (off) to 1.
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn min_p(s: &str) -> Result<f32, String> {
+    let v: f32 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    kvlab_model::sampler::check_min_p(v).map_err(|e| e.to_string())
+}
+
+/// `--repeat-penalty`: greater than 0 and at most 10; 1 is off.
+///
+/// # Errors
+/// Not a number, or out of range.
+pub fn repeat_penalty(s: &str) -> Result<f32, String> {
+    let v: f32 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    kvlab_model::sampler::check_repeat_penalty(v).map_err(|e| e.to_string())
+}

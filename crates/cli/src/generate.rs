@@ -38,6 +38,18 @@ pub struct Args {
     /// Nucleus sampling threshold, greater than 0 and at most 1; 1 disables it.
     #[arg(long, default_value_t = 0.9, value_parser = args::top_p)]
     top_p: f32,
+    /// Sample from the k most likely tokens only; 0 keeps all (llama.cpp's --top-k, off here
+    /// by default as in run.c).
+    #[arg(long, default_value_t = 0, value_parser = usize_in(0, 1 << 20))]
+    top_k: usize,
+    /// Drop tokens less likely than min-p × the most likely one; 0 is off (the default, as in
+    /// run.c).
+    #[arg(long, default_value_t = 0.0, value_parser = args::min_p)]
+    min_p: f32,
+    /// Penalise the last 64 tokens (prompt included): positive logits divided by it, negative
+    /// ones multiplied; 1 is off (the default).
+    #[arg(long, default_value_t = 1.0, value_parser = args::repeat_penalty)]
+    repeat_penalty: f32,
     /// Seed of the sampler's RNG.
     #[arg(long, short = 's', default_value_t = 42)]
     seed: u64,
@@ -102,7 +114,10 @@ pub fn run(a: Args) -> Result<()> {
         max_seq_len: a.ctx_size.unwrap_or(0),
         trace: a.trace,
     };
-    let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)?;
+    let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)?
+        .with_top_k(a.top_k)
+        .with_min_p(a.min_p)?
+        .with_repeat_penalty(a.repeat_penalty)?;
     let mut out = std::io::stdout().lock();
     let g = generate_text(
         engine.as_mut(),

@@ -511,3 +511,25 @@ fn info_mem_and_batch_print_json_when_asked() {
     assert_eq!(v["requests"], 4);
     assert!(v["tokens_computed"].as_u64().unwrap() > 0);
 }
+
+refused! {
+    min_p_above_one: ["generate", "--min-p", "1.5"] => "use a value from 0 (off) to 1";
+    repeat_penalty_zero: ["generate", "--repeat-penalty", "0"] => "greater than 0 and at most 10";
+}
+
+#[test]
+fn top_k_min_p_and_repeat_penalty_change_what_is_sampled() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "-p", "Once upon a time", "-n", "24", "-s", "3"];
+        args.extend(extra);
+        let o = kvlab(&args);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    // top-k 1 and min-p 1 both leave only the most likely token: greedy, whatever the seed.
+    let greedy = run(&["--temp", "0"]);
+    assert_eq!(run(&["--top-k", "1"]), greedy);
+    assert_eq!(run(&["--min-p", "1"]), greedy);
+    // A strong repeat penalty changes greedy text (24 tokens of a story repeat some).
+    assert_ne!(run(&["--temp", "0", "--repeat-penalty", "3"]), greedy);
+}

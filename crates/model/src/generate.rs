@@ -167,6 +167,10 @@ fn run(
             generated: false,
         });
     }
+    // The repeat penalty looks back over the prompt too, as llama.cpp's does.
+    for &t in prompt {
+        sampler.accept(t);
+    }
     let mut prev = *prompt.last().expect("non-empty prompt");
     let mut pos = prompt.len() - 1;
     loop {
@@ -178,6 +182,7 @@ fn run(
                 index: e.index,
                 value: e.value,
             })?;
+        sampler.accept(next);
         if stop_ids.contains(&next) {
             g.stopped = true;
             break;

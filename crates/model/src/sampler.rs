@@ -41,6 +41,34 @@ pub fn check_top_p(p: f32) -> Result<f32> {
     }
 }
 
+/// Checks a min-p threshold: 0 (off) to 1.
+///
+/// # Errors
+/// [`Error::Sampling`] naming the valid range.
+pub fn check_min_p(p: f32) -> Result<f32> {
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(Error::Sampling(format!(
+            "min-p {p:?} is out of range: use a value from 0 (off) to 1"
+        )))
+    }
+}
+
+/// Checks a repeat penalty: greater than 0 and at most [`MAX_REPEAT_PENALTY`]; 1 is off.
+///
+/// # Errors
+/// [`Error::Sampling`] naming the valid range.
+pub fn check_repeat_penalty(r: f32) -> Result<f32> {
+    if r > 0.0 && r <= MAX_REPEAT_PENALTY {
+        Ok(r)
+    } else {
+        Err(Error::Sampling(format!(
+            "repeat penalty {r:?} is out of range: use a value greater than 0 and at most {MAX_REPEAT_PENALTY} (1 is off)"
+        )))
+    }
+}
+
 /// A logit that is NaN or infinite: the model's arithmetic broke down (NaN weights, an
 /// overflow), so no token can be chosen from it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -57,8 +85,23 @@ pub struct Sampler {
     temperature: f32,
     /// Nucleus threshold in (0, 1]; 1 means plain multinomial sampling.
     top_p: f32,
+    /// Keep only the k most likely tokens before sampling; 0 keeps all (llama.cpp's --top-k).
+    top_k: usize,
+    /// Drop tokens whose probability is below min_p × the top probability; 0 keeps all
+    /// (llama.cpp's --min-p).
+    min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens by this; 1 is off
+    /// (llama.cpp's --repeat-penalty, CTRL's penalty, Keskar et al. 2019).
+    repeat_penalty: f32,
+    /// The last `REPEAT_LAST_N` tokens seen (prompt and output), oldest first.
+    recent: std::collections::VecDeque<u32>,
     rng: ChaCha8Rng,
 }
+
+/// Tokens the repeat penalty looks back over (llama.cpp's default --repeat-last-n).
+pub const REPEAT_LAST_N: usize = 64;
+/// The largest repeat penalty accepted.
+pub const MAX_REPEAT_PENALTY: f32 = 10.0;
 
 impl Sampler {
     /// A sampler with a seeded RNG.
@@ -70,17 +113,59 @@ impl Sampler {
         Ok(Sampler {
             temperature: check_temperature(temperature)?,
             top_p: check_top_p(top_p)?,
-            rng: ChaCha8Rng::seed_from_u64(seed),
+            ..Sampler::seeded(0.0, 1.0, seed)
         })
+    }
+
+    fn seeded(temperature: f32, top_p: f32, seed: u64) -> Sampler {
+        Sampler {
+            temperature,
+            top_p,
+            top_k: 0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            recent: std::collections::VecDeque::with_capacity(REPEAT_LAST_N),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    /// Keeps only the `k` most likely tokens (0: all).
+    pub fn with_top_k(mut self, k: usize) -> Sampler {
+        self.top_k = k;
+        self
+    }
+
+    /// Drops tokens below `min_p` × the top probability.
+    ///
+    /// # Errors
+    /// [`Error::Sampling`] unless 0 ≤ min_p ≤ 1.
+    pub fn with_min_p(mut self, min_p: f32) -> Result<Sampler> {
+        self.min_p = check_min_p(min_p)?;
+        Ok(self)
+    }
+
+    /// Penalises the last [`REPEAT_LAST_N`] tokens seen (see [`Sampler::accept`]); a penalty
+    /// below 1 favours repeats, as llama.cpp allows.
+    ///
+    /// # Errors
+    /// [`Error::Sampling`] unless 0 < penalty ≤ [`MAX_REPEAT_PENALTY`].
+    pub fn with_repeat_penalty(mut self, penalty: f32) -> Result<Sampler> {
+        self.repeat_penalty = check_repeat_penalty(penalty)?;
+        Ok(self)
+    }
+
+    /// Records a token as seen, for the repeat penalty: the generate loop passes every prompt
+    /// token and every token it samples.
+    pub fn accept(&mut self, token: u32) {
+        if self.recent.len() == REPEAT_LAST_N {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(token);
     }
 
     /// The deterministic sampler: argmax, ties to the lowest id.
     pub fn greedy() -> Sampler {
-        Sampler {
-            temperature: 0.0,
-            top_p: 1.0,
-            rng: ChaCha8Rng::seed_from_u64(0),
-        }
+        Sampler::seeded(0.0, 1.0, 0)
     }
 
     pub fn temperature(&self) -> f32 {
@@ -100,8 +185,35 @@ impl Sampler {
         if let Some((index, &value)) = logits.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(NonFiniteLogit { index, value });
         }
+        if self.repeat_penalty != 1.0 {
+            // CTRL's penalty as llama.cpp applies it: once per distinct recent token.
+            let mut seen = self.recent.iter().copied().collect::<Vec<_>>();
+            seen.sort_unstable();
+            seen.dedup();
+            for t in seen {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 {
+                        *l / self.repeat_penalty
+                    } else {
+                        *l * self.repeat_penalty
+                    };
+                }
+            }
+        }
         if self.temperature == 0.0 {
             return Ok(argmax(logits));
+        }
+        if self.top_k > 0 && self.top_k < logits.len() {
+            // The k-th largest logit; everything below it is out (ties at the threshold stay).
+            let mut sorted = logits.to_vec();
+            let k = self.top_k;
+            sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+            let kth = sorted[k - 1];
+            for l in logits.iter_mut() {
+                if *l < kth {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
         }
         // softmax(x / T) = softmax((x − max x) / T): subtracting the maximum first keeps every
         // exponent ≤ 0, so no temperature in range can overflow.
@@ -110,6 +222,20 @@ impl Sampler {
             *l = (*l - max) / self.temperature;
         }
         softmax_in_place(logits);
+        if self.min_p > 0.0 {
+            // After softmax the top probability is exp(0) / Σ: drop p < min_p · p_max, rescale.
+            let cut = self.min_p * logits.iter().copied().fold(0.0, f32::max);
+            let mut sum = 0.0;
+            for p in logits.iter_mut() {
+                if *p < cut {
+                    *p = 0.0;
+                }
+                sum += *p;
+            }
+            for p in logits.iter_mut() {
+                *p /= sum;
+            }
+        }
         let coin: f32 = self.rng.random();
         Ok(if self.top_p >= 1.0 {
             sample_multinomial(logits, coin)
@@ -294,5 +420,34 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(s.sample(&mut [40.0, 39.0, -40.0]), Ok(0));
         }
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_min_p_one_keeps_only_the_top() {
+        let logits = [0.3, 2.0, 1.9, -1.0];
+        for seed in 0..20 {
+            let mut k1 = Sampler::new(1.0, 1.0, seed).unwrap().with_top_k(1);
+            assert_eq!(k1.sample(&mut logits.clone()), Ok(1));
+            let mut m1 = Sampler::new(1.0, 1.0, seed)
+                .unwrap()
+                .with_min_p(1.0)
+                .unwrap();
+            assert_eq!(m1.sample(&mut logits.clone()), Ok(1));
+            // top-k 2 never picks outside the two largest.
+            let mut k2 = Sampler::new(5.0, 1.0, seed).unwrap().with_top_k(2);
+            assert!(matches!(k2.sample(&mut logits.clone()), Ok(1 | 2)));
+        }
+        assert!(Sampler::greedy().with_min_p(1.5).is_err());
+        assert!(Sampler::greedy().with_repeat_penalty(0.0).is_err());
+    }
+
+    #[test]
+    fn repeat_penalty_turns_greedy_away_from_a_seen_token() {
+        let logits = [0.0, 2.0, 1.9];
+        let mut s = Sampler::greedy().with_repeat_penalty(1.5).unwrap();
+        assert_eq!(s.sample(&mut logits.clone()), Ok(1));
+        s.accept(1);
+        // 2.0 / 1.5 = 1.33 < 1.9: token 2 wins once token 1 was seen.
+        assert_eq!(s.sample(&mut logits.clone()), Ok(2));
     }
 }
