@@ -114,7 +114,8 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     let mut failed = Vec::new();
-    let mut stdout: HashMap<String, String> = HashMap::new();
+    // What each command printed, stdout then stderr (kvlab prints statistics to stderr).
+    let mut output: HashMap<String, String> = HashMap::new();
     for (i, (file, cmd)) in cmds.iter().enumerate() {
         let t = Instant::now();
         let out = Command::new("bash")
@@ -135,10 +136,12 @@ pub fn run(args: &[String]) -> Result<()> {
             eprintln!("{}", String::from_utf8_lossy(&out.stderr));
             failed.push(cmd.clone());
         }
-        stdout.insert(
-            cmd.clone(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
+        let printed = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         );
+        output.insert(cmd.clone(), printed);
     }
     if !failed.is_empty() {
         bail!("{} reproduce command(s) failed: {failed:?}", failed.len());
@@ -150,7 +153,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .iter()
         .filter_map(|m| {
             match &m.check {
-                check::Check::Output { cmd, .. } => check::verify_output(m, &stdout[cmd]),
+                check::Check::Output { cmd, .. } => check::verify_output(m, &output[cmd]),
                 check::Check::Json { .. } => check::verify_json(m, &root),
             }
             .err()

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! - `check:` COMMAND is one of the chapter's "Reproduce it" commands (so a reader can run it);
-//!   each EXPECTED must occur in its standard output, runs of whitespace compared as one space.
+//!   each EXPECTED must occur in its output (standard output, then standard error, where kvlab
+//!   prints its statistics and traces), runs of whitespace compared as one space.
 //!   This is for figures that are arithmetic (`kvlab mem`, `kvlab waste`, `kvlab info`): exact.
 //! - `check-json:` the value at the JSON POINTER (RFC 6901, e.g. `/decode/0/step_ms/median/16`)
 //!   of FILE (relative to the workspace root), rounded to as many decimals as NUMBER shows, must
@@ -24,7 +25,7 @@ use anyhow::{Context, Result, bail};
 /// What one marker asks.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Check {
-    /// Every `expected` string occurs in `cmd`'s standard output.
+    /// Every `expected` string occurs in `cmd`'s output (stdout and stderr).
     Output { cmd: String, expected: Vec<String> },
     /// The number at `pointer` in the JSON `file`, rounded like `expected`, equals it.
     Json {
@@ -114,13 +115,13 @@ fn squash(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Checks an output marker against the command's standard output; the error says which
-/// figure no longer matches and what to do.
-pub fn verify_output(m: &Marker, stdout: &str) -> Result<(), String> {
+/// Checks an output marker against the command's output (stdout followed by stderr); the error
+/// says which figure no longer matches and what to do.
+pub fn verify_output(m: &Marker, output: &str) -> Result<(), String> {
     let Check::Output { cmd, expected } = &m.check else {
         return Err(format!("{}: not an output check", m.at()));
     };
-    let out = squash(stdout);
+    let out = squash(output);
     let missing: Vec<&String> = expected
         .iter()
         .filter(|e| !out.contains(&squash(e)))
