@@ -19,6 +19,7 @@ mod decode;
 mod machine;
 mod memory;
 mod models;
+mod peers;
 mod plan;
 mod plot;
 mod prefill;
@@ -39,6 +40,7 @@ use crate::verify::{target_dir, workspace_root};
 const USAGE: &str = "\
 cargo xtask bench [--quick] [--model NAME]... [--engine NAME]... [--out DIR] [--baseline FILE]
                   [--no-plots] [--note TEXT]...
+cargo xtask bench --peers [--model NAME]... [--threads N] [--steps N] [--reps N] [--out DIR]
 
   --quick          CI smoke run: stories260K and the stories15M shape at short contexts, few
                    repetitions (under 2 minutes on a 2-core machine); default: the full run
@@ -49,7 +51,13 @@ cargo xtask bench [--quick] [--model NAME]... [--engine NAME]... [--out DIR] [--
                    exits non-zero when one fell by more than the measured noise
   --no-plots       skip the SVG/PNG plots
   --note TEXT      a note to store in bench.json (repeatable), e.g. how busy the machine was
-env: KVLAB_MODELS (folder of real checkpoints such as stories260K.bin)";
+  --peers          instead: kvlab generate against llama2.c's run.c (stories260K, the stories15M
+                   shape) and llama.cpp (Gemma 3 270M GGUF) on the same weights, interleaved, with
+                   --threads N (default: physical cores), --steps N positions (default 256) and
+                   --reps N (default 3); writes peers.json
+env: KVLAB_MODELS (folder of real checkpoints such as stories260K.bin); for --peers KVLAB_RUNC
+     (llama2.c's run.c binary), KVLAB_PYTHON (a python with llama-cpp-python) and KVLAB_BIN
+     (the kvlab binary to measure; default: cargo build --release -p kvlab-cli)";
 
 struct Opts {
     quick: bool,
@@ -59,6 +67,7 @@ struct Opts {
     baseline: Option<PathBuf>,
     plots: bool,
     notes: Vec<String>,
+    peers: Option<peers::PeerOpts>,
 }
 
 fn parse(args: &[String]) -> Result<Opts> {
@@ -70,7 +79,15 @@ fn parse(args: &[String]) -> Result<Opts> {
         baseline: None,
         plots: true,
         notes: vec![],
+        peers: None,
     };
+    let mut peer = peers::PeerOpts {
+        models: vec![],
+        threads: kvlab_cpu::threads::physical_cores(),
+        steps: 256,
+        reps: 3,
+    };
+    let mut want_peers = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = || {
@@ -87,6 +104,10 @@ fn parse(args: &[String]) -> Result<Opts> {
             "--baseline" => o.baseline = Some(val()?.into()),
             "--no-plots" => o.plots = false,
             "--note" => o.notes.push(val()?),
+            "--peers" => want_peers = true,
+            "--threads" => peer.threads = positive(a, &val()?)?,
+            "--steps" => peer.steps = positive(a, &val()?)?,
+            "--reps" => peer.reps = positive(a, &val()?)?,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -95,7 +116,41 @@ fn parse(args: &[String]) -> Result<Opts> {
         }
     }
     kvlab_cli::engines::check_names(&o.engines)?;
+    if want_peers {
+        peer.models = o.models.clone();
+        o.peers = Some(peer);
+    }
     Ok(o)
+}
+
+fn positive(flag: &str, v: &str) -> Result<usize> {
+    match v.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => bail!("{flag} needs a positive integer, not {v:?}"),
+    }
+}
+
+/// `--peers`: the comparison with run.c and llama.cpp, table and peers.json.
+fn run_peers(o: &Opts, p: &peers::PeerOpts) -> Result<()> {
+    let m = machine::detect();
+    let machine = format!(
+        "{} ({} logical CPUs, {}), load {:.1} at the start, {}",
+        m.cpu_model,
+        m.logical_cpus,
+        m.kvlab_simd,
+        m.loadavg_start.map_or(0.0, |l| l[0]),
+        m.date_utc
+    );
+    let report = peers::run(p, machine)?;
+    peers::print(&report);
+    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
+    let json = o.out.join("peers.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+    println!("wrote {}", json.display());
+    if report.rows.is_empty() {
+        bail!("no peer ran (see the missing lines above)");
+    }
+    Ok(())
 }
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -104,6 +159,9 @@ pub fn run(args: &[String]) -> Result<()> {
         return memory::rss_child(&args[1..]);
     }
     let o = parse(args)?;
+    if let Some(p) = &o.peers {
+        return run_peers(&o, p);
+    }
     let started = Instant::now();
     plot::register_font();
     let machine = machine::detect();

@@ -1,0 +1,354 @@
+//! `cargo xtask bench --peers`: kvlab's `generate` against llama2.c's `run.c` and llama.cpp on
+//! the same weights, as separate processes, interleaved rep by rep so the ratios are taken under
+//! the same load, with the same thread count and greedy decoding, and with a token-identity check.
+//!
+//! * run.c: llama2.c checkpoints (stories260K, and synthetic shapes written with `kvlab export`).
+//!   Not shipped: build llama2.c's `run.c` yourself and point `KVLAB_RUNC` at the binary.
+//! * llama.cpp: GGUF checkpoints (Gemma 3 270M), through llama-cpp-python from PyPI
+//!   (`scripts/peers/llama_cpp_decode.py`); `KVLAB_PYTHON` names the interpreter (default python3).
+//!
+//! A peer that is missing is reported as missing, with how to install it; nothing is skipped
+//! silently. Both sides time decode only: run.c's "achieved tok/s" starts after the first
+//! forward pass, kvlab's "decode ... tok/s" counts the steps after prefill.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::verify::{target_dir, workspace_root};
+
+/// One model's comparison.
+#[derive(Debug, Serialize)]
+pub struct PeerRow {
+    pub model: String,
+    pub peer: String,
+    pub threads: usize,
+    /// Positions generated per run (prompt included).
+    pub steps: usize,
+    /// Decode tokens/s of every rep, kvlab and the peer, in run order.
+    pub kvlab_tok_s: Vec<f64>,
+    pub peer_tok_s: Vec<f64>,
+    /// Median of the per-rep ratios kvlab / peer (each pair measured back to back).
+    pub ratio_median: f64,
+    /// Same generated text as the peer (run.c); `None` where it is not compared (llama.cpp).
+    pub same_tokens: Option<bool>,
+    pub note: String,
+}
+
+/// Why a peer did not run.
+#[derive(Debug, Serialize)]
+pub struct Missing {
+    pub model: String,
+    pub peer: String,
+    pub why: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PeersReport {
+    pub machine: String,
+    pub rows: Vec<PeerRow>,
+    pub missing: Vec<Missing>,
+}
+
+pub struct PeerOpts {
+    pub models: Vec<String>,
+    pub threads: usize,
+    pub steps: usize,
+    pub reps: usize,
+}
+
+/// The models a peer can run: (name, which peer).
+const MODELS: [(&str, &str); 3] = [
+    ("stories260K", "run.c"),
+    ("stories15M-shape", "run.c"),
+    ("gemma-3-270m", "llama.cpp"),
+];
+
+pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
+    let kvlab = build_kvlab()?;
+    let dir = target_dir().join("kvlab-bench").join("peers");
+    std::fs::create_dir_all(&dir)?;
+    let mut report = PeersReport {
+        machine,
+        rows: vec![],
+        missing: vec![],
+    };
+    for (model, peer) in MODELS {
+        if !o.models.is_empty() && !o.models.iter().any(|m| m.eq_ignore_ascii_case(model)) {
+            continue;
+        }
+        let result = match peer {
+            "run.c" => vs_runc(&kvlab, &dir, model, o),
+            _ => vs_llama_cpp(&kvlab, model, o),
+        };
+        match result {
+            Ok(row) => report.rows.push(row),
+            Err(e) => report.missing.push(Missing {
+                model: model.into(),
+                peer: peer.into(),
+                why: format!("{e:#}"),
+            }),
+        }
+    }
+    Ok(report)
+}
+
+/// Builds the release `kvlab` binary and returns its path; `KVLAB_BIN` names another binary to
+/// measure instead (an older build, say).
+fn build_kvlab() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("KVLAB_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "-p", "kvlab-cli"])
+        .current_dir(workspace_root())
+        .status()
+        .context("running cargo build -p kvlab-cli")?;
+    if !st.success() {
+        bail!("cargo build --release -p kvlab-cli failed");
+    }
+    Ok(target_dir().join("release").join("kvlab"))
+}
+
+/// Runs a command and returns (stdout, stderr); fails with its stderr when it fails.
+fn output(cmd: &mut Command, what: &str) -> Result<(String, String)> {
+    let out = cmd.output().with_context(|| format!("starting {what}"))?;
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    if !out.status.success() {
+        bail!("{what} failed ({}): {}", out.status, se.trim());
+    }
+    Ok((so, se))
+}
+
+/// The number after `key` in `text` ("decode 255 tokens at 412.3 tok/s" → key "at ").
+fn number_after(text: &str, key: &str) -> Option<f64> {
+    let at = text.rfind(key)? + key.len();
+    let s: String = text[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    s.parse().ok()
+}
+
+/// kvlab's decode tokens/s from the stats `generate --json` prints on stderr.
+fn kvlab_decode_tok_s(stderr: &str) -> Result<f64> {
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("no JSON stats in kvlab's stderr: {stderr}"))?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    v["decode_tokens_per_s"]
+        .as_f64()
+        .with_context(|| format!("no decode_tokens_per_s in {line}"))
+}
+
+fn kvlab_cmd(kvlab: &Path, threads: usize) -> Command {
+    let mut c = Command::new(kvlab);
+    c.env("RAYON_NUM_THREADS", threads.to_string())
+        .env("MATMUL_NUM_THREADS", threads.to_string());
+    c
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// kvlab against run.c on one llama2.c checkpoint, from BOS alone, `steps` positions.
+fn vs_runc(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
+    let runc = std::env::var_os("KVLAB_RUNC").map(PathBuf::from).context(
+        "run.c not found: build llama2.c's run.c (in a checkout of github.com/karpathy/llama2.c: \
+         gcc -Ofast -march=native -fopenmp run.c -lm -o runomp) and set KVLAB_RUNC=/path/to/runomp",
+    )?;
+    let entry = kvlab_model::registry::entry(model)
+        .with_context(|| format!("{model} is not in fixtures/models.json"))?;
+    let tok_ref = entry
+        .tokenizer
+        .as_ref()
+        .with_context(|| format!("{model} has no llama2.c tokenizer"))?;
+    let tokenizer = kvlab_model::registry::find_file(tok_ref).with_context(|| {
+        format!(
+            "{model}'s tokenizer {} is missing: {}",
+            tok_ref.file,
+            kvlab_model::registry::searched_places(tok_ref)
+        )
+    })?;
+    // The same weights for both: kvlab writes them as a llama2.c checkpoint.
+    let bin = dir.join(format!("{model}.bin"));
+    output(
+        kvlab_cmd(kvlab, 1)
+            .args(["export", "-m", model, "-o"])
+            .arg(&bin),
+        "kvlab export",
+    )?;
+    let steps = o.steps.to_string();
+    let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
+    let mut same = true;
+    for _ in 0..o.reps {
+        let (r_out, r_err) = output(
+            Command::new(&runc)
+                .env("OMP_NUM_THREADS", o.threads.to_string())
+                .arg(&bin)
+                .arg("-z")
+                .arg(&tokenizer)
+                .args(["-t", "0", "-n", &steps, "-i", ""]),
+            "run.c",
+        )?;
+        let r = number_after(&r_err, "achieved tok/s: ")
+            .with_context(|| format!("no 'achieved tok/s' in run.c's output: {r_err}"))?;
+        let (k_out, k_err) = output(
+            kvlab_cmd(kvlab, o.threads)
+                .args(["generate", "-m"])
+                .arg(&bin)
+                .arg("--tokenizer")
+                .arg(&tokenizer)
+                .args(["--temp", "0", "--steps", &steps, "-p", "", "--json"]),
+            "kvlab generate",
+        )?;
+        let k = kvlab_decode_tok_s(&k_err)?;
+        // run.c prints nothing for a lone byte token that is not valid UTF-8 where kvlab prints
+        // U+FFFD; apart from that the texts are byte for byte the same.
+        same &= k_out.replace('\u{FFFD}', "").trim_end() == r_out.trim_end();
+        ours.push(k);
+        theirs.push(r);
+        ratios.push(k / r);
+    }
+    Ok(PeerRow {
+        model: model.into(),
+        peer: "run.c".into(),
+        threads: o.threads,
+        steps: o.steps,
+        kvlab_tok_s: ours,
+        peer_tok_s: theirs,
+        ratio_median: median(ratios),
+        same_tokens: Some(same),
+        note: format!("run.c: {}", runc.display()),
+    })
+}
+
+/// kvlab against llama.cpp (llama-cpp-python) on a GGUF checkpoint: the same prompt and the
+/// same number of positions (`steps`, prompt included, run.c's meaning).
+fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
+    let python = std::env::var("KVLAB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = workspace_root().join("scripts/peers/llama_cpp_decode.py");
+    let probe = Command::new(&python)
+        .args(["-c", "import llama_cpp; print(llama_cpp.__version__)"])
+        .output();
+    let version = match probe {
+        Ok(p) if p.status.success() => String::from_utf8_lossy(&p.stdout).trim().to_string(),
+        _ => bail!(
+            "llama-cpp-python is not installed for {python}: pip install llama-cpp-python==0.3.36 \
+             (builds llama.cpp from source, about 10 minutes on 2 cores), or set KVLAB_PYTHON"
+        ),
+    };
+    let gguf = match kvlab_model::registry::locate(model)? {
+        kvlab_model::registry::Located::Ready {
+            model: Some(path), ..
+        } => path,
+        kvlab_model::registry::Located::Ready { model: None, .. } => {
+            bail!("{model} has no model file in the manifest")
+        }
+        kvlab_model::registry::Located::Missing { file, searched, .. } => {
+            bail!("{} is missing: {searched}", file.file)
+        }
+    };
+    let prompt = "Once upon a time";
+    let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
+    for _ in 0..o.reps {
+        let (p_out, _) = output(
+            Command::new(&python)
+                .arg(&script)
+                .arg(&gguf)
+                .args(["--threads", &o.threads.to_string()])
+                .args(["--prompt", prompt, "--steps", &o.steps.to_string()]),
+            "scripts/peers/llama_cpp_decode.py",
+        )?;
+        let v: serde_json::Value = serde_json::from_str(p_out.trim())
+            .with_context(|| format!("llama_cpp_decode.py printed {p_out:?}"))?;
+        let r = v["decode_tok_s"].as_f64().context("no decode_tok_s")?;
+        let (_, k_err) = output(
+            kvlab_cmd(kvlab, o.threads)
+                .args(["generate", "-m", model, "--temp", "0", "-p", prompt])
+                .args(["--steps", &o.steps.to_string(), "--json"]),
+            "kvlab generate",
+        )?;
+        let k = kvlab_decode_tok_s(&k_err)?;
+        ours.push(k);
+        theirs.push(r);
+        ratios.push(k / r);
+    }
+    Ok(PeerRow {
+        model: model.into(),
+        peer: "llama.cpp".into(),
+        threads: o.threads,
+        steps: o.steps,
+        kvlab_tok_s: ours,
+        peer_tok_s: theirs,
+        ratio_median: median(ratios),
+        same_tokens: None,
+        note: format!(
+            "llama-cpp-python {version}; kvlab dequantizes the GGUF to f32, llama.cpp keeps it \
+             quantized and quantizes activations to 8 bits, so greedy ids part at near-ties \
+             (see cargo xtask verify's oracle notes): ids are not compared here"
+        ),
+    })
+}
+
+/// Prints the comparison, ratios first.
+pub fn print(r: &PeersReport) {
+    println!("== peers: same weights, same threads, interleaved (decode tok/s) ==");
+    let rows: Vec<Vec<String>> = r
+        .rows
+        .iter()
+        .map(|p| {
+            let fmt = |v: &[f64]| {
+                v.iter()
+                    .map(|x| format!("{x:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            vec![
+                p.model.clone(),
+                p.peer.clone(),
+                format!("{:.2}x", p.ratio_median),
+                fmt(&p.kvlab_tok_s),
+                fmt(&p.peer_tok_s),
+                p.threads.to_string(),
+                p.steps.to_string(),
+                match p.same_tokens {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "not compared",
+                }
+                .into(),
+            ]
+        })
+        .collect();
+    crate::table::print(
+        &[
+            "model",
+            "peer",
+            "kvlab/peer",
+            "kvlab tok/s",
+            "peer tok/s",
+            "threads",
+            "steps",
+            "same text",
+        ],
+        &rows,
+    );
+    for m in &r.missing {
+        println!("missing: {} / {}: {}", m.model, m.peer, m.why);
+    }
+    println!("machine: {}", r.machine);
+}
