@@ -9,7 +9,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvlab_benches::data;
-use kvlab_cpu::rope::RopeTable;
+use kvlab_model::rope::RopeTable;
 use kvlab_model::{RopeLayout, ops};
 
 /// (label, n_heads, head_dim): the query of stories15M and of the Llama-3.2-1B shape.

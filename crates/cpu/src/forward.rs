@@ -7,18 +7,18 @@
 //! Every projection runs over all the step's rows at once: a GEMV for one row, one matrix product
 //! for many.
 
+use kvlab_model::rope::RopeTables;
 use kvlab_model::{LayerKind, Model, ops};
 
 use crate::attention::Heads;
 use crate::kv_cache::KvCache;
 use crate::linear::linear;
-use crate::rope::RopeTable;
 
 /// Runs `tokens` at `positions` (one per row) through every layer, appending their keys and
 /// values to `cache`, and returns the logits (vocab_size,) of each row listed in `logit_rows`.
 pub fn forward(
     model: &Model,
-    rope: &[RopeTable],
+    rope: &RopeTables,
     tokens: &[u32],
     positions: &[usize],
     logit_rows: &[usize],
@@ -61,10 +61,7 @@ pub fn forward(
             k.chunks_exact_mut(hd)
                 .for_each(|h| ops::rmsnorm_in_place(h, &lw.k_norm, c.norm_eps));
         }
-        let table = rope
-            .iter()
-            .find(|r| r.theta == c.rope_theta_for(l))
-            .expect("a table per theta");
+        let table = rope.layer(l);
         for (i, &pos) in positions.iter().enumerate() {
             table.apply(&mut q[i * qd..(i + 1) * qd], pos, c.rope_layout);
             table.apply(&mut k[i * kvd..(i + 1) * kvd], pos, c.rope_layout);

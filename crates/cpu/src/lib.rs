@@ -7,7 +7,7 @@
 //! the engine's worker threads (entered once per step).
 //!
 //! Files in data-flow order: [`simd`] (dot, axpy, GEMV rows), [`softmax`], [`linear`]
-//! (GEMV/sgemm), [`rope`], [`attention`], [`kv_cache`] (append, then attend), [`forward`] (the
+//! (GEMV/sgemm), [`attention`], [`kv_cache`] (append, then attend), [`forward`] (the
 //! cached step), [`threads`]; [`paged`] is the same step over a block pool.
 
 pub mod attention;
@@ -15,7 +15,6 @@ pub mod forward;
 pub mod kv_cache;
 pub mod linear;
 pub mod paged;
-pub mod rope;
 pub mod simd;
 pub mod softmax;
 pub mod threads;
@@ -27,7 +26,7 @@ use kvlab_model::engine::{check_max_seq_len, check_tokens};
 use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
 
 use kv_cache::ContiguousKvCache;
-use rope::RopeTable;
+use kvlab_model::rope::RopeTables;
 pub use threads::set_num_threads;
 
 /// The contiguous-cache CPU engine.
@@ -35,31 +34,24 @@ pub struct CpuEngine {
     model: Arc<Model>,
     seqs: HashMap<SeqId, ContiguousKvCache>,
     /// One cos/sin table per distinct RoPE theta, covering the longest sequence asked for.
-    rope: Vec<RopeTable>,
+    rope: RopeTables,
     next_id: SeqId,
 }
 
 impl CpuEngine {
     pub fn new(model: Arc<Model>) -> CpuEngine {
         CpuEngine {
+            rope: RopeTables::for_config(&model.config, 0),
             model,
             seqs: HashMap::new(),
-            rope: Vec::new(),
             next_id: 0,
         }
     }
 
     /// Grows the RoPE tables to cover `max_pos` positions.
     fn ensure_rope(&mut self, max_pos: usize) {
-        let c = &self.model.config;
-        let mut thetas: Vec<f32> = (0..c.n_layers).map(|l| c.rope_theta_for(l)).collect();
-        thetas.dedup();
-        for theta in thetas {
-            match self.rope.iter().position(|r| r.theta == theta) {
-                Some(i) if self.rope[i].positions() >= max_pos => {}
-                Some(i) => self.rope[i] = RopeTable::new(theta, c.head_dim, max_pos),
-                None => self.rope.push(RopeTable::new(theta, c.head_dim, max_pos)),
-            }
+        if self.rope.positions() < max_pos {
+            self.rope = RopeTables::for_config(&self.model.config, max_pos);
         }
     }
 

@@ -145,11 +145,9 @@ impl HostForward {
     ) -> HostForward {
         let c = &model.config;
         let slots = num_blocks * block_size * c.kv_dim();
-        let (thetas, of_layer) = crate::rope::thetas(c);
-        let tables = thetas
-            .iter()
-            .map(|&t| crate::rope::rope_table(t, c.head_dim, c.max_seq_len))
-            .collect();
+        let rope = kvlab_model::rope::RopeTables::for_config(c, c.max_seq_len);
+        let of_layer = rope.of_layer;
+        let tables = rope.tables.into_iter().map(|t| (t.cos, t.sin)).collect();
         HostForward {
             geometry: crate::launch::PackGeometry {
                 vocab_size: c.vocab_size,

@@ -1,6 +1,7 @@
 //! RoPE cos/sin tables, computed on the host exactly as `kvlab_model::ops::rope` computes the
 //! angle (freq_j = 1 / theta^(2j/head_dim) in f32, angle = pos · freq_j, `sin_cos` in f32), so the
-//! GPU rotates by bit-identical cos and sin. One table per distinct theta (Gemma 3 has two).
+//! GPU rotates by bit-identical cos and sin. One table per distinct theta (Gemma 3 has two):
+//! [`kvlab_model::rope::RopeTables`] builds them on the host.
 
 use std::sync::Arc;
 
@@ -9,40 +10,11 @@ use kvlab_model::Config;
 
 use crate::error::Result;
 
-/// cos and sin of every angle for one theta, each (max_pos, head_dim/2) row-major.
+/// cos and sin of every angle for one theta, each (max_pos, head_dim/2) row-major: the host
+/// tables of [`kvlab_model::rope`], which the CPU engines apply too.
 pub fn rope_table(theta: f32, head_dim: usize, max_pos: usize) -> (Vec<f32>, Vec<f32>) {
-    let half = head_dim / 2;
-    let freqs: Vec<f32> = (0..half)
-        .map(|j| 1.0 / theta.powf((2 * j) as f32 / head_dim as f32))
-        .collect();
-    let mut cos = Vec::with_capacity(max_pos * half);
-    let mut sin = Vec::with_capacity(max_pos * half);
-    for p in 0..max_pos {
-        for &f in &freqs {
-            let (s, c) = (p as f32 * f).sin_cos();
-            cos.push(c);
-            sin.push(s);
-        }
-    }
-    (cos, sin)
-}
-
-/// The distinct RoPE bases of a model, and the index of each layer's.
-pub fn thetas(c: &Config) -> (Vec<f32>, Vec<usize>) {
-    let mut distinct: Vec<f32> = Vec::new();
-    let mut of_layer = Vec::with_capacity(c.n_layers);
-    for l in 0..c.n_layers {
-        let t = c.rope_theta_for(l);
-        let i = match distinct.iter().position(|&d| d == t) {
-            Some(i) => i,
-            None => {
-                distinct.push(t);
-                distinct.len() - 1
-            }
-        };
-        of_layer.push(i);
-    }
-    (distinct, of_layer)
+    let t = kvlab_model::rope::RopeTable::new(theta, head_dim, max_pos);
+    (t.cos, t.sin)
 }
 
 /// The tables on the device.
@@ -62,13 +34,13 @@ impl RopeTables {
     /// # Errors
     /// Driver errors.
     pub fn upload(stream: &Arc<CudaStream>, c: &Config) -> Result<RopeTables> {
-        let (distinct, of_layer) = thetas(c);
+        let host = kvlab_model::rope::RopeTables::for_config(c, c.max_seq_len);
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        for theta in distinct {
-            let (cc, ss) = rope_table(theta, c.head_dim, c.max_seq_len);
-            cos.push(stream.clone_htod(&cc)?);
-            sin.push(stream.clone_htod(&ss)?);
+        for t in &host.tables {
+            cos.push(stream.clone_htod(&t.cos)?);
+            sin.push(stream.clone_htod(&t.sin)?);
         }
+        let of_layer = host.of_layer;
         Ok(RopeTables {
             cos,
             sin,
@@ -106,7 +78,7 @@ pub fn apply_table(
 
 #[cfg(test)]
 mod tests {
-    use kvlab_model::{LayerKind, RopeLayout};
+    use kvlab_model::RopeLayout;
 
     use super::*;
 
@@ -123,21 +95,5 @@ mod tests {
                 assert_eq!(a, b, "{layout:?} pos {pos}");
             }
         }
-    }
-
-    #[test]
-    fn one_table_per_distinct_theta() {
-        let mut c = Config::llama(64, 128, 4, 4, 4, 32, 16, true);
-        c.layer_kinds = vec![
-            LayerKind::Local { window: 8 },
-            LayerKind::Global,
-            LayerKind::Local { window: 8 },
-            LayerKind::Global,
-        ];
-        c.rope_theta = 1e6;
-        c.rope_theta_local = 1e4;
-        let (distinct, of_layer) = thetas(&c);
-        assert_eq!(distinct, vec![1e4, 1e6]);
-        assert_eq!(of_layer, vec![0, 1, 0, 1]);
     }
 }

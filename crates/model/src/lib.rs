@@ -7,6 +7,7 @@
 //!
 //! Files in data-flow order: [`config`], [`weights`], [`llama2c`] (checkpoint loader and writer),
 //! [`synthetic`], [`registry`] (named models), [`tokenizer`], [`ops`] (scalar reference maths),
+//! [`rope`] (cos/sin tables for the engines),
 //! [`engine`] (the trait), [`sampler`], [`generate`].
 
 pub mod config;
@@ -17,6 +18,7 @@ pub mod gguf_model;
 pub mod llama2c;
 pub mod ops;
 pub mod registry;
+pub mod rope;
 pub mod sampler;
 pub mod synthetic;
 pub mod tokenizer;

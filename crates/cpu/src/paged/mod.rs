@@ -22,8 +22,8 @@ use kvlab_paged::{BlockAllocator, BlockCopy, BlockTable, ScheduledBatch, StepExe
 use crate::attention::Heads;
 use crate::forward::forward;
 use crate::kv_cache::KvCache;
-use crate::rope::RopeTable;
 use attention::{PagedLayer, SeqView, paged_attention};
+use kvlab_model::rope::RopeTables;
 use pool::KvPool;
 
 const NAME: &str = "cpu-paged";
@@ -124,7 +124,7 @@ struct Solo {
 /// The paged CPU engine.
 pub struct PagedCpuEngine {
     model: Arc<Model>,
-    rope: Vec<RopeTable>,
+    rope: RopeTables,
     pool: KvPool,
     /// The solo path's allocators, one per KV group (the scheduler has its own for batched runs).
     allocators: Vec<BlockAllocator>,
@@ -148,12 +148,7 @@ impl PagedCpuEngine {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
         let max_pos = c.max_seq_len.min(num_blocks.saturating_mul(block_size));
-        let mut thetas: Vec<f32> = (0..c.n_layers).map(|l| c.rope_theta_for(l)).collect();
-        thetas.dedup();
-        let rope = thetas
-            .into_iter()
-            .map(|t| RopeTable::new(t, c.head_dim, max_pos))
-            .collect();
+        let rope = RopeTables::for_config(c, max_pos);
         let pool = KvPool::new(c.n_layers, num_blocks, block_size, c.kv_dim());
         Ok(PagedCpuEngine {
             model,
@@ -310,7 +305,7 @@ impl Engine for PagedCpuEngine {
 
     fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId> {
         check_max_seq_len(&self.model.config, max_seq_len)?;
-        let cap = self.rope.first().map_or(0, RopeTable::positions);
+        let cap = self.rope.positions();
         if max_seq_len > cap {
             return Err(Error::Config(format!(
                 "the pool holds at most {cap} positions; a sequence of {max_seq_len} needs a larger pool"
