@@ -1,7 +1,7 @@
 //! KV-cache memory: what each engine allocates against the formula, reserved against used,
 //! peak resident memory per engine, and the paging waste table.
 //!
-//! The formula (DESIGN.md): KV bytes per token = 2 (K and V) × n_layers × n_kv_heads × head_dim
+//! The formula (ARCHITECTURE.md): KV bytes per token = 2 (K and V) × n_layers × n_kv_heads × head_dim
 //! × bytes per element (4, f32). A contiguous engine reserves `max_seq_len` positions when the
 //! sequence starts; a paged engine holds whole blocks as positions arrive; the naive engine
 //! keeps no cache at all (and pays for it in time).

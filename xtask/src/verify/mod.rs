@@ -33,7 +33,7 @@ mod cases;
 
 use cases::Case;
 
-/// Tolerance of teacher-forced logits for f32 engines (DESIGN.md's correctness contract).
+/// Tolerance of teacher-forced logits for f32 engines (ARCHITECTURE.md's invariants).
 const ABS_TOL: f32 = 1e-4;
 const REL_TOL: f32 = 1e-4;
 
