@@ -1,8 +1,8 @@
 //! `Y (T, out) = X (T, in) @ Wᵀ` for a weight W stored (out, in) row-major.
 //!
 //! One token (decode): a GEMV, each output row a SIMD dot product, rows split across threads.
-//! Many tokens (prefill): one matrix-matrix product through matrixmultiply's sgemm, so the prompt
-//! is not processed token by token.
+//! Many tokens (prefill, large batches): matrix-matrix products through matrixmultiply's sgemm,
+//! one block of output columns per worker thread, so the prompt is not processed token by token.
 
 use rayon::prelude::*;
 
@@ -46,27 +46,72 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out:
         small_batch(y, &x[..t * d_in], w, t, d_in, d_out);
         return;
     }
-    // C (m=t, n=out) = A (m, k=in) · B (k, n) where B = Wᵀ: B[k][n] = W[n][k], i.e. row stride 1
-    // and column stride `in` over W's storage.
-    // SAFETY: the assert above guarantees A spans t·in floats, B out·in, C t·out, and the
-    // strides (rsa=in, csa=1; rsb=1, csb=in; rsc=out, csc=1) index only inside those spans.
-    unsafe {
-        matrixmultiply::sgemm(
-            t,
-            d_in,
-            d_out,
-            1.0,
-            x.as_ptr(),
-            d_in as isize,
-            1,
-            w.as_ptr(),
-            1,
-            d_in as isize,
-            0.0,
-            y.as_mut_ptr(),
-            d_out as isize,
-            1,
-        );
+    sgemm_columns(y, x, w, t, d_in, d_out);
+}
+
+/// Columns of the output one sgemm task computes at least (and a multiple of 16, the widest
+/// micro-kernel).
+const SGEMM_MIN_COLS: usize = 64;
+
+/// y (t, out) = x (t, in) @ Wᵀ by matrixmultiply's sgemm, the output's columns (W's rows) split
+/// into one contiguous block per worker thread: the engine's own threads do the work, so a
+/// prefill step starts no other pool (matrixmultiply's `threading` feature is off).
+fn sgemm_columns(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+    let threads = rayon::current_num_threads().max(1);
+    let per = d_out
+        .div_ceil(threads)
+        .next_multiple_of(16)
+        .max(SGEMM_MIN_COLS);
+    let y_ptr = OutPtr(y.as_mut_ptr());
+    let block = |c0: usize| {
+        let n = per.min(d_out - c0);
+        // C (m=t, n) = A (m, k=in) · B (k, n) where B = W[c0..c0+n]ᵀ: B[k][j] = W[c0 + j][k],
+        // row stride 1 and column stride `in`; C starts at column c0 of y, row stride `out`.
+        // SAFETY: linear's assert guarantees A spans t·in floats, W out·in and y t·out; this
+        // task reads W rows c0..c0+n and writes only columns c0..c0+n of y's t rows, which no
+        // other task writes (the blocks are disjoint), and `linear` holds `&mut y` meanwhile.
+        unsafe {
+            matrixmultiply::sgemm(
+                t,
+                d_in,
+                n,
+                1.0,
+                x.as_ptr(),
+                d_in as isize,
+                1,
+                w.as_ptr().add(c0 * d_in),
+                1,
+                d_in as isize,
+                0.0,
+                y_ptr.get().add(c0),
+                d_out as isize,
+                1,
+            );
+        }
+    };
+    if threads == 1 || d_out <= per {
+        block(0);
+    } else {
+        (0..d_out)
+            .step_by(per)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each(block);
+    }
+}
+
+/// y's base pointer, shared by sgemm tasks that write disjoint column blocks.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks that share it write disjoint columns (see sgemm_columns).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// A method, so closures capture the wrapper (Send + Sync), not the raw field.
+    fn get(self) -> *mut f32 {
+        self.0
     }
 }
 
@@ -147,6 +192,7 @@ mod tests {
             (1, 288, 32000),
             (3, 64, 172),
             (17, 288, 288),
+            (33, 96, 1000), // sgemm split into column blocks, the last one short
             (1, 5, 3),
         ] {
             let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
