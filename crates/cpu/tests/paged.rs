@@ -119,3 +119,39 @@ fn batched_run_with_preemption_and_prefix_hits_equals_solo_naive_runs() {
         assert_eq!(out, &naive_greedy(&model, p, n_new), "request {i}");
     }
 }
+
+/// A sequence started through the Engine API and a scheduled batch cannot share the pool at
+/// once: the scheduler's allocator would hand out blocks the unscheduled sequence holds. The
+/// engine refuses the batch until the sequence is freed, then runs it.
+#[test]
+fn an_unscheduled_sequence_and_a_scheduled_batch_never_overlap_in_one_pool() {
+    let model = Arc::new(
+        SyntheticSpec::new(32, 64, 2, 4, 2, 64, 96, 5)
+            .build()
+            .unwrap(),
+    );
+    let (num_blocks, block_size) = (32, 4);
+    let mut engine = PagedCpuEngine::new(model.clone(), num_blocks, block_size).unwrap();
+    let s = engine.new_sequence(64).unwrap();
+    engine.prefill(s, &[1, 2, 3, 4, 5]).unwrap();
+    assert!(engine.kv_usage().used_bytes > 0);
+    let requests = vec![Request {
+        prompt: vec![9, 8, 7],
+        stop: StopConditions::max_tokens(4),
+        arrival_step: 0,
+    }];
+    let mut cfg = SchedulerConfig::new(num_blocks, 96);
+    cfg.block_size = block_size;
+    cfg.groups = vec![KvGroupConfig {
+        num_blocks,
+        sliding_window: None,
+    }];
+    let mut sched = Scheduler::new(cfg.clone()).unwrap();
+    let err = drive(&mut engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap_err();
+    assert!(err.to_string().contains("free them"), "{err}");
+    engine.free(s);
+    assert_eq!(engine.kv_usage().used_bytes, 0);
+    let mut sched = Scheduler::new(cfg).unwrap();
+    let report = drive(&mut engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
+    assert_eq!(report.outputs[0].0, naive_greedy(&model, &[9, 8, 7], 4));
+}

@@ -3,7 +3,8 @@
 //! forward pass.
 //!
 //! In single-sequence mode the engine keeps its own `BlockAllocator` per KV group (prefix caching
-//! off) and a `BlockTable` per group for each sequence (`solo.rs`), reserves slots exactly as the
+//! off) and a `BlockTable` per group for each sequence (`kvlab_paged::UnscheduledPools`, shared
+//! with the paged CPU engine), reserves slots exactly as the
 //! scheduler would (trim sliding windows, then `append_slots` with `keep_from = window_start`),
 //! and runs the resulting one-sequence `ScheduledBatch`. In batched mode the scheduler owns the tables.
 //! The two modes share one pool, so a run uses one or the other: `execute` refuses to run while
@@ -14,7 +15,7 @@ use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
 use kvlab_model::{Config, Engine, Error, KvUsage, Model, SeqId, TraceStep};
-use kvlab_paged::{ScheduledBatch, StepExecutor};
+use kvlab_paged::{PagedError, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq};
 
 use crate::device::{Device, DeviceInfo};
 use crate::dtype::Precision;
@@ -23,7 +24,6 @@ use crate::forward::{Forward, ForwardOptions};
 use crate::launch::{DecodeAttention, pack_step};
 use crate::ops::Ops;
 use crate::pool::{self, PoolPlan};
-use crate::solo::{SoloPools, SoloSeq};
 use crate::workspace::workspace_bytes;
 
 /// How to build a [`CudaEngine`].
@@ -94,8 +94,8 @@ pub struct CudaEngine {
     plan: PoolPlan,
     weight_bytes: usize,
     /// Single-sequence mode's pools, one per KV group, and its sequences.
-    solo: SoloPools,
-    seqs: HashMap<SeqId, SoloSeq>,
+    unscheduled: UnscheduledPools,
+    seqs: HashMap<SeqId, UnscheduledSeq>,
     next_id: SeqId,
 }
 
@@ -170,14 +170,14 @@ impl CudaEngine {
         };
         let (plan, weight_bytes) =
             with_runner!(&runner, f => (f.pool.plan.clone(), f.weights.bytes));
-        let solo = SoloPools::new(c.kv_groups(), plan.num_blocks, plan.block_size)?;
+        let unscheduled = UnscheduledPools::new(c.kv_groups(), plan.num_blocks, plan.block_size)?;
         Ok(CudaEngine {
             model,
             runner,
             info,
             plan,
             weight_bytes,
-            solo,
+            unscheduled,
             seqs: HashMap::new(),
             next_id: 0,
         })
@@ -244,10 +244,19 @@ impl CudaEngine {
         Ok(packed.n_seqs)
     }
 
-    fn solo(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
+    fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
         let st = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
         check_tokens(&self.model.config, seq, st.len, st.max_seq_len, tokens)?;
-        let step = self.solo.reserve(st, seq, tokens)?;
+        let step = self
+            .unscheduled
+            .reserve(st, seq, tokens)
+            .map_err(|e| match e {
+                PagedError::OutOfBlocks { .. } => CudaError::PoolFull {
+                    num_blocks: self.plan.num_blocks,
+                    block_size: self.plan.block_size,
+                },
+                e => CudaError::Paged(e),
+            })?;
         let batch = ScheduledBatch {
             seqs: vec![step],
             preempted: Vec::new(),
@@ -286,21 +295,21 @@ impl Engine for CudaEngine {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.seqs.insert(id, self.solo.new_seq(max_seq_len));
+        self.seqs.insert(id, self.unscheduled.new_seq(max_seq_len));
         Ok(id)
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
-        self.solo(seq, tokens)
+        self.run_unscheduled(seq, tokens)
     }
 
     fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, Error> {
-        self.solo(seq, &[token])
+        self.run_unscheduled(seq, &[token])
     }
 
     fn free(&mut self, seq: SeqId) {
         if let Some(mut st) = self.seqs.remove(&seq) {
-            self.solo.free(&mut st);
+            self.unscheduled.free(&mut st);
         }
     }
 

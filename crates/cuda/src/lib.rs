@@ -9,7 +9,7 @@
 //! Files in data-flow order: [`error`], [`device`] (probe, context, stream), [`dtype`],
 //! [`kernels`] (the embedded sources), [`nvrtc`] (compile, PTX cache), [`launch`] (grids and
 //! argument packing, pure), [`gemm`], [`ops`] (typed kernel launches), [`weights`], [`pool`],
-//! [`rope`], [`workspace`], [`forward`] (the batched step), [`solo`] (single-sequence slots),
+//! [`rope`], [`workspace`], [`forward`] (the batched step),
 //! [`engine`] (`Engine` + `StepExecutor`), [`reference`] (CPU references of the kernels and of
 //! the whole step, for the tests), [`compare`] (teacher-forced agreement), [`bench`].
 //!
@@ -30,7 +30,6 @@ pub mod ops;
 pub mod pool;
 pub mod reference;
 pub mod rope;
-pub mod solo;
 pub mod weights;
 pub mod workspace;
 

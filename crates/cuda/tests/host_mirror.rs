@@ -11,9 +11,9 @@ use common::{
     prompt, synthetic,
 };
 use kvlab_cuda::reference::HostForward;
-use kvlab_cuda::solo::SoloPools;
 use kvlab_model::sampler::argmax;
 use kvlab_naive::NaiveEngine;
+use kvlab_paged::UnscheduledPools;
 use kvlab_paged::{ScheduledBatch, StepExecutor};
 
 #[test]
@@ -37,13 +37,13 @@ fn host_mirror_fork_copy_on_write_matches_naive() {
     fork_scenario(&mut host, &model);
 }
 
-/// Single-sequence mode (`solo.rs`, what `Engine::prefill`/`decode` use) through the mirror: a
+/// Single-sequence mode (`kvlab_paged::UnscheduledPools`, what `Engine::prefill`/`decode` use) through the mirror: a
 /// prompt longer than the sliding window, then decodes far past it.
 #[test]
 fn host_mirror_single_sequence_mode_matches_naive() {
     let model = gemma_like();
     let mut host = HostForward::new(model.clone(), 32, 16);
-    let mut pools = SoloPools::new(model.config.kv_groups(), 32, 16).unwrap();
+    let mut pools = UnscheduledPools::new(model.config.kv_groups(), 32, 16).unwrap();
     let p = prompt(37, 8, model.config.vocab_size);
     let mut naive = NaiveEngine::new(model.clone());
     let (want, margins) = greedy(&mut naive, &p, 60);

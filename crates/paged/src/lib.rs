@@ -40,6 +40,8 @@
 //! * `sequence.rs`, `config.rs`, `scheduler.rs`, `schedule.rs`, `update.rs`: [`Scheduler`],
 //!   continuous batching with FCFS admission, token and sequence budgets, preemption by
 //!   recompute, returning a [`ScheduledBatch`] per step.
+//! * `unscheduled.rs`: [`UnscheduledPools`], sequences driven one at a time through the `Engine`
+//!   API without the scheduler, reserving slots as the scheduler does.
 //! * `batch.rs`: [`ModelInput`], the step flattened for a batched kernel.
 //! * [`metrics`]: [`Metrics`] named like vLLM's.
 //! * [`waste`], [`workload`]: the memory-waste calculator and seeded request-length generators.
@@ -67,6 +69,7 @@ mod schedule;
 mod scheduler;
 mod sequence;
 mod table_ops;
+mod unscheduled;
 mod update;
 mod window;
 
@@ -83,6 +86,7 @@ pub use prefix_sharing::PrefixMatch;
 pub use scheduler::Scheduler;
 pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
 pub use table_ops::BlockCopy;
+pub use unscheduled::{UnscheduledPools, UnscheduledSeq};
 pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};
 pub use window::{max_window_blocks, window_start};
 pub use workload::{LongTail, long_tail_requests, uniform_requests};

@@ -6,8 +6,9 @@
 //! * as a [`kvlab_paged::StepExecutor`], the scheduler's [`ScheduledBatch`] is run as one step:
 //!   block copies first, then every sequence's new tokens through one matrix product per layer,
 //!   K and V stored through `slot_mapping`, attention per sequence through its `block_table`;
-//! * as an [`Engine`] (one sequence at a time, for `generate` and verify), the engine keeps its own
-//!   [`BlockAllocator`] and [`BlockTable`] per sequence and builds the same step itself.
+//! * as an [`Engine`] (one sequence at a time, for `generate` and verify), the engine reserves
+//!   slots through [`UnscheduledPools`] exactly as the scheduler would and runs the same step.
+//!   The two ways share the pool, so `execute` refuses while such sequences hold blocks.
 
 pub mod attention;
 pub mod pool;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
 use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
-use kvlab_paged::{BlockAllocator, BlockCopy, BlockTable, ScheduledBatch, StepExecutor};
+use kvlab_paged::{BlockCopy, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq};
 
 use crate::attention::Heads;
 use crate::forward::forward;
@@ -27,13 +28,6 @@ use kvlab_model::rope::RopeTables;
 use pool::KvPool;
 
 const NAME: &str = "cpu-paged";
-
-fn paged_err(e: kvlab_paged::PagedError) -> Error {
-    Error::Engine {
-        engine: NAME,
-        reason: e.to_string(),
-    }
-}
 
 /// One sequence's part of a step, whoever scheduled it.
 pub struct StepSeq<'a> {
@@ -112,23 +106,15 @@ impl KvCache for PagedStep<'_> {
     }
 }
 
-/// A sequence driven through the single-sequence [`Engine`] API.
-struct Solo {
-    /// One block table per KV group.
-    tables: Vec<BlockTable>,
-    len: usize,
-    max_seq_len: usize,
-    last_slots: Vec<i64>,
-}
-
 /// The paged CPU engine.
 pub struct PagedCpuEngine {
     model: Arc<Model>,
     rope: RopeTables,
     pool: KvPool,
-    /// The solo path's allocators, one per KV group (the scheduler has its own for batched runs).
-    allocators: Vec<BlockAllocator>,
-    solo: HashMap<SeqId, Solo>,
+    /// Sequences driven one at a time through the `Engine` API, and their blocks (the
+    /// scheduler keeps its own tables for batched runs; the two never share the pool at once).
+    unscheduled: UnscheduledPools,
+    seqs: HashMap<SeqId, UnscheduledSeq>,
     next_id: SeqId,
 }
 
@@ -139,13 +125,7 @@ impl PagedCpuEngine {
     /// [`Error::Config`] for a zero size or a pool too large to index.
     pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Result<PagedCpuEngine> {
         let c = &model.config;
-        let allocators = c
-            .kv_groups()
-            .iter()
-            .map(|_| {
-                BlockAllocator::new(num_blocks, block_size).map(|a| a.with_prefix_caching(false))
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()
+        let unscheduled = UnscheduledPools::new(c.kv_groups(), num_blocks, block_size)
             .map_err(|e| Error::Config(e.to_string()))?;
         let max_pos = c.max_seq_len.min(num_blocks.saturating_mul(block_size));
         let rope = RopeTables::for_config(c, max_pos);
@@ -154,8 +134,8 @@ impl PagedCpuEngine {
             model,
             rope,
             pool,
-            allocators,
-            solo: HashMap::new(),
+            unscheduled,
+            seqs: HashMap::new(),
             next_id: 0,
         })
     }
@@ -163,10 +143,6 @@ impl PagedCpuEngine {
     /// Blocks per group and tokens per block.
     pub fn pool_geometry(&self) -> (usize, usize) {
         (self.pool.num_blocks, self.pool.block_size)
-    }
-
-    fn window(c: &Config, group: usize) -> Option<usize> {
-        c.kv_groups()[group]
     }
 
     /// Runs one step over the given sequences; returns each one's last-token logits.
@@ -213,68 +189,38 @@ impl PagedCpuEngine {
         }
     }
 
-    fn run_solo(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        let c = self.model.config.clone();
-        let s = self.solo.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
-        check_tokens(&c, seq, s.len, s.max_seq_len, tokens)?;
-        let (pos0, n) = (s.len, tokens.len());
-        let mut copies = Vec::new();
-        for (g, (alloc, table)) in self.allocators.iter_mut().zip(&mut s.tables).enumerate() {
-            // A window group needs no block for positions no later query will read.
-            let keep_from = Self::window(&c, g).map_or(0, |w| (pos0 + n + 1).saturating_sub(w));
-            copies.push(alloc.append_slots(table, n, keep_from).map_err(|e| Error::Engine {
+    /// One step of an unscheduled sequence: reserve its slots as the scheduler would, then run
+    /// it as a one-sequence scheduled step.
+    fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        let s = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
+        check_tokens(&self.model.config, seq, s.len, s.max_seq_len, tokens)?;
+        let step = self
+            .unscheduled
+            .reserve(s, seq, tokens)
+            .map_err(|e| Error::Engine {
                 engine: NAME,
-                reason: format!("{e}; the pool has {} blocks of {} tokens: build the engine with more blocks", self.pool.num_blocks, self.pool.block_size),
-            })?);
-        }
-        let slots: Vec<Vec<i64>> = s
-            .tables
-            .iter()
-            .map(|t| t.slot_mapping(pos0..pos0 + n))
-            .collect();
-        let rows: Vec<Vec<i32>> = s.tables.iter().map(BlockTable::to_row).collect();
-        s.last_slots = slots[0].clone();
-        for (g, cp) in copies.iter().enumerate() {
-            self.copy_blocks(g, cp);
-        }
-        let step = StepSeq {
-            tokens,
-            pos0,
-            slot_mapping: slots.iter().map(Vec::as_slice).collect(),
-            block_table: rows.iter().map(Vec::as_slice).collect(),
+                reason: format!(
+                    "{e}; the pool has {} blocks of {} tokens: build the engine with more blocks",
+                    self.pool.num_blocks, self.pool.block_size
+                ),
+            })?;
+        let batch = ScheduledBatch {
+            seqs: vec![step],
+            preempted: Vec::new(),
         };
-        let mut logits = self.run_step(std::slice::from_ref(&step));
-        let s = self.solo.get_mut(&seq).expect("present above");
-        s.len = pos0 + n;
-        for (g, (alloc, table)) in self.allocators.iter_mut().zip(&mut s.tables).enumerate() {
-            if let Some(w) = Self::window(&c, g) {
-                alloc
-                    .free_outside_window(table, s.len, w)
-                    .map_err(paged_err)?;
-            }
+        let mut logits = self.run_batch(&batch)?;
+        if let Some(s) = self.seqs.get_mut(&seq) {
+            s.len += tokens.len();
         }
-        Ok(logits.pop().expect("one sequence"))
+        logits.pop().ok_or_else(|| Error::Engine {
+            engine: NAME,
+            reason: "a step returned no logits".into(),
+        })
     }
-}
 
-impl StepExecutor for PagedCpuEngine {
-    type Error = Error;
-
-    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>> {
+    /// Block copies first, then every sequence's new tokens through the forward step.
+    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>> {
         let n_groups = self.model.config.kv_groups().len();
-        for g in 0..n_groups {
-            self.copy_blocks(g, &batch.block_copies(g));
-        }
-        let seqs: Vec<StepSeq<'_>> = batch
-            .seqs
-            .iter()
-            .map(|s| StepSeq {
-                tokens: &s.token_ids,
-                pos0: s.positions[0],
-                slot_mapping: s.groups.iter().map(|g| g.slot_mapping.as_slice()).collect(),
-                block_table: s.groups.iter().map(|g| g.block_table.as_slice()).collect(),
-            })
-            .collect();
         if let Some(bad) = batch.seqs.iter().find(|s| {
             s.groups.len() != n_groups
                 || s.token_ids.is_empty()
@@ -290,7 +236,41 @@ impl StepExecutor for PagedCpuEngine {
                 ),
             });
         }
+        for g in 0..n_groups {
+            self.copy_blocks(g, &batch.block_copies(g));
+        }
+        let seqs: Vec<StepSeq<'_>> = batch
+            .seqs
+            .iter()
+            .map(|s| StepSeq {
+                tokens: &s.token_ids,
+                pos0: s.positions[0],
+                slot_mapping: s.groups.iter().map(|g| g.slot_mapping.as_slice()).collect(),
+                block_table: s.groups.iter().map(|g| g.block_table.as_slice()).collect(),
+            })
+            .collect();
         Ok(self.run_step(&seqs))
+    }
+}
+
+impl StepExecutor for PagedCpuEngine {
+    type Error = Error;
+
+    /// # Errors
+    /// [`Error::Engine`] while sequences driven through the `Engine` API hold blocks of the pool
+    /// (the scheduler would hand the same blocks out again), or for a malformed step.
+    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>> {
+        if !self.seqs.is_empty() {
+            return Err(Error::Engine {
+                engine: NAME,
+                reason: format!(
+                    "{} sequences started through the Engine API hold blocks of the pool the \
+                     scheduler also manages; free them before running scheduled batches",
+                    self.seqs.len()
+                ),
+            });
+        }
+        self.run_batch(batch)
     }
 }
 
@@ -313,37 +293,21 @@ impl Engine for PagedCpuEngine {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let tables = self
-            .allocators
-            .iter()
-            .map(|_| BlockTable::new(self.pool.block_size))
-            .collect();
-        self.solo.insert(
-            id,
-            Solo {
-                tables,
-                len: 0,
-                max_seq_len,
-                last_slots: Vec::new(),
-            },
-        );
+        self.seqs.insert(id, self.unscheduled.new_seq(max_seq_len));
         Ok(id)
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.run_solo(seq, tokens)
+        self.run_unscheduled(seq, tokens)
     }
 
     fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>> {
-        self.run_solo(seq, &[token])
+        self.run_unscheduled(seq, &[token])
     }
 
     fn free(&mut self, seq: SeqId) {
-        if let Some(mut s) = self.solo.remove(&seq) {
-            for (alloc, table) in self.allocators.iter_mut().zip(&mut s.tables) {
-                // A table of this engine's own allocator cannot be foreign; nothing to report.
-                let _ = alloc.free(table);
-            }
+        if let Some(mut s) = self.seqs.remove(&seq) {
+            self.unscheduled.free(&mut s);
         }
     }
 
@@ -352,7 +316,7 @@ impl Engine for PagedCpuEngine {
     fn kv_usage(&self) -> KvUsage {
         let c = &self.model.config;
         let used: usize = (0..c.n_layers)
-            .map(|l| self.allocators[c.layer_group(l)].num_used_blocks() * self.pool.block_bytes())
+            .map(|l| self.unscheduled.used_blocks(c.layer_group(l)) * self.pool.block_bytes())
             .sum();
         KvUsage {
             used_bytes: used,
@@ -361,7 +325,7 @@ impl Engine for PagedCpuEngine {
     }
 
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
-        let s = self.solo.get(&seq)?;
+        let s = self.seqs.get(&seq)?;
         let c = &self.model.config;
         let shapes = (0..c.n_layers)
             .map(|l| {

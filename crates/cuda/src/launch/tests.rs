@@ -284,3 +284,36 @@ fn cached_keys_without_a_block_are_refused() {
     let p = pack_step(&input, &geometry(32, vec![Some(4)])).unwrap();
     assert_eq!(p.groups[0].max_decode_keys, 4);
 }
+
+/// The unscheduled (single-sequence) path packs: a prefill then 300 decodes with a global and a
+/// 40-token window group, every step valid for the kernels, the window group bounded.
+#[test]
+fn unscheduled_windowed_steps_pack() {
+    let windows = vec![None, Some(40)];
+    let mut pools = kvlab_paged::UnscheduledPools::new(windows.clone(), 64, 16).unwrap();
+    let mut seq = pools.new_seq(1024);
+    let geom = PackGeometry {
+        vocab_size: 1000,
+        max_positions: 4096,
+        num_blocks: 64,
+        block_size: 16,
+        windows,
+    };
+    let mut tokens: Vec<u32> = (0..70).map(|i| i % 900 + 1).collect();
+    for step in 0..301 {
+        let s = pools.reserve(&mut seq, 7, &tokens).unwrap();
+        let batch = kvlab_paged::ScheduledBatch {
+            seqs: vec![s],
+            preempted: vec![],
+        };
+        let p =
+            pack_step(&batch.model_input(), &geom).unwrap_or_else(|e| panic!("step {step}: {e}"));
+        assert_eq!(p.n_decode, usize::from(step > 0));
+        seq.len += tokens.len();
+        assert!(
+            pools.used_blocks(1) <= kvlab_paged::max_window_blocks(40, 16),
+            "step {step}"
+        );
+        tokens = vec![5];
+    }
+}

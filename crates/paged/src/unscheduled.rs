@@ -1,0 +1,158 @@
+//! Sequences driven one at a time through the `Engine` API, without the scheduler (`kvlab
+//! generate`, verify's solo runs): one [`BlockAllocator`] per KV group with prefix caching off,
+//! and per sequence a [`BlockTable`] per group. Each step reserves slots exactly as the
+//! [`crate::Scheduler`] does — free the sliding-window blocks the step's first query cannot
+//! reach, then `append_slots` with `keep_from = window_start(end, window)` — and describes itself
+//! as a one-sequence [`ScheduledSeq`], which a paged engine runs like any scheduled step. The
+//! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
+
+use crate::output::{GroupStep, ScheduledSeq, StepKind};
+use crate::sequence::SeqId;
+use crate::{BlockAllocator, BlockTable, PagedError, Result, window_start};
+
+/// One sequence's tables and length.
+#[derive(Debug, Clone)]
+pub struct UnscheduledSeq {
+    /// (num_groups,)
+    pub tables: Vec<BlockTable>,
+    /// Positions whose K and V are in the pool.
+    pub len: usize,
+    pub max_seq_len: usize,
+    /// Group 0's slots of the last step, for `Engine::trace`.
+    pub last_slots: Vec<i64>,
+}
+
+/// The pools of the unscheduled sequences of one engine.
+#[derive(Debug, Clone)]
+pub struct UnscheduledPools {
+    allocators: Vec<BlockAllocator>,
+    /// (num_groups,) `None` global, `Some(window)` sliding window.
+    windows: Vec<Option<usize>>,
+}
+
+impl UnscheduledPools {
+    /// Pools of `num_blocks` blocks of `block_size` tokens for each KV group.
+    ///
+    /// # Errors
+    /// [`PagedError::InvalidConfig`] for sizes the allocator refuses (zero, too large to index).
+    pub fn new(
+        windows: Vec<Option<usize>>,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<UnscheduledPools> {
+        let allocators = windows
+            .iter()
+            .map(|_| {
+                BlockAllocator::new(num_blocks, block_size).map(|a| a.with_prefix_caching(false))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(UnscheduledPools {
+            allocators,
+            windows,
+        })
+    }
+
+    /// An empty sequence.
+    pub fn new_seq(&self, max_seq_len: usize) -> UnscheduledSeq {
+        let bs = self
+            .allocators
+            .first()
+            .map_or(1, BlockAllocator::block_size);
+        UnscheduledSeq {
+            tables: vec![BlockTable::new(bs); self.windows.len()],
+            len: 0,
+            max_seq_len,
+            last_slots: Vec::new(),
+        }
+    }
+
+    /// Reserves the slots of `tokens` at the sequence's next positions in every group (all or
+    /// none) and returns the step. The caller adds `tokens.len()` to `seq.len` once it ran.
+    ///
+    /// # Errors
+    /// [`PagedError::OutOfBlocks`] when a group lacks free blocks (nothing is reserved).
+    pub fn reserve(
+        &mut self,
+        seq: &mut UnscheduledSeq,
+        id: u64,
+        tokens: &[u32],
+    ) -> Result<ScheduledSeq> {
+        let (pos0, n) = (seq.len, tokens.len());
+        let end = pos0 + n;
+        for ((alloc, table), w) in self
+            .allocators
+            .iter_mut()
+            .zip(&mut seq.tables)
+            .zip(&self.windows)
+        {
+            if let Some(w) = *w {
+                alloc.free_outside_window(table, pos0, w)?;
+            }
+        }
+        let keep = |w: &Option<usize>| w.map_or(0, |w| window_start(end, w));
+        for ((alloc, table), w) in self.allocators.iter().zip(&seq.tables).zip(&self.windows) {
+            let needed = alloc.blocks_needed_to_append(table, n, keep(w))?;
+            if needed > alloc.num_free_blocks() {
+                return Err(PagedError::OutOfBlocks {
+                    needed,
+                    free: alloc.num_free_blocks(),
+                });
+            }
+        }
+        let mut groups = Vec::with_capacity(self.windows.len());
+        for ((alloc, table), w) in self
+            .allocators
+            .iter_mut()
+            .zip(&mut seq.tables)
+            .zip(&self.windows)
+        {
+            let block_copies = alloc.append_slots(table, n, keep(w))?;
+            groups.push(GroupStep {
+                slot_mapping: table.slot_mapping(pos0..end),
+                block_table: table.to_row(),
+                block_copies,
+            });
+        }
+        seq.last_slots = groups
+            .first()
+            .map(|g| g.slot_mapping.clone())
+            .unwrap_or_default();
+        Ok(ScheduledSeq {
+            seq_id: SeqId(id),
+            token_ids: tokens.to_vec(),
+            positions: (pos0..end).collect(),
+            context_len: end,
+            kind: if n == 1 && pos0 > 0 {
+                StepKind::Decode
+            } else {
+                StepKind::Prefill {
+                    num_cached_tokens: 0,
+                    is_recompute: false,
+                }
+            },
+            groups,
+        })
+    }
+
+    /// Returns every block of `seq` to the pools.
+    pub fn free(&mut self, seq: &mut UnscheduledSeq) {
+        for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.tables) {
+            // A table built by these pools always belongs to its allocator.
+            let _ = alloc.free(table);
+        }
+    }
+
+    /// Blocks in use in group `g`.
+    pub fn used_blocks(&self, g: usize) -> usize {
+        self.allocators
+            .get(g)
+            .map_or(0, BlockAllocator::num_used_blocks)
+    }
+
+    /// Blocks per group and tokens per block.
+    pub fn geometry(&self) -> (usize, usize) {
+        self.allocators
+            .first()
+            .map_or((0, 0), |a| (a.num_blocks(), a.block_size()))
+    }
+}
