@@ -40,6 +40,7 @@ struct BlockRows<'a> {
     seq: SeqView<'a>,
 }
 
+// ANCHOR: paged_lookup
 impl BlockRows<'_> {
     /// Where row j lives: (in the step's rows?, float offset).
     #[inline(always)]
@@ -54,6 +55,7 @@ impl BlockRows<'_> {
         }
     }
 }
+// ANCHOR_END: paged_lookup
 
 impl KvRows for BlockRows<'_> {
     #[inline(always)]
