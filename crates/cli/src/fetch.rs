@@ -149,8 +149,8 @@ pub fn load(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Resul
     }
 }
 
-/// A model's name, config and files, without building its weights where the format allows
-/// (synthetic specs, llama2.c headers; a GGUF is loaded whole).
+/// A model's name, config and files, without building its weights (synthetic specs, llama2.c and
+/// GGUF headers).
 ///
 /// # Errors
 /// As [`resolve`], and every header reader's error.
@@ -176,7 +176,7 @@ pub fn config(
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let c = if gguf {
-                kvlab_model::load_gguf(&path)?.0.config
+                kvlab_model::gguf_model::read_gguf_config(&path)?
             } else {
                 kvlab_model::llama2c::read_config(&path)?
             };

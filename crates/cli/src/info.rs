@@ -1,5 +1,5 @@
-//! `kvlab info`: a model's config and what its KV cache costs, read without building the
-//! weights (synthetic specs and llama2.c headers; a GGUF is still loaded whole).
+//! `kvlab info`: a model's config and what its KV cache costs, read from the spec or the file's
+//! header without building the weights.
 
 use anyhow::Result;
 use kvlab_model::LayerKind;

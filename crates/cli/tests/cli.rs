@@ -533,3 +533,17 @@ fn top_k_min_p_and_repeat_penalty_change_what_is_sampled() {
     // A strong repeat penalty changes greedy text (24 tokens of a story repeat some).
     assert_ne!(run(&["--temp", "0", "--repeat-penalty", "3"]), greedy);
 }
+
+#[test]
+#[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
+fn info_on_gemma_reads_the_header_only() {
+    if kvlab_model::registry::test_model_file("gemma-3-270m-q4_k_m.gguf").is_none() {
+        return;
+    }
+    let t = std::time::Instant::now();
+    let o = kvlab(&["info", "-m", "gemma-3-270m"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("n_kv_heads   1 (MQA, 4 query heads share it)"));
+    // Dequantizing the 268M parameters takes seconds; the header takes a fraction of one.
+    assert!(t.elapsed().as_secs_f64() < 1.5, "{:?}", t.elapsed());
+}

@@ -48,6 +48,58 @@ fn gguf_err(path: &Path) -> impl Fn(kvlab_gguf::GgufError) -> Error + '_ {
 pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let e = gguf_err(path);
     let f = GgufFile::open(path).map_err(&e)?;
+    // Everything the header says is checked before any tensor is dequantized: the config, the
+    // tokenizer, and every tensor's element count against the config's shapes.
+    let c = gguf_config(&f, path)?;
+    let tok = tokenizer_from_gguf(&f, path)?;
+    check_tensor_sizes(&f, &c, path)?;
+    let n_layers = c.n_layers;
+    let t = |name: String| f.dequantize(&name).map_err(&e);
+    let layers = (0..n_layers)
+        .map(|l| {
+            let b = |n: &str| t(format!("blk.{l}.{n}.weight"));
+            Ok(LayerWeights {
+                attn_norm: b("attn_norm")?,
+                wq: b("attn_q")?,
+                wk: b("attn_k")?,
+                wv: b("attn_v")?,
+                wo: b("attn_output")?,
+                q_norm: b("attn_q_norm")?,
+                k_norm: b("attn_k_norm")?,
+                post_attn_norm: b("post_attention_norm")?,
+                ffn_norm: b("ffn_norm")?,
+                w1: b("ffn_gate")?,
+                w2: b("ffn_down")?,
+                w3: b("ffn_up")?,
+                post_ffn_norm: b("post_ffw_norm")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let weights = Weights {
+        token_embedding: t("token_embd.weight".into())?,
+        layers,
+        final_norm: t("output_norm.weight".into())?,
+        classifier: None,
+    };
+    let model = Model::new(c, weights)?;
+    Ok((model, tok))
+}
+
+/// Gemma 3's [`Config`] from a GGUF's metadata alone, with every tensor's size checked against
+/// it; no tensor is read (what `kvlab info` needs).
+///
+/// # Errors
+/// As [`load_gguf`] for the metadata and the tensor table.
+pub fn read_gguf_config(path: &Path) -> Result<Config> {
+    let f = GgufFile::open(path).map_err(gguf_err(path))?;
+    let c = gguf_config(&f, path)?;
+    check_tensor_sizes(&f, &c, path)?;
+    Ok(c)
+}
+
+/// The config from the metadata (the body [`load_gguf`] always had, before its tensors).
+fn gguf_config(f: &GgufFile, path: &Path) -> Result<Config> {
+    let e = gguf_err(path);
     let md = f.metadata();
     let arch = md.get_str("general.architecture").map_err(&e)?;
     if arch != "gemma3" {
@@ -113,37 +165,47 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
             path.display()
         )));
     }
+    Ok(c)
+}
 
-    let t = |name: String| f.dequantize(&name).map_err(&e);
-    let layers = (0..n_layers)
-        .map(|l| {
-            let b = |n: &str| t(format!("blk.{l}.{n}.weight"));
-            Ok(LayerWeights {
-                attn_norm: b("attn_norm")?,
-                wq: b("attn_q")?,
-                wk: b("attn_k")?,
-                wv: b("attn_v")?,
-                wo: b("attn_output")?,
-                q_norm: b("attn_q_norm")?,
-                k_norm: b("attn_k_norm")?,
-                post_attn_norm: b("post_attention_norm")?,
-                ffn_norm: b("ffn_norm")?,
-                w1: b("ffn_gate")?,
-                w2: b("ffn_down")?,
-                w3: b("ffn_up")?,
-                post_ffn_norm: b("post_ffw_norm")?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let weights = Weights {
-        token_embedding: t("token_embd.weight".into())?,
-        layers,
-        final_norm: t("output_norm.weight".into())?,
-        classifier: None,
-    };
-    let model = Model::new(c, weights)?;
-    let tok = tokenizer_from_gguf(&f, path)?;
-    Ok((model, tok))
+/// Compares every tensor's element count in the tensor table with the shape the config
+/// implies, so a file whose header and tensors disagree fails before anything is dequantized.
+fn check_tensor_sizes(f: &GgufFile, c: &Config, path: &Path) -> Result<()> {
+    let (d, h, q, kv, hd) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim(), c.head_dim);
+    let mut expect: Vec<(String, usize)> = vec![
+        ("token_embd.weight".into(), c.vocab_size * d),
+        ("output_norm.weight".into(), d),
+    ];
+    for l in 0..c.n_layers {
+        for (n, len) in [
+            ("attn_norm", d),
+            ("attn_q", q * d),
+            ("attn_k", kv * d),
+            ("attn_v", kv * d),
+            ("attn_output", d * q),
+            ("attn_q_norm", hd),
+            ("attn_k_norm", hd),
+            ("post_attention_norm", d),
+            ("ffn_norm", d),
+            ("ffn_gate", h * d),
+            ("ffn_down", d * h),
+            ("ffn_up", h * d),
+            ("post_ffw_norm", d),
+        ] {
+            expect.push((format!("blk.{l}.{n}.weight"), len));
+        }
+    }
+    for (name, len) in expect {
+        let info = f.tensor_info(&name).map_err(gguf_err(path))?;
+        if info.n_elements != len as u64 {
+            return Err(Error::Config(format!(
+                "{}: tensor {name} has {} elements but the header's config implies {len}",
+                path.display(),
+                info.n_elements
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// llama.cpp's SPM tokenizer from GGUF metadata: pieces with `▁` for spaces, scores, byte

@@ -342,8 +342,8 @@ pub fn load_entry(
 }
 
 /// A manifest model's config, without building its weights (`kvlab info` on an 8B shape must
-/// not allocate 32 GB): synthetic models from their spec, llama2.c files from their header.
-/// GGUF files are loaded whole (their config needs the metadata reader that builds the model).
+/// not allocate 32 GB): synthetic models from their spec, llama2.c and GGUF files from their
+/// headers.
 ///
 /// # Errors
 /// Whatever the format's header reader or loader returns.
@@ -359,7 +359,7 @@ pub fn entry_config(entry: &ModelEntry, model: Option<&Path>) -> Result<crate::C
             Ok(c)
         }
         (Format::Llama2c, Some(p)) => crate::llama2c::read_config(p),
-        (Format::Gguf, Some(p)) => Ok(crate::load_gguf(p)?.0.config),
+        (Format::Gguf, Some(p)) => crate::gguf_model::read_gguf_config(p),
         (_, None) => Err(Error::Format(format!(
             "{} has no model file in the manifest",
             entry.name

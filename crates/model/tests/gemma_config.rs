@@ -57,3 +57,14 @@ fn gemma3_gguf_becomes_the_expected_config() {
         "Hello  world\n"
     );
 }
+
+#[test]
+#[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
+fn gemma3_config_from_the_header_alone_equals_the_loaded_one() {
+    let Some(path) = common::model_file("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    let header = kvlab_model::gguf_model::read_gguf_config(&path).unwrap();
+    let (model, _) = kvlab_model::load_gguf(&path).unwrap();
+    assert_eq!(header, model.config);
+}
