@@ -11,18 +11,23 @@ use crate::simd;
 /// Below this many multiply-adds a GEMV runs on the calling thread: a rayon fork costs a few µs,
 /// more than a small matrix takes.
 const PAR_GEMV_MIN_WORK: usize = 1 << 15;
-/// Rows per rayon task in a GEMV.
+/// Rows of W a small-batch task keeps in L1 while it runs every x row over them.
 const GEMV_ROWS_PER_TASK: usize = 32;
 
-/// out (rows,) = W (rows, cols) @ x (cols,)
+/// out (rows,) = W (rows, cols) @ x (cols,). Rows are split statically, one contiguous block per
+/// worker thread (OpenMP's static schedule, as run.c's `#pragma omp parallel for`): one task per
+/// thread, nothing to steal, and each thread reads its own part of W.
 pub fn gemv(out: &mut [f32], w: &[f32], x: &[f32]) {
     let cols = x.len();
     debug_assert_eq!(w.len(), out.len() * cols);
-    if out.len() * cols < PAR_GEMV_MIN_WORK {
+    let threads = rayon::current_num_threads().max(1);
+    if out.len() * cols < PAR_GEMV_MIN_WORK || threads == 1 {
         simd::gemv_rows(out, w, x);
     } else {
-        out.par_chunks_mut(GEMV_ROWS_PER_TASK)
-            .zip(w.par_chunks(GEMV_ROWS_PER_TASK * cols))
+        // A multiple of 4 rows: the kernel's pass.
+        let per = out.len().div_ceil(threads).next_multiple_of(4);
+        out.par_chunks_mut(per)
+            .zip(w.par_chunks(per * cols))
             .for_each(|(o, rows)| simd::gemv_rows(o, rows, x));
     }
 }
