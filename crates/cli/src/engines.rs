@@ -184,7 +184,7 @@ pub fn scheduler_config(model: &Model, pool: PoolOptions, max_model_len: usize) 
     cfg.block_size = pool.block_size;
     cfg.groups = model
         .config
-        .kv_groups()
+        .kv_cache_groups()
         .into_iter()
         .map(|w| KvGroupConfig {
             num_blocks: pool.num_blocks,

@@ -46,7 +46,7 @@ pub fn run(a: &Args) -> Result<()> {
     println!(
         "n_kv_heads   {} ({})",
         c.n_kv_heads,
-        match c.kv_group() {
+        match c.kv_mul() {
             1 => "MHA".to_string(),
             g if c.n_kv_heads == 1 => format!("MQA, {g} query heads share it"),
             g => format!("GQA, {g} query heads per KV head"),

@@ -170,7 +170,8 @@ impl CudaEngine {
         };
         let (plan, weight_bytes) =
             with_runner!(&runner, f => (f.pool.plan.clone(), f.weights.bytes));
-        let unscheduled = UnscheduledPools::new(c.kv_groups(), plan.num_blocks, plan.block_size)?;
+        let unscheduled =
+            UnscheduledPools::new(c.kv_cache_groups(), plan.num_blocks, plan.block_size)?;
         Ok(CudaEngine {
             model,
             runner,

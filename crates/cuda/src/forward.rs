@@ -93,13 +93,13 @@ impl<A: DType, C: DType> Forward<A, C> {
         let (free, total) = dev.mem_info()?;
         let plan = pool_size(free, total)?;
         let pool = KvPool::<C>::allocate(&stream, &c, plan)?;
-        let layer_group = (0..c.n_layers).map(|l| c.layer_group(l)).collect();
+        let layer_group = (0..c.n_layers).map(|l| c.layer_cache_group(l)).collect();
         let geometry = PackGeometry {
             vocab_size: c.vocab_size,
             max_positions: rope.max_pos,
             num_blocks: pool.plan.num_blocks,
             block_size: pool.plan.block_size,
-            windows: c.kv_groups(),
+            windows: c.kv_cache_groups(),
         };
         dev.sync()?;
         Ok(Forward {

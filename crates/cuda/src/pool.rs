@@ -37,7 +37,7 @@ pub struct PoolPlan {
     pub num_blocks: usize,
     pub block_size: usize,
     pub kv_dtype: Precision,
-    /// (num_groups,) in `Config::kv_groups` order.
+    /// (num_groups,) in `Config::kv_cache_groups` order.
     pub groups: Vec<GroupPlan>,
     /// Σ over groups: the bytes one token position takes in every group.
     pub bytes_per_token: usize,
@@ -81,11 +81,13 @@ impl std::fmt::Display for PoolPlan {
 
 /// The groups of `c` with their layers and bytes per token at `elem_bytes` per element.
 pub fn group_plans(c: &Config, elem_bytes: usize) -> Vec<GroupPlan> {
-    c.kv_groups()
+    c.kv_cache_groups()
         .into_iter()
         .enumerate()
         .map(|(g, window)| {
-            let layers: Vec<usize> = (0..c.n_layers).filter(|&l| c.layer_group(l) == g).collect();
+            let layers: Vec<usize> = (0..c.n_layers)
+                .filter(|&l| c.layer_cache_group(l) == g)
+                .collect();
             let bytes_per_token = 2 * layers.len() * c.n_kv_heads * c.head_dim * elem_bytes;
             GroupPlan {
                 window,

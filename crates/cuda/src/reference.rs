@@ -154,7 +154,7 @@ impl HostForward {
                 max_positions: c.max_seq_len,
                 num_blocks,
                 block_size,
-                windows: c.kv_groups(),
+                windows: c.kv_cache_groups(),
             },
             k: vec![vec![f32::NAN; slots]; c.n_layers],
             v: vec![vec![f32::NAN; slots]; c.n_layers],
@@ -174,7 +174,7 @@ impl HostForward {
         for (g, gm) in p.groups.iter().enumerate() {
             for pair in ints[gm.copies.clone()].chunks_exact(2) {
                 let (src, dst) = (pair[0] as usize * bs * kvd, pair[1] as usize * bs * kvd);
-                for l in (0..c.n_layers).filter(|&l| c.layer_group(l) == g) {
+                for l in (0..c.n_layers).filter(|&l| c.layer_cache_group(l) == g) {
                     self.k[l].copy_within(src..src + bs * kvd, dst);
                     self.v[l].copy_within(src..src + bs * kvd, dst);
                 }
@@ -206,7 +206,7 @@ impl HostForward {
                 crate::rope::apply_table(&mut q[i * qd..][..qd], cos, sin, pos, hd, neox);
                 crate::rope::apply_table(&mut k[i * kvd..][..kvd], cos, sin, pos, hd, neox);
             }
-            let gm = &p.groups[c.layer_group(l)];
+            let gm = &p.groups[c.layer_cache_group(l)];
             let slots = &ints[gm.slot_mapping.clone()];
             reshape_and_cache(&k, &v, &mut self.k[l], &mut self.v[l], slots, kvd);
             let att = attention(&AttentionInput {

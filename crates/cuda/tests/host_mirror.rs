@@ -43,7 +43,7 @@ fn host_mirror_fork_copy_on_write_matches_naive() {
 fn host_mirror_single_sequence_mode_matches_naive() {
     let model = gemma_like();
     let mut host = HostForward::new(model.clone(), 32, 16);
-    let mut pools = UnscheduledPools::new(model.config.kv_groups(), 32, 16).unwrap();
+    let mut pools = UnscheduledPools::new(model.config.kv_cache_groups(), 32, 16).unwrap();
     let p = prompt(37, 8, model.config.vocab_size);
     let mut naive = NaiveEngine::new(model.clone());
     let (want, margins) = greedy(&mut naive, &p, 60);

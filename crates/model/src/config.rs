@@ -161,8 +161,9 @@ impl Config {
         self.n_kv_heads * self.head_dim
     }
 
-    /// Query heads per KV head (1 for MHA, n_heads for MQA).
-    pub fn kv_group(&self) -> usize {
+    /// Query heads per KV head: 1 for MHA, n_heads for MQA (run.c's `kv_mul`, Hugging Face's
+    /// `num_key_value_groups`). Not to be confused with [`Config::kv_cache_groups`].
+    pub fn kv_mul(&self) -> usize {
         self.n_heads / self.n_kv_heads
     }
 
@@ -174,9 +175,10 @@ impl Config {
         }
     }
 
-    /// The KV cache groups of a paged cache: layers that attend alike share a block pool and a
-    /// block table. `None` is the global group, `Some(w)` a sliding-window group; global first.
-    pub fn kv_groups(&self) -> Vec<Option<usize>> {
+    /// The KV cache groups of a paged cache (vLLM's term): layers that attend alike share a
+    /// block pool and a block table. `None` is the global group, `Some(w)` a sliding-window
+    /// group; global first.
+    pub fn kv_cache_groups(&self) -> Vec<Option<usize>> {
         let mut g: Vec<Option<usize>> = Vec::new();
         for k in &self.layer_kinds {
             let w = match k {
@@ -191,13 +193,13 @@ impl Config {
         g
     }
 
-    /// Index into [`Config::kv_groups`] of layer `l`'s group.
-    pub fn layer_group(&self, layer: usize) -> usize {
+    /// Index into [`Config::kv_cache_groups`] of layer `l`'s group.
+    pub fn layer_cache_group(&self, layer: usize) -> usize {
         let w = match self.layer_kinds[layer] {
             LayerKind::Global => None,
             LayerKind::Local { window } => Some(window),
         };
-        self.kv_groups()
+        self.kv_cache_groups()
             .iter()
             .position(|g| *g == w)
             .expect("every layer's kind is a group")

@@ -54,7 +54,7 @@ pub fn forward_rows(model: &Model, tokens: &[u32], from: usize) -> Array2<f32> {
         };
         let mut att = Array2::<f32>::zeros((t, c.q_dim())); // (T, q)
         for h in 0..c.n_heads {
-            let g = h / c.kv_group(); // the KV head this query head shares (GQA/MQA)
+            let g = h / c.kv_mul(); // the KV head this query head shares (GQA/MQA)
             let qh = q.slice(s![.., h * hd..(h + 1) * hd]); // (T, hd)
             let kh = k.slice(s![.., g * hd..(g + 1) * hd]); // (T, hd)
             let vh = v.slice(s![.., g * hd..(g + 1) * hd]); // (T, hd)

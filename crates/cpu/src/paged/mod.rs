@@ -59,7 +59,7 @@ impl KvCache for PagedStep<'_> {
     /// sliding-window position no later step reads, not kept); the step keeps its own rows for
     /// this layer's attention.
     fn append(&mut self, l: usize, k: &[f32], v: &[f32]) {
-        let g = self.config.layer_group(l);
+        let g = self.config.layer_cache_group(l);
         let kvd = self.config.kv_dim();
         let slots = self.seqs.iter().flat_map(|s| s.slot_mapping[g].iter());
         for (r, &slot) in slots.enumerate() {
@@ -81,7 +81,7 @@ impl KvCache for PagedStep<'_> {
     /// Each query attends over its own sequence: earlier positions through its block table,
     /// this step's from the step's rows.
     fn attend(&self, l: usize, q: &[f32], heads: &Heads, out: &mut [f32]) {
-        let g = self.config.layer_group(l);
+        let g = self.config.layer_cache_group(l);
         let views: Vec<SeqView<'_>> = self
             .seqs
             .iter()
@@ -125,7 +125,7 @@ impl PagedCpuEngine {
     /// [`Error::Config`] for a zero size or a pool too large to index.
     pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Result<PagedCpuEngine> {
         let c = &model.config;
-        let unscheduled = UnscheduledPools::new(c.kv_groups(), num_blocks, block_size)
+        let unscheduled = UnscheduledPools::new(c.kv_cache_groups(), num_blocks, block_size)
             .map_err(|e| Error::Config(e.to_string()))?;
         let max_pos = c.max_seq_len.min(num_blocks.saturating_mul(block_size));
         let rope = RopeTables::for_config(c, max_pos);
@@ -180,8 +180,8 @@ impl PagedCpuEngine {
 
     /// Copies every block of `copies` in every layer of KV group `group`.
     fn copy_blocks(&mut self, group: usize, copies: &[BlockCopy]) {
-        for l in
-            (0..self.model.config.n_layers).filter(|&l| self.model.config.layer_group(l) == group)
+        for l in (0..self.model.config.n_layers)
+            .filter(|&l| self.model.config.layer_cache_group(l) == group)
         {
             for cp in copies {
                 self.pool.copy_block(l, cp.src as usize, cp.dst as usize);
@@ -220,7 +220,7 @@ impl PagedCpuEngine {
 
     /// Block copies first, then every sequence's new tokens through the forward step.
     fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>> {
-        let n_groups = self.model.config.kv_groups().len();
+        let n_groups = self.model.config.kv_cache_groups().len();
         if let Some(bad) = batch.seqs.iter().find(|s| {
             s.groups.len() != n_groups
                 || s.token_ids.is_empty()
@@ -316,7 +316,7 @@ impl Engine for PagedCpuEngine {
     fn kv_usage(&self) -> KvUsage {
         let c = &self.model.config;
         let used: usize = (0..c.n_layers)
-            .map(|l| self.unscheduled.used_blocks(c.layer_group(l)) * self.pool.block_bytes())
+            .map(|l| self.unscheduled.used_blocks(c.layer_cache_group(l)) * self.pool.block_bytes())
             .sum();
         KvUsage {
             used_bytes: used,
@@ -329,7 +329,7 @@ impl Engine for PagedCpuEngine {
         let c = &self.model.config;
         let shapes = (0..c.n_layers)
             .map(|l| {
-                let t = &s.tables[c.layer_group(l)];
+                let t = &s.tables[c.layer_cache_group(l)];
                 format!(
                     "pool (num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}); this sequence holds {} blocks",
                     self.pool.num_blocks, self.pool.block_size, c.n_kv_heads, c.head_dim,

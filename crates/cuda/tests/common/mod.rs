@@ -165,7 +165,7 @@ pub fn scheduler_for(
     cfg.block_size = block_size;
     cfg.groups = model
         .config
-        .kv_groups()
+        .kv_cache_groups()
         .into_iter()
         .map(|w| KvGroupConfig {
             num_blocks,
