@@ -150,9 +150,11 @@ fn run(
         prompt: prompt.to_vec(),
         ..Default::default()
     };
+    // ANCHOR: prefill
     let t0 = Instant::now();
     let mut logits = engine.prefill(seq, prompt)?;
     g.prefill_time = t0.elapsed();
+    // ANCHOR_END: prefill
     if trace && let Some(step) = engine.trace(seq) {
         on_event(Event::Trace {
             pos: 0,
@@ -173,6 +175,7 @@ fn run(
     }
     let mut prev = *prompt.last().expect("non-empty prompt");
     let mut pos = prompt.len() - 1;
+    // ANCHOR: decode
     loop {
         // `pos` is the position whose logits these are: the next token goes to pos + 1.
         let next = sampler
@@ -210,6 +213,7 @@ fn run(
         }
         prev = next;
     }
+    // ANCHOR_END: decode
     g.kv = engine.kv_usage();
     Ok(g)
 }
