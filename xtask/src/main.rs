@@ -8,12 +8,6 @@ mod verify;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    // Every command runs on a worker of the engines' thread pool, so an engine step enters no
-    // pool and wakes no thread (kvlab_cpu::threads).
-    kvlab_cpu::threads::install(move || dispatch(&args))
-}
-
-fn dispatch(args: &[String]) -> anyhow::Result<()> {
     match args.first().map(String::as_str) {
         Some("verify") => verify::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),

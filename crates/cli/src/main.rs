@@ -85,9 +85,7 @@ fn main() {
         eprintln!("error: --threads {n}: {e}");
         std::process::exit(1);
     }
-    // The whole command runs on a worker of the engines' thread pool: a decode step then enters
-    // no pool and wakes no thread (kvlab_cpu::threads).
-    let result = kvlab_cpu::threads::install(move || match cli.command {
+    let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Info(args) => info::run(&args),
         Command::Mem(args) => mem::run(args),
@@ -104,7 +102,7 @@ fn main() {
         Command::Batch(args) => batch::run(args),
         Command::Waste(args) => waste::run(args),
         Command::Models(args) => models::run(args),
-    });
+    };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -10,9 +10,8 @@
 //! once per KV head, not once per query head. One task is one (query row, KV head) pair; tasks run
 //! on the calling thread when the step is small and across the engine's threads when it is not.
 
-use rayon::prelude::*;
-
 use crate::simd;
+use crate::threads;
 
 /// The attention shape of one layer.
 #[derive(Clone, Copy, Debug)]
@@ -78,9 +77,15 @@ pub fn attention<R: KvRows>(
             .enumerate()
             .for_each(|t| task(t, &mut scores));
     } else {
-        out.par_chunks_exact_mut(group)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, t| task(t, scores));
+        // One block of (row, KV head) tasks per thread, each with its own scratch.
+        let n_tasks = out.len() / group;
+        let per = n_tasks.div_ceil(threads::num_threads()) * group;
+        threads::for_each_chunk_mut(out, per, |b, block| {
+            let mut scores = Vec::new();
+            for (i, o) in block.chunks_exact_mut(group).enumerate() {
+                task((b * per / group + i, o), &mut scores);
+            }
+        });
     }
 }
 

@@ -3,8 +3,8 @@
 //! Per sequence a KV cache for K and V of shape `(n_layers, max_seq_len, kv_dim)` (ring buffers
 //! for sliding-window layers) is allocated once, when the sequence starts, and written in place at
 //! `pos`. Prefill runs the whole prompt as matrix-matrix products (matrixmultiply's sgemm) and
-//! fills the cache; decode computes one position with SIMD GEMVs and attends over the cache, on
-//! the engine's worker threads (entered once per step).
+//! fills the cache; decode computes one position with SIMD GEMVs and attends over the cache, its
+//! parallel loops shared statically by a fixed team of threads ([`threads`]).
 //!
 //! Files in data-flow order: [`simd`] (dot, axpy, GEMV rows), [`softmax`], [`linear`]
 //! (GEMV/sgemm), [`attention`], [`kv_cache`] (append, then attend), [`forward`] (the
@@ -71,9 +71,7 @@ impl CpuEngine {
         for step in tokens.chunks(cache.max_step()) {
             let positions: Vec<usize> = (cache.len..cache.len + step.len()).collect();
             let last = [step.len() - 1];
-            logits = threads::install(|| {
-                forward::forward(model, rope, step, &positions, &last, &mut *cache)
-            });
+            logits = forward::forward(model, rope, step, &positions, &last, &mut *cache);
             cache.len += step.len();
         }
         Ok(logits.pop().unwrap_or_default())

@@ -4,12 +4,11 @@
 //! Many tokens (prefill, large batches): matrix-matrix products through matrixmultiply's sgemm,
 //! one block of output columns per worker thread, so the prompt is not processed token by token.
 
-use rayon::prelude::*;
-
 use crate::simd;
+use crate::threads;
 
-/// Below this many multiply-adds a GEMV runs on the calling thread: a rayon fork costs a few µs,
-/// more than a small matrix takes.
+/// Below this many multiply-adds a GEMV runs on the calling thread: handing work to the other
+/// threads costs a few µs, more than a small matrix takes.
 const PAR_GEMV_MIN_WORK: usize = 1 << 15;
 /// Rows of W a small-batch task keeps in L1 while it runs every x row over them.
 const GEMV_ROWS_PER_TASK: usize = 32;
@@ -20,15 +19,15 @@ const GEMV_ROWS_PER_TASK: usize = 32;
 pub fn gemv(out: &mut [f32], w: &[f32], x: &[f32]) {
     let cols = x.len();
     debug_assert_eq!(w.len(), out.len() * cols);
-    let threads = rayon::current_num_threads().max(1);
+    let threads = threads::num_threads();
     if out.len() * cols < PAR_GEMV_MIN_WORK || threads == 1 {
         simd::gemv_rows(out, w, x);
     } else {
         // A multiple of 4 rows: the kernel's pass.
         let per = out.len().div_ceil(threads).next_multiple_of(4);
-        out.par_chunks_mut(per)
-            .zip(w.par_chunks(per * cols))
-            .for_each(|(o, rows)| simd::gemv_rows(o, rows, x));
+        threads::for_each_chunk_mut(out, per, |i, o| {
+            simd::gemv_rows(o, &w[i * per * cols..][..o.len() * cols], x)
+        });
     }
 }
 
@@ -62,7 +61,7 @@ const SGEMM_MIN_COLS: usize = 64;
 /// into one contiguous block per worker thread: the engine's own threads do the work, so a
 /// prefill step starts no other pool (matrixmultiply's `threading` feature is off).
 fn sgemm_columns(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
-    let threads = rayon::current_num_threads().max(1);
+    let threads = threads::num_threads();
     let per = d_out
         .div_ceil(threads)
         .next_multiple_of(16)
@@ -97,11 +96,7 @@ fn sgemm_columns(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_o
     if threads == 1 || d_out <= per {
         block(0);
     } else {
-        (0..d_out)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(block);
+        threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
     }
 }
 
@@ -132,8 +127,9 @@ fn small_batch(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out
     SCRATCH.with_borrow_mut(|scratch| {
         scratch.clear();
         scratch.resize(t * d_out, 0.0);
-        let work = |(out, rows): (&mut [f32], &[f32])| {
-            let n = rows.len() / d_in; // W rows of this task (R, or fewer in the last one)
+        let work = |c: usize, out: &mut [f32]| {
+            let n = out.len() / t; // W rows of this task (R, or fewer in the last one)
+            let rows = &w[c * R * d_in..][..n * d_in];
             for (o, xr) in out.chunks_exact_mut(n).zip(x.chunks_exact(d_in)) {
                 simd::gemv_rows(o, rows, xr);
             }
@@ -141,13 +137,10 @@ fn small_batch(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out
         if d_out * d_in * t < PAR_GEMV_MIN_WORK {
             scratch
                 .chunks_mut(t * R)
-                .zip(w.chunks(R * d_in))
-                .for_each(work);
+                .enumerate()
+                .for_each(|(c, out)| work(c, out));
         } else {
-            scratch
-                .par_chunks_mut(t * R)
-                .zip(w.par_chunks(R * d_in))
-                .for_each(work);
+            threads::for_each_chunk_mut(scratch, t * R, work);
         }
         for (c, out) in scratch.chunks(t * R).enumerate() {
             let n = out.len() / t;

@@ -1,15 +1,17 @@
-//! The engines' worker threads: one rayon pool, entered once per forward step.
+//! The engines' worker threads: a fixed team, OpenMP-style. The thread that runs a step is one of
+//! the team; `n − 1` helper threads wait for work by spinning in user space for a short while
+//! (no system call), then park. A parallel loop hands each thread its share by index — a static
+//! partition, as run.c's `#pragma omp parallel for` — and the caller does share 0 itself, then
+//! waits (spinning) for the helpers. No task queue, no stealing, no `sched_yield` between loops.
 //!
-//! A step runs inside [`install`], so every parallel loop in it (GEMV rows, attention heads)
-//! splits work among threads that are already in the pool: no hand-off from an outside thread
-//! and no wait on a lock per loop, only work stealing between workers that spin briefly before
-//! they park (rayon's idle loop). The thread count is fixed once, before the first step:
-//! `kvlab -t N` calls [`set_num_threads`]; the default is the machine's physical cores
-//! (`RAYON_NUM_THREADS` overrides it, as for any rayon program).
+//! The thread count is fixed once, before the first parallel loop: `kvlab -t N` calls
+//! [`set_num_threads`]; the default is the machine's physical cores (`RAYON_NUM_THREADS` is read
+//! too, for programs that set it for every pool).
 
-use std::sync::OnceLock;
-
-static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// Why the thread count could not be set.
 #[derive(Debug, thiserror::Error)]
@@ -17,12 +19,74 @@ pub enum ThreadsError {
     #[error("the thread count must be at least 1")]
     Zero,
     #[error(
-        "the worker pool already runs {running} threads; set the thread count before the first step"
+        "the worker team already runs {running} threads; set the thread count before the first step"
     )]
     AlreadyStarted { running: usize },
     #[error("could not start {threads} worker threads: {reason}")]
     Spawn { threads: usize, reason: String },
 }
+
+/// How long a waiting thread spins before it parks (helpers) or yields (the caller): longer than
+/// the serial work between two parallel loops of a decode step, short enough that an idle
+/// engine gives its cores back at once.
+const SPIN_FOR: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// Spins until `done()` or until [`SPIN_FOR`] has passed; returns whether `done()` held.
+fn spin_until(done: impl Fn() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        for _ in 0..64 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() > SPIN_FOR {
+            return done();
+        }
+    }
+}
+
+/// One parallel loop: `f(task)` for every task in `0..n_tasks`.
+#[derive(Clone, Copy)]
+struct Job {
+    /// The loop body, its lifetime erased; valid until `remaining` reaches 0 (see `Team::run`).
+    f: *const (dyn Fn(usize) + Sync + 'static),
+    n_tasks: usize,
+}
+
+struct Shared {
+    /// Incremented once per job; a helper runs each epoch's job once.
+    epoch: AtomicU64,
+    job: Mutex<Option<Job>>,
+    /// Helpers that have not finished the current job.
+    remaining: AtomicUsize,
+    /// Helpers parked on `wake`.
+    sleeping: AtomicUsize,
+    park: Mutex<()>,
+    wake: Condvar,
+    /// A task panicked on a helper: the caller re-raises it.
+    panicked: AtomicBool,
+    n_threads: usize,
+}
+
+// SAFETY: `Job::f` points to a `dyn Fn + Sync`, which may be called from any thread; the pointer
+// is only dereferenced while the caller of `Team::run` keeps the closure alive (it waits for
+// `remaining == 0` before returning).
+unsafe impl Send for Job {}
+
+struct Team {
+    shared: Arc<Shared>,
+    /// One job at a time: callers on different threads (tests) take turns.
+    entry: Mutex<()>,
+}
+
+thread_local! {
+    /// Set while this thread runs a team task: a parallel loop inside one runs serially.
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+static TEAM: OnceLock<Team> = OnceLock::new();
 
 /// Physical cores of this machine (hyper-threads share a core's vector units, so they rarely help
 /// memory-bound decode).
@@ -38,76 +102,235 @@ fn default_threads() -> usize {
         .unwrap_or_else(physical_cores)
 }
 
-fn build(threads: usize) -> Result<rayon::ThreadPool, ThreadsError> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("kvlab-worker-{i}"))
-        // A program may run its whole main loop on a worker (see `install`): give workers the
-        // main thread's usual stack.
-        .stack_size(8 << 20)
-        .build()
-        .map_err(|e| ThreadsError::Spawn {
-            threads,
-            reason: e.to_string(),
+impl Team {
+    fn start(n_threads: usize) -> Result<Team, ThreadsError> {
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            job: Mutex::new(None),
+            remaining: AtomicUsize::new(0),
+            sleeping: AtomicUsize::new(0),
+            park: Mutex::new(()),
+            wake: Condvar::new(),
+            panicked: AtomicBool::new(false),
+            n_threads,
+        });
+        for i in 1..n_threads {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("kvlab-worker-{i}"))
+                .spawn(move || helper(&s, i))
+                .map_err(|e| ThreadsError::Spawn {
+                    threads: n_threads,
+                    reason: e.to_string(),
+                })?;
+        }
+        Ok(Team {
+            shared,
+            entry: Mutex::new(()),
         })
+    }
+
+    /// Runs `f(t)` for every `t` in `0..n_tasks`: thread k of the team takes tasks k, k + n,
+    /// k + 2n, … (the caller is thread 0). Returns when every task has run; re-raises a panic.
+    fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        let s = &self.shared;
+        let _turn = self.entry.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the lifetime is erased only for the helpers, which call `f` for this epoch
+        // only; this function does not return (nor unwind: the caller's share runs under
+        // catch_unwind) before `remaining` is 0, i.e. before every helper is done with `f`.
+        let f_static: *const (dyn Fn(usize) + Sync + 'static) =
+            unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
+        *s.job.lock().unwrap_or_else(|p| p.into_inner()) = Some(Job {
+            f: f_static,
+            n_tasks,
+        });
+        s.remaining.store(s.n_threads - 1, SeqCst);
+        s.epoch.fetch_add(1, SeqCst);
+        if s.sleeping.load(SeqCst) > 0 {
+            let _g = s.park.lock().unwrap_or_else(|p| p.into_inner());
+            s.wake.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| {
+            run_share(f, 0, s.n_threads, n_tasks);
+        }));
+        while !spin_until(|| s.remaining.load(SeqCst) == 0) {
+            // A helper was descheduled: let it run.
+            std::thread::yield_now();
+        }
+        if let Err(p) = mine {
+            resume_unwind(p);
+        }
+        if s.panicked.swap(false, SeqCst) {
+            panic!("a task of a parallel loop panicked on a worker thread");
+        }
+    }
 }
 
-/// Fixes the number of worker threads.
+/// Thread `k` of `n`'s tasks of a job.
+fn run_share(f: &(dyn Fn(usize) + Sync), k: usize, n: usize, n_tasks: usize) {
+    /// Clears IN_TASK when the share ends, even by a panic.
+    struct InTask;
+    impl Drop for InTask {
+        fn drop(&mut self) {
+            IN_TASK.with(|c| c.set(false));
+        }
+    }
+    IN_TASK.with(|c| c.set(true));
+    let _in_task = InTask;
+    for t in (k..n_tasks).step_by(n) {
+        f(t);
+    }
+}
+
+/// A helper thread's life: wait for the next epoch (spin, then park), run its share, report.
+fn helper(s: &Shared, k: usize) {
+    let mut seen = 0u64;
+    loop {
+        if !spin_until(|| s.epoch.load(SeqCst) != seen) {
+            let mut g = s.park.lock().unwrap_or_else(|p| p.into_inner());
+            s.sleeping.fetch_add(1, SeqCst);
+            while s.epoch.load(SeqCst) == seen {
+                g = s.wake.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
+            s.sleeping.fetch_sub(1, SeqCst);
+        }
+        seen = s.epoch.load(SeqCst);
+        let job = *s.job.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(job) = job {
+            // SAFETY: see `Job::f`: the caller of `run` waits for this helper's report below
+            // before the closure can go away.
+            let f = unsafe { &*job.f };
+            if catch_unwind(AssertUnwindSafe(|| {
+                run_share(f, k, s.n_threads, job.n_tasks)
+            }))
+            .is_err()
+            {
+                s.panicked.store(true, SeqCst);
+            }
+        }
+        s.remaining.fetch_sub(1, SeqCst);
+    }
+}
+
+fn team() -> Option<&'static Team> {
+    if TEAM.get().is_none()
+        && let Ok(t) = Team::start(default_threads())
+    {
+        let _ = TEAM.set(t);
+    }
+    TEAM.get()
+}
+
+/// Fixes the number of threads (the caller's included).
 ///
 /// # Errors
-/// [`ThreadsError::Zero`] for 0; [`ThreadsError::AlreadyStarted`] when the pool already runs a
+/// [`ThreadsError::Zero`] for 0; [`ThreadsError::AlreadyStarted`] when the team already runs a
 /// different count; [`ThreadsError::Spawn`] when the OS refuses the threads.
 pub fn set_num_threads(threads: usize) -> Result<(), ThreadsError> {
     if threads == 0 {
         return Err(ThreadsError::Zero);
     }
-    if let Some(p) = POOL.get() {
-        return if p.current_num_threads() == threads {
-            Ok(())
-        } else {
-            Err(ThreadsError::AlreadyStarted {
-                running: p.current_num_threads(),
-            })
-        };
+    if TEAM.get().is_none() {
+        let t = Team::start(threads)?;
+        // A racing caller may have set it first; then its count decides.
+        let _ = TEAM.set(t);
     }
-    let pool = build(threads)?;
-    // A racing caller may have set it first; then its count decides.
-    let _ = POOL.set(pool);
-    let running = POOL.get().map_or(0, rayon::ThreadPool::current_num_threads);
-    if running == threads {
-        Ok(())
-    } else {
-        Err(ThreadsError::AlreadyStarted { running })
+    match num_threads() {
+        n if n == threads => Ok(()),
+        running => Err(ThreadsError::AlreadyStarted { running }),
     }
 }
 
-/// Worker threads of the pool (starting it with the default count if needed).
+/// Threads of the team (starting it with the default count if needed).
 pub fn num_threads() -> usize {
-    pool().map_or(1, rayon::ThreadPool::current_num_threads)
+    team().map_or(1, |t| t.shared.n_threads)
 }
 
-fn pool() -> Option<&'static rayon::ThreadPool> {
-    if POOL.get().is_none()
-        && let Ok(p) = build(default_threads())
-    {
-        let _ = POOL.set(p);
+/// Runs `f(t)` for every `t` in `0..n_tasks` on the team, thread k taking tasks k, k + n, …; on
+/// the calling thread alone when there is one thread or one task, or inside another team task.
+pub fn for_each_task(n_tasks: usize, f: impl Fn(usize) + Sync) {
+    let nested = IN_TASK.with(Cell::get);
+    match team() {
+        Some(t) if t.shared.n_threads > 1 && n_tasks > 1 && !nested => t.run(n_tasks, &f),
+        _ => (0..n_tasks).for_each(f),
     }
-    POOL.get()
 }
 
-/// Runs `f` on a worker of the pool, so its parallel loops stay inside the pool; on a worker
-/// already, `f` just runs. Without a pool (the OS refused threads) `f` runs on the calling thread
-/// and rayon's global pool serves it.
-///
-/// Each engine step calls this. A program that drives many steps (the CLI, xtask) runs its whole
-/// loop inside one `install`: then a step hands nothing from thread to thread, the other workers
-/// stay in rayon's spin-then-park loop between parallel loops, and an idle worker does not park
-/// and wake once per token (measured on the stories15M shape, 2 threads: about 55 context
-/// switches per token when each step was entered from the main thread, under 2 when the loop
-/// ran inside).
-pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    match pool() {
-        Some(p) => p.install(f),
-        None => f(),
+/// Splits `out` into chunks of `chunk` elements (the last may be shorter) and runs
+/// `f(index, chunk)` for each on the team.
+pub fn for_each_chunk_mut<T: Send>(
+    out: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let chunk = chunk.max(1);
+    let (len, n) = (out.len(), out.len().div_ceil(chunk));
+    let base = SendPtr(out.as_mut_ptr());
+    for_each_task(n, |i| {
+        let start = i * chunk;
+        let m = chunk.min(len - start);
+        // SAFETY: chunk i covers `start..start + m` inside `out`; the chunks are disjoint and
+        // each index runs exactly once, while `out` stays mutably borrowed by this function.
+        let c = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), m) };
+        f(i, c);
+    });
+}
+
+/// A base pointer shared by tasks that touch disjoint parts of its buffer.
+struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: only used by for_each_chunk_mut, whose tasks touch disjoint chunks.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    /// A method, so closures capture the wrapper (Send + Sync), not the raw field.
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn every_task_runs_exactly_once() {
+        for n in [0, 1, 2, 3, 7, 64, 1000] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            for_each_task(n, |t| {
+                hits[t].fetch_add(1, SeqCst);
+            });
+            assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "n={n}");
+        }
+    }
+
+    #[test]
+    fn chunks_cover_the_buffer_once_and_nested_loops_run_serially() {
+        let mut v = vec![0u32; 1003];
+        for_each_chunk_mut(&mut v, 100, |i, c| {
+            for_each_task(3, |_| {}); // nested: must not deadlock
+            c.iter_mut().for_each(|x| *x += i as u32 + 1);
+        });
+        for (j, x) in v.iter().enumerate() {
+            assert_eq!(*x, (j / 100) as u32 + 1);
+        }
+    }
+
+    #[test]
+    fn a_panicking_task_is_re_raised_and_the_team_keeps_working() {
+        let r = catch_unwind(|| for_each_task(8, |t| assert!(t != 5, "task 5")));
+        assert!(r.is_err());
+        let count = AtomicUsize::new(0);
+        for_each_task(8, |_| {
+            count.fetch_add(1, SeqCst);
+        });
+        assert_eq!(count.load(SeqCst), 8);
     }
 }

@@ -173,9 +173,7 @@ impl PagedCpuEngine {
             v_new: Vec::new(),
         };
         let (model, rope) = (&self.model, &self.rope);
-        crate::threads::install(|| {
-            forward(model, rope, &tokens, &positions, &logit_rows, &mut step)
-        })
+        forward(model, rope, &tokens, &positions, &logit_rows, &mut step)
     }
 
     /// Copies every block of `copies` in every layer of KV group `group`.
