@@ -83,7 +83,7 @@ pub fn min_p(s: &str) -> Result<f32, String> {
     kvlab_model::sampler::check_min_p(v).map_err(|e| e.to_string())
 }
 
-/// `--repeat-penalty`: greater than 0 and at most 10; 1 is off.
+/// `--repeat-penalty`: from 0.1 to 10; 1 is off.
 ///
 /// # Errors
 /// Not a number, or out of range.

@@ -514,7 +514,8 @@ fn info_mem_and_batch_print_json_when_asked() {
 
 refused! {
     min_p_above_one: ["generate", "--min-p", "1.5"] => "use a value from 0 (off) to 1";
-    repeat_penalty_zero: ["generate", "--repeat-penalty", "0"] => "greater than 0 and at most 10";
+    repeat_penalty_zero: ["generate", "--repeat-penalty", "0"] => "from 0.1 to 10";
+    repeat_penalty_tiny: ["generate", "--repeat-penalty", "1e-38"] => "from 0.1 to 10";
 }
 
 #[test]

@@ -55,16 +55,19 @@ pub fn check_min_p(p: f32) -> Result<f32> {
     }
 }
 
-/// Checks a repeat penalty: greater than 0 and at most [`MAX_REPEAT_PENALTY`]; 1 is off.
+/// Checks a repeat penalty: from 1/[`MAX_REPEAT_PENALTY`] to [`MAX_REPEAT_PENALTY`]; 1 is off.
+/// The lower bound keeps `logit / penalty` finite: a penalty near 0 would turn a seen token's
+/// logit into infinity and the sampler would pick it for a meaningless reason.
 ///
 /// # Errors
 /// [`Error::Sampling`] naming the valid range.
 pub fn check_repeat_penalty(r: f32) -> Result<f32> {
-    if r > 0.0 && r <= MAX_REPEAT_PENALTY {
+    if (1.0 / MAX_REPEAT_PENALTY..=MAX_REPEAT_PENALTY).contains(&r) {
         Ok(r)
     } else {
         Err(Error::Sampling(format!(
-            "repeat penalty {r:?} is out of range: use a value greater than 0 and at most {MAX_REPEAT_PENALTY} (1 is off)"
+            "repeat penalty {r:?} is out of range: use a value from {} to {MAX_REPEAT_PENALTY} (1 is off)",
+            1.0 / MAX_REPEAT_PENALTY
         )))
     }
 }
@@ -439,6 +442,8 @@ mod tests {
         }
         assert!(Sampler::greedy().with_min_p(1.5).is_err());
         assert!(Sampler::greedy().with_repeat_penalty(0.0).is_err());
+        assert!(Sampler::greedy().with_repeat_penalty(1e-38).is_err());
+        assert!(Sampler::greedy().with_repeat_penalty(0.1).is_ok());
     }
 
     #[test]
