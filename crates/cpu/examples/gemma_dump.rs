@@ -1,7 +1,7 @@
 //! Dumps kvlab's Gemma 3 logits for every case of fixtures/gemma3/greedy.json as JSON on stdout,
 //! for scripts/gemma_hf_reference.py --compare-kvlab (the f32 oracle from Hugging Face).
 //!
-//!     KVLAB_MODELS=../shared/models cargo run --release -p kvlab-cpu --example gemma_dump -- \
+//!     KVLAB_MODELS=/path/to/models cargo run --release -p kvlab-cpu --example gemma_dump -- \
 //!         [fixtures/gemma3/hf_f32.json] [--raw DIR] > /tmp/kvlab_dump.json
 //!
 //! Per case: step-0 top-10 (id, logit) and, for prompt00/prompt02, the first 64 step-0 logits;
