@@ -66,7 +66,7 @@ fn sgemm_columns(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_o
         .div_ceil(threads)
         .next_multiple_of(16)
         .max(SGEMM_MIN_COLS);
-    let y_ptr = OutPtr(y.as_mut_ptr());
+    let y_ptr = threads::SendPtr(y.as_mut_ptr());
     let block = |c0: usize| {
         let n = per.min(d_out - c0);
         // C (m=t, n) = A (m, k=in) · B (k, n) where B = W[c0..c0+n]ᵀ: B[k][j] = W[c0 + j][k],
@@ -97,21 +97,6 @@ fn sgemm_columns(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_o
         block(0);
     } else {
         threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
-    }
-}
-
-/// y's base pointer, shared by sgemm tasks that write disjoint column blocks.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the tasks that share it write disjoint columns (see sgemm_columns).
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// A method, so closures capture the wrapper (Send + Sync), not the raw field.
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }
 

@@ -276,21 +276,23 @@ pub fn for_each_chunk_mut<T: Send>(
     });
 }
 
-/// A base pointer shared by tasks that touch disjoint parts of its buffer.
-struct SendPtr<T>(*mut T);
+/// A base pointer shared by the tasks of one parallel loop that touch disjoint parts of its
+/// buffer (contiguous chunks here, column blocks in `linear::sgemm_columns`).
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
 impl<T> Clone for SendPtr<T> {
     fn clone(&self) -> Self {
         *self
     }
 }
 impl<T> Copy for SendPtr<T> {}
-// SAFETY: only used by for_each_chunk_mut, whose tasks touch disjoint chunks.
+// SAFETY: every user's tasks touch disjoint parts of the buffer, which the loop's caller keeps
+// mutably borrowed until all tasks have run.
 unsafe impl<T: Send> Send for SendPtr<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for SendPtr<T> {}
 impl<T> SendPtr<T> {
     /// A method, so closures capture the wrapper (Send + Sync), not the raw field.
-    fn get(self) -> *mut T {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

@@ -150,8 +150,7 @@ fn kvlab_decode_tok_s(stderr: &str) -> Result<f64> {
 
 fn kvlab_cmd(kvlab: &Path, threads: usize) -> Command {
     let mut c = Command::new(kvlab);
-    c.env("RAYON_NUM_THREADS", threads.to_string())
-        .env("MATMUL_NUM_THREADS", threads.to_string());
+    c.env("RAYON_NUM_THREADS", threads.to_string());
     c
 }
 
