@@ -19,11 +19,10 @@ pub mod simd;
 pub mod softmax;
 pub mod threads;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
+use kvlab_model::{Config, Engine, KvUsage, Model, Result, SeqId, Sequences, TraceStep};
 
 use kv_cache::ContiguousKvCache;
 use kvlab_model::rope::RopeTables;
@@ -32,10 +31,9 @@ pub use threads::set_num_threads;
 /// The contiguous-cache CPU engine.
 pub struct CpuEngine {
     model: Arc<Model>,
-    seqs: HashMap<SeqId, ContiguousKvCache>,
+    seqs: Sequences<ContiguousKvCache>,
     /// One cos/sin table per distinct RoPE theta, covering the longest sequence asked for.
     rope: RopeTables,
-    next_id: SeqId,
 }
 
 impl CpuEngine {
@@ -43,8 +41,7 @@ impl CpuEngine {
         CpuEngine {
             rope: RopeTables::for_config(&model.config, 0),
             model,
-            seqs: HashMap::new(),
-            next_id: 0,
+            seqs: Sequences::default(),
         }
     }
 
@@ -57,7 +54,7 @@ impl CpuEngine {
 
     /// Runs `tokens` at the sequence's next positions; returns the last one's logits.
     fn run(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        let cache = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
+        let cache = self.seqs.get_mut(seq)?;
         check_tokens(
             &self.model.config,
             seq,
@@ -90,37 +87,24 @@ impl Engine for CpuEngine {
     fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId> {
         check_max_seq_len(&self.model.config, max_seq_len)?;
         self.ensure_rope(max_seq_len);
-        let id = self.next_id;
-        self.next_id += 1;
-        self.seqs
-            .insert(id, ContiguousKvCache::new(&self.model.config, max_seq_len));
-        Ok(id)
+        let cache = ContiguousKvCache::new(&self.model.config, max_seq_len);
+        Ok(self.seqs.insert(cache))
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         self.run(seq, tokens)
     }
 
-    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>> {
-        self.run(seq, &[token])
-    }
-
     fn free(&mut self, seq: SeqId) {
-        self.seqs.remove(&seq);
+        self.seqs.remove(seq);
     }
 
     fn kv_usage(&self) -> KvUsage {
-        self.seqs
-            .values()
-            .map(ContiguousKvCache::usage)
-            .fold(KvUsage::default(), |a, b| KvUsage {
-                used_bytes: a.used_bytes + b.used_bytes,
-                reserved_bytes: a.reserved_bytes + b.reserved_bytes,
-            })
+        self.seqs.values().map(ContiguousKvCache::usage).sum()
     }
 
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
-        let cache = self.seqs.get(&seq)?;
+        let cache = self.seqs.get(seq)?;
         Some(TraceStep {
             len: cache.len,
             layer_cache_shapes: cache.shapes(),

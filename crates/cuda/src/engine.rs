@@ -10,11 +10,10 @@
 //! The two modes share one pool, so a run uses one or the other: `execute` refuses to run while
 //! single-sequence sequences are alive.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, Model, SeqId, TraceStep};
+use kvlab_model::{Config, Engine, Error, KvUsage, Model, SeqId, Sequences, TraceStep};
 use kvlab_paged::{PagedError, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq};
 
 use crate::device::{Device, DeviceInfo};
@@ -95,8 +94,7 @@ pub struct CudaEngine {
     weight_bytes: usize,
     /// Single-sequence mode's pools, one per KV group, and its sequences.
     unscheduled: UnscheduledPools,
-    seqs: HashMap<SeqId, UnscheduledSeq>,
-    next_id: SeqId,
+    seqs: Sequences<UnscheduledSeq>,
 }
 
 impl CudaEngine {
@@ -179,8 +177,7 @@ impl CudaEngine {
             plan,
             weight_bytes,
             unscheduled,
-            seqs: HashMap::new(),
-            next_id: 0,
+            seqs: Sequences::default(),
         })
     }
 
@@ -246,7 +243,7 @@ impl CudaEngine {
     }
 
     fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
-        let st = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
+        let st = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, st.len, st.max_seq_len, tokens)?;
         let step = self
             .unscheduled
@@ -264,7 +261,7 @@ impl CudaEngine {
         };
         let n = self.run(&batch)?;
         let mut logits = with_runner!(&self.runner, f => f.logits(n))?;
-        if let Some(st) = self.seqs.get_mut(&seq) {
+        if let Ok(st) = self.seqs.get_mut(seq) {
             st.len += tokens.len();
         }
         logits
@@ -294,22 +291,15 @@ impl Engine for CudaEngine {
             ))
             .into());
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.seqs.insert(id, self.unscheduled.new_seq(max_seq_len));
-        Ok(id)
+        Ok(self.seqs.insert(self.unscheduled.new_seq(max_seq_len)))
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
         self.run_unscheduled(seq, tokens)
     }
 
-    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>, Error> {
-        self.run_unscheduled(seq, &[token])
-    }
-
     fn free(&mut self, seq: SeqId) {
-        if let Some(mut st) = self.seqs.remove(&seq) {
+        if let Some(mut st) = self.seqs.remove(seq) {
             self.unscheduled.free(&mut st);
         }
     }
@@ -333,7 +323,7 @@ impl Engine for CudaEngine {
     }
 
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
-        let st = self.seqs.get(&seq)?;
+        let st = self.seqs.get(seq)?;
         let c = &self.model.config;
         let shapes = (0..c.n_layers)
             .map(|_| {

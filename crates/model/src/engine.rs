@@ -1,9 +1,11 @@
 //! The boundary every engine implements. The generate loop, verify and bench drive engines only
 //! through this trait, so that parity between engines is a property of the engines alone.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
-use crate::{Config, Result};
+use crate::{Config, Error, Result};
 
 /// A sequence handle, unique within one engine.
 pub type SeqId = u64;
@@ -55,9 +57,14 @@ pub trait Engine {
 
     /// Appends one token at the next position; returns its logits (vocab_size,).
     ///
+    /// The default is a one-token [`Engine::prefill`]: every kvlab engine's step takes any number
+    /// of new positions, and decode is the case of one.
+    ///
     /// # Errors
     /// As [`Engine::prefill`].
-    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>>;
+    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>> {
+        self.prefill(seq, &[token])
+    }
 
     /// Releases a sequence and its cache. Unknown ids are ignored.
     fn free(&mut self, seq: SeqId);
@@ -68,6 +75,76 @@ pub trait Engine {
     /// What a learner should see of the cache after the last step (shapes, block table).
     fn trace(&self, _seq: SeqId) -> Option<TraceStep> {
         None
+    }
+}
+
+impl std::iter::Sum for KvUsage {
+    fn sum<I: Iterator<Item = KvUsage>>(iter: I) -> KvUsage {
+        iter.fold(KvUsage::default(), |a, b| KvUsage {
+            used_bytes: a.used_bytes + b.used_bytes,
+            reserved_bytes: a.reserved_bytes + b.reserved_bytes,
+        })
+    }
+}
+
+/// The sequences an engine holds, by id: the one table every engine keeps, whatever its
+/// per-sequence state `S` is (a token history, a contiguous KV cache, block tables). Ids are
+/// handed out in order and never reused.
+#[derive(Debug)]
+pub struct Sequences<S> {
+    map: HashMap<SeqId, S>,
+    next_id: SeqId,
+}
+
+impl<S> Default for Sequences<S> {
+    fn default() -> Self {
+        Sequences {
+            map: HashMap::new(),
+            next_id: 0,
+        }
+    }
+}
+
+impl<S> Sequences<S> {
+    /// Adds a sequence's state; returns its new id.
+    pub fn insert(&mut self, state: S) -> SeqId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.map.insert(id, state);
+        id
+    }
+
+    /// The state of `seq`, if it exists.
+    pub fn get(&self, seq: SeqId) -> Option<&S> {
+        self.map.get(&seq)
+    }
+
+    /// The state of `seq`, to step it.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSequence`] if no such sequence exists (never started, or freed).
+    pub fn get_mut(&mut self, seq: SeqId) -> Result<&mut S> {
+        self.map.get_mut(&seq).ok_or(Error::UnknownSequence(seq))
+    }
+
+    /// Removes `seq` and returns its state; `None` for unknown ids.
+    pub fn remove(&mut self, seq: SeqId) -> Option<S> {
+        self.map.remove(&seq)
+    }
+
+    /// Every live sequence's state, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &S> {
+        self.map.values()
+    }
+
+    /// Number of live sequences.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no sequence is live.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 }
 

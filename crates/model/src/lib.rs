@@ -25,7 +25,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Activation, Config, LayerKind, RopeLayout};
-pub use engine::{Engine, KvUsage, SeqId, TraceStep};
+pub use engine::{Engine, KvUsage, SeqId, Sequences, TraceStep};
 pub use error::{Error, Result};
 pub use generate::{GenerateOptions, Generation, generate_text, generate_tokens, teacher_force};
 pub use sampler::Sampler;

@@ -9,11 +9,10 @@
 
 mod forward;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
+use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, Sequences, TraceStep};
 
 /// A sequence is nothing but its tokens.
 struct Sequence {
@@ -24,16 +23,14 @@ struct Sequence {
 /// The no-cache engine.
 pub struct NaiveEngine {
     model: Arc<Model>,
-    seqs: HashMap<SeqId, Sequence>,
-    next_id: SeqId,
+    seqs: Sequences<Sequence>,
 }
 
 impl NaiveEngine {
     pub fn new(model: Arc<Model>) -> NaiveEngine {
         NaiveEngine {
             model,
-            seqs: HashMap::new(),
-            next_id: 0,
+            seqs: Sequences::default(),
         }
     }
 
@@ -67,7 +64,7 @@ impl NaiveEngine {
     }
 
     fn run(&mut self, seq: SeqId, new: &[u32]) -> Result<Vec<f32>> {
-        let s = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
+        let s = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, s.tokens.len(), s.max_seq_len, new)?;
         s.tokens.extend_from_slice(new);
         // The whole point of this engine: forget everything, recompute from token 0.
@@ -86,28 +83,18 @@ impl Engine for NaiveEngine {
 
     fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId> {
         check_max_seq_len(&self.model.config, max_seq_len)?;
-        let id = self.next_id;
-        self.next_id += 1;
-        self.seqs.insert(
-            id,
-            Sequence {
-                tokens: Vec::new(),
-                max_seq_len,
-            },
-        );
-        Ok(id)
+        Ok(self.seqs.insert(Sequence {
+            tokens: Vec::new(),
+            max_seq_len,
+        }))
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         self.run(seq, tokens)
     }
 
-    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>> {
-        self.run(seq, &[token])
-    }
-
     fn free(&mut self, seq: SeqId) {
-        self.seqs.remove(&seq);
+        self.seqs.remove(seq);
     }
 
     /// The naive engine holds no KV cache: K and V exist only transiently inside a step.
@@ -116,7 +103,7 @@ impl Engine for NaiveEngine {
     }
 
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
-        let s = self.seqs.get(&seq)?;
+        let s = self.seqs.get(seq)?;
         let c = &self.model.config;
         let shape = format!(
             "no cache: K, V recomputed as (seq_len={}, kv_dim={}) each step",

@@ -13,11 +13,10 @@
 pub mod attention;
 pub mod pool;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, TraceStep};
+use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, Sequences, TraceStep};
 use kvlab_paged::{BlockCopy, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq};
 
 use crate::attention::Heads;
@@ -114,8 +113,7 @@ pub struct PagedCpuEngine {
     /// Sequences driven one at a time through the `Engine` API, and their blocks (the
     /// scheduler keeps its own tables for batched runs; the two never share the pool at once).
     unscheduled: UnscheduledPools,
-    seqs: HashMap<SeqId, UnscheduledSeq>,
-    next_id: SeqId,
+    seqs: Sequences<UnscheduledSeq>,
 }
 
 impl PagedCpuEngine {
@@ -135,8 +133,7 @@ impl PagedCpuEngine {
             rope,
             pool,
             unscheduled,
-            seqs: HashMap::new(),
-            next_id: 0,
+            seqs: Sequences::default(),
         })
     }
 
@@ -190,7 +187,7 @@ impl PagedCpuEngine {
     /// One step of an unscheduled sequence: reserve its slots as the scheduler would, then run
     /// it as a one-sequence scheduled step.
     fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        let s = self.seqs.get_mut(&seq).ok_or(Error::UnknownSequence(seq))?;
+        let s = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, s.len, s.max_seq_len, tokens)?;
         let step = self
             .unscheduled
@@ -207,7 +204,7 @@ impl PagedCpuEngine {
             preempted: Vec::new(),
         };
         let mut logits = self.run_batch(&batch)?;
-        if let Some(s) = self.seqs.get_mut(&seq) {
+        if let Ok(s) = self.seqs.get_mut(seq) {
             s.len += tokens.len();
         }
         logits.pop().ok_or_else(|| Error::Engine {
@@ -289,22 +286,15 @@ impl Engine for PagedCpuEngine {
                 "the pool holds at most {cap} positions; a sequence of {max_seq_len} needs a larger pool"
             )));
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.seqs.insert(id, self.unscheduled.new_seq(max_seq_len));
-        Ok(id)
+        Ok(self.seqs.insert(self.unscheduled.new_seq(max_seq_len)))
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         self.run_unscheduled(seq, tokens)
     }
 
-    fn decode(&mut self, seq: SeqId, token: u32) -> Result<Vec<f32>> {
-        self.run_unscheduled(seq, &[token])
-    }
-
     fn free(&mut self, seq: SeqId) {
-        if let Some(mut s) = self.seqs.remove(&seq) {
+        if let Some(mut s) = self.seqs.remove(seq) {
             self.unscheduled.free(&mut s);
         }
     }
@@ -323,7 +313,7 @@ impl Engine for PagedCpuEngine {
     }
 
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
-        let s = self.seqs.get(&seq)?;
+        let s = self.seqs.get(seq)?;
         let c = &self.model.config;
         let shapes = (0..c.n_layers)
             .map(|l| {
