@@ -10,6 +10,7 @@
 //! [`rope`] (cos/sin tables for the engines),
 //! [`engine`] (the trait), [`sampler`], [`generate`].
 
+pub mod compare;
 pub mod config;
 pub mod engine;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;
 
+pub use compare::{LogitComparison, Tolerance, compare_logits};
 pub use config::{Activation, Config, LayerKind, RopeLayout};
 pub use engine::{Engine, KvUsage, SeqId, Sequences, TraceStep};
 pub use error::{Error, Result};

@@ -1,0 +1,134 @@
+//! Comparing an engine's logits with a reference's, position by position: the one comparison
+//! `cargo xtask verify` applies to f32 engines (within tolerance at every position) and the CUDA
+//! engine's f16 modes report (top-1 agreement, max |Δlogit|). Teacher forcing
+//! ([`crate::teacher_force`]) makes the positions comparable even where the engines' greedy
+//! choices would differ.
+
+use serde::Serialize;
+
+use crate::sampler::argmax;
+
+/// Per position: max_j |got_j − ref_j| ≤ `abs` + `rel` · max_j |ref_j|. The relative part is taken
+/// against the position's largest reference logit, not entry by entry: a logit near zero is the
+/// sum of terms as large as the others, so it carries the same absolute rounding error.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Tolerance {
+    pub abs: f32,
+    pub rel: f32,
+}
+
+impl Tolerance {
+    /// Every f32 engine against the naive engine (ARCHITECTURE.md, invariants).
+    pub const F32: Tolerance = Tolerance {
+        abs: 1e-4,
+        rel: 1e-4,
+    };
+}
+
+/// How two lists of logits rows compare.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LogitComparison {
+    /// Positions compared: the shorter list's length.
+    pub positions: usize,
+    /// Largest |got − ref| over every logit of every position; NaN if any difference is NaN.
+    pub max_abs_dlogit: f32,
+    /// Every position within the tolerance, and both lists (and each pair of rows) of one
+    /// length. NaN never passes.
+    pub within_tolerance: bool,
+    /// Fraction of positions whose argmax (top-1 token) is the same; 1 for no positions.
+    pub top1_agreement: f64,
+    /// First position whose top-1 differs, if any.
+    pub first_top1_mismatch: Option<usize>,
+}
+
+/// Compares `got` with `reference`, row by row (one row of logits per position).
+pub fn compare_logits(got: &[Vec<f32>], reference: &[Vec<f32>], tol: Tolerance) -> LogitComparison {
+    let mut max = 0.0f32;
+    let mut within = got.len() == reference.len();
+    let (mut same, mut first_top1_mismatch) = (0, None);
+    for (i, (g, r)) in got.iter().zip(reference).enumerate() {
+        let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst = g
+            .iter()
+            .zip(r)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, nan_max);
+        if worst.is_nan() || worst > tol.abs + tol.rel * scale || g.len() != r.len() {
+            within = false;
+        }
+        max = nan_max(max, worst);
+        if argmax(g) == argmax(r) {
+            same += 1;
+        } else if first_top1_mismatch.is_none() {
+            first_top1_mismatch = Some(i);
+        }
+    }
+    let positions = got.len().min(reference.len());
+    LogitComparison {
+        positions,
+        max_abs_dlogit: max,
+        within_tolerance: within,
+        top1_agreement: if positions == 0 {
+            1.0
+        } else {
+            same as f64 / positions as f64
+        },
+        first_top1_mismatch,
+    }
+}
+
+/// The larger of two differences, NaN if either is (f32::max would drop a NaN).
+fn nan_max(m: f32, d: f32) -> f32 {
+    if m.is_nan() || d.is_nan() {
+        f32::NAN
+    } else {
+        m.max(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_top1_and_the_largest_difference() {
+        let reference = vec![vec![0.0, 1.0, 0.5], vec![2.0, 0.0, 0.0]];
+        let got = vec![vec![0.1, 1.0, 0.5], vec![0.0, 0.5, 0.0]];
+        let c = compare_logits(&got, &reference, Tolerance::F32);
+        assert_eq!(c.positions, 2);
+        assert_eq!(c.top1_agreement, 0.5);
+        assert_eq!(c.first_top1_mismatch, Some(1));
+        assert!((c.max_abs_dlogit - 2.0).abs() < 1e-6);
+        assert!(!c.within_tolerance);
+        let same = compare_logits(&reference, &reference, Tolerance::F32);
+        assert_eq!((same.max_abs_dlogit, same.within_tolerance), (0.0, true));
+        assert_eq!((same.top1_agreement, same.first_top1_mismatch), (1.0, None));
+    }
+
+    #[test]
+    fn the_tolerance_is_relative_to_the_largest_reference_logit() {
+        let tol = Tolerance { abs: 0.0, rel: 0.1 };
+        // |Δ| = 0.5 on a logit of 0 passes: the position's largest logit is 10.
+        assert!(compare_logits(&[vec![0.5, 10.0]], &[vec![0.0, 10.0]], tol).within_tolerance);
+        assert!(!compare_logits(&[vec![1.5, 10.0]], &[vec![0.0, 10.0]], tol).within_tolerance);
+    }
+
+    #[test]
+    fn nan_and_length_mismatches_never_pass() {
+        let nan = compare_logits(&[vec![1.0, f32::NAN]], &[vec![1.0, 2.0]], Tolerance::F32);
+        assert!(nan.max_abs_dlogit.is_nan() && !nan.within_tolerance);
+        let later = compare_logits(
+            &[vec![f32::NAN], vec![1.0]],
+            &[vec![1.0], vec![3.0]],
+            Tolerance::F32,
+        );
+        assert!(later.max_abs_dlogit.is_nan(), "a NaN stays the maximum");
+        let short = compare_logits(&[vec![1.0]], &[vec![1.0], vec![2.0]], Tolerance::F32);
+        assert_eq!(short.positions, 1);
+        assert!(!short.within_tolerance);
+        let narrow = compare_logits(&[vec![1.0]], &[vec![1.0, 2.0]], Tolerance::F32);
+        assert!(!narrow.within_tolerance);
+        let empty = compare_logits(&[], &[], Tolerance::F32);
+        assert_eq!((empty.positions, empty.top1_agreement), (0, 1.0));
+    }
+}
