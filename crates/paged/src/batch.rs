@@ -8,9 +8,9 @@
 
 use serde::Serialize;
 
+use crate::allocator::BlockCopy;
 use crate::block_table::PaddedBlockTables;
-use crate::output::ScheduledBatch;
-use crate::table_ops::BlockCopy;
+use crate::scheduled_batch::ScheduledBatch;
 
 /// One KV cache group's kernel inputs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -62,18 +62,16 @@ mod allocator;
 mod batch;
 mod config;
 mod error;
-mod output;
 mod prefix_cache;
-mod prefix_sharing;
-mod schedule;
+mod scheduled_batch;
 mod scheduler;
 mod sequence;
-mod table_ops;
 mod unscheduled;
-mod update;
-mod window;
 
-pub use allocator::{AllocatorStats, BlockAllocator, DEFAULT_BLOCK_SIZE};
+pub use allocator::{
+    AllocatorStats, BlockAllocator, BlockCopy, DEFAULT_BLOCK_SIZE, PrefixMatch, max_window_blocks,
+    window_start,
+};
 pub use batch::{GroupInput, ModelInput};
 pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables};
 pub use config::{KvGroupConfig, SchedulerConfig};
@@ -81,12 +79,9 @@ pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, driv
 pub use error::{PagedError, Result};
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a_block_hash};
 pub use metrics::Metrics;
-pub use output::{FinishedSeq, GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
-pub use prefix_sharing::PrefixMatch;
+pub use scheduled_batch::{FinishedSeq, GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
 pub use scheduler::Scheduler;
 pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
-pub use table_ops::BlockCopy;
 pub use unscheduled::{UnscheduledPools, UnscheduledSeq};
 pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};
-pub use window::{max_window_blocks, window_start};
 pub use workload::{LongTail, long_tail_requests, uniform_requests};

@@ -6,7 +6,7 @@
 //! as a one-sequence [`ScheduledSeq`], which a paged engine runs like any scheduled step. The
 //! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
 
-use crate::output::{GroupStep, ScheduledSeq, StepKind};
+use crate::scheduled_batch::{GroupStep, ScheduledSeq, StepKind};
 use crate::sequence::SeqId;
 use crate::{BlockAllocator, BlockTable, PagedError, Result, window_start};
 

@@ -19,14 +19,17 @@
 //! # Ok::<(), kvlab_paged::PagedError>(())
 //! ```
 
+mod schedule;
+mod update;
+
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::allocator::BlockAllocator;
+use crate::allocator::window_start;
 use crate::config::SchedulerConfig;
 use crate::error::{PagedError, Result};
 use crate::hash::HashFn;
 use crate::sequence::{SeqId, Sequence, SequenceStatus, StopConditions};
-use crate::window::window_start;
 
 /// Totals the scheduler counts itself (the allocators count the rest).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

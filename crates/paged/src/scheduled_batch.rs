@@ -8,8 +8,8 @@
 
 use serde::Serialize;
 
+use crate::allocator::BlockCopy;
 use crate::sequence::{FinishReason, SeqId};
-use crate::table_ops::BlockCopy;
 
 /// Prefill or decode, as vLLM's attention metadata distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -16,6 +16,14 @@
 //! a [`crate::BlockCopy`] `src → dst` that the engine must perform *before* any k/v write of
 //! the step.
 
+mod append;
+mod prefix;
+mod window;
+
+pub use append::BlockCopy;
+pub use prefix::PrefixMatch;
+pub use window::{max_window_blocks, window_start};
+
 use std::collections::VecDeque;
 
 use serde::Serialize;

@@ -8,7 +8,7 @@
 //! window.
 
 use crate::error::{PagedError, Result};
-use crate::output::{FinishedSeq, ScheduledBatch};
+use crate::scheduled_batch::{FinishedSeq, ScheduledBatch};
 use crate::scheduler::Scheduler;
 use crate::sequence::{FinishReason, SeqId, SequenceStatus};
 

@@ -16,11 +16,11 @@
 //! (variable-length queries over paged keys). Prompts are prefilled whole, never chunked; the
 //! configuration guarantees that any prompt fits one step (see `config.rs`).
 
+use crate::allocator::BlockCopy;
 use crate::error::{PagedError, Result};
-use crate::output::{GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
+use crate::scheduled_batch::{GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
 use crate::scheduler::Scheduler;
 use crate::sequence::{SeqId, SequenceStatus};
-use crate::table_ops::BlockCopy;
 
 impl Scheduler {
     /// Builds the next step: decodes for all running sequences (preempting the newest when
