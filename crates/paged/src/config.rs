@@ -7,9 +7,7 @@
 
 use serde::Serialize;
 
-use crate::allocator::DEFAULT_BLOCK_SIZE;
-use crate::allocator::max_window_blocks;
-use crate::error::{PagedError, Result};
+use crate::{DEFAULT_BLOCK_SIZE, PagedError, Result, max_window_blocks};
 
 /// One KV cache group: a set of layers sharing an attention kind, served by its own pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

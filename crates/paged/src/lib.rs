@@ -59,7 +59,6 @@ pub mod waste;
 pub mod workload;
 
 mod allocator;
-mod batch;
 mod config;
 mod error;
 mod prefix_cache;
@@ -69,17 +68,18 @@ mod sequence;
 mod unscheduled;
 
 pub use allocator::{
-    AllocatorStats, BlockAllocator, BlockCopy, DEFAULT_BLOCK_SIZE, PrefixMatch, max_window_blocks,
-    window_start,
+    AllocatorStats, BlockAllocator, BlockCopy, DEFAULT_BLOCK_SIZE, max_window_blocks, window_start,
 };
-pub use batch::{GroupInput, ModelInput};
 pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables};
 pub use config::{KvGroupConfig, SchedulerConfig};
 pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive};
 pub use error::{PagedError, Result};
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a_block_hash};
 pub use metrics::Metrics;
-pub use scheduled_batch::{FinishedSeq, GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
+pub use prefix_cache::PrefixMatch;
+pub use scheduled_batch::{
+    FinishedSeq, GroupInput, GroupStep, ModelInput, ScheduledBatch, ScheduledSeq, StepKind,
+};
 pub use scheduler::Scheduler;
 pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
 pub use unscheduled::{UnscheduledPools, UnscheduledSeq};

@@ -2,8 +2,7 @@
 
 use serde::Serialize;
 
-use crate::allocator::BlockAllocator;
-use crate::scheduler::Scheduler;
+use crate::BlockAllocator;
 
 /// A snapshot of the KV cache and scheduler. Block counts add up over all KV cache groups.
 ///
@@ -82,23 +81,6 @@ impl Metrics {
             0.0
         } else {
             self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
-        }
-    }
-}
-
-impl Scheduler {
-    /// The current metrics.
-    pub fn metrics(&self) -> Metrics {
-        let c = self.counters;
-        Metrics {
-            prefix_cache_queries: c.prefix_cache_queries,
-            prefix_cache_hits: c.prefix_cache_hits,
-            num_preemptions: c.num_preemptions,
-            num_recomputed_tokens: c.num_recomputed_tokens,
-            num_running: self.running.len(),
-            num_waiting: self.waiting.len(),
-            num_steps: c.num_steps,
-            ..Metrics::of_pools(&self.allocators)
         }
     }
 }

@@ -33,8 +33,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::BlockId;
-use crate::hash::{BlockHash, HashFn};
+use crate::{BlockHash, BlockId, HashFn};
 
 /// Identity of one cached content. Unique for the allocator's lifetime, so an entry can never be
 /// confused with a later, different content that happens to reuse its hash or its block.
@@ -271,5 +270,85 @@ impl PrefixCache {
             self.drop_unused_ghosts(entry);
         }
         Some(block)
+    }
+}
+
+/// The cached levels a prompt starts with, from [`crate::BlockAllocator::match_prefix`] or
+/// [`crate::BlockAllocator::match_prefix_levels`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// (num_matched_blocks,) the physical block of each verified level, in logical order;
+    /// `None` where no block holds that level (only from `match_prefix_levels`, or after
+    /// `forget_before`).
+    pub(crate) blocks: Vec<Option<BlockId>>,
+    /// Hash and entry of each matched level, to re-check at adoption and to continue the chain.
+    pub(crate) links: Vec<(BlockHash, EntryId)>,
+    /// Whether each matched block is currently unreferenced (adopting takes it out of the free
+    /// count).
+    pub(crate) evictable: Vec<bool>,
+    /// Levels before the first hole: `holds(h, 0)` in O(1), so scanning hit lengths for a
+    /// long prompt stays linear.
+    pub(crate) num_leading_held: usize,
+    pub(crate) collision: bool,
+}
+
+impl PrefixMatch {
+    /// The matched levels' physical blocks, in logical order (`None`: not held).
+    pub fn blocks(&self) -> &[Option<BlockId>] {
+        &self.blocks
+    }
+
+    /// Number of matched levels (held or not).
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Matched blocks that are unreferenced now: adopting them lowers the free count by this.
+    pub fn num_evictable(&self) -> usize {
+        self.num_evictable_in(0..self.evictable.len())
+    }
+
+    /// Matched blocks among `levels` that are unreferenced now (what adopting only those levels
+    /// takes out of the free count); levels past the match count nothing.
+    pub(crate) fn num_evictable_in(&self, levels: std::ops::Range<usize>) -> usize {
+        let end = levels.end.min(self.evictable.len());
+        let start = levels.start.min(end);
+        self.evictable[start..end].iter().filter(|&&e| e).count()
+    }
+
+    /// Whether the walk stopped at a block whose hash was cached for other content (a hash
+    /// collision, caught by comparing tokens and parent).
+    pub fn collision_detected(&self) -> bool {
+        self.collision
+    }
+
+    /// Whether a hit of `num_blocks` levels is usable by a table that needs the blocks from
+    /// logical block `first_needed` on (0 for full attention): all those levels are matched and
+    /// held.
+    pub fn holds(&self, num_blocks: usize, first_needed: usize) -> bool {
+        match first_needed.min(num_blocks) {
+            _ if num_blocks > self.blocks.len() => false,
+            0 => num_blocks <= self.num_leading_held,
+            first => self.blocks[first..num_blocks].iter().all(Option::is_some),
+        }
+    }
+
+    /// Keeps only the first `num_blocks` matched levels.
+    pub fn truncate(&mut self, num_blocks: usize) {
+        self.blocks.truncate(num_blocks);
+        self.links.truncate(num_blocks);
+        self.evictable.truncate(num_blocks);
+        self.num_leading_held = self.num_leading_held.min(num_blocks);
+    }
+
+    /// Makes every level below `first_needed` a hole: a sliding-window table adopts only the
+    /// blocks its next query can see (the levels stay part of the verified chain).
+    pub fn forget_before(&mut self, first_needed: usize) {
+        let end = first_needed.min(self.blocks.len());
+        self.blocks[..end].fill(None);
+        self.evictable[..end].fill(false);
+        if end > 0 {
+            self.num_leading_held = 0;
+        }
     }
 }

@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::block_table::BlockTable;
+use crate::BlockTable;
 
 /// Identifies a sequence for its whole life (unique per scheduler, never reused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

@@ -6,9 +6,10 @@
 //! as a one-sequence [`ScheduledSeq`], which a paged engine runs like any scheduled step. The
 //! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
 
-use crate::scheduled_batch::{GroupStep, ScheduledSeq, StepKind};
-use crate::sequence::SeqId;
-use crate::{BlockAllocator, BlockTable, PagedError, Result, window_start};
+use crate::{
+    BlockAllocator, BlockTable, GroupStep, PagedError, Result, ScheduledSeq, SeqId, StepKind,
+    window_start,
+};
 
 /// One sequence's tables and length.
 #[derive(Debug, Clone)]

@@ -25,7 +25,7 @@
 
 use serde::Serialize;
 
-use crate::error::{PagedError, Result};
+use crate::{PagedError, Result};
 
 /// The lengths of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

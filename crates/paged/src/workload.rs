@@ -8,8 +8,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::error::{PagedError, Result};
-use crate::waste::RequestLen;
+use crate::{PagedError, RequestLen, Result};
 
 /// The range of the standard uniform workload, for prompts and outputs alike.
 pub const UNIFORM_RANGE: std::ops::RangeInclusive<usize> = 100..=1024;

@@ -1,5 +1,4 @@
-//! Block-table mutations: grow a sequence by the tokens of one step (copying shared blocks
-//! first), fork it copy-on-write, free it.
+//! Reserving the slots of a step's tokens in a block table, copying shared blocks first.
 //!
 //! Appending `n` tokens to a table that holds `t` touches logical blocks `t / block_size ..=
 //! (t + n - 1) / block_size`. Each one is, in this order of checks:
@@ -12,12 +11,14 @@
 //!
 //! `keep_from` exists for sliding-window groups: keys at positions below it are never read
 //! after this step (see `window.rs`), so they need no memory. Full-attention groups pass 0.
+//!
+//! **Copy-on-write.** A block with ref count > 1 is never written: when a sequence must write
+//! into a shared partial block (after a fork), `append_slots` gives it a fresh block and returns
+//! a [`BlockCopy`] `src → dst` that the engine must perform *before* any k/v write of the step.
 
 use serde::Serialize;
 
-use crate::allocator::BlockAllocator;
-use crate::block_table::{BlockId, BlockTable};
-use crate::error::{PagedError, Result};
+use crate::{BlockAllocator, BlockId, BlockTable, PagedError, Result};
 
 /// Copy every slot of physical block `src` into block `dst` (all layers of the group, k and v):
 /// the copy-on-write order the engine executes before the step's writes.
@@ -115,51 +116,9 @@ impl BlockAllocator {
         Ok(copies)
     }
 
-    /// Drops every reference `table` holds, last block first (so its tail is evicted before its
-    /// shared head), and its hold on the prefix-cache entry its registration ended at, and leaves
-    /// the table empty. (A table dropped without `free` keeps those references forever.)
-    ///
-    /// # Errors
-    /// [`PagedError::BlockSizeMismatch`] or [`PagedError::InvalidBlock`] (nothing is freed) if
-    /// the table does not belong to this allocator.
-    pub fn free(&mut self, table: &mut BlockTable) -> Result<()> {
-        self.check_table(table)?;
-        for block in table.blocks.iter().rev().flatten() {
-            self.release(*block);
-        }
-        if let Some((_, entry)) = table.chain.last {
-            self.cache.unpin(entry);
-        }
-        *table = BlockTable::new(self.block_size);
-        Ok(())
-    }
-
-    /// A child table sharing every block of `table` (each ref count + 1): a copy-on-write fork
-    /// for parallel sampling or beam search. The first write into the shared partial block
-    /// copies it (see [`Self::append_slots`]).
-    ///
-    /// # Errors
-    /// [`PagedError::BlockSizeMismatch`] or [`PagedError::InvalidBlock`] (nothing changes) if
-    /// the table does not belong to this allocator.
-    pub fn fork(&mut self, table: &BlockTable) -> Result<BlockTable> {
-        self.check_table(table)?;
-        for block in table.blocks.iter().flatten() {
-            self.ref_counts[*block as usize] += 1;
-        }
-        if let Some((_, entry)) = table.chain.last {
-            self.cache.pin(entry);
-        }
-        Ok(table.clone())
-    }
-
     /// Logical blocks that appending `n` tokens touches (empty for `n == 0`).
     fn touched_blocks(&self, table: &BlockTable, n: usize) -> Result<std::ops::Range<usize>> {
-        if table.block_size() != self.block_size {
-            return Err(PagedError::BlockSizeMismatch {
-                table: table.block_size(),
-                allocator: self.block_size,
-            });
-        }
+        self.check_block_size(table)?;
         let t = table.num_tokens;
         let bs = self.block_size;
         let too_long = || {

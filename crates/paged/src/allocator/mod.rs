@@ -1,37 +1,32 @@
-//! The block pool: a free list and a ref count per block. The block-table mutations built on
-//! them (grow a sequence, fork it copy-on-write, free it) are in `table_ops.rs`.
+//! [`BlockAllocator`]: one pool of `num_blocks` KV blocks of `block_size` token slots, a ref
+//! count per block (the number of block tables holding it: forks and prefix-cache hits share
+//! blocks), a free list and the prefix cache. Block tables are passed in explicitly: nano-vllm's
+//! block manager without its globals. One idea per file:
 //!
-//! The KV cache is `num_blocks` blocks of `block_size` token slots. A sequence takes a block only
-//! when its previous one is full, so at most one partly filled block per sequence is wasted
-//! (vLLM's PagedAttention). A block's ref count is the number of block tables holding it; blocks
-//! are shared by forked sequences and by prefix-cache hits.
+//! * here: the pool (hand blocks out, take and drop references), and freeing and forking a table;
+//! * `append.rs`: reserving a step's slots, with copy-on-write for shared blocks;
+//! * `prefix.rs`: prefix caching on a table (match, adopt, register full blocks);
+//! * `window.rs`: sliding-window layers (free the blocks no future query reads).
 //!
-//! Queries (`can_allocate`, `can_append`, `blocks_needed_to_append`) never mutate; mutations
-//! (`allocate`, `append_slot(s)`, `fork`, `free`) check first and either succeed completely or
-//! change nothing. All state is plain data in this struct; block tables are passed in explicitly
-//! (nano-vllm's block manager without its globals).
-//!
-//! **Copy-on-write.** A block with ref count > 1 is never written: when a sequence must write
-//! into a shared partial block (after a fork), `append_slots` gives it a fresh block and returns
-//! a [`crate::BlockCopy`] `src → dst` that the engine must perform *before* any k/v write of
-//! the step.
+//! A sequence takes a block only when its previous one is full, so at most one partly filled
+//! block per sequence is wasted (vLLM's PagedAttention). Queries (`can_allocate`, `can_append`,
+//! `blocks_needed_to_append`, `match_prefix`) never mutate; mutations (`allocate`,
+//! `append_slot(s)`, `fork`, `free`, `adopt_prefix`) check first and either succeed completely or
+//! change nothing.
 
 mod append;
 mod prefix;
 mod window;
 
 pub use append::BlockCopy;
-pub use prefix::PrefixMatch;
 pub use window::{max_window_blocks, window_start};
 
 use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use crate::block_table::{BlockId, BlockTable};
-use crate::error::{PagedError, Result};
-use crate::hash::{HashFn, fnv1a_block_hash};
 use crate::prefix_cache::PrefixCache;
+use crate::{BlockId, BlockTable, HashFn, PagedError, Result, fnv1a_block_hash};
 
 /// The block size vLLM uses by default on GPUs.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -184,6 +179,43 @@ impl BlockAllocator {
         Ok(())
     }
 
+    /// Drops every reference `table` holds, last block first (so its tail is evicted before its
+    /// shared head), and its hold on the prefix-cache entry its registration ended at, and leaves
+    /// the table empty. (A table dropped without `free` keeps those references forever.)
+    ///
+    /// # Errors
+    /// [`PagedError::BlockSizeMismatch`] or [`PagedError::InvalidBlock`] (nothing is freed) if
+    /// the table does not belong to this allocator.
+    pub fn free(&mut self, table: &mut BlockTable) -> Result<()> {
+        self.check_table(table)?;
+        for block in table.blocks.iter().rev().flatten() {
+            self.release(*block);
+        }
+        if let Some((_, entry)) = table.chain.last {
+            self.cache.unpin(entry);
+        }
+        *table = BlockTable::new(self.block_size);
+        Ok(())
+    }
+
+    /// A child table sharing every block of `table` (each ref count + 1): a copy-on-write fork
+    /// for parallel sampling or beam search. The first write into the shared partial block
+    /// copies it (see [`Self::append_slots`]).
+    ///
+    /// # Errors
+    /// [`PagedError::BlockSizeMismatch`] or [`PagedError::InvalidBlock`] (nothing changes) if
+    /// the table does not belong to this allocator.
+    pub fn fork(&mut self, table: &BlockTable) -> Result<BlockTable> {
+        self.check_table(table)?;
+        for block in table.blocks.iter().flatten() {
+            self.ref_counts[*block as usize] += 1;
+        }
+        if let Some((_, entry)) = table.chain.last {
+            self.cache.pin(entry);
+        }
+        Ok(table.clone())
+    }
+
     /// Takes one block off the free list, or evicts the least recently released cached block.
     pub(crate) fn alloc_one(&mut self) -> Result<BlockId> {
         let block = match self.free_list.pop_front() {
@@ -243,13 +275,18 @@ impl BlockAllocator {
         Ok(())
     }
 
-    pub(crate) fn check_table(&self, table: &BlockTable) -> Result<()> {
+    pub(crate) fn check_block_size(&self, table: &BlockTable) -> Result<()> {
         if table.block_size() != self.block_size {
             return Err(PagedError::BlockSizeMismatch {
                 table: table.block_size(),
                 allocator: self.block_size,
             });
         }
+        Ok(())
+    }
+
+    pub(crate) fn check_table(&self, table: &BlockTable) -> Result<()> {
+        self.check_block_size(table)?;
         table
             .blocks
             .iter()

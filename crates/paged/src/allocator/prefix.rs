@@ -17,97 +17,14 @@
 //! **Sliding-window groups** need only the blocks the first uncached query can see, not the
 //! whole prefix (vLLM v1's `SlidingWindowManager` makes the same observation). For them,
 //! `match_prefix_levels` walks every *verified* level, including the ones no block holds any more
-//! (ghosts, see `prefix_cache.rs`), and reports which levels are held; the caller picks a hit
+//! (ghosts, see `prefix_cache.rs`, which also holds [`PrefixMatch`]), and reports which levels are held; the caller picks a hit
 //! length `h` for which [`PrefixMatch::holds`] the blocks from `window_start(h · block_size) /
 //! block_size` on, and [`PrefixMatch::forget_before`] turns the older levels into holes before
 //! adopting. A model with both kinds of layers takes the longest `h` that every group holds,
 //! which is what vLLM's hybrid KV cache coordinator computes.
 
-use crate::allocator::BlockAllocator;
-use crate::block_table::{BlockId, BlockTable};
-use crate::error::{PagedError, Result};
-use crate::hash::BlockHash;
-use crate::prefix_cache::{EntryId, Lookup, PrefixChain};
-
-/// The cached levels a prompt starts with, from [`BlockAllocator::match_prefix`] or
-/// [`BlockAllocator::match_prefix_levels`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PrefixMatch {
-    /// (num_matched_blocks,) the physical block of each verified level, in logical order;
-    /// `None` where no block holds that level (only from `match_prefix_levels`, or after
-    /// `forget_before`).
-    blocks: Vec<Option<BlockId>>,
-    /// Hash and entry of each matched level, to re-check at adoption and to continue the chain.
-    links: Vec<(BlockHash, EntryId)>,
-    /// Whether each matched block is currently unreferenced (adopting takes it out of the free
-    /// count).
-    evictable: Vec<bool>,
-    /// Levels before the first hole: `holds(h, 0)` in O(1), so scanning hit lengths for a
-    /// long prompt stays linear.
-    num_leading_held: usize,
-    collision: bool,
-}
-
-impl PrefixMatch {
-    /// The matched levels' physical blocks, in logical order (`None`: not held).
-    pub fn blocks(&self) -> &[Option<BlockId>] {
-        &self.blocks
-    }
-
-    /// Number of matched levels (held or not).
-    pub fn num_blocks(&self) -> usize {
-        self.blocks.len()
-    }
-
-    /// Matched blocks that are unreferenced now: adopting them lowers the free count by this.
-    pub fn num_evictable(&self) -> usize {
-        self.num_evictable_in(0..self.evictable.len())
-    }
-
-    /// Matched blocks among `levels` that are unreferenced now (what adopting only those levels
-    /// takes out of the free count); levels past the match count nothing.
-    pub(crate) fn num_evictable_in(&self, levels: std::ops::Range<usize>) -> usize {
-        let end = levels.end.min(self.evictable.len());
-        let start = levels.start.min(end);
-        self.evictable[start..end].iter().filter(|&&e| e).count()
-    }
-
-    /// Whether the walk stopped at a block whose hash was cached for other content (a hash
-    /// collision, caught by comparing tokens and parent).
-    pub fn collision_detected(&self) -> bool {
-        self.collision
-    }
-
-    /// Whether a hit of `num_blocks` levels is usable by a table that needs the blocks from
-    /// logical block `first_needed` on (0 for full attention): all those levels are matched and
-    /// held.
-    pub fn holds(&self, num_blocks: usize, first_needed: usize) -> bool {
-        match first_needed.min(num_blocks) {
-            _ if num_blocks > self.blocks.len() => false,
-            0 => num_blocks <= self.num_leading_held,
-            first => self.blocks[first..num_blocks].iter().all(Option::is_some),
-        }
-    }
-
-    /// Keeps only the first `num_blocks` matched levels.
-    pub fn truncate(&mut self, num_blocks: usize) {
-        self.blocks.truncate(num_blocks);
-        self.links.truncate(num_blocks);
-        self.evictable.truncate(num_blocks);
-        self.num_leading_held = self.num_leading_held.min(num_blocks);
-    }
-
-    /// Makes every level below `first_needed` a hole: a sliding-window table adopts only the
-    /// blocks its next query can see (the levels stay part of the verified chain).
-    pub fn forget_before(&mut self, first_needed: usize) {
-        let end = first_needed.min(self.blocks.len());
-        self.blocks[..end].fill(None);
-        self.evictable[..end].fill(false);
-        if end > 0 {
-            self.num_leading_held = 0;
-        }
-    }
-}
+use crate::prefix_cache::{Lookup, PrefixChain};
+use crate::{BlockAllocator, BlockTable, PagedError, PrefixMatch, Result};
 
 impl BlockAllocator {
     /// The longest run of cached, held full blocks that `tokens` starts with, at most

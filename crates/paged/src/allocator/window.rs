@@ -25,12 +25,10 @@
 //!
 //! **Prefix caching** works in local groups too: a prefix hit there needs only the blocks the
 //! first uncached query can see, so the levels behind the window are adopted as holes (their
-//! content stays verified through ghost entries, see `prefix_cache.rs` and
-//! `prefix_sharing.rs`), and a hit counts only if every group can serve it.
+//! content stays verified through ghost entries, see `prefix.rs` and
+//! `prefix_cache.rs`), and a hit counts only if every group can serve it.
 
-use crate::allocator::BlockAllocator;
-use crate::block_table::{BlockId, BlockTable};
-use crate::error::{PagedError, Result};
+use crate::{BlockAllocator, BlockId, BlockTable, PagedError, Result};
 
 /// The first key position that the query at `next_pos` (or any later one) attends to under a
 /// window of `window` tokens: `max(0, next_pos + 1 - window)`.

@@ -1,8 +1,12 @@
-//! The scheduler's state: the queues, the sequences and one block pool per KV cache group.
+//! [`Scheduler`]: continuous batching over one block pool per KV cache group. One idea per file:
+//!
+//! * here: the state (queues, sequences, pools), admission of requests, queries and metrics;
+//! * `schedule.rs`: building a step (decodes, preemption by recompute, prefix-cached prefills);
+//! * `update.rs`: taking the step's sampled tokens back, and a sequence's end (stop, abort), fork
+//!   and token replacement.
 //!
 //! Two queues, as in vLLM: `waiting` (FCFS; new requests at the back, preempted ones at the
-//! front) and `running` (sorted by arrival, oldest first). The step itself is built in
-//! `schedule.rs`, and `update.rs` takes the engine's sampled tokens back. A driver loop:
+//! front) and `running` (sorted by arrival, oldest first). A driver loop:
 //!
 //! ```
 //! use kvlab_paged::{Scheduler, SchedulerConfig, StopConditions};
@@ -24,12 +28,10 @@ mod update;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::allocator::BlockAllocator;
-use crate::allocator::window_start;
-use crate::config::SchedulerConfig;
-use crate::error::{PagedError, Result};
-use crate::hash::HashFn;
-use crate::sequence::{SeqId, Sequence, SequenceStatus, StopConditions};
+use crate::{
+    BlockAllocator, BlockTable, HashFn, Metrics, PagedError, Result, SchedulerConfig, SeqId,
+    Sequence, SequenceStatus, StopConditions, window_start,
+};
 
 /// Totals the scheduler counts itself (the allocators count the rest).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -183,6 +185,38 @@ impl Scheduler {
         self.in_flight.is_some()
     }
 
+    /// The current metrics.
+    pub fn metrics(&self) -> Metrics {
+        let c = self.counters;
+        Metrics {
+            prefix_cache_queries: c.prefix_cache_queries,
+            prefix_cache_hits: c.prefix_cache_hits,
+            num_preemptions: c.num_preemptions,
+            num_recomputed_tokens: c.num_recomputed_tokens,
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            num_steps: c.num_steps,
+            ..Metrics::of_pools(&self.allocators)
+        }
+    }
+
+    /// Frees the blocks of `id`'s sliding-window groups that its next query cannot reach.
+    pub(crate) fn trim_windows(&mut self, id: SeqId) -> Result<()> {
+        let seq = seq_mut(&mut self.seqs, id)?;
+        let computed = seq.num_computed_tokens;
+        for ((alloc, table), group) in self
+            .allocators
+            .iter_mut()
+            .zip(&mut seq.block_tables)
+            .zip(&self.config.groups)
+        {
+            if let Some(window) = group.sliding_window {
+                alloc.free_outside_window(table, computed, window)?;
+            }
+        }
+        Ok(())
+    }
+
     /// First position whose key group `g` must keep once a step ends with `end` tokens computed:
     /// 0 for full attention, the window start for sliding-window groups.
     pub(crate) fn keep_from(&self, g: usize, end: usize) -> usize {
@@ -196,12 +230,17 @@ impl Scheduler {
         self.seqs.get(&id).ok_or(PagedError::UnknownSequence(id))
     }
 
-    pub(crate) fn empty_tables(&self) -> Vec<crate::BlockTable> {
-        vec![crate::BlockTable::new(self.config.block_size); self.allocators.len()]
+    pub(crate) fn empty_tables(&self) -> Vec<BlockTable> {
+        vec![BlockTable::new(self.config.block_size); self.allocators.len()]
     }
 
     pub(crate) fn take_arrival(&mut self) -> u64 {
         self.next_arrival += 1;
         self.next_arrival - 1
     }
+}
+
+/// Sequence `id` of `seqs` (a function of the map alone, so the pools can be borrowed beside it).
+pub(crate) fn seq_mut(seqs: &mut BTreeMap<SeqId, Sequence>, id: SeqId) -> Result<&mut Sequence> {
+    seqs.get_mut(&id).ok_or(PagedError::UnknownSequence(id))
 }

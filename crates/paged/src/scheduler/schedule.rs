@@ -14,13 +14,13 @@
 //! So a step may **mix** decodes and prefills (vLLM v1's choice, unlike v0's prefill-only steps):
 //! decodes never stall behind a burst of new prompts, and the engine handles any mix the same way
 //! (variable-length queries over paged keys). Prompts are prefilled whole, never chunked; the
-//! configuration guarantees that any prompt fits one step (see `config.rs`).
+//! configuration guarantees that any prompt fits one step (see [`crate::SchedulerConfig::validate`]).
 
-use crate::allocator::BlockCopy;
-use crate::error::{PagedError, Result};
-use crate::scheduled_batch::{GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
-use crate::scheduler::Scheduler;
-use crate::sequence::{SeqId, SequenceStatus};
+use super::seq_mut;
+use crate::{
+    BlockCopy, GroupStep, PagedError, Result, ScheduledBatch, ScheduledSeq, Scheduler, SeqId,
+    SequenceStatus, StepKind,
+};
 
 impl Scheduler {
     /// Builds the next step: decodes for all running sequences (preempting the newest when
@@ -108,7 +108,7 @@ impl Scheduler {
     ///
     /// The prefix hit is the longest `h` full blocks that every group can serve: a
     /// full-attention group needs all `h` blocks, a sliding-window group only those from
-    /// `window_start(h · block_size)` on (see `prefix_sharing.rs`).
+    /// `window_start(h · block_size)` on (see `allocator/prefix.rs`).
     fn try_admit(&mut self, id: SeqId, budget: usize) -> Result<Option<ScheduledSeq>> {
         let bs = self.config.block_size;
         let seq = self.seq(id)?;
@@ -167,19 +167,13 @@ impl Scheduler {
         for (g, m) in matches.iter().enumerate() {
             let keep = self.keep_from(g, len);
             let alloc = &mut self.allocators[g];
-            let seq = self
-                .seqs
-                .get_mut(&id)
-                .ok_or(PagedError::UnknownSequence(id))?;
+            let seq = seq_mut(&mut self.seqs, id)?;
             let table = &mut seq.block_tables[g];
             alloc.adopt_prefix(table, m)?;
             copies.push(alloc.append_slots(table, len - cached, keep)?);
         }
         self.waiting.pop_front();
-        let seq = self
-            .seqs
-            .get_mut(&id)
-            .ok_or(PagedError::UnknownSequence(id))?;
+        let seq = seq_mut(&mut self.seqs, id)?;
         seq.status = SequenceStatus::Running;
         seq.num_computed_tokens = cached;
         let is_recompute = seq.num_preemptions > 0;
@@ -200,16 +194,30 @@ impl Scheduler {
         Ok(Some(self.scheduled(id, cached, kind, copies)?))
     }
 
+    /// Preempts running `id` by recompute: frees its blocks and puts it at the head of the
+    /// waiting queue with its generated tokens kept.
+    pub(crate) fn preempt(&mut self, id: SeqId, batch: &mut ScheduledBatch) -> Result<()> {
+        let seq = seq_mut(&mut self.seqs, id)?;
+        for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.block_tables) {
+            alloc.free(table)?;
+        }
+        seq.status = SequenceStatus::Waiting;
+        seq.num_computed_tokens = 0;
+        seq.num_preemptions += 1;
+        self.running.retain(|&r| r != id);
+        self.waiting.push_front(id);
+        self.counters.num_preemptions += 1;
+        batch.preempted.push(id);
+        Ok(())
+    }
+
     /// Reserves slots for the tokens `num_computed..len` of `id` in every group.
     fn reserve(&mut self, id: SeqId, n: usize) -> Result<Vec<Vec<BlockCopy>>> {
         let len = self.seq(id)?.len();
         let keeps: Vec<usize> = (0..self.allocators.len())
             .map(|g| self.keep_from(g, len))
             .collect();
-        let seq = self
-            .seqs
-            .get_mut(&id)
-            .ok_or(PagedError::UnknownSequence(id))?;
+        let seq = seq_mut(&mut self.seqs, id)?;
         let mut copies = Vec::with_capacity(keeps.len());
         for ((alloc, table), keep) in self
             .allocators

@@ -7,10 +7,8 @@
 //! free their blocks at once, and sliding-window groups drop the blocks that fell out of the
 //! window.
 
-use crate::error::{PagedError, Result};
-use crate::scheduled_batch::{FinishedSeq, ScheduledBatch};
-use crate::scheduler::Scheduler;
-use crate::sequence::{FinishReason, SeqId, SequenceStatus};
+use super::seq_mut;
+use crate::{FinishReason, FinishedSeq, PagedError, Result, Scheduler, SeqId, SequenceStatus};
 
 impl Scheduler {
     /// Takes one sampled token per sequence of the last batch (any order). Returns the sequences
@@ -47,10 +45,7 @@ impl Scheduler {
         let max_model_len = self.config.max_model_len;
         let mut finished = Vec::new();
         for (id, token) in tokens {
-            let seq = self
-                .seqs
-                .get_mut(&id)
-                .ok_or(PagedError::UnknownSequence(id))?;
+            let seq = seq_mut(&mut self.seqs, id)?;
             seq.num_computed_tokens = seq.len();
             seq.max_computed_tokens = seq.max_computed_tokens.max(seq.len());
             seq.token_ids.push(token);
@@ -122,10 +117,7 @@ impl Scheduler {
     pub fn replace_last_token(&mut self, id: SeqId, token: u32) -> Result<Option<FinishedSeq>> {
         self.check_running_idle(id)?;
         let max_model_len = self.config.max_model_len;
-        let seq = self
-            .seqs
-            .get_mut(&id)
-            .ok_or(PagedError::UnknownSequence(id))?;
+        let seq = seq_mut(&mut self.seqs, id)?;
         if seq.output_token_ids().is_empty() {
             return Err(PagedError::InvalidRequest(format!(
                 "{id} has no generated token to replace yet"
@@ -138,26 +130,6 @@ impl Scheduler {
             Some(reason) => Ok(Some(self.finish(id, reason)?)),
             None => Ok(None),
         }
-    }
-
-    /// Preempts running `id` by recompute: frees its blocks and puts it at the head of the
-    /// waiting queue with its generated tokens kept.
-    pub(crate) fn preempt(&mut self, id: SeqId, batch: &mut ScheduledBatch) -> Result<()> {
-        let seq = self
-            .seqs
-            .get_mut(&id)
-            .ok_or(PagedError::UnknownSequence(id))?;
-        for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.block_tables) {
-            alloc.free(table)?;
-        }
-        seq.status = SequenceStatus::Waiting;
-        seq.num_computed_tokens = 0;
-        seq.num_preemptions += 1;
-        self.running.retain(|&r| r != id);
-        self.waiting.push_front(id);
-        self.counters.num_preemptions += 1;
-        batch.preempted.push(id);
-        Ok(())
     }
 
     /// Frees `id`'s blocks, drops it from the queues and returns what the caller needs.
@@ -177,26 +149,6 @@ impl Scheduler {
             output_token_ids: seq.output_token_ids().to_vec(),
             reason,
         })
-    }
-
-    /// Frees the blocks of `id`'s sliding-window groups that its next query cannot reach.
-    pub(crate) fn trim_windows(&mut self, id: SeqId) -> Result<()> {
-        let seq = self
-            .seqs
-            .get_mut(&id)
-            .ok_or(PagedError::UnknownSequence(id))?;
-        let computed = seq.num_computed_tokens;
-        for ((alloc, table), group) in self
-            .allocators
-            .iter_mut()
-            .zip(&mut seq.block_tables)
-            .zip(&self.config.groups)
-        {
-            if let Some(window) = group.sliding_window {
-                alloc.free_outside_window(table, computed, window)?;
-            }
-        }
-        Ok(())
     }
 
     fn check_running_idle(&self, id: SeqId) -> Result<()> {
