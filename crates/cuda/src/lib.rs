@@ -11,12 +11,11 @@
 //! argument packing, pure), [`gemm`], [`ops`] (typed kernel launches), [`weights`], [`pool`],
 //! [`rope`], [`workspace`], [`forward`] (the batched step),
 //! [`engine`] (`Engine` + `StepExecutor`), [`reference`] (CPU references of the kernels and of
-//! the whole step, for the tests), [`compare`] (teacher-forced agreement), [`bench`].
+//! the whole step, for the tests), [`bench`].
 //!
 //! Without a GPU, [`probe`] and [`CudaEngine::new`] return errors that say so; nothing panics.
 
 pub mod bench;
-pub mod compare;
 pub mod device;
 pub mod dtype;
 pub mod engine;

@@ -12,9 +12,8 @@ use common::{
     BATCHED_POOL, FORK_POOL, assert_same, batched_scenario, fork_scenario, gemma_like, greedy,
     prompt, synthetic,
 };
-use kvlab_cuda::compare::teacher_forced_agreement;
 use kvlab_cuda::{CudaEngine, CudaOptions, Precision};
-use kvlab_model::{Model, registry};
+use kvlab_model::{Model, Tolerance, compare_logits, registry, teacher_force};
 use kvlab_naive::NaiveEngine;
 
 /// Blocks of the pool when a test does not choose: small, so that tests running side by side
@@ -149,7 +148,9 @@ fn gpu_f16_teacher_forced_agreement() {
             let mut naive = NaiveEngine::new(model.clone());
             let p = prompt(17, 3, model.config.vocab_size);
             let (forced, _) = greedy(&mut naive, &p, 60);
-            let a = teacher_forced_agreement(&mut naive, &mut cuda, &p, &forced, 256).unwrap();
+            let want = teacher_force(&mut naive, &p, &forced, 256).unwrap();
+            let got = teacher_force(&mut cuda, &p, &forced, 256).unwrap();
+            let a = compare_logits(&got, &want, Tolerance::F32);
             eprintln!(
                 "{name} weights {} kv {}: top-1 agreement {:.3} over {} positions, max |dlogit| {}",
                 precision.name(),
