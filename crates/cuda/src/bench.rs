@@ -13,10 +13,14 @@
 use std::time::Instant;
 
 use cudarc::driver::CudaSlice;
+use kvlab_model::Config;
 use kvlab_paged::{
     PAD_BLOCK, RequestLen, Reservation, Scheduler, SchedulerConfig, StopConditions, Waste,
     compute_waste,
 };
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::device::Device;
@@ -25,7 +29,6 @@ use crate::engine::CudaEngine;
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel};
 use crate::ops::{AttentionArgs, Ops};
-use crate::reference::Rng;
 
 /// Measured device-to-device copy bandwidth, in bytes per second (read + write counted).
 ///
@@ -45,14 +48,6 @@ pub fn copy_bandwidth(dev: &Device, bytes: usize, iters: usize) -> Result<f64> {
     Ok(2.0 * (n * 4) as f64 * iters as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Attention shape of the benchmark model.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct AttnShape {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-}
-
 /// One row of the attention benchmark.
 #[derive(Clone, Debug, Serialize)]
 pub struct AttentionRow {
@@ -69,8 +64,9 @@ pub struct AttentionRow {
     pub fraction_of_copy: f64,
 }
 
-/// Times paged decode attention (one layer) for `batch` sequences of `context` keys each,
-/// blocks of 16 scattered over a shuffled pool, caches of type `C`, activations `A`.
+/// Times paged decode attention (one layer of `config`'s heads) for `batch` sequences of
+/// `context` keys each, blocks of 16 scattered over a shuffled pool, caches of type `C`,
+/// activations `A`.
 ///
 /// # Errors
 /// Driver errors, or [`CudaError::OutOfMemory`] when the caches would not fit in half the free
@@ -79,7 +75,7 @@ pub struct AttentionRow {
 pub fn attention_bench<A: DType, C: DType>(
     dev: &Device,
     ops: &Ops,
-    shape: AttnShape,
+    config: &Config,
     batch: usize,
     context: usize,
     choice: DecodeAttention,
@@ -87,11 +83,7 @@ pub fn attention_bench<A: DType, C: DType>(
     copy_bytes_per_s: f64,
 ) -> Result<AttentionRow> {
     let bs = 16;
-    let AttnShape {
-        n_heads,
-        n_kv_heads,
-        head_dim,
-    } = shape;
+    let (n_heads, n_kv_heads, head_dim) = (config.n_heads, config.n_kv_heads, config.head_dim);
     let kv_dim = n_kv_heads * head_dim;
     let blocks_per_seq = context.div_ceil(bs);
     let num_blocks = batch * blocks_per_seq;
@@ -106,17 +98,19 @@ pub fn attention_bench<A: DType, C: DType>(
     let s = &dev.stream;
     let k_cache = s.alloc_zeros::<C>(cache_elems)?;
     let v_cache = s.alloc_zeros::<C>(cache_elems)?;
-    let mut rng = Rng::new(7);
-    let to = |v: Vec<f32>| v.into_iter().map(A::from_f32).collect::<Vec<A>>();
-    let q = s.clone_htod(&to(rng.vec(batch * n_heads * head_dim, 1.0)))?;
-    let k_new = s.clone_htod(&to(rng.vec(batch * kv_dim, 1.0)))?;
-    let v_new = s.clone_htod(&to(rng.vec(batch * kv_dim, 1.0)))?;
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut random = |n: usize| -> Vec<A> {
+        (0..n)
+            .map(|_| A::from_f32(rng.random_range(-1.0..1.0)))
+            .collect()
+    };
+    let q = s.clone_htod(&random(batch * n_heads * head_dim))?;
+    let k_new = s.clone_htod(&random(batch * kv_dim))?;
+    let v_new = s.clone_htod(&random(batch * kv_dim))?;
     let out: CudaSlice<A> = s.alloc_zeros(batch * n_heads * head_dim)?;
     // A shuffled pool: block tables point all over it, as after hours of serving.
     let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..blocks.len()).rev() {
-        blocks.swap(i, rng.below(i + 1));
-    }
+    blocks.shuffle(&mut rng);
     let mut ints = blocks;
     ints.extend(0..=batch as i32); // query_start_loc
     ints.extend(std::iter::repeat_n(context as i32, batch)); // context_lens
@@ -145,7 +139,7 @@ pub fn attention_bench<A: DType, C: DType>(
         block_size: bs,
         num_slots: num_blocks * bs,
         window: 0,
-        scale: 1.0 / (head_dim as f32).sqrt(),
+        scale: config.attn_scale,
     };
     let parts = launch::num_partitions(context, launch::PARTITION_SIZE);
     let ws_floats = launch::v2_workspace_floats(batch, n_heads, parts, head_dim);
@@ -231,9 +225,11 @@ pub fn decode_bench(
     cfg.enable_prefix_caching = false;
     let paged = |e: kvlab_paged::PagedError| kvlab_model::Error::from(CudaError::from(e));
     let mut sched = Scheduler::new(cfg).map_err(paged)?;
-    let mut rng = Rng::new(11);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
     for _ in 0..batch {
-        let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.below(vocab) as u32).collect();
+        let prompt: Vec<u32> = (0..prompt_len)
+            .map(|_| rng.random_range(0..vocab as u32))
+            .collect();
         sched
             .add_request(prompt, StopConditions::max_tokens(gen_tokens))
             .map_err(paged)?;

@@ -10,8 +10,8 @@
 //! [`kernels`] (the embedded sources), [`nvrtc`] (compile, PTX cache), [`launch`] (grids and
 //! argument packing, pure), [`gemm`], [`ops`] (typed kernel launches), [`weights`], [`pool`],
 //! [`rope`], [`workspace`], [`forward`] (the batched step),
-//! [`engine`] (`Engine` + `StepExecutor`), [`reference`] (CPU references of the kernels and of
-//! the whole step, for the tests), [`bench`].
+//! [`engine`] (`Engine` + `StepExecutor`), [`bench`]. The kernels' CPU references live beside
+//! their tests, in `tests/common/reference.rs`.
 //!
 //! Without a GPU, [`probe`] and [`CudaEngine::new`] return errors that say so; nothing panics.
 
@@ -27,7 +27,6 @@ pub mod launch;
 pub mod nvrtc;
 pub mod ops;
 pub mod pool;
-pub mod reference;
 pub mod rope;
 pub mod weights;
 pub mod workspace;

@@ -1,7 +1,6 @@
-//! RoPE cos/sin tables, computed on the host exactly as `kvlab_model::ops::rope` computes the
-//! angle (freq_j = 1 / theta^(2j/head_dim) in f32, angle = pos · freq_j, `sin_cos` in f32), so the
-//! GPU rotates by bit-identical cos and sin. One table per distinct theta (Gemma 3 has two):
-//! [`kvlab_model::rope::RopeTables`] builds them on the host.
+//! RoPE cos/sin tables on the device: [`kvlab_model::rope::RopeTables`] computes them on the host
+//! exactly as `kvlab_model::ops::rope` computes the angle, one per distinct theta (Gemma 3 has
+//! two), so the GPU rotates by the bit-identical cos and sin the CPU engines apply.
 
 use std::sync::Arc;
 
@@ -9,13 +8,6 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use kvlab_model::Config;
 
 use crate::error::Result;
-
-/// cos and sin of every angle for one theta, each (max_pos, head_dim/2) row-major: the host
-/// tables of [`kvlab_model::rope`], which the CPU engines apply too.
-pub fn rope_table(theta: f32, head_dim: usize, max_pos: usize) -> (Vec<f32>, Vec<f32>) {
-    let t = kvlab_model::rope::RopeTable::new(theta, head_dim, max_pos);
-    (t.cos, t.sin)
-}
 
 /// The tables on the device.
 pub struct RopeTables {
@@ -47,53 +39,5 @@ impl RopeTables {
             of_layer,
             max_pos: c.max_seq_len,
         })
-    }
-}
-
-/// RoPE with a table, as the kernel applies it: x (n_heads, head_dim) at position `pos`.
-/// The CPU reference the GPU tests compare against.
-pub fn apply_table(
-    x: &mut [f32],
-    cos: &[f32],
-    sin: &[f32],
-    pos: usize,
-    head_dim: usize,
-    neox: bool,
-) {
-    let half = head_dim / 2;
-    for head in x.chunks_exact_mut(head_dim) {
-        for j in 0..half {
-            let (c, s) = (cos[pos * half + j], sin[pos * half + j]);
-            let (ia, ib) = if neox {
-                (j, j + half)
-            } else {
-                (2 * j, 2 * j + 1)
-            };
-            let (a, b) = (head[ia], head[ib]);
-            head[ia] = a * c - b * s;
-            head[ib] = a * s + b * c;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use kvlab_model::RopeLayout;
-
-    use super::*;
-
-    #[test]
-    fn table_rope_equals_the_model_reference_bit_for_bit() {
-        let (hd, theta) = (16, 10_000.0);
-        let (cos, sin) = rope_table(theta, hd, 300);
-        for (layout, neox) in [(RopeLayout::Interleaved, false), (RopeLayout::Neox, true)] {
-            for pos in [0, 1, 17, 299] {
-                let x: Vec<f32> = (0..48).map(|i| (i as f32 * 0.71).sin()).collect();
-                let (mut a, mut b) = (x.clone(), x);
-                apply_table(&mut a, &cos, &sin, pos, hd, neox);
-                kvlab_model::ops::rope(&mut b, pos, hd, theta, layout);
-                assert_eq!(a, b, "{layout:?} pos {pos}");
-            }
-        }
     }
 }

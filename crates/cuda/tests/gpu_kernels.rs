@@ -1,15 +1,20 @@
-//! Each kernel against its CPU reference on random inputs: outputs poisoned with NaN before the
-//! run so every element must be written, f32 within 1e-5 and f16 within 1e-2 relative error
-//! (normwise), NaN never passing. Skips without a GPU unless KVLAB_REQUIRE_CUDA=1.
+//! Each kernel against its CPU reference (`common/reference.rs`) on random inputs: outputs
+//! poisoned with NaN before the run so every element must be written, f32 within 1e-5 and f16
+//! within 1e-2 relative error (normwise), NaN never passing. Skips without a GPU unless
+//! KVLAB_REQUIRE_CUDA=1. The `reference_*` tests check the references themselves, GPU or not.
 
 mod common;
 
-use common::{check, down, gpu, poisoned, rounded, up, up_i32};
+use common::reference::{self, AttnCase};
+use common::{check, down, gpu, poisoned, rng, rounded, uniform, up, up_i32};
 use kvlab_cuda::dtype::DType;
 use kvlab_cuda::launch::{self, DecodeKernel};
 use kvlab_cuda::ops::{AttentionArgs, Ops};
-use kvlab_cuda::reference::{self, AttentionInput, Rng};
-use kvlab_model::{Activation, ops as refops};
+use kvlab_model::rope::RopeTable;
+use kvlab_model::{Activation, RopeLayout, ops as refops};
+use rand::Rng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
 
 type F16 = half::f16;
 
@@ -20,9 +25,9 @@ fn gpu_embedding() {
     };
     fn run<W: DType>(ops: &Ops) {
         let (vocab, dim, t) = (50, 96, 7);
-        let mut r = Rng::new(1);
-        let table = rounded::<W>(&r.vec(vocab * dim, 1.0));
-        let ids: Vec<i32> = (0..t).map(|_| r.below(vocab) as i32).collect();
+        let mut r = rng(1);
+        let table = rounded::<W>(&uniform(&mut r, vocab * dim, 1.0));
+        let ids: Vec<i32> = (0..t).map(|_| r.random_range(0..vocab) as i32).collect();
         let x = poisoned::<f32>(ops, t * dim);
         let (tb, id) = (up::<W>(ops, &table), up_i32(ops, &ids));
         ops.embedding(ops.dev(&x), ops.dev(&tb), ops.dev(&id), t, vocab, dim, 1.5)
@@ -42,12 +47,12 @@ fn gpu_rmsnorm_plain_qk_and_in_place() {
     let Some((_dev, ops)) = gpu("gpu_rmsnorm") else {
         return;
     };
-    let mut r = Rng::new(2);
+    let mut r = rng(2);
     // Residual f32 → activation type, rows of dim 288 (stories15M) and 4096 (Llama-3-8B).
     for n in [288, 4096] {
         let rows = 5;
-        let x = r.vec(rows * n, 3.0);
-        let w = r.vec(n, 1.0);
+        let x = uniform(&mut r, rows * n, 3.0);
+        let w = uniform(&mut r, n, 1.0);
         let want = reference::rmsnorm_rows(&x, &w, n, 1e-5);
         let (xd, wd) = (up::<f32>(&ops, &x), up::<f32>(&ops, &w));
         let y = poisoned::<f32>(&ops, rows * n);
@@ -60,10 +65,10 @@ fn gpu_rmsnorm_plain_qk_and_in_place() {
         check::<F16>("rmsnorm f32->f16", &down(&ops, &y), &want);
     }
     // Gemma's QK-norm: every head of 4 tokens × 3 heads × head_dim 256, in place.
-    fn qk<T: DType>(ops: &Ops, r: &mut Rng) {
+    fn qk<T: DType>(ops: &Ops, r: &mut ChaCha8Rng) {
         let (rows, hd) = (12, 256);
-        let x = rounded::<T>(&r.vec(rows * hd, 2.0));
-        let w = r.vec(hd, 1.0);
+        let x = rounded::<T>(&uniform(r, rows * hd, 2.0));
+        let w = uniform(r, hd, 1.0);
         let want = reference::rmsnorm_rows(&x, &w, hd, 1e-6);
         let (xd, wd) = (up::<T>(ops, &x), up::<f32>(ops, &w));
         ops.rmsnorm::<T, T>(ops.dev(&xd), ops.dev(&xd), ops.dev(&wd), rows, hd, 1e-6)
@@ -79,22 +84,23 @@ fn gpu_rope_both_layouts() {
     let Some((_dev, ops)) = gpu("gpu_rope") else {
         return;
     };
-    fn run<T: DType>(ops: &Ops, neox: bool) {
+    fn run<T: DType>(ops: &Ops, layout: RopeLayout) {
         let (t, heads, hd, max_pos) = (6, 4, 64, 300);
-        let mut r = Rng::new(3);
-        let x = rounded::<T>(&r.vec(t * heads * hd, 1.0));
-        let positions: Vec<i32> = (0..t).map(|_| r.below(max_pos) as i32).collect();
-        let (cos, sin) = kvlab_cuda::rope::rope_table(10_000.0, hd, max_pos);
+        let mut r = rng(3);
+        let x = rounded::<T>(&uniform(&mut r, t * heads * hd, 1.0));
+        let positions: Vec<i32> = (0..t).map(|_| r.random_range(0..max_pos) as i32).collect();
+        let table = RopeTable::new(10_000.0, hd, max_pos);
         let mut want = x.clone();
-        for (i, row) in want.chunks_exact_mut(heads * hd).enumerate() {
-            kvlab_cuda::rope::apply_table(row, &cos, &sin, positions[i] as usize, hd, neox);
+        for (row, &pos) in want.chunks_exact_mut(heads * hd).zip(&positions) {
+            table.apply(row, pos as usize, layout);
         }
         let xd = up::<T>(ops, &x);
         let (pd, cd, sd) = (
             up_i32(ops, &positions),
-            up::<f32>(ops, &cos),
-            up::<f32>(ops, &sin),
+            up::<f32>(ops, &table.cos),
+            up::<f32>(ops, &table.sin),
         );
+        let neox = layout == RopeLayout::Neox;
         ops.rope(
             ops.dev(&xd),
             ops.dev(&pd),
@@ -106,19 +112,11 @@ fn gpu_rope_both_layouts() {
             neox,
         )
         .unwrap();
-        check::<T>(
-            if neox {
-                "rope neox"
-            } else {
-                "rope interleaved"
-            },
-            &down(ops, &xd),
-            &want,
-        );
+        check::<T>(&format!("rope {layout:?}"), &down(ops, &xd), &want);
     }
-    for neox in [false, true] {
-        run::<f32>(&ops, neox);
-        run::<F16>(&ops, neox);
+    for layout in [RopeLayout::Interleaved, RopeLayout::Neox] {
+        run::<f32>(&ops, layout);
+        run::<F16>(&ops, layout);
     }
 }
 
@@ -130,9 +128,9 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
     fn run<A: DType, C: DType>(ops: &Ops) {
         let (t, kv_dim, bs, nb) = (5, 32, 4, 6);
         let num_slots = nb * bs;
-        let mut r = Rng::new(4);
-        let k = rounded::<A>(&r.vec(t * kv_dim, 1.0));
-        let v = rounded::<A>(&r.vec(t * kv_dim, 1.0));
+        let mut r = rng(4);
+        let k = rounded::<A>(&uniform(&mut r, t * kv_dim, 1.0));
+        let v = rounded::<A>(&uniform(&mut r, t * kv_dim, 1.0));
         let slots = [9, -1, 2, 23, 10];
         let (kc, vc) = (
             poisoned::<C>(ops, num_slots * kv_dim),
@@ -196,119 +194,72 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
 }
 
 /// A batch of sequences over a shuffled pool: some decode (1 new token), some prefill with a
-/// cached prefix (keys before the step in the pool) — the layout the engine runs.
-struct AttnCase {
-    q: Vec<f32>,
-    k_new: Vec<f32>,
-    v_new: Vec<f32>,
-    k_cache: Vec<f32>,
-    v_cache: Vec<f32>,
-    tables: Vec<i32>,
-    max_blocks: usize,
-    qsl: Vec<i32>,
-    ctx: Vec<i32>,
-    token_seq: Vec<i32>,
-    n_decode: usize,
-    n_tokens: usize,
-    num_slots: usize,
-}
-
+/// cached prefix (keys before the step in the pool) — the layout the engine runs. Global
+/// attention; the caller sets `window`.
 fn attn_case<A: DType, C: DType>(
-    r: &mut Rng,
+    r: &mut ChaCha8Rng,
     decode_ctx: &[usize],
     prefill: &[(usize, usize)], // (cached, new)
-    heads: usize,
-    kv_heads: usize,
-    hd: usize,
-    bs: usize,
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    block_size: usize,
 ) -> AttnCase {
-    let kv_dim = kv_heads * hd;
+    let (kv_dim, bs) = (n_kv_heads * head_dim, block_size);
     let mut lens: Vec<(usize, usize)> = decode_ctx.iter().map(|&c| (c - 1, 1)).collect();
     lens.extend_from_slice(prefill);
-    let max_blocks = lens
-        .iter()
-        .map(|&(c, n)| (c + n).div_ceil(bs))
-        .max()
-        .unwrap_or(1);
-    let total_blocks: usize = lens.iter().map(|&(c, n)| (c + n).div_ceil(bs)).sum();
-    let nb = total_blocks + 3;
+    let blocks_of = |&(c, n): &(usize, usize)| (c + n).div_ceil(bs);
+    let max_blocks = lens.iter().map(blocks_of).max().unwrap_or(1);
+    let nb = lens.iter().map(blocks_of).sum::<usize>() + 3;
     let mut free: Vec<i32> = (0..nb as i32).collect();
-    for i in (1..free.len()).rev() {
-        free.swap(i, r.below(i + 1));
-    }
-    let num_slots = nb * bs;
-    let mut k_cache = rounded::<C>(&r.vec(num_slots * kv_dim, 1.0));
-    let mut v_cache = rounded::<C>(&r.vec(num_slots * kv_dim, 1.0));
-    let (mut tables, mut qsl, mut ctx, mut token_seq) =
-        (Vec::new(), vec![0], Vec::new(), Vec::new());
-    let mut n_tokens = 0;
+    free.shuffle(r);
+    let mut k_cache = rounded::<C>(&uniform(r, nb * bs * kv_dim, 1.0));
+    let mut v_cache = rounded::<C>(&uniform(r, nb * bs * kv_dim, 1.0));
+    let (mut block_tables, mut query_start_loc) = (Vec::new(), vec![0]);
+    let (mut context_lens, mut token_seq) = (Vec::new(), Vec::new());
     for (s, &(cached, new)) in lens.iter().enumerate() {
         let blocks = (cached + new).div_ceil(bs);
         let row: Vec<i32> = (0..max_blocks)
             .map(|j| if j < blocks { free.pop().unwrap() } else { -1 })
             .collect();
-        tables.extend_from_slice(&row);
-        n_tokens += new;
-        qsl.push(n_tokens as i32);
-        ctx.push((cached + new) as i32);
+        block_tables.extend_from_slice(&row);
         token_seq.extend(std::iter::repeat_n(s as i32, new));
+        query_start_loc.push(token_seq.len() as i32);
+        context_lens.push((cached + new) as i32);
         // Poison the slots of this step's own positions: the kernels must read those keys from
         // the step's rows, never from the pool.
         for p in cached..cached + new {
             let slot = row[p / bs] as usize * bs + p % bs;
-            for i in 0..kv_dim {
-                k_cache[slot * kv_dim + i] = f32::NAN;
-                v_cache[slot * kv_dim + i] = f32::NAN;
-            }
+            k_cache[slot * kv_dim..][..kv_dim].fill(f32::NAN);
+            v_cache[slot * kv_dim..][..kv_dim].fill(f32::NAN);
         }
     }
+    let n_tokens = token_seq.len();
     AttnCase {
-        q: rounded::<A>(&r.vec(n_tokens * heads * hd, 1.0)),
-        k_new: rounded::<A>(&r.vec(n_tokens * kv_dim, 1.0)),
-        v_new: rounded::<A>(&r.vec(n_tokens * kv_dim, 1.0)),
+        q: rounded::<A>(&uniform(r, n_tokens * n_heads * head_dim, 1.0)),
+        k_new: rounded::<A>(&uniform(r, n_tokens * kv_dim, 1.0)),
+        v_new: rounded::<A>(&uniform(r, n_tokens * kv_dim, 1.0)),
         k_cache,
         v_cache,
-        tables,
+        block_tables,
         max_blocks,
-        qsl,
-        ctx,
+        query_start_loc,
+        context_lens,
         token_seq,
         n_decode: decode_ctx.len(),
-        n_tokens,
-        num_slots,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        block_size,
+        window: None,
+        scale: 1.0 / (head_dim as f32).sqrt(),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_attention<A: DType, C: DType>(
-    ops: &Ops,
-    case: &AttnCase,
-    heads: usize,
-    kv_heads: usize,
-    hd: usize,
-    bs: usize,
-    window: Option<usize>,
-    decode: DecodeKernel,
-) {
-    let scale = 1.0 / (hd as f32).sqrt();
-    let want = reference::attention(&AttentionInput {
-        q: &case.q,
-        k_new: &case.k_new,
-        v_new: &case.v_new,
-        k_cache: &case.k_cache,
-        v_cache: &case.v_cache,
-        block_tables: &case.tables,
-        max_blocks: case.max_blocks,
-        query_start_loc: &case.qsl,
-        context_lens: &case.ctx,
-        n_heads: heads,
-        n_kv_heads: kv_heads,
-        head_dim: hd,
-        block_size: bs,
-        window,
-        scale,
-    });
-    let out = poisoned::<A>(ops, case.n_tokens * heads * hd);
+/// The case's attention on the GPU (decodes with `decode`, prefills with prefill_attention_v1)
+/// against [`reference::attention`].
+fn run_attention<A: DType, C: DType>(ops: &Ops, case: &AttnCase, decode: DecodeKernel) {
+    let want = reference::attention(case);
+    let (n_tokens, heads, hd) = (case.n_tokens(), case.n_heads, case.head_dim);
+    let out = poisoned::<A>(ops, n_tokens * heads * hd);
     let bufs = (
         up::<A>(ops, &case.q),
         up::<A>(ops, &case.k_new),
@@ -317,9 +268,9 @@ fn run_attention<A: DType, C: DType>(
         up::<C>(ops, &case.v_cache),
     );
     let ints = (
-        up_i32(ops, &case.tables),
-        up_i32(ops, &case.qsl),
-        up_i32(ops, &case.ctx),
+        up_i32(ops, &case.block_tables),
+        up_i32(ops, &case.query_start_loc),
+        up_i32(ops, &case.context_lens),
         up_i32(ops, &case.token_seq),
     );
     let args = AttentionArgs {
@@ -333,34 +284,37 @@ fn run_attention<A: DType, C: DType>(
         query_start_loc: ops.dev(&ints.1),
         context_lens: ops.dev(&ints.2),
         token_seq: ops.dev(&ints.3),
-        n_tokens: case.n_tokens,
-        n_seqs: case.ctx.len(),
+        n_tokens,
+        n_seqs: case.context_lens.len(),
         max_blocks: case.max_blocks,
         n_heads: heads,
-        n_kv_heads: kv_heads,
+        n_kv_heads: case.n_kv_heads,
         head_dim: hd,
-        block_size: bs,
-        num_slots: case.num_slots,
-        window: window.unwrap_or(0),
-        scale,
+        block_size: case.block_size,
+        num_slots: case.num_slots(),
+        window: case.window.unwrap_or(0),
+        scale: case.scale,
     };
-    if case.n_decode > 0 {
+    let n_decode = case.n_decode;
+    if n_decode > 0 {
         match decode {
-            DecodeKernel::V1 => ops.paged_attention_v1(&args, case.n_decode).unwrap(),
+            DecodeKernel::V1 => ops.paged_attention_v1(&args, n_decode).unwrap(),
             DecodeKernel::V2 { max_partitions } => {
-                let floats = launch::v2_workspace_floats(case.n_decode, heads, max_partitions, hd);
+                let floats = launch::v2_workspace_floats(n_decode, heads, max_partitions, hd);
                 let ws = poisoned::<f32>(ops, floats);
-                ops.paged_attention_v2(&args, case.n_decode, max_partitions, ops.dev(&ws))
+                ops.paged_attention_v2(&args, n_decode, max_partitions, ops.dev(&ws))
                     .unwrap();
             }
         }
     }
-    if case.n_decode < case.n_tokens {
-        ops.prefill_attention_v1(&args, case.n_decode, case.n_tokens - case.n_decode)
+    if n_decode < n_tokens {
+        ops.prefill_attention_v1(&args, n_decode, n_tokens - n_decode)
             .unwrap();
     }
     let what = format!(
-        "attention {decode:?} heads {heads}/{kv_heads} hd {hd} window {window:?} ({} cache)",
+        "attention {decode:?} heads {heads}/{} hd {hd} window {:?} ({} cache)",
+        case.n_kv_heads,
+        case.window,
         C::NAME
     );
     check::<A>(&what, &down(ops, &out), &want);
@@ -372,36 +326,18 @@ fn gpu_paged_attention_decode_and_prefill() {
         return;
     };
     fn all<A: DType, C: DType>(ops: &Ops) {
-        let mut r = Rng::new(5);
+        let mut r = rng(5);
         // (heads, kv_heads, head_dim): MHA, GQA, MQA, stories260K's tiny head, Gemma's 256.
-        for (h, kvh, hd) in [(4, 4, 64), (8, 2, 128), (6, 1, 96), (8, 4, 8), (4, 1, 256)] {
-            let bs = 16;
+        for heads in [(4, 4, 64), (8, 2, 128), (6, 1, 96), (8, 4, 8), (4, 1, 256)] {
             // Decodes of 1, 17, 700 and 1500 keys (v2: 1, 1, 2, 3 partitions), then prefills
             // without and with a cached prefix.
-            let case = attn_case::<A, C>(
-                &mut r,
-                &[1, 17, 700, 1500],
-                &[(0, 9), (40, 23)],
-                h,
-                kvh,
-                hd,
-                bs,
-            );
+            let prefill = [(0, 9), (40, 23)];
+            let mut case = attn_case::<A, C>(&mut r, &[1, 17, 700, 1500], &prefill, heads, 16);
+            let max_partitions = launch::num_partitions(1500, launch::PARTITION_SIZE);
             for window in [None, Some(300)] {
-                run_attention::<A, C>(ops, &case, h, kvh, hd, bs, window, DecodeKernel::V1);
-                let parts = launch::num_partitions(1500, launch::PARTITION_SIZE);
-                run_attention::<A, C>(
-                    ops,
-                    &case,
-                    h,
-                    kvh,
-                    hd,
-                    bs,
-                    window,
-                    DecodeKernel::V2 {
-                        max_partitions: parts,
-                    },
-                );
+                case.window = window;
+                run_attention::<A, C>(ops, &case, DecodeKernel::V1);
+                run_attention::<A, C>(ops, &case, DecodeKernel::V2 { max_partitions });
             }
         }
     }
@@ -416,19 +352,19 @@ fn gpu_glu_residual_gather_argmax() {
         return;
     };
     fn run<T: DType>(ops: &Ops) {
-        let mut r = Rng::new(6);
+        let mut r = rng(6);
         let n = 3000;
         for act in [Activation::Silu, Activation::GeluTanh] {
-            let gate = rounded::<T>(&r.vec(n, 4.0));
-            let upv = rounded::<T>(&r.vec(n, 2.0));
+            let gate = rounded::<T>(&uniform(&mut r, n, 4.0));
+            let upv = rounded::<T>(&uniform(&mut r, n, 2.0));
             let mut want = gate.clone();
             refops::glu(&mut want, &upv, act);
             let (g, u) = (up::<T>(ops, &gate), up::<T>(ops, &upv));
             ops.glu(ops.dev(&g), ops.dev(&u), n, act).unwrap();
             check::<T>(&format!("glu {act:?}"), &down(ops, &g), &want);
         }
-        let x = r.vec(n, 1.0);
-        let o = rounded::<T>(&r.vec(n, 1.0));
+        let x = uniform(&mut r, n, 1.0);
+        let o = rounded::<T>(&uniform(&mut r, n, 1.0));
         let want: Vec<f32> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
         let (xd, od) = (up::<f32>(ops, &x), up::<T>(ops, &o));
         ops.residual_add(ops.dev(&xd), ops.dev(&od), n).unwrap();
@@ -438,8 +374,8 @@ fn gpu_glu_residual_gather_argmax() {
     run::<F16>(&ops);
 
     let (t, dim) = (9, 70);
-    let mut r = Rng::new(7);
-    let x = r.vec(t * dim, 1.0);
+    let mut r = rng(7);
+    let x = uniform(&mut r, t * dim, 1.0);
     let rows = [8, 0, 3];
     let out = poisoned::<f32>(&ops, rows.len() * dim);
     let (xd, rd) = (up::<f32>(&ops, &x), up_i32(&ops, &rows));
@@ -460,7 +396,7 @@ fn gpu_glu_residual_gather_argmax() {
 
     // argmax: random rows, a tie (lowest id wins), NaNs (never win), all-NaN row (id 0).
     let vocab = 32_000;
-    let mut logits = r.vec(4 * vocab, 5.0);
+    let mut logits = uniform(&mut r, 4 * vocab, 5.0);
     logits[vocab + 100] = 50.0;
     logits[vocab + 31_000] = 50.0;
     logits[2 * vocab + 7] = f32::NAN;
@@ -484,9 +420,9 @@ fn gpu_linear_cublas() {
         return;
     };
     fn run<W: DType, Y: DType>(ops: &Ops, t: usize, i: usize, o: usize) {
-        let mut r = Rng::new(8);
-        let x = rounded::<W>(&r.vec(t * i, 1.0));
-        let w = rounded::<W>(&r.vec(o * i, 1.0 / (i as f32).sqrt()));
+        let mut r = rng(8);
+        let x = rounded::<W>(&uniform(&mut r, t * i, 1.0));
+        let w = rounded::<W>(&uniform(&mut r, o * i, 1.0 / (i as f32).sqrt()));
         let want = reference::linear(&x, &w, i, o);
         let (xd, wd) = (up::<W>(ops, &x), up::<W>(ops, &w));
         let y = poisoned::<Y>(ops, t * o);
@@ -502,4 +438,81 @@ fn gpu_linear_cublas() {
     run::<f32, f32>(&ops, 37, 1024, 512);
     run::<F16, F16>(&ops, 37, 1024, 512);
     run::<F16, f32>(&ops, 5, 4096, 1000);
+}
+
+/// The paged attention reference itself (no GPU): keys scattered over shuffled blocks, some read
+/// from the step's rows, give plain contiguous attention of the same sequence.
+#[test]
+fn reference_paged_attention_equals_contiguous_attention() {
+    let mut r = rng(3);
+    let (h_n, kvh, hd, bs) = (4, 2, 8, 4);
+    let kv_dim = kvh * hd;
+    let (ctx, n_new) = (11, 3); // keys 0..8 cached, 8..11 new
+    let pos0 = ctx - n_new;
+    let k_all = uniform(&mut r, ctx * kv_dim, 1.0);
+    let v_all = uniform(&mut r, ctx * kv_dim, 1.0);
+    let table = vec![5i32, 1, 3]; // logical blocks 0..3 → physical
+    let num_slots = 6 * bs;
+    let mut case = AttnCase {
+        q: uniform(&mut r, n_new * h_n * hd, 1.0),
+        k_new: k_all[pos0 * kv_dim..].to_vec(),
+        v_new: v_all[pos0 * kv_dim..].to_vec(),
+        k_cache: vec![f32::NAN; num_slots * kv_dim],
+        v_cache: vec![f32::NAN; num_slots * kv_dim],
+        block_tables: table.clone(),
+        max_blocks: 3,
+        query_start_loc: vec![0, n_new as i32],
+        context_lens: vec![ctx as i32],
+        token_seq: vec![0; n_new],
+        n_decode: 0,
+        n_heads: h_n,
+        n_kv_heads: kvh,
+        head_dim: hd,
+        block_size: bs,
+        window: None,
+        scale: 0.35,
+    };
+    let slots: Vec<i32> = (0..pos0)
+        .map(|j| table[j / bs] * bs as i32 + (j % bs) as i32)
+        .collect();
+    let (kc, vc) = (&mut case.k_cache, &mut case.v_cache);
+    reference::reshape_and_cache(&k_all, &v_all, kc, vc, &slots, kv_dim);
+    for window in [None, Some(5)] {
+        case.window = window;
+        let got = reference::attention(&case);
+        for i in 0..n_new {
+            let p = pos0 + i;
+            let lo = launch::first_key(p, window);
+            for h in 0..h_n {
+                let g = h / (h_n / kvh);
+                let qh = &case.q[(i * h_n + h) * hd..][..hd];
+                let mut s: Vec<f32> = (lo..=p)
+                    .map(|j| refops::dot(qh, &k_all[j * kv_dim + g * hd..][..hd]) * 0.35)
+                    .collect();
+                refops::softmax(&mut s);
+                let mut want = vec![0.0; hd];
+                for (j, w) in (lo..=p).zip(s) {
+                    refops::axpy(&mut want, w, &v_all[j * kv_dim + g * hd..][..hd]);
+                }
+                let o = &got[(i * h_n + h) * hd..][..hd];
+                assert!(reference::rel_err(o, &want) < 1e-6, "{window:?} {i} {h}");
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_errors_flag_nan_and_infinity() {
+    use reference::rel_err;
+    assert_eq!(rel_err(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+    assert!(rel_err(&[f32::NAN], &[1.0]).is_infinite());
+    assert!(rel_err(&[f32::INFINITY], &[1.0]).is_infinite());
+    assert!((rel_err(&[1.1, -2.0], &[1.0, -2.0]) - 0.05).abs() < 1e-6);
+    assert_eq!(rel_err(&[0.5], &[0.0]), 0.5);
+}
+
+#[test]
+fn reference_linear_is_x_times_w_transposed() {
+    let y = reference::linear(&[1.0, 2.0, 3.0, 4.0], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], 2, 3);
+    assert_eq!(y, vec![1.0, 2.0, 3.0, 3.0, 4.0, 7.0]);
 }

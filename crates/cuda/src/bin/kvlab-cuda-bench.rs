@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use kvlab_cuda::bench::{self, AttnShape};
+use kvlab_cuda::bench;
 use kvlab_cuda::device::Device;
 use kvlab_cuda::ops::Ops;
 use kvlab_cuda::{CudaEngine, CudaOptions, DecodeAttention, Precision};
@@ -107,11 +107,7 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
     if args.what.iter().any(|w| w == "attention") {
         let ops = Ops::new(&dev)?;
         // Llama-3-8B's attention: 32 query heads, 8 KV heads, head_dim 128; f16 K/V.
-        let shape = AttnShape {
-            n_heads: 32,
-            n_kv_heads: 8,
-            head_dim: 128,
-        };
+        let shape = synthetic_spec("llama-3-8b-shape")?.config();
         let batches: &[usize] = if args.quick {
             &[1, 64]
         } else {
@@ -131,7 +127,7 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
                     DecodeAttention::Auto,
                 ] {
                     let r = bench::attention_bench::<half::f16, half::f16>(
-                        &dev, &ops, shape, batch, ctx, choice, 20, copy,
+                        &dev, &ops, &shape, batch, ctx, choice, 20, copy,
                     );
                     match r {
                         Ok(row) => {
@@ -161,12 +157,7 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
 
     let needs_model = args.what.iter().any(|w| w == "decode" || w == "waste");
     if needs_model {
-        let entry = kvlab_model::registry::entry(&args.model)
-            .ok_or_else(|| format!("no model {:?} in fixtures/models.json", args.model))?;
-        let spec = entry
-            .synthetic
-            .as_ref()
-            .ok_or_else(|| format!("{} is not a synthetic model", args.model))?;
+        let spec = synthetic_spec(&args.model)?;
         eprintln!(
             "building {} (synthetic, seed {}) on the host ...",
             args.model, spec.seed
@@ -220,4 +211,14 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
         }
     }
     Ok(Value::Object(report))
+}
+
+/// The synthetic model `name` of fixtures/models.json.
+fn synthetic_spec(name: &str) -> Result<&'static kvlab_model::SyntheticSpec, String> {
+    let entry = kvlab_model::registry::entry(name)
+        .ok_or_else(|| format!("no model {name:?} in fixtures/models.json"))?;
+    entry
+        .synthetic
+        .as_ref()
+        .ok_or_else(|| format!("{name} is not a synthetic model"))
 }

@@ -1,5 +1,8 @@
-//! Shared by the GPU test files: find a GPU or skip loudly, move buffers, poison outputs.
+//! Shared by the test files: find a GPU or skip loudly, move buffers, poison outputs, seeded
+//! random inputs, the kernels' CPU references ([`reference`]) and the engine scenarios.
 #![allow(dead_code)]
+
+pub mod reference;
 
 use std::sync::Arc;
 
@@ -14,6 +17,18 @@ use kvlab_naive::NaiveEngine;
 use kvlab_paged::{
     KvGroupConfig, Request, Scheduler, SchedulerConfig, StepExecutor, StopConditions, drive,
 };
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// The tests' generator, seeded: every run sees the same numbers.
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+/// `n` values uniform in [-a, a).
+pub fn uniform(r: &mut ChaCha8Rng, n: usize, a: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-a..a)).collect()
+}
 
 /// Skips (prints SKIPPED, returns None) when there is no usable CUDA, unless
 /// KVLAB_REQUIRE_CUDA=1, which turns the skip into a failure.
@@ -75,7 +90,7 @@ pub fn tolerance<T: DType>() -> f32 {
 
 /// Asserts the normwise relative error is within `T`'s tolerance (NaN never passes).
 pub fn check<T: DType>(what: &str, got: &[f32], want: &[f32]) {
-    let e = kvlab_cuda::reference::rel_err(got, want);
+    let e = reference::rel_err(got, want);
     let tol = tolerance::<T>();
     assert!(
         e < tol,
@@ -103,7 +118,7 @@ pub fn greedy(e: &mut dyn Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f3
 pub fn assert_same(what: &str, want: &[u32], got: &[u32], margins: &[f32]) {
     if let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) {
         panic!(
-            "{what}: step {i}: naive {} vs cuda {} (reference top-2 margin {})",
+            "{what}: step {i}: naive {} vs engine {} (naive top-2 margin {})",
             want[i], got[i], margins[i]
         );
     }
@@ -138,20 +153,20 @@ pub fn gemma_like() -> Arc<Model> {
     c.post_norms = true;
     c.embed_scale = (c.dim as f32).sqrt() / 8.0;
     let mut w = base.weights.clone();
-    let mut r = kvlab_cuda::reference::Rng::new(9);
+    let mut r = rng(9);
     for l in &mut w.layers {
-        l.q_norm = (0..c.head_dim).map(|_| 1.0 + r.sym(0.2)).collect();
-        l.k_norm = (0..c.head_dim).map(|_| 1.0 + r.sym(0.2)).collect();
-        l.post_attn_norm = (0..c.dim).map(|_| 0.5 + r.sym(0.1)).collect();
-        l.post_ffn_norm = (0..c.dim).map(|_| 0.5 + r.sym(0.1)).collect();
+        l.q_norm = (0..c.head_dim).map(|_| r.random_range(0.8..1.2)).collect();
+        l.k_norm = (0..c.head_dim).map(|_| r.random_range(0.8..1.2)).collect();
+        l.post_attn_norm = (0..c.dim).map(|_| r.random_range(0.4..0.6)).collect();
+        l.post_ffn_norm = (0..c.dim).map(|_| r.random_range(0.4..0.6)).collect();
     }
     Arc::new(Model::new(c, w).unwrap())
 }
 
 pub fn prompt(len: usize, seed: u64, vocab: usize) -> Vec<u32> {
-    let mut r = kvlab_cuda::reference::Rng::new(seed);
+    let mut r = rng(seed);
     std::iter::once(1)
-        .chain((1..len).map(|_| 2 + r.below(vocab - 2) as u32))
+        .chain((1..len).map(|_| r.random_range(2..vocab as u32)))
         .collect()
 }
 

@@ -1,0 +1,49 @@
+//! The scenarios `gpu_engine` runs on the GPU, run here without one through
+//! `kvlab_cpu::paged::PagedCpuEngine`: the same kvlab-paged bookkeeping (scheduler, block
+//! tables, slot mapping, prefix cache, copy-on-write, single-sequence pools) with the arithmetic
+//! on the CPU. Each must equal the naive engine's greedy run, the batched pool must force
+//! preemption and hit the prefix cache, and the fork must copy a shared block — so the scenarios
+//! are proven sound, and a `gpu_engine` failure on a GPU is the CUDA engine's. The kernels are
+//! `gpu_kernels`' business, `pack_step` is unit-tested in `src/launch/tests.rs`.
+
+mod common;
+
+use common::{
+    BATCHED_POOL, FORK_POOL, assert_same, batched_scenario, fork_scenario, gemma_like, greedy,
+    prompt, synthetic,
+};
+use kvlab_cpu::paged::PagedCpuEngine;
+use kvlab_naive::NaiveEngine;
+
+#[test]
+fn batched_with_preemption_and_prefix_hits_matches_naive() {
+    for (name, model) in [
+        ("synth-gqa", synthetic("synth-gqa")),
+        ("synth-mqa", synthetic("synth-mqa")),
+        ("gemma-like", gemma_like()),
+    ] {
+        let (num_blocks, block_size) = BATCHED_POOL;
+        let mut engine = PagedCpuEngine::new(model.clone(), num_blocks, block_size).unwrap();
+        batched_scenario(name, &mut engine, &model);
+    }
+}
+
+#[test]
+fn fork_copy_on_write_matches_naive() {
+    let model = synthetic("synth-mha");
+    let (num_blocks, block_size) = FORK_POOL;
+    let mut engine = PagedCpuEngine::new(model.clone(), num_blocks, block_size).unwrap();
+    fork_scenario(&mut engine, &model);
+}
+
+/// Single-sequence mode (`Engine::prefill`/`decode`) on the Gemma-like model: a prompt longer
+/// than the sliding window, then decodes far past it.
+#[test]
+fn single_sequence_mode_past_the_window_matches_naive() {
+    let model = gemma_like();
+    let mut engine = PagedCpuEngine::new(model.clone(), 32, 16).unwrap();
+    let p = prompt(37, 8, model.config.vocab_size);
+    let (want, margins) = greedy(&mut NaiveEngine::new(model.clone()), &p, 60);
+    let (got, _) = greedy(&mut engine, &p, 60);
+    assert_same("gemma-like single-sequence", &want, &got, &margins);
+}
