@@ -135,7 +135,17 @@ impl Lesson {
             "stopped at a stop token".to_string()
         };
         println!("{}", self.tokenizer.decode_all(tokens));
-        println!("--- {step} on {}", self.name);
+        let c = &self.model.config;
+        println!(
+            "--- {step} on {}: n_layers {}, n_heads {}, n_kv_heads {}, head_dim {}, kv_dim {}, max_seq_len {}",
+            self.name,
+            c.n_layers,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            c.kv_dim(),
+            c.max_seq_len
+        );
         println!("token ids: {tokens:?}");
         println!(
             "prompt {} tokens, generated {generated} tokens ({end})",
@@ -251,6 +261,7 @@ pub fn add(x: &mut [f32], y: &[f32]) {
     ops::axpy(x, 1.0, y);
 }
 
+// ANCHOR: feed_forward
 /// The feed-forward block of one row, which the cache never touches:
 /// x ← x + W2 (act(W1 xn) ⊙ W3 xn) with xn = RMSNorm(x). x (dim,).
 pub fn feed_forward(c: &Config, lw: &LayerWeights, x: &mut [f32]) {
@@ -260,6 +271,7 @@ pub fn feed_forward(c: &Config, lw: &LayerWeights, x: &mut [f32]) {
     ops::glu(&mut gate, &up, c.activation);
     add(x, &matvec(&lw.w2, &gate, c.dim));
 }
+// ANCHOR_END: feed_forward
 
 /// Logits (vocab_size,) of one row of the residual stream x (dim,): W_cls @ RMSNorm(x).
 pub fn logits(model: &Model, x: &[f32]) -> Vec<f32> {

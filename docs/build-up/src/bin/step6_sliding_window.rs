@@ -13,7 +13,7 @@
 use kvlab_build_up::{Clock, Lesson, add, argmax, embed, feed_forward, logits, matvec, rmsnorm};
 use kvlab_model::{Config, Model, ops};
 
-/// The KV cache of one sequence: a slot per position, allocated once, written in place.
+/// The KV cache of one sequence: a slot per position of the window, allocated once, reused.
 // NEW (step 5): one buffer for K and one for V, sized up front, never grown
 struct KvCache {
     slots: usize, // NEW (step 6): positions each layer holds: the window
@@ -49,7 +49,7 @@ impl KvCache {
 }
 
 /// Logits (vocab_size,) of the last of `tokens`, which are positions `pos..`; their keys and
-/// values are appended to `cache`, which holds positions `0..pos`.
+/// values are written to `cache`, which holds the last `slots` of positions `0..pos`.
 // NEW (step 3): forward is told where its rows are in the sequence
 fn forward(model: &Model, tokens: &[u32], pos: usize, cache: &mut KvCache) -> Vec<f32> {
     let (c, hd, kvd) = (&model.config, model.config.head_dim, model.config.kv_dim());
@@ -102,7 +102,7 @@ fn main() -> anyhow::Result<()> {
     let (lesson, window) = Lesson::load_with_window()?; // NEW (step 6): --window
     let model = &lesson.model;
     let mut tokens = lesson.prompt.clone(); // BOS + the prompt
-    let mut clock = Clock::with_window(window); // NEW (step 6): a query sees window keys
+    let mut clock = Clock::with_window(window); // NEW (step 6): counts ≤ window keys a query
     // The prompt's positions, then one new token per step until a stop token or --steps.
     // NEW (step 6): window slots per layer (fewer if the run computes fewer positions)
     let mut cache = KvCache::new(&model.config, window.min(lesson.steps));
