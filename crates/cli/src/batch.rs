@@ -10,9 +10,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_ARRIVAL_GAP, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_POSITIONS, usize_in};
-use kvlab_cli::engines::{PAGED_ENGINES, PoolOptions, build_paged, scheduler_config};
+use kvlab_cli::engines::{PAGED_ENGINES, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
-use kvlab_paged::{Request, ScheduledBatch, Scheduler, StepKind, StopConditions, drive};
+use kvlab_paged::{
+    Request, ScheduledBatch, Scheduler, SchedulerConfig, StepKind, StopConditions, drive,
+};
 
 use crate::{ModelArgs, bytes};
 
@@ -101,8 +103,9 @@ pub fn run(a: Args) -> Result<()> {
         num_blocks,
         block_size: a.block_size,
     };
-    let mut sched = Scheduler::new(scheduler_config(&model, pool, max_model_len))?;
     let mut engine = build_paged(&a.engine, model.clone(), pool)?;
+    let cfg = SchedulerConfig::new(engine.kv_cache().clone(), max_model_len);
+    let mut sched = Scheduler::new(cfg)?;
     let requests: Vec<Request> = prompts
         .iter()
         .enumerate()

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use kvlab_model::{Engine, Model};
-use kvlab_paged::{KvGroupConfig, SchedulerConfig, StepExecutor};
+use kvlab_paged::{KvCacheConfig, SchedulerConfig, StepExecutor};
 
 /// Every engine name kvlab knows, in the order reports list them.
 pub const ENGINES: &[&str] = &["naive", "cpu", "cpu-paged", "cuda"];
@@ -40,27 +40,20 @@ pub fn require_cuda() -> bool {
 
 /// A paged engine: the single-sequence [`Engine`] trait plus batched scheduled steps.
 pub trait PagedEngine: Engine + StepExecutor<Error = kvlab_model::Error> {
-    /// The block pool's geometry, for building a matching [`SchedulerConfig`].
-    fn pool(&self) -> PoolOptions;
+    /// The block pool's shape, which the scheduler driving this engine takes
+    /// (`SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)`).
+    fn kv_cache(&self) -> &KvCacheConfig;
 }
 
 impl PagedEngine for kvlab_cpu::paged::PagedCpuEngine {
-    fn pool(&self) -> PoolOptions {
-        let (num_blocks, block_size) = self.pool_geometry();
-        PoolOptions {
-            num_blocks,
-            block_size,
-        }
+    fn kv_cache(&self) -> &KvCacheConfig {
+        self.kv_cache()
     }
 }
 
 impl PagedEngine for kvlab_cuda::CudaEngine {
-    fn pool(&self) -> PoolOptions {
-        let (num_blocks, block_size) = self.pool_geometry();
-        PoolOptions {
-            num_blocks,
-            block_size,
-        }
+    fn kv_cache(&self) -> &KvCacheConfig {
+        self.kv_cache()
     }
 }
 
@@ -156,11 +149,11 @@ fn build_paged_inner(
         )?;
     }
     match name {
-        "cpu-paged" => Ok(Box::new(kvlab_cpu::paged::PagedCpuEngine::new(
-            model,
-            pool.num_blocks,
-            pool.block_size,
-        )?)),
+        "cpu-paged" => {
+            let kv_cache = kv_cache_config(&model, pool);
+            let engine = kvlab_cpu::paged::PagedCpuEngine::new(model, kv_cache)?;
+            Ok(Box::new(engine))
+        }
         // f32 weights, activations and KV pool: the parity mode verify needs.
         "cuda" => Ok(Box::new(kvlab_cuda::CudaEngine::new(
             model,
@@ -177,19 +170,18 @@ fn build_paged_inner(
     }
 }
 
-/// A scheduler config matching a model and a pool: one KV group for global layers and one per
-/// distinct sliding window, each with `pool.num_blocks` blocks; prefix caching on in every group.
+/// The shape of `pool` for `model`: one KV group for global layers and one per distinct sliding
+/// window, each with `pool.num_blocks` blocks. The paged engines are built with it.
+pub fn kv_cache_config(model: &Model, pool: PoolOptions) -> KvCacheConfig {
+    KvCacheConfig::new(
+        model.config.kv_cache_groups(),
+        pool.num_blocks,
+        pool.block_size,
+    )
+}
+
+/// A scheduler config for the engine built from `model` and `pool` (prefix caching on); with
+/// the engine at hand, take `engine.kv_cache()` instead.
 pub fn scheduler_config(model: &Model, pool: PoolOptions, max_model_len: usize) -> SchedulerConfig {
-    let mut cfg = SchedulerConfig::new(pool.num_blocks, max_model_len);
-    cfg.block_size = pool.block_size;
-    cfg.groups = model
-        .config
-        .kv_cache_groups()
-        .into_iter()
-        .map(|w| KvGroupConfig {
-            num_blocks: pool.num_blocks,
-            sliding_window: w,
-        })
-        .collect();
-    cfg
+    SchedulerConfig::new(kv_cache_config(model, pool), max_model_len)
 }

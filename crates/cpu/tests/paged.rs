@@ -7,7 +7,7 @@ use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Engine, LayerKind, Model, SyntheticSpec, teacher_force};
 use kvlab_naive::NaiveEngine;
-use kvlab_paged::{KvGroupConfig, Request, Scheduler, SchedulerConfig, StopConditions, drive};
+use kvlab_paged::{KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, drive};
 use proptest::prelude::*;
 
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
@@ -61,7 +61,8 @@ proptest! {
         let heads = kv * group;
         let model = Arc::new(windowed(SyntheticSpec::new(heads * 8, 40, 2, heads, kv, 40, 64, seed).build().unwrap(), window));
         let reference = teacher_force(&mut NaiveEngine::new(model.clone()), &prompt, &forced, 64).unwrap();
-        let mut paged = PagedCpuEngine::new(model.clone(), 64usize.div_ceil(block_size) + 1, block_size).unwrap();
+        let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 64usize.div_ceil(block_size) + 1, block_size);
+        let mut paged = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
         let got = teacher_force(&mut paged, &prompt, &forced, 64).unwrap();
         for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
             assert_close(a, b, &format!("step {i}"));
@@ -94,16 +95,10 @@ fn batched_run_with_preemption_and_prefix_hits_equals_solo_naive_runs() {
             arrival_step: i % 3 * 2,
         })
         .collect();
-    let block_size = 4;
-    let num_blocks = 30; // at the peak the 8 sequences want ≈ 66 blocks, even sharing their prefix
-    let mut cfg = SchedulerConfig::new(num_blocks, 96);
-    cfg.block_size = block_size;
-    cfg.groups = vec![KvGroupConfig {
-        num_blocks,
-        sliding_window: None,
-    }];
-    let mut sched = Scheduler::new(cfg).unwrap();
-    let mut engine = PagedCpuEngine::new(model.clone(), num_blocks, block_size).unwrap();
+    // 30 blocks of 4: at the peak the 8 sequences want ≈ 66 blocks, even sharing their prefix.
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 30, 4);
+    let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
+    let mut sched = Scheduler::new(SchedulerConfig::new(engine.kv_cache().clone(), 96)).unwrap();
     let report = drive(&mut engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
     assert!(
         report.metrics.num_preemptions > 0,
@@ -130,8 +125,8 @@ fn an_unscheduled_sequence_and_a_scheduled_batch_never_overlap_in_one_pool() {
             .build()
             .unwrap(),
     );
-    let (num_blocks, block_size) = (32, 4);
-    let mut engine = PagedCpuEngine::new(model.clone(), num_blocks, block_size).unwrap();
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 32, 4);
+    let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
     let s = engine.new_sequence(64).unwrap();
     engine.prefill(s, &[1, 2, 3, 4, 5]).unwrap();
     assert!(engine.kv_usage().used_bytes > 0);
@@ -140,12 +135,7 @@ fn an_unscheduled_sequence_and_a_scheduled_batch_never_overlap_in_one_pool() {
         stop: StopConditions::max_tokens(4),
         arrival_step: 0,
     }];
-    let mut cfg = SchedulerConfig::new(num_blocks, 96);
-    cfg.block_size = block_size;
-    cfg.groups = vec![KvGroupConfig {
-        num_blocks,
-        sliding_window: None,
-    }];
+    let cfg = SchedulerConfig::new(engine.kv_cache().clone(), 96);
     let mut sched = Scheduler::new(cfg.clone()).unwrap();
     let err = drive(&mut engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap_err();
     assert!(err.to_string().contains("free them"), "{err}");

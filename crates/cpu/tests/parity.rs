@@ -143,9 +143,10 @@ fn chunked_prefill_and_reused_engines_agree_with_fresh_runs() {
     let other: Vec<u32> = (0..25).map(|i| (i * 3 % 64) as u32).collect();
     let fresh = |p: &[u32]| CpuEngine::new(model.clone()).prefill_fresh(p);
     let (want_a, want_b) = (fresh(&prompt), fresh(&other));
+    let kv_cache = kvlab_paged::KvCacheConfig::new(model.config.kv_cache_groups(), 32, 8);
     let engines: Vec<Box<dyn Engine>> = vec![
         Box::new(CpuEngine::new(model.clone())),
-        Box::new(kvlab_cpu::paged::PagedCpuEngine::new(model.clone(), 32, 8).unwrap()),
+        Box::new(kvlab_cpu::paged::PagedCpuEngine::new(model.clone(), kv_cache).unwrap()),
         Box::new(NaiveEngine::new(model.clone())),
     ];
     for mut e in engines {

@@ -15,8 +15,8 @@ use std::time::Instant;
 use cudarc::driver::CudaSlice;
 use kvlab_model::Config;
 use kvlab_paged::{
-    PAD_BLOCK, RequestLen, Reservation, Scheduler, SchedulerConfig, StopConditions, Waste,
-    compute_waste,
+    KvCacheConfig, PAD_BLOCK, RequestLen, Reservation, Scheduler, SchedulerConfig, StopConditions,
+    Waste, compute_waste,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -218,9 +218,7 @@ pub fn decode_bench(
     gen_tokens: usize,
 ) -> Result<DecodeRow, kvlab_model::Error> {
     let vocab = kvlab_model::Engine::config(engine).vocab_size;
-    let (num_blocks, block_size) = engine.pool();
-    let mut cfg = SchedulerConfig::new(num_blocks, prompt_len + gen_tokens + 1);
-    cfg.block_size = block_size;
+    let mut cfg = SchedulerConfig::new(engine.kv_cache().clone(), prompt_len + gen_tokens + 1);
     cfg.max_num_seqs = batch;
     cfg.enable_prefix_caching = false;
     let paged = |e: kvlab_paged::PagedError| kvlab_model::Error::from(CudaError::from(e));
@@ -302,8 +300,10 @@ pub fn waste_comparison(
     let max_length = compute_waste(requests, max_seq_len, Reservation::MaxLength)?;
     let pool_slots = num_blocks * block_size;
     let mean_reserved = paged.reserved_slots as f64 / requests.len() as f64;
-    let mut cfg = SchedulerConfig::new(num_blocks, max_seq_len);
-    cfg.block_size = block_size;
+    let mut cfg = SchedulerConfig::new(
+        KvCacheConfig::new([None], num_blocks, block_size),
+        max_seq_len,
+    );
     cfg.max_num_seqs = requests.len().max(1);
     cfg.max_num_batched_tokens = usize::MAX / 4;
     cfg.enable_prefix_caching = false;

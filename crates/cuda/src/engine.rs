@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
 use kvlab_model::{Config, Engine, Error, KvUsage, Model, SeqId, Sequences, TraceStep};
-use kvlab_paged::{PagedError, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq};
+use kvlab_paged::{
+    KvCacheConfig, PagedError, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq,
+};
 
 use crate::device::{Device, DeviceInfo};
 use crate::dtype::Precision;
@@ -168,8 +170,8 @@ impl CudaEngine {
         };
         let (plan, weight_bytes) =
             with_runner!(&runner, f => (f.pool.plan.clone(), f.weights.bytes));
-        let unscheduled =
-            UnscheduledPools::new(c.kv_cache_groups(), plan.num_blocks, plan.block_size)?;
+        let kv_cache = KvCacheConfig::new(c.kv_cache_groups(), plan.num_blocks, plan.block_size);
+        let unscheduled = UnscheduledPools::new(&kv_cache)?;
         Ok(CudaEngine {
             model,
             runner,
@@ -181,15 +183,14 @@ impl CudaEngine {
         })
     }
 
-    /// The pool's geometry: (num_blocks per group, block_size), for a matching
-    /// `SchedulerConfig`.
+    /// The pool's geometry: (num_blocks per group, block_size).
     pub fn pool(&self) -> (usize, usize) {
         (self.plan.num_blocks, self.plan.block_size)
     }
 
-    /// [`CudaEngine::pool`] under the name `PagedCpuEngine` uses.
-    pub fn pool_geometry(&self) -> (usize, usize) {
-        self.pool()
+    /// The pool's shape, for the scheduler that drives this engine.
+    pub fn kv_cache(&self) -> &KvCacheConfig {
+        self.unscheduled.kv_cache()
     }
 
     /// The pool's size report (blocks, bytes per token per group, bytes).

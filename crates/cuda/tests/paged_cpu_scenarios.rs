@@ -14,6 +14,7 @@ use common::{
 };
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_naive::NaiveEngine;
+use kvlab_paged::KvCacheConfig;
 
 #[test]
 fn batched_with_preemption_and_prefix_hits_matches_naive() {
@@ -23,7 +24,8 @@ fn batched_with_preemption_and_prefix_hits_matches_naive() {
         ("gemma-like", gemma_like()),
     ] {
         let (num_blocks, block_size) = BATCHED_POOL;
-        let mut engine = PagedCpuEngine::new(model.clone(), num_blocks, block_size).unwrap();
+        let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), num_blocks, block_size);
+        let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
         batched_scenario(name, &mut engine, &model);
     }
 }
@@ -32,7 +34,8 @@ fn batched_with_preemption_and_prefix_hits_matches_naive() {
 fn fork_copy_on_write_matches_naive() {
     let model = synthetic("synth-mha");
     let (num_blocks, block_size) = FORK_POOL;
-    let mut engine = PagedCpuEngine::new(model.clone(), num_blocks, block_size).unwrap();
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), num_blocks, block_size);
+    let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
     fork_scenario(&mut engine, &model);
 }
 
@@ -41,7 +44,8 @@ fn fork_copy_on_write_matches_naive() {
 #[test]
 fn single_sequence_mode_past_the_window_matches_naive() {
     let model = gemma_like();
-    let mut engine = PagedCpuEngine::new(model.clone(), 32, 16).unwrap();
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 32, 16);
+    let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
     let p = prompt(37, 8, model.config.vocab_size);
     let (want, margins) = greedy(&mut NaiveEngine::new(model.clone()), &p, 60);
     let (got, _) = greedy(&mut engine, &p, 60);

@@ -1,4 +1,7 @@
-//! Scheduler configuration: the pool(s), the per-step budgets and the longest sequence.
+//! The two configurations. [`KvCacheConfig`] is the shape of the paged KV cache: the engine lays
+//! its pool out by it and the scheduler sizes its allocators by it, one value given to both (as
+//! vLLM v1 gives its `KVCacheConfig` to the scheduler's KV cache manager and to the model
+//! runner), so the two cannot disagree. [`SchedulerConfig`] adds the budgets of a step.
 //!
 //! `validate` rejects every configuration under which the scheduler could wait forever: it
 //! demands that one sequence of `max_model_len` tokens fits the pool and a step's token budget on
@@ -7,7 +10,7 @@
 
 use serde::Serialize;
 
-use crate::{DEFAULT_BLOCK_SIZE, PagedError, Result, max_window_blocks};
+use crate::{BlockAllocator, PagedError, Result, max_window_blocks};
 
 /// One KV cache group: a set of layers sharing an attention kind, served by its own pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -18,13 +21,57 @@ pub struct KvGroupConfig {
     pub sliding_window: Option<usize>,
 }
 
-/// Everything the scheduler needs to know up front.
+/// The shape of a paged KV cache: tokens per block and one pool per KV cache group. The engine's
+/// cache tensors are `(n_layers_in_group, num_blocks, block_size, n_kv_heads, head_dim)` per
+/// group; the scheduler keeps one [`BlockAllocator`] per group over the same blocks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SchedulerConfig {
-    /// Tokens per block, shared by all groups (16 by default, as in vLLM).
+pub struct KvCacheConfig {
+    /// Tokens per block, shared by all groups ([`crate::DEFAULT_BLOCK_SIZE`] = 16, as in vLLM).
     pub block_size: usize,
     /// (num_groups,) the KV cache groups; a plain Llama has one full-attention group.
     pub groups: Vec<KvGroupConfig>,
+}
+
+impl KvCacheConfig {
+    /// `num_blocks` blocks of `block_size` tokens for each group of `windows`, in order (`None`:
+    /// full attention, `Some(W)`: a window of W tokens): the paged engines' layout, with
+    /// `windows` from the model (`Config::kv_cache_groups`).
+    pub fn new(
+        windows: impl IntoIterator<Item = Option<usize>>,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Self {
+        let groups = windows
+            .into_iter()
+            .map(|sliding_window| KvGroupConfig {
+                num_blocks,
+                sliding_window,
+            })
+            .collect();
+        Self { block_size, groups }
+    }
+
+    /// One pool per group, in group order.
+    ///
+    /// # Errors
+    /// [`PagedError::InvalidConfig`] for sizes [`BlockAllocator::new`] refuses (zero, or too
+    /// large to index).
+    pub fn allocators(&self, prefix_caching: bool) -> Result<Vec<BlockAllocator>> {
+        self.groups
+            .iter()
+            .map(|g| {
+                BlockAllocator::new(g.num_blocks, self.block_size)
+                    .map(|a| a.with_prefix_caching(prefix_caching))
+            })
+            .collect()
+    }
+}
+
+/// Everything the scheduler needs to know up front.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SchedulerConfig {
+    /// Block size and pools: the value the engine was built with.
+    pub kv_cache: KvCacheConfig,
     /// Most tokens computed in one step (prefill tokens not served by the prefix cache, plus
     /// one per decoding sequence).
     pub max_num_batched_tokens: usize,
@@ -38,42 +85,16 @@ pub struct SchedulerConfig {
 }
 
 impl SchedulerConfig {
-    /// One full-attention group of `num_blocks` blocks of 16 tokens, prefix caching on,
-    /// `max_num_seqs = 256` and `max_num_batched_tokens = max(2048, max_model_len)`.
-    pub fn new(num_blocks: usize, max_model_len: usize) -> Self {
+    /// A scheduler over `kv_cache` with prefix caching on, `max_num_seqs = 256` and
+    /// `max_num_batched_tokens = max(2048, max_model_len)`.
+    pub fn new(kv_cache: KvCacheConfig, max_model_len: usize) -> Self {
         Self {
-            block_size: DEFAULT_BLOCK_SIZE,
-            groups: vec![KvGroupConfig {
-                num_blocks,
-                sliding_window: None,
-            }],
+            kv_cache,
             max_num_batched_tokens: max_model_len.max(2048),
             max_num_seqs: 256,
             max_model_len,
             enable_prefix_caching: true,
         }
-    }
-
-    /// Blocks of `block_size` tokens that fit `budget_bytes` of KV memory for one group:
-    /// `floor(budget_bytes / (kv_bytes_per_token · block_size))`, where `kv_bytes_per_token =
-    /// 2 × n_layers_in_group × n_kv_heads × head_dim × bytes per element` (k and v). Returns 0
-    /// when a size is 0.
-    pub fn num_blocks_for_memory(
-        budget_bytes: usize,
-        kv_bytes_per_token: usize,
-        block_size: usize,
-    ) -> usize {
-        match kv_bytes_per_token.checked_mul(block_size) {
-            Some(block_bytes) if block_bytes > 0 => budget_bytes / block_bytes,
-            _ => 0,
-        }
-    }
-
-    /// The total number of slots of group `g` (0 for a missing group).
-    pub fn num_slots(&self, group: usize) -> usize {
-        self.groups
-            .get(group)
-            .map_or(0, |g| g.num_blocks * self.block_size)
     }
 
     /// Checks that the configuration can always make progress.
@@ -86,13 +107,14 @@ impl SchedulerConfig {
     /// `max_model_len` or `max_num_seqs`.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(PagedError::InvalidConfig(msg));
-        if self.block_size == 0 || self.max_num_seqs == 0 || self.max_model_len == 0 {
+        let KvCacheConfig { block_size, groups } = &self.kv_cache;
+        if *block_size == 0 || self.max_num_seqs == 0 || self.max_model_len == 0 {
             return bad(format!(
                 "block_size ({}), max_num_seqs ({}) and max_model_len ({}) must be at least 1",
-                self.block_size, self.max_num_seqs, self.max_model_len
+                block_size, self.max_num_seqs, self.max_model_len
             ));
         }
-        if self.groups.is_empty() {
+        if groups.is_empty() {
             return bad("no KV cache group; add at least one KvGroupConfig".into());
         }
         if self.max_num_batched_tokens < self.max_model_len.max(self.max_num_seqs) {
@@ -103,18 +125,18 @@ impl SchedulerConfig {
                 self.max_num_batched_tokens, self.max_model_len, self.max_num_seqs
             ));
         }
-        let seq_blocks = self.max_model_len.div_ceil(self.block_size);
-        for (g, group) in self.groups.iter().enumerate() {
+        let seq_blocks = self.max_model_len.div_ceil(*block_size);
+        for (g, group) in groups.iter().enumerate() {
             let needed = match group.sliding_window {
                 None => seq_blocks,
                 Some(0) => return bad(format!("group {g}: sliding_window must be at least 1")),
-                Some(w) => seq_blocks.min(max_window_blocks(w, self.block_size)),
+                Some(w) => seq_blocks.min(max_window_blocks(w, *block_size)),
             };
             if group.num_blocks < needed {
                 return bad(format!(
                     "group {g}: {} blocks cannot hold one sequence of max_model_len = {} tokens \
                      (needs {needed} blocks of {}); raise num_blocks or lower max_model_len",
-                    group.num_blocks, self.max_model_len, self.block_size
+                    group.num_blocks, self.max_model_len, block_size
                 ));
             }
         }

@@ -71,7 +71,7 @@ pub use allocator::{
     AllocatorStats, BlockAllocator, BlockCopy, DEFAULT_BLOCK_SIZE, max_window_blocks, window_start,
 };
 pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables};
-pub use config::{KvGroupConfig, SchedulerConfig};
+pub use config::{KvCacheConfig, KvGroupConfig, SchedulerConfig};
 pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive};
 pub use error::{PagedError, Result};
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a_block_hash};

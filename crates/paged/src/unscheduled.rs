@@ -7,8 +7,8 @@
 //! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
 
 use crate::{
-    BlockAllocator, BlockTable, GroupStep, PagedError, Result, ScheduledSeq, SeqId, StepKind,
-    window_start,
+    BlockAllocator, BlockTable, GroupStep, KvCacheConfig, KvGroupConfig, Result, ScheduledSeq,
+    SeqId, StepKind, window_start,
 };
 
 /// One sequence's tables and length.
@@ -27,40 +27,26 @@ pub struct UnscheduledSeq {
 #[derive(Debug, Clone)]
 pub struct UnscheduledPools {
     allocators: Vec<BlockAllocator>,
-    /// (num_groups,) `None` global, `Some(window)` sliding window.
-    windows: Vec<Option<usize>>,
+    /// Their shape: the engine's pool.
+    kv_cache: KvCacheConfig,
 }
 
 impl UnscheduledPools {
-    /// Pools of `num_blocks` blocks of `block_size` tokens for each KV group.
+    /// One pool per group of `kv_cache` (the engine's), prefix caching off.
     ///
     /// # Errors
     /// [`PagedError::InvalidConfig`] for sizes the allocator refuses (zero, too large to index).
-    pub fn new(
-        windows: Vec<Option<usize>>,
-        num_blocks: usize,
-        block_size: usize,
-    ) -> Result<UnscheduledPools> {
-        let allocators = windows
-            .iter()
-            .map(|_| {
-                BlockAllocator::new(num_blocks, block_size).map(|a| a.with_prefix_caching(false))
-            })
-            .collect::<Result<Vec<_>>>()?;
+    pub fn new(kv_cache: &KvCacheConfig) -> Result<UnscheduledPools> {
         Ok(UnscheduledPools {
-            allocators,
-            windows,
+            allocators: kv_cache.allocators(false)?,
+            kv_cache: kv_cache.clone(),
         })
     }
 
     /// An empty sequence.
     pub fn new_seq(&self, max_seq_len: usize) -> UnscheduledSeq {
-        let bs = self
-            .allocators
-            .first()
-            .map_or(1, BlockAllocator::block_size);
         UnscheduledSeq {
-            tables: vec![BlockTable::new(bs); self.windows.len()],
+            tables: vec![BlockTable::new(self.kv_cache.block_size); self.allocators.len()],
             len: 0,
             max_seq_len,
             last_slots: Vec::new(),
@@ -80,41 +66,26 @@ impl UnscheduledPools {
     ) -> Result<ScheduledSeq> {
         let (pos0, n) = (seq.len, tokens.len());
         let end = pos0 + n;
-        for ((alloc, table), w) in self
-            .allocators
-            .iter_mut()
-            .zip(&mut seq.tables)
-            .zip(&self.windows)
-        {
-            if let Some(w) = *w {
+        let groups = &self.kv_cache.groups;
+        for ((alloc, table), g) in self.allocators.iter_mut().zip(&mut seq.tables).zip(groups) {
+            if let Some(w) = g.sliding_window {
                 alloc.free_outside_window(table, pos0, w)?;
             }
         }
-        let keep = |w: &Option<usize>| w.map_or(0, |w| window_start(end, w));
-        for ((alloc, table), w) in self.allocators.iter().zip(&seq.tables).zip(&self.windows) {
-            let needed = alloc.blocks_needed_to_append(table, n, keep(w))?;
-            if needed > alloc.num_free_blocks() {
-                return Err(PagedError::OutOfBlocks {
-                    needed,
-                    free: alloc.num_free_blocks(),
-                });
-            }
+        let keep = |g: &KvGroupConfig| g.sliding_window.map_or(0, |w| window_start(end, w));
+        for ((alloc, table), g) in self.allocators.iter().zip(&seq.tables).zip(groups) {
+            alloc.ensure_free(alloc.blocks_needed_to_append(table, n, keep(g))?)?;
         }
-        let mut groups = Vec::with_capacity(self.windows.len());
-        for ((alloc, table), w) in self
-            .allocators
-            .iter_mut()
-            .zip(&mut seq.tables)
-            .zip(&self.windows)
-        {
-            let block_copies = alloc.append_slots(table, n, keep(w))?;
-            groups.push(GroupStep {
+        let mut steps = Vec::with_capacity(groups.len());
+        for ((alloc, table), g) in self.allocators.iter_mut().zip(&mut seq.tables).zip(groups) {
+            let block_copies = alloc.append_slots(table, n, keep(g))?;
+            steps.push(GroupStep {
                 slot_mapping: table.slot_mapping(pos0..end),
                 block_table: table.to_row(),
                 block_copies,
             });
         }
-        seq.last_slots = groups
+        seq.last_slots = steps
             .first()
             .map(|g| g.slot_mapping.clone())
             .unwrap_or_default();
@@ -131,7 +102,7 @@ impl UnscheduledPools {
                     is_recompute: false,
                 }
             },
-            groups,
+            groups: steps,
         })
     }
 
@@ -143,17 +114,15 @@ impl UnscheduledPools {
         }
     }
 
+    /// The pools' shape, which the engine's pool has and its scheduler takes.
+    pub fn kv_cache(&self) -> &KvCacheConfig {
+        &self.kv_cache
+    }
+
     /// Blocks in use in group `g`.
     pub fn used_blocks(&self, g: usize) -> usize {
         self.allocators
             .get(g)
             .map_or(0, BlockAllocator::num_used_blocks)
-    }
-
-    /// Blocks per group and tokens per block.
-    pub fn geometry(&self) -> (usize, usize) {
-        self.allocators
-            .first()
-            .map_or((0, 0), |a| (a.num_blocks(), a.block_size()))
     }
 }

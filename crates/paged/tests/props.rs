@@ -10,8 +10,9 @@
 //! functions) hash collisions happen all the time.
 
 use kvlab_paged::{
-    BlockAllocator, BlockHash, BlockTable, HashFn, KvGroupConfig, PAD_BLOCK, PAD_SLOT, Scheduler,
-    SchedulerConfig, SeqId, StopConditions, fnv1a_block_hash, max_window_blocks, window_start,
+    BlockAllocator, BlockHash, BlockTable, HashFn, KvCacheConfig, KvGroupConfig, PAD_BLOCK,
+    PAD_SLOT, Scheduler, SchedulerConfig, SeqId, StopConditions, fnv1a_block_hash,
+    max_window_blocks, window_start,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -321,8 +322,14 @@ fn run_step(
     shadow: &mut [Vec<Option<Vec<u32>>>],
 ) -> Vec<kvlab_paged::FinishedSeq> {
     let batch = s.schedule().unwrap();
-    let bs = s.config().block_size;
-    let windows: Vec<Option<usize>> = s.config().groups.iter().map(|g| g.sliding_window).collect();
+    let bs = s.config().kv_cache.block_size;
+    let windows: Vec<Option<usize>> = s
+        .config()
+        .kv_cache
+        .groups
+        .iter()
+        .map(|g| g.sliding_window)
+        .collect();
     for q in &batch.seqs {
         for (g, part) in q.groups.iter().enumerate() {
             for c in &part.block_copies {
@@ -383,8 +390,10 @@ fn check_scheduler(s: &Scheduler) {
                 .iter()
                 .flatten()
                 .for_each(|&b| refs[b as usize] += 1);
-            if let Some(w) = s.config().groups[g].sliding_window {
-                assert!(table.num_held_blocks() <= max_window_blocks(w, s.config().block_size));
+            if let Some(w) = s.config().kv_cache.groups[g].sliding_window {
+                assert!(
+                    table.num_held_blocks() <= max_window_blocks(w, s.config().kv_cache.block_size)
+                );
             }
         }
         for (b, &r) in refs.iter().enumerate() {
@@ -422,8 +431,7 @@ proptest! {
             groups.push(KvGroupConfig { num_blocks: n, sliding_window: Some(w) });
         }
         let config = SchedulerConfig {
-            block_size: bs,
-            groups,
+            kv_cache: KvCacheConfig { block_size: bs, groups },
             max_num_batched_tokens: max_model_len.max(max_num_seqs) + extra_budget,
             max_num_seqs,
             max_model_len,
@@ -431,7 +439,7 @@ proptest! {
         };
         let mut s = Scheduler::new(config.clone()).unwrap().with_hash_fn(hash_fn(hash_kind));
         let mut shadow: Vec<Vec<Option<Vec<u32>>>> =
-            config.groups.iter().map(|g| vec![None; g.num_blocks * bs]).collect();
+            config.kv_cache.groups.iter().map(|g| vec![None; g.num_blocks * bs]).collect();
         let mut finished = Vec::new();
         let last_arrival = requests.iter().map(|r| r.arrival).max().unwrap_or(0);
         for step in 0..500 {

@@ -2,9 +2,9 @@
 //! prefix hits, copy-on-write forks, stop conditions, sliding windows and the flattened batch.
 
 use kvlab_paged::{
-    BlockCopy, BlockHash, FinishReason, FinishedSeq, KvGroupConfig, PAD_BLOCK, PAD_SLOT,
-    PagedError, ScheduledBatch, Scheduler, SchedulerConfig, SeqId, SequenceStatus, StepKind,
-    StopConditions, max_window_blocks,
+    BlockCopy, BlockHash, DEFAULT_BLOCK_SIZE, FinishReason, FinishedSeq, KvCacheConfig,
+    KvGroupConfig, PAD_BLOCK, PAD_SLOT, PagedError, ScheduledBatch, Scheduler, SchedulerConfig,
+    SeqId, SequenceStatus, StepKind, StopConditions, max_window_blocks,
 };
 
 /// A deterministic stand-in for a model: the next token depends on the whole history.
@@ -18,11 +18,7 @@ fn next_token(history: &[u32]) -> u32 {
 
 fn config(num_blocks: usize, block_size: usize, max_model_len: usize) -> SchedulerConfig {
     SchedulerConfig {
-        block_size,
-        groups: vec![KvGroupConfig {
-            num_blocks,
-            sliding_window: None,
-        }],
+        kv_cache: KvCacheConfig::new([None], num_blocks, block_size),
         max_num_batched_tokens: max_model_len.max(16),
         max_num_seqs: 8,
         max_model_len,
@@ -408,7 +404,7 @@ fn config_validation_names_the_problem() {
     budget.max_num_batched_tokens = 8;
     assert!(says(&budget, "max_num_batched_tokens"));
     let mut window_cache = config(4, 4, 16);
-    window_cache.groups.push(KvGroupConfig {
+    window_cache.kv_cache.groups.push(KvGroupConfig {
         num_blocks: 4,
         sliding_window: Some(4),
     });
@@ -419,11 +415,14 @@ fn config_validation_names_the_problem() {
         "hybrid prefix caching is allowed"
     );
     let mut zero = config(4, 4, 16);
-    zero.block_size = 0;
+    zero.kv_cache.block_size = 0;
     assert!(Scheduler::new(zero).is_err());
-    let defaults = SchedulerConfig::new(128, 2048);
+    let defaults = SchedulerConfig::new(KvCacheConfig::new([None], 128, DEFAULT_BLOCK_SIZE), 2048);
     assert_eq!(
-        (defaults.block_size, defaults.max_num_batched_tokens),
+        (
+            defaults.kv_cache.block_size,
+            defaults.max_num_batched_tokens
+        ),
         (16, 2048)
     );
     assert_eq!(defaults.validate(), Ok(()));
@@ -433,7 +432,7 @@ fn config_validation_names_the_problem() {
 fn sliding_window_group_stays_bounded() {
     let (bs, w) = (2, 4);
     let mut c = config(8, bs, 16);
-    c.groups.push(KvGroupConfig {
+    c.kv_cache.groups.push(KvGroupConfig {
         num_blocks: max_window_blocks(w, bs),
         sliding_window: Some(w),
     });
@@ -469,7 +468,7 @@ fn sliding_window_prefix_hit_adopts_only_the_window() {
     // bs 2, window 4: the query at position p reads keys p-3..=p.
     let (bs, w) = (2, 4);
     let mut c = config(16, bs, 16);
-    c.groups.push(KvGroupConfig {
+    c.kv_cache.groups.push(KvGroupConfig {
         num_blocks: 8,
         sliding_window: Some(w),
     });

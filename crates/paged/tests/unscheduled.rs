@@ -1,13 +1,13 @@
 //! Unscheduled (one sequence at a time) bookkeeping: sliding-window groups stay bounded, a full
 //! pool refuses a step without reserving anything, and freeing returns every block.
 
-use kvlab_paged::{PagedError, UnscheduledPools, max_window_blocks};
+use kvlab_paged::{KvCacheConfig, PagedError, UnscheduledPools, max_window_blocks};
 
 /// A prefill then 300 decodes with a global and a 40-token window group: slots agree with the
 /// tables, the window group never holds more than max_window_blocks, freeing returns everything.
 #[test]
 fn windowed_steps_stay_bounded_and_free_everything() {
-    let mut pools = UnscheduledPools::new(vec![None, Some(40)], 64, 16).unwrap();
+    let mut pools = UnscheduledPools::new(&KvCacheConfig::new([None, Some(40)], 64, 16)).unwrap();
     let mut seq = pools.new_seq(1024);
     let mut tokens: Vec<u32> = (0..70).map(|i| i % 900 + 1).collect();
     for step in 0..301 {
@@ -38,7 +38,7 @@ fn windowed_steps_stay_bounded_and_free_everything() {
 
 #[test]
 fn a_full_pool_is_refused_without_reserving() {
-    let mut pools = UnscheduledPools::new(vec![None], 2, 16).unwrap();
+    let mut pools = UnscheduledPools::new(&KvCacheConfig::new([None], 2, 16)).unwrap();
     let mut a = pools.new_seq(64);
     pools.reserve(&mut a, 0, &[1; 20]).unwrap();
     a.len = 20;

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kvlab_cli::engines::{PoolOptions, build_paged, scheduler_config};
+use kvlab_cli::engines::{PoolOptions, build_paged};
 use kvlab_model::registry::ModelEntry;
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Model, Tokenizer};
-use kvlab_paged::{Request, Scheduler, StopConditions, drive};
+use kvlab_paged::{Request, Scheduler, SchedulerConfig, StopConditions, drive};
 
 use super::{BatchInfo, Divergence, Reference, Row, reference_run};
 
@@ -90,8 +90,8 @@ pub(super) fn run(
             num_blocks,
             block_size,
         };
-        let mut sched = Scheduler::new(scheduler_config(model, pool, ctx))?;
         let mut exec = build_paged(engine, model.clone(), pool)?;
+        let mut sched = Scheduler::new(SchedulerConfig::new(exec.kv_cache().clone(), ctx))?;
         let report = drive(exec.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;
         if report.metrics.num_preemptions > 0 || num_blocks == min_blocks {
             break report;

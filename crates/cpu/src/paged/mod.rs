@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
 use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, Sequences, TraceStep};
-use kvlab_paged::{BlockCopy, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq};
+use kvlab_paged::{
+    BlockCopy, KvCacheConfig, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq,
+};
 
 use crate::attention::Heads;
 use crate::forward::forward;
@@ -117,14 +119,25 @@ pub struct PagedCpuEngine {
 }
 
 impl PagedCpuEngine {
-    /// An engine whose pool holds `num_blocks` blocks of `block_size` tokens for every layer.
+    /// An engine whose pool has the shape `kv_cache`, the value its scheduler takes too:
+    /// `KvCacheConfig::new(config.kv_cache_groups(), num_blocks, block_size)` gives every layer
+    /// `num_blocks` blocks of `block_size` tokens.
     ///
     /// # Errors
-    /// [`Error::Config`] for a zero size or a pool too large to index.
-    pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Result<PagedCpuEngine> {
+    /// [`Error::Config`] for a zero size, a pool too large to index, or groups that are not the
+    /// model's with one block count for all.
+    pub fn new(model: Arc<Model>, kv_cache: KvCacheConfig) -> Result<PagedCpuEngine> {
         let c = &model.config;
-        let unscheduled = UnscheduledPools::new(c.kv_cache_groups(), num_blocks, block_size)
-            .map_err(|e| Error::Config(e.to_string()))?;
+        let block_size = kv_cache.block_size;
+        let num_blocks = kv_cache.groups.first().map_or(0, |g| g.num_blocks);
+        if kv_cache != KvCacheConfig::new(c.kv_cache_groups(), num_blocks, block_size) {
+            return Err(Error::Config(format!(
+                "{kv_cache:?} is not {num_blocks} blocks for each of the model's KV cache groups {:?}",
+                c.kv_cache_groups()
+            )));
+        }
+        let unscheduled =
+            UnscheduledPools::new(&kv_cache).map_err(|e| Error::Config(e.to_string()))?;
         let max_pos = c.max_seq_len.min(num_blocks.saturating_mul(block_size));
         let rope = RopeTables::for_config(c, max_pos);
         let pool = KvPool::new(c.n_layers, num_blocks, block_size, c.kv_dim());
@@ -137,9 +150,9 @@ impl PagedCpuEngine {
         })
     }
 
-    /// Blocks per group and tokens per block.
-    pub fn pool_geometry(&self) -> (usize, usize) {
-        (self.pool.num_blocks, self.pool.block_size)
+    /// The pool's shape, for the scheduler that drives this engine.
+    pub fn kv_cache(&self) -> &KvCacheConfig {
+        self.unscheduled.kv_cache()
     }
 
     /// Runs one step over the given sequences; returns each one's last-token logits.

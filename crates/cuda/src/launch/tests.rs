@@ -1,4 +1,4 @@
-use kvlab_paged::{KvGroupConfig, PaddedBlockTables, Scheduler, SchedulerConfig, StopConditions};
+use kvlab_paged::{KvCacheConfig, PaddedBlockTables, Scheduler, SchedulerConfig, StopConditions};
 
 use super::*;
 
@@ -13,16 +13,8 @@ fn geometry(num_blocks: usize, windows: Vec<Option<usize>>) -> PackGeometry {
 }
 
 fn scheduler(num_blocks: usize, windows: &[Option<usize>]) -> Scheduler {
-    let mut cfg = SchedulerConfig::new(num_blocks, 64);
-    cfg.block_size = 4;
-    cfg.groups = windows
-        .iter()
-        .map(|&w| KvGroupConfig {
-            num_blocks,
-            sliding_window: w,
-        })
-        .collect();
-    Scheduler::new(cfg).unwrap()
+    let kv_cache = KvCacheConfig::new(windows.iter().copied(), num_blocks, 4);
+    Scheduler::new(SchedulerConfig::new(kv_cache, 64)).unwrap()
 }
 
 #[test]
@@ -290,7 +282,8 @@ fn cached_keys_without_a_block_are_refused() {
 #[test]
 fn unscheduled_windowed_steps_pack() {
     let windows = vec![None, Some(40)];
-    let mut pools = kvlab_paged::UnscheduledPools::new(windows.clone(), 64, 16).unwrap();
+    let mut pools =
+        kvlab_paged::UnscheduledPools::new(&KvCacheConfig::new(windows.clone(), 64, 16)).unwrap();
     let mut seq = pools.new_seq(1024);
     let geom = PackGeometry {
         vocab_size: 1000,

@@ -15,7 +15,7 @@ use kvlab_model::sampler::{argmax, top2_margin};
 use kvlab_model::{Activation, Engine, LayerKind, Model, RopeLayout, registry};
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::{
-    KvGroupConfig, Request, Scheduler, SchedulerConfig, StepExecutor, StopConditions, drive,
+    KvCacheConfig, Request, Scheduler, SchedulerConfig, StepExecutor, StopConditions, drive,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -176,18 +176,13 @@ pub fn scheduler_for(
     block_size: usize,
     max_len: usize,
 ) -> Scheduler {
-    let mut cfg = SchedulerConfig::new(num_blocks, max_len);
-    cfg.block_size = block_size;
-    cfg.groups = model
-        .config
-        .kv_cache_groups()
-        .into_iter()
-        .map(|w| KvGroupConfig {
-            num_blocks,
-            sliding_window: w,
-        })
-        .collect();
-    cfg.enable_prefix_caching = cfg.groups.iter().all(|g| g.sliding_window.is_none());
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), num_blocks, block_size);
+    let mut cfg = SchedulerConfig::new(kv_cache, max_len);
+    cfg.enable_prefix_caching = cfg
+        .kv_cache
+        .groups
+        .iter()
+        .all(|g| g.sliding_window.is_none());
     Scheduler::new(cfg).unwrap()
 }
 

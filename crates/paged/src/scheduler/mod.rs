@@ -9,8 +9,9 @@
 //! front) and `running` (sorted by arrival, oldest first). A driver loop:
 //!
 //! ```
-//! use kvlab_paged::{Scheduler, SchedulerConfig, StopConditions};
-//! let mut sched = Scheduler::new(SchedulerConfig::new(64, 256))?;
+//! use kvlab_paged::{KvCacheConfig, Scheduler, SchedulerConfig, StopConditions};
+//! let kv_cache = KvCacheConfig::new([None], 64, 16); // the engine is built with the same value
+//! let mut sched = Scheduler::new(SchedulerConfig::new(kv_cache, 256))?;
 //! sched.add_request(vec![1, 2, 3], StopConditions::max_tokens(4))?;
 //! while sched.has_unfinished() {
 //!     let batch = sched.schedule()?;
@@ -69,14 +70,7 @@ impl Scheduler {
     /// [`PagedError::InvalidConfig`] from [`SchedulerConfig::validate`] or from the pool sizes.
     pub fn new(config: SchedulerConfig) -> Result<Self> {
         config.validate()?;
-        let allocators = config
-            .groups
-            .iter()
-            .map(|g| {
-                Ok(BlockAllocator::new(g.num_blocks, config.block_size)?
-                    .with_prefix_caching(config.enable_prefix_caching))
-            })
-            .collect::<Result<_>>()?;
+        let allocators = config.kv_cache.allocators(config.enable_prefix_caching)?;
         Ok(Self {
             config,
             allocators,
@@ -208,7 +202,7 @@ impl Scheduler {
             .allocators
             .iter_mut()
             .zip(&mut seq.block_tables)
-            .zip(&self.config.groups)
+            .zip(&self.config.kv_cache.groups)
         {
             if let Some(window) = group.sliding_window {
                 alloc.free_outside_window(table, computed, window)?;
@@ -220,7 +214,13 @@ impl Scheduler {
     /// First position whose key group `g` must keep once a step ends with `end` tokens computed:
     /// 0 for full attention, the window start for sliding-window groups.
     pub(crate) fn keep_from(&self, g: usize, end: usize) -> usize {
-        match self.config.groups.get(g).and_then(|c| c.sliding_window) {
+        match self
+            .config
+            .kv_cache
+            .groups
+            .get(g)
+            .and_then(|c| c.sliding_window)
+        {
             Some(w) => window_start(end, w),
             None => 0,
         }
@@ -231,7 +231,7 @@ impl Scheduler {
     }
 
     pub(crate) fn empty_tables(&self) -> Vec<BlockTable> {
-        vec![BlockTable::new(self.config.block_size); self.allocators.len()]
+        vec![BlockTable::new(self.config.kv_cache.block_size); self.allocators.len()]
     }
 
     pub(crate) fn take_arrival(&mut self) -> u64 {

@@ -110,14 +110,14 @@ impl Scheduler {
     /// full-attention group needs all `h` blocks, a sliding-window group only those from
     /// `window_start(h · block_size)` on (see `allocator/prefix.rs`).
     fn try_admit(&mut self, id: SeqId, budget: usize) -> Result<Option<ScheduledSeq>> {
-        let bs = self.config.block_size;
+        let bs = self.config.kv_cache.block_size;
         let seq = self.seq(id)?;
         let len = seq.len();
         let max_blocks = (len - 1) / bs;
         let mut matches: Vec<_> = (0..self.allocators.len())
             .map(|g| {
                 let alloc = &self.allocators[g];
-                match self.config.groups[g].sliding_window {
+                match self.config.kv_cache.groups[g].sliding_window {
                     Some(_) => alloc.match_prefix_levels(&seq.token_ids, max_blocks),
                     None => alloc.match_prefix(&seq.token_ids, max_blocks),
                 }
