@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use crate::{BlockAllocator, PagedError, Result, max_window_blocks};
+use crate::{BlockAllocator, PagedError, Result, max_window_blocks, window_start};
 
 /// One KV cache group: a set of layers sharing an attention kind, served by its own pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -19,6 +19,14 @@ pub struct KvGroupConfig {
     pub num_blocks: usize,
     /// `None` for full (global) attention; `Some(W)` for sliding-window (local) layers.
     pub sliding_window: Option<usize>,
+}
+
+impl KvGroupConfig {
+    /// First position whose key this group must keep once `end` tokens are computed: 0 for full
+    /// attention, [`crate::window_start`]`(end, W)` for a window of W.
+    pub fn keep_from(&self, end: usize) -> usize {
+        self.sliding_window.map_or(0, |w| window_start(end, w))
+    }
 }
 
 /// The shape of a paged KV cache: tokens per block and one pool per KV cache group. The engine's

@@ -11,7 +11,9 @@ use serde::Serialize;
 
 use crate::BlockTable;
 
-/// Identifies a sequence for its whole life (unique per scheduler, never reused).
+/// Identifies a sequence for its whole life (unique per scheduler, never reused). Ids are given
+/// in arrival order (a fork arrives when forked): the running queue is sorted by id, and
+/// preemption takes the largest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct SeqId(pub u64);
 
@@ -99,8 +101,6 @@ pub struct Sequence {
     pub(crate) max_computed_tokens: usize,
     /// (num_groups,) one block table per KV cache group.
     pub(crate) block_tables: Vec<BlockTable>,
-    /// Arrival order; the running queue is sorted by it and preemption takes the largest.
-    pub(crate) arrival: u64,
     pub(crate) num_preemptions: usize,
 }
 

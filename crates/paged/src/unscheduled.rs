@@ -7,8 +7,7 @@
 //! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
 
 use crate::{
-    BlockAllocator, BlockTable, GroupStep, KvCacheConfig, KvGroupConfig, Result, ScheduledSeq,
-    SeqId, StepKind, window_start,
+    BlockAllocator, BlockTable, GroupStep, KvCacheConfig, Result, ScheduledSeq, SeqId, StepKind,
 };
 
 /// One sequence's tables and length.
@@ -35,7 +34,7 @@ impl UnscheduledPools {
     /// One pool per group of `kv_cache` (the engine's), prefix caching off.
     ///
     /// # Errors
-    /// [`PagedError::InvalidConfig`] for sizes the allocator refuses (zero, too large to index).
+    /// [`crate::PagedError::InvalidConfig`] for sizes the allocator refuses (zero, too large to index).
     pub fn new(kv_cache: &KvCacheConfig) -> Result<UnscheduledPools> {
         Ok(UnscheduledPools {
             allocators: kv_cache.allocators(false)?,
@@ -57,7 +56,7 @@ impl UnscheduledPools {
     /// none) and returns the step. The caller adds `tokens.len()` to `seq.len` once it ran.
     ///
     /// # Errors
-    /// [`PagedError::OutOfBlocks`] when a group lacks free blocks (nothing is reserved).
+    /// [`crate::PagedError::OutOfBlocks`] when a group lacks free blocks (nothing is reserved).
     pub fn reserve(
         &mut self,
         seq: &mut UnscheduledSeq,
@@ -72,13 +71,12 @@ impl UnscheduledPools {
                 alloc.free_outside_window(table, pos0, w)?;
             }
         }
-        let keep = |g: &KvGroupConfig| g.sliding_window.map_or(0, |w| window_start(end, w));
         for ((alloc, table), g) in self.allocators.iter().zip(&seq.tables).zip(groups) {
-            alloc.ensure_free(alloc.blocks_needed_to_append(table, n, keep(g))?)?;
+            alloc.ensure_free(alloc.blocks_needed_to_append(table, n, g.keep_from(end))?)?;
         }
         let mut steps = Vec::with_capacity(groups.len());
         for ((alloc, table), g) in self.allocators.iter_mut().zip(&mut seq.tables).zip(groups) {
-            let block_copies = alloc.append_slots(table, n, keep(g))?;
+            let block_copies = alloc.append_slots(table, n, g.keep_from(end))?;
             steps.push(GroupStep {
                 slot_mapping: table.slot_mapping(pos0..end),
                 block_table: table.to_row(),

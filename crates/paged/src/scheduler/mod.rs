@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
     BlockAllocator, BlockTable, HashFn, Metrics, PagedError, Result, SchedulerConfig, SeqId,
-    Sequence, SequenceStatus, StopConditions, window_start,
+    Sequence, SequenceStatus, StopConditions,
 };
 
 /// Totals the scheduler counts itself (the allocators count the rest).
@@ -52,14 +52,13 @@ pub struct Scheduler {
     pub(crate) allocators: Vec<BlockAllocator>,
     pub(crate) seqs: BTreeMap<SeqId, Sequence>,
     pub(crate) waiting: VecDeque<SeqId>,
-    /// Sorted by arrival, oldest first.
+    /// Sorted by arrival (by id), oldest first.
     pub(crate) running: Vec<SeqId>,
     /// Sequences of the batch awaiting `update`, in batch order.
     pub(crate) in_flight: Option<Vec<SeqId>>,
     /// Aborted while in flight: their tokens in the next `update` are ignored.
     pub(crate) aborted_in_flight: Vec<SeqId>,
     pub(crate) next_id: u64,
-    pub(crate) next_arrival: u64,
     pub(crate) counters: Counters,
 }
 
@@ -80,7 +79,6 @@ impl Scheduler {
             in_flight: None,
             aborted_in_flight: Vec::new(),
             next_id: 0,
-            next_arrival: 0,
             counters: Counters::default(),
         })
     }
@@ -125,8 +123,7 @@ impl Scheduler {
                 prompt.len()
             )));
         }
-        let id = SeqId(self.next_id);
-        self.next_id += 1;
+        let id = self.new_id();
         let seq = Sequence {
             id,
             prompt_len: prompt.len(),
@@ -136,7 +133,6 @@ impl Scheduler {
             num_computed_tokens: 0,
             max_computed_tokens: 0,
             block_tables: self.empty_tables(),
-            arrival: self.take_arrival(),
             num_preemptions: 0,
         };
         self.seqs.insert(id, seq);
@@ -211,19 +207,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// First position whose key group `g` must keep once a step ends with `end` tokens computed:
-    /// 0 for full attention, the window start for sliding-window groups.
+    /// First position whose key group `g` must keep once a step ends with `end` tokens computed.
     pub(crate) fn keep_from(&self, g: usize, end: usize) -> usize {
-        match self
-            .config
-            .kv_cache
-            .groups
-            .get(g)
-            .and_then(|c| c.sliding_window)
-        {
-            Some(w) => window_start(end, w),
-            None => 0,
-        }
+        self.config.kv_cache.groups[g].keep_from(end)
     }
 
     pub(crate) fn seq(&self, id: SeqId) -> Result<&Sequence> {
@@ -234,9 +220,9 @@ impl Scheduler {
         vec![BlockTable::new(self.config.kv_cache.block_size); self.allocators.len()]
     }
 
-    pub(crate) fn take_arrival(&mut self) -> u64 {
-        self.next_arrival += 1;
-        self.next_arrival - 1
+    pub(crate) fn new_id(&mut self) -> SeqId {
+        self.next_id += 1;
+        SeqId(self.next_id - 1)
     }
 }
 

@@ -178,14 +178,10 @@ impl Scheduler {
         seq.num_computed_tokens = cached;
         let is_recompute = seq.num_preemptions > 0;
         let recomputed = seq.max_computed_tokens.min(len).saturating_sub(cached);
-        let arrival = seq.arrival;
         self.counters.prefix_cache_queries += len as u64;
         self.counters.prefix_cache_hits += cached as u64;
         self.counters.num_recomputed_tokens += recomputed as u64;
-        let seqs = &self.seqs;
-        let pos = self
-            .running
-            .partition_point(|r| seqs.get(r).is_some_and(|s| s.arrival < arrival));
+        let pos = self.running.partition_point(|&r| r < id);
         self.running.insert(pos, id);
         let kind = StepKind::Prefill {
             num_cached_tokens: cached,
@@ -213,21 +209,13 @@ impl Scheduler {
 
     /// Reserves slots for the tokens `num_computed..len` of `id` in every group.
     fn reserve(&mut self, id: SeqId, n: usize) -> Result<Vec<Vec<BlockCopy>>> {
-        let len = self.seq(id)?.len();
-        let keeps: Vec<usize> = (0..self.allocators.len())
-            .map(|g| self.keep_from(g, len))
-            .collect();
         let seq = seq_mut(&mut self.seqs, id)?;
-        let mut copies = Vec::with_capacity(keeps.len());
-        for ((alloc, table), keep) in self
-            .allocators
-            .iter_mut()
-            .zip(&mut seq.block_tables)
-            .zip(keeps)
-        {
-            copies.push(alloc.append_slots(table, n, keep)?);
-        }
-        Ok(copies)
+        let (len, groups) = (seq.len(), &self.config.kv_cache.groups);
+        let tables = self.allocators.iter_mut().zip(&mut seq.block_tables);
+        tables
+            .zip(groups)
+            .map(|((alloc, table), g)| alloc.append_slots(table, n, g.keep_from(len)))
+            .collect()
     }
 
     /// The plain-data description of `id`'s step over positions `start..len`.

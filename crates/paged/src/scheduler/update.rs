@@ -97,10 +97,8 @@ impl Scheduler {
         for (alloc, table) in self.allocators.iter_mut().zip(&mut child.block_tables) {
             *table = alloc.fork(table)?;
         }
-        let id = SeqId(self.next_id);
-        self.next_id += 1;
+        let id = self.new_id();
         child.id = id;
-        child.arrival = self.take_arrival();
         child.num_preemptions = 0;
         self.seqs.insert(id, child);
         self.running.push(id);
