@@ -2,7 +2,7 @@
 //! `gpu_memory_utilization`, and its buffers.
 //!
 //! Each KV group (global layers; each sliding window) has its own pool of `num_blocks` blocks —
-//! the same count in every group, as `kvlab_paged::SchedulerConfig` is built here — and every
+//! the same count in every group, the engine's `kvlab_paged::KvCacheConfig` — and every
 //! layer of a group has a K and a V tensor `(num_blocks, block_size, n_kv_heads, head_dim)`.
 //! Bytes per token of a group = 2 (K and V) × layers in the group × n_kv_heads × head_dim × bytes
 //! per element; summed over groups it is the DESIGN's formula
