@@ -1,30 +1,26 @@
-//! Plain-text tables for the terminal.
+//! Plain-text tables for the terminal (comfy-table): each column as wide as its widest cell,
+//! a dashed line under the header, no other borders.
 
-/// Prints rows under a header, each column as wide as its widest cell.
-pub fn print(header: &[&str], rows: &[Vec<String>]) {
-    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
+use comfy_table::{Table, TableComponent};
+
+/// A column of a table of `T`s: its header and how a row writes its cell.
+pub type Column<'a, T> = (&'a str, &'a dyn Fn(&T) -> String);
+
+/// Prints one row per item, a cell per column, each column as wide as its widest cell.
+pub fn columns<T>(items: &[T], columns: &[Column<T>]) {
+    let mut t = Table::new();
+    // Only the line under the header: the 19 characters are comfy-table's border parts.
+    t.load_preset("     -              ")
+        .set_style(TableComponent::VerticalLines, ' ')
+        .set_style(TableComponent::MiddleHeaderIntersections, ' ')
+        .set_header(columns.iter().map(|(h, _)| *h))
+        .add_rows(
+            items
+                .iter()
+                .map(|x| columns.iter().map(|(_, cell)| cell(x))),
+        );
+    for c in t.column_iter_mut() {
+        c.set_padding((0, 1));
     }
-    let line = |cells: Vec<String>| {
-        let s: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<width$}", width = w[i]))
-            .collect();
-        println!("{}", s.join("  ").trim_end());
-    };
-    line(header.iter().map(|s| s.to_string()).collect());
-    println!(
-        "{}",
-        w.iter()
-            .map(|n| "-".repeat(*n))
-            .collect::<Vec<_>>()
-            .join("  ")
-    );
-    for r in rows {
-        line(r.clone());
-    }
+    println!("{}", t.trim_fmt());
 }

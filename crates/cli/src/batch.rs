@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_ARRIVAL_GAP, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_POSITIONS, usize_in};
-use kvlab_cli::engines::{PAGED_ENGINES, PoolOptions, build_paged};
+use kvlab_cli::engines::{self, EngineKind, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
 use kvlab_paged::{
     Request, ScheduledBatch, Scheduler, SchedulerConfig, StepKind, StopConditions, drive,
@@ -31,8 +31,8 @@ pub struct Args {
     max_tokens: usize,
     /// Paged engine.
     #[arg(long, short = 'e', default_value = "cpu-paged",
-          value_parser = clap::builder::PossibleValuesParser::new(PAGED_ENGINES))]
-    engine: String,
+          value_parser = engines::value_parser(&EngineKind::paged()))]
+    engine: EngineKind,
     /// Blocks in the pool (default: enough for every sequence at once).
     #[arg(long, value_parser = usize_in(1, MAX_NUM_BLOCKS))]
     num_blocks: Option<usize>,
@@ -63,13 +63,6 @@ const DEFAULT_PROMPTS: [&str; 4] = [
 ];
 
 pub fn run(a: Args) -> Result<()> {
-    if !PAGED_ENGINES.contains(&a.engine.as_str()) {
-        bail!(
-            "{} is not a paged engine; paged engines: {}",
-            a.engine,
-            PAGED_ENGINES.join(", ")
-        );
-    }
     let loaded = crate::load(&a.model)?;
     let tok = loaded
         .tokenizer
@@ -103,7 +96,7 @@ pub fn run(a: Args) -> Result<()> {
         num_blocks,
         block_size: a.block_size,
     };
-    let mut engine = build_paged(&a.engine, model.clone(), pool)?;
+    let mut engine = build_paged(a.engine, model.clone(), pool)?;
     let cfg = SchedulerConfig::new(engine.kv_cache().clone(), max_model_len);
     let mut sched = Scheduler::new(cfg)?;
     let requests: Vec<Request> = prompts
@@ -141,7 +134,7 @@ pub fn run(a: Args) -> Result<()> {
     let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
     if a.json {
         let v = serde_json::json!({
-            "engine": a.engine,
+            "engine": a.engine.name(),
             "requests": requests.len(),
             "steps": report.steps.len(),
             "tokens_computed": tokens,

@@ -1,34 +1,163 @@
-//! Engines by name, as the command line and the harness name them.
+//! Engines by name, as the command line and the harness name them. [`EngineKind`] is the one
+//! list: the CLI's `--engine` values, verify's and bench's engines, their order in reports and
+//! what each one is compared with all come from it.
 
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::{Error, Result, bail};
 use kvlab_model::{Engine, Model};
 use kvlab_paged::{KvCacheConfig, SchedulerConfig, StepExecutor};
 
-/// Every engine name kvlab knows, in the order reports list them.
-pub const ENGINES: &[&str] = &["naive", "cpu", "cpu-paged", "cuda"];
+/// Every engine kvlab knows, in the order reports list them. Adding an engine: a variant, its
+/// row in [`EngineKind::ALL`] and its name, and its constructor in [`build`] (or
+/// `build_paged_inner` for a paged one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EngineKind {
+    /// No cache: every step recomputes the whole prefix. The reference of every comparison.
+    Naive,
+    /// One contiguous KV cache per sequence.
+    Cpu,
+    /// A pool of fixed-size blocks on the CPU: prefix caching, continuous batching.
+    CpuPaged,
+    /// The same paged pool on an NVIDIA GPU.
+    Cuda,
+}
 
-/// The engines with a paged KV cache, which also run batched steps from the scheduler.
-pub const PAGED_ENGINES: &[&str] = &["cpu-paged", "cuda"];
+impl EngineKind {
+    /// Every engine, in report order.
+    pub const ALL: [EngineKind; 4] = [Self::Naive, Self::Cpu, Self::CpuPaged, Self::Cuda];
 
-/// Checks engine names given on a command line.
+    /// The reference every other engine's tokens and speed are compared with.
+    pub const REFERENCE: EngineKind = Self::Naive;
+
+    /// The name on the command line and in reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Naive => "naive",
+            Self::Cpu => "cpu",
+            Self::CpuPaged => "cpu-paged",
+            Self::Cuda => "cuda",
+        }
+    }
+
+    /// Every engine name, in report order.
+    pub fn names() -> [&'static str; 4] {
+        Self::ALL.map(Self::name)
+    }
+
+    /// The paged engines (the values of `kvlab batch --engine`).
+    pub fn paged() -> Vec<EngineKind> {
+        Self::ALL.into_iter().filter(|e| e.is_paged()).collect()
+    }
+
+    /// Whether its KV cache is a block pool, so that it also runs batched steps from the
+    /// scheduler.
+    pub const fn is_paged(self) -> bool {
+        matches!(self, Self::CpuPaged | Self::Cuda)
+    }
+
+    /// Whether it keeps a KV cache at all (every engine but the reference).
+    pub const fn has_cache(self) -> bool {
+        !matches!(self, Self::Naive)
+    }
+
+    /// Whether it runs on the CPU (the others need a GPU).
+    pub const fn on_cpu(self) -> bool {
+        !matches!(self, Self::Cuda)
+    }
+
+    /// The engines whose speed this one is divided by: the reference for every engine, and the
+    /// contiguous cache for the paged ones (what paging costs or buys).
+    pub fn compared_with(self) -> &'static [EngineKind] {
+        match self {
+            Self::Naive => &[],
+            Self::Cpu => &[Self::Naive],
+            Self::CpuPaged | Self::Cuda => &[Self::Naive, Self::Cpu],
+        }
+    }
+
+    /// The engine called `name`, if kvlab has one.
+    pub fn from_name(name: &str) -> Option<EngineKind> {
+        Self::ALL.into_iter().find(|e| e.name() == name)
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = Error;
+
+    /// An engine by name; the error lists the known ones.
+    fn from_str(name: &str) -> Result<EngineKind> {
+        match EngineKind::from_name(name) {
+            Some(e) => Ok(e),
+            None => bail!(
+                "unknown engine {name:?}; known: {}",
+                EngineKind::names().join(", ")
+            ),
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A report row's engine name against an engine: `row.engine == EngineKind::Cpu`.
+impl PartialEq<EngineKind> for str {
+    fn eq(&self, e: &EngineKind) -> bool {
+        self == e.name()
+    }
+}
+
+impl PartialEq<EngineKind> for &str {
+    fn eq(&self, e: &EngineKind) -> bool {
+        *self == e.name()
+    }
+}
+
+impl PartialEq<EngineKind> for String {
+    fn eq(&self, e: &EngineKind) -> bool {
+        self == e.name()
+    }
+}
+
+/// Engines named on a command line, in the order given; the first unknown name is an error
+/// (the message lists the known ones).
 ///
 /// # Errors
-/// The first unknown name (the message lists the known ones).
-pub fn check_names(names: &[String]) -> Result<()> {
-    match names.iter().find(|n| !ENGINES.contains(&n.as_str())) {
-        Some(e) => bail!("unknown engine {e:?}; known: {}", ENGINES.join(", ")),
-        None => Ok(()),
-    }
+/// An unknown name.
+pub fn parse_names(names: &[String]) -> Result<Vec<EngineKind>> {
+    names.iter().map(|n| n.parse()).collect()
+}
+
+/// The engines of `ALL` that `wanted` names (all of them when `wanted` is empty), in report
+/// order.
+pub fn selected(wanted: &[EngineKind]) -> Vec<EngineKind> {
+    EngineKind::ALL
+        .into_iter()
+        .filter(|e| wanted.is_empty() || wanted.contains(e))
+        .collect()
+}
+
+/// `--engine`'s value parser over `engines`: clap checks the name and lists the possible values
+/// in its error.
+pub fn value_parser(
+    engines: &[EngineKind],
+) -> impl clap::builder::TypedValueParser<Value = EngineKind> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(engines.iter().map(|e| e.name()))
+        .map(|name| EngineKind::from_name(&name).expect("clap checked the name"))
 }
 
 /// Whether an engine can run on this machine: `Err` with the reason when it cannot (the cuda
 /// engine without an NVIDIA driver or GPU). Harnesses report such engines as SKIPPED, unless
 /// `KVLAB_REQUIRE_CUDA=1` makes a missing GPU a failure.
-pub fn availability(name: &str) -> std::result::Result<(), String> {
-    match name {
-        "cuda" => kvlab_cuda::probe().map(|_| ()).map_err(|e| e.to_string()),
+pub fn availability(engine: EngineKind) -> std::result::Result<(), String> {
+    match engine {
+        EngineKind::Cuda => kvlab_cuda::probe().map(|_| ()).map_err(|e| e.to_string()),
         _ => Ok(()),
     }
 }
@@ -76,60 +205,60 @@ impl PoolOptions {
     }
 }
 
-/// Builds the engine called `name` over `model` (paged engines get a pool for two sequences of
-/// the model's whole context, capped at 8,192 positions).
+/// Builds `engine` over `model` (paged engines get a pool for two sequences of the model's whole
+/// context, capped at 8,192 positions).
 ///
 /// # Errors
-/// An unknown name (the message lists the known ones).
-pub fn build(name: &str, model: Arc<Model>) -> Result<Box<dyn Engine>> {
-    Ok(match name {
-        "naive" => Box::new(kvlab_naive::NaiveEngine::new(model)),
-        "cpu" => Box::new(kvlab_cpu::CpuEngine::new(model)),
-        _ if PAGED_ENGINES.contains(&name) => {
+/// The engine's own (a missing GPU, a pool larger than the machine).
+pub fn build(engine: EngineKind, model: Arc<Model>) -> Result<Box<dyn Engine>> {
+    Ok(match engine {
+        EngineKind::Naive => Box::new(kvlab_naive::NaiveEngine::new(model)),
+        EngineKind::Cpu => Box::new(kvlab_cpu::CpuEngine::new(model)),
+        EngineKind::CpuPaged | EngineKind::Cuda => {
             // Room for two sequences of the whole context (at most 8,192 positions each).
             let pool = PoolOptions::for_sequences(
                 2,
                 model.config.max_seq_len.min(8192),
                 kvlab_paged::DEFAULT_BLOCK_SIZE,
             );
-            build_paged_inner(name, model, pool)?
+            build_paged_inner(engine, model, pool)?
         }
-        other => bail!(
-            "unknown engine {other:?}; choose one of: {}",
-            ENGINES.join(", ")
-        ),
     })
 }
 
-/// Builds the engine called `name` for one request of `positions` positions: paged engines get
-/// a pool of exactly that (rounded up to whole blocks), so the memory follows the request, not
-/// the model's context.
+/// Builds `engine` for one request of `positions` positions: paged engines get a pool of
+/// exactly that (rounded up to whole blocks), so the memory follows the request, not the
+/// model's context.
 ///
 /// # Errors
-/// An unknown name (the message lists the known ones), or a pool larger than the machine.
-pub fn build_for(name: &str, model: Arc<Model>, positions: usize) -> Result<Box<dyn Engine>> {
-    if PAGED_ENGINES.contains(&name) {
+/// The engine's own, or a pool larger than the machine.
+pub fn build_for(
+    engine: EngineKind,
+    model: Arc<Model>,
+    positions: usize,
+) -> Result<Box<dyn Engine>> {
+    if engine.is_paged() {
         let pool = PoolOptions::for_sequences(1, positions, kvlab_paged::DEFAULT_BLOCK_SIZE);
-        let engine: Box<dyn Engine> = build_paged_inner(name, model, pool)?;
+        let engine: Box<dyn Engine> = build_paged_inner(engine, model, pool)?;
         return Ok(engine);
     }
-    build(name, model)
+    build(engine, model)
 }
 
-/// Builds the paged engine called `name` with a pool of the given size.
+/// Builds the paged `engine` with a pool of the given size.
 ///
 /// # Errors
-/// An unknown or non-paged name.
+/// A non-paged engine (the message lists the paged ones), or the engine's own.
 pub fn build_paged(
-    name: &str,
+    engine: EngineKind,
     model: Arc<Model>,
     pool: PoolOptions,
 ) -> Result<Box<dyn PagedEngine>> {
-    build_paged_inner(name, model, pool)
+    build_paged_inner(engine, model, pool)
 }
 
 fn build_paged_inner(
-    name: &str,
+    engine: EngineKind,
     model: Arc<Model>,
     pool: PoolOptions,
 ) -> Result<Box<dyn PagedEngine>> {
@@ -138,24 +267,22 @@ fn build_paged_inner(
     let pool_bytes = (pool.num_blocks as u64)
         .checked_mul(pool.block_size as u64)
         .and_then(|slots| slots.checked_mul(model.config.kv_bytes_per_token(4) as u64));
-    if name == "cpu-paged" {
-        crate::memory::ensure_fits(
-            &format!(
-                "a KV pool of {} blocks x {} tokens",
-                pool.num_blocks, pool.block_size
-            ),
-            pool_bytes,
-            "lower --num-blocks or --block-size",
-        )?;
-    }
-    match name {
-        "cpu-paged" => {
+    match engine {
+        EngineKind::CpuPaged => {
+            crate::memory::ensure_fits(
+                &format!(
+                    "a KV pool of {} blocks x {} tokens",
+                    pool.num_blocks, pool.block_size
+                ),
+                pool_bytes,
+                "lower --num-blocks or --block-size",
+            )?;
             let kv_cache = kv_cache_config(&model, pool);
             let engine = kvlab_cpu::paged::PagedCpuEngine::new(model, kv_cache)?;
             Ok(Box::new(engine))
         }
         // f32 weights, activations and KV pool: the parity mode verify needs.
-        "cuda" => Ok(Box::new(kvlab_cuda::CudaEngine::new(
+        EngineKind::Cuda => Ok(Box::new(kvlab_cuda::CudaEngine::new(
             model,
             kvlab_cuda::CudaOptions {
                 num_blocks: Some(pool.num_blocks),
@@ -163,9 +290,14 @@ fn build_paged_inner(
                 ..Default::default()
             },
         )?)),
-        other => bail!(
-            "{other:?} is not a paged engine; paged engines: {}",
-            PAGED_ENGINES.join(", ")
+        EngineKind::Naive | EngineKind::Cpu => bail!(
+            "{:?} is not a paged engine; paged engines: {}",
+            engine.name(),
+            EngineKind::paged()
+                .iter()
+                .map(|e| e.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }

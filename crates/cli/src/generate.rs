@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
-use kvlab_cli::engines::ENGINES;
+use kvlab_cli::engines::{self, EngineKind};
 use kvlab_model::{GenerateOptions, Sampler, generate_text};
 
 use crate::{ModelArgs, bytes};
@@ -55,8 +55,8 @@ pub struct Args {
     seed: u64,
     /// The engine to run.
     #[arg(long, short = 'e', default_value = "cpu",
-          value_parser = clap::builder::PossibleValuesParser::new(ENGINES))]
-    engine: String,
+          value_parser = engines::value_parser(&EngineKind::ALL))]
+    engine: EngineKind,
     /// Context positions the engine reserves (llama.cpp's -c; default: the prompt plus the
     /// tokens asked for, at most the model's context).
     #[arg(long = "ctx-size", short = 'c', visible_alias = "max-seq-len",
@@ -99,7 +99,7 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         steps.min(context)
     };
-    if a.engine != "naive" {
+    if a.engine.has_cache() {
         // The cached engines reserve this many positions (ring buffers for windowed layers).
         kvlab_cli::memory::ensure_fits(
             "the KV cache",
@@ -108,7 +108,7 @@ pub fn run(a: Args) -> Result<()> {
         )?;
     }
     let threads = kvlab_cpu::threads::num_threads();
-    let mut engine = kvlab_cli::engines::build_for(&a.engine, model, reserve)?;
+    let mut engine = engines::build_for(a.engine, model, reserve)?;
     let opts = GenerateOptions {
         steps,
         max_seq_len: a.ctx_size.unwrap_or(0),

@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use serde::{Deserialize, Serialize};
+use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
 
 /// The machine and software of one run.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -52,32 +53,36 @@ const FLAGS: &[&str] = &[
 
 /// Collects everything that can be found; missing pieces are left empty, never an error.
 pub fn detect() -> Machine {
+    let mut sys = System::new_with_specifics(
+        RefreshKind::nothing()
+            .with_cpu(CpuRefreshKind::nothing())
+            .with_memory(MemoryRefreshKind::nothing().with_ram()),
+    );
+    sys.refresh_memory();
+    // sysinfo has no CPU flags: they come from /proc/cpuinfo.
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| {
-        cpuinfo
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_string())
-    };
-    let flags: Vec<String> = field("flags")
-        .map(|f| {
-            let have: Vec<&str> = f.split_whitespace().collect();
-            FLAGS
-                .iter()
-                .filter(|x| have.contains(x))
-                .map(|x| x.to_string())
-                .collect()
-        })
-        .unwrap_or_default();
+    let have: Vec<&str> = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .and_then(|l| l.split_once(':'))
+        .map_or(Vec::new(), |(_, f)| f.split_whitespace().collect());
     let dirty = cmd("git", &["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
     Machine {
-        cpu_model: field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+        cpu_model: sys
+            .cpus()
+            .first()
+            .map(|c| c.brand().trim().to_string())
+            .filter(|b| !b.is_empty())
+            .unwrap_or_else(|| std::env::consts::ARCH.to_string()),
         logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        cpu_features: flags,
+        cpu_features: FLAGS
+            .iter()
+            .filter(|x| have.contains(x))
+            .map(|x| x.to_string())
+            .collect(),
         kvlab_simd: kvlab_cpu::simd::isa().name().to_string(),
         llc_bytes: llc_bytes(),
-        mem_total_bytes: meminfo_kib("MemTotal:").map(|k| k * 1024),
+        mem_total_bytes: Some(sys.total_memory()).filter(|&m| m > 0),
         loadavg_start: loadavg(),
         gpus: cmd(
             "nvidia-smi",
@@ -88,15 +93,13 @@ pub fn detect() -> Machine {
         )
         .map(|s| s.lines().map(str::to_string).collect())
         .unwrap_or_default(),
-        os: cmd("uname", &["-sr"]).unwrap_or_else(|| std::env::consts::OS.to_string()),
+        os: System::kernel_long_version(),
         rustc: cmd("rustc", &["-V"]).unwrap_or_default(),
         git_commit: cmd("git", &["rev-parse", "HEAD"])
             .map(|c| if dirty { format!("{c}+dirty") } else { c })
             .unwrap_or_default(),
         date_utc: cmd("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default(),
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
+        hostname: System::host_name().unwrap_or_default(),
     }
 }
 
@@ -130,19 +133,10 @@ fn llc_bytes() -> Option<u64> {
     .max()
 }
 
+/// The 1-, 5- and 15-minute load averages (Unix only).
 fn loadavg() -> Option<[f64; 3]> {
-    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
-    let v: Vec<f64> = s
-        .split_whitespace()
-        .take(3)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    (v.len() == 3).then(|| [v[0], v[1], v[2]])
-}
-
-/// A "Name:   123 kB" line of /proc/meminfo, in KiB.
-fn meminfo_kib(name: &str) -> Option<u64> {
-    kib_field(&std::fs::read_to_string("/proc/meminfo").ok()?, name)
+    let l = System::load_average();
+    cfg!(unix).then_some([l.one, l.five, l.fifteen])
 }
 
 fn kib_field(text: &str, name: &str) -> Option<u64> {

@@ -9,6 +9,7 @@
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use kvlab_cli::engines::EngineKind;
 use kvlab_model::{Engine, KvUsage};
 use kvlab_paged::waste::{TABLE_BLOCK_SIZES, WasteRow, waste_table};
 use kvlab_paged::workload::{LongTail, long_tail_requests, uniform_requests};
@@ -75,14 +76,19 @@ pub struct RssRow {
 }
 
 /// Re-runs this binary as `bench __rss MODEL ENGINE CONTEXT POSITIONS` and parses its report.
-pub fn rss_in_child(model: &str, engine: &str, context: usize, positions: usize) -> Result<RssRow> {
+pub fn rss_in_child(
+    model: &str,
+    engine: EngineKind,
+    context: usize,
+    positions: usize,
+) -> Result<RssRow> {
     let exe = std::env::current_exe()?;
     let out = Command::new(exe)
         .args([
             "bench",
             "__rss",
             model,
-            engine,
+            engine.name(),
             &context.to_string(),
             &positions.to_string(),
         ])
@@ -113,7 +119,7 @@ pub fn rss_child(args: &[String]) -> Result<()> {
         Err(why) => bail!("{why}"),
     };
     let after_load = machine::rss_bytes().unwrap_or(0);
-    let mut e = kvlab_cli::engines::build(engine, m.model.clone())?;
+    let mut e = kvlab_cli::engines::build(engine.parse()?, m.model.clone())?;
     let bos = m.model.config.bos_id;
     super::decode::generate(e.as_mut(), positions, bos)?;
     let peak = machine::peak_rss_bytes().unwrap_or(0);

@@ -34,6 +34,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use kvlab_cli::engines::{self, EngineKind};
 
 use crate::verify::{target_dir, workspace_root};
 
@@ -62,7 +63,7 @@ env: KVLAB_MODELS (folder of real checkpoints such as stories260K.bin); for --pe
 struct Opts {
     quick: bool,
     models: Vec<String>,
-    engines: Vec<String>,
+    engines: Vec<EngineKind>,
     out: PathBuf,
     baseline: Option<PathBuf>,
     plots: bool,
@@ -99,7 +100,7 @@ fn parse(args: &[String]) -> Result<Opts> {
             "--quick" => o.quick = true,
             "--full" => o.quick = false,
             "--model" => o.models.push(val()?),
-            "--engine" => o.engines.push(val()?),
+            "--engine" => o.engines.push(val()?.parse()?),
             "--out" => o.out = val()?.into(),
             "--baseline" => o.baseline = Some(val()?.into()),
             "--no-plots" => o.plots = false,
@@ -115,7 +116,6 @@ fn parse(args: &[String]) -> Result<Opts> {
             other => bail!("unknown option {other:?}\n\n{USAGE}"),
         }
     }
-    kvlab_cli::engines::check_names(&o.engines)?;
     if want_peers {
         peer.models = o.models.clone();
         o.peers = Some(peer);
@@ -177,11 +177,7 @@ pub fn run(args: &[String]) -> Result<()> {
             bail!("no model of the {} plan matches {:?}", plan.mode, o.models);
         }
     }
-    let engine_names: Vec<&str> = kvlab_cli::engines::ENGINES
-        .iter()
-        .copied()
-        .filter(|e| o.engines.is_empty() || o.engines.iter().any(|x| x == e))
-        .collect();
+    let engine_names = engines::selected(&o.engines);
     println!(
         "kvlab bench ({} mode): {} on {} ({} logical CPUs, {}), load {:.1}",
         plan.mode,
@@ -220,10 +216,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut infos = Vec::new();
     for mp in &plan.models {
         bar.set_message(format!("{}: loading", mp.name));
-        let engines: Vec<&str> = engine_names
+        let engines: Vec<EngineKind> = engine_names
             .iter()
             .copied()
-            .filter(|e| plan::is_cpu_engine(e) != mp.gpu_only)
+            .filter(|e| e.on_cpu() != mp.gpu_only)
             .collect();
         let m = match models::load(&mp.name, mp.context)? {
             Ok(m) => m,

@@ -17,6 +17,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
+use super::stats::Summary;
 use crate::verify::{target_dir, workspace_root};
 
 /// One model's comparison.
@@ -154,13 +155,32 @@ fn kvlab_cmd(kvlab: &Path, threads: usize) -> Command {
     c
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+/// `o.reps` pairs, the peer then kvlab back to back (`pair` returns kvlab's and the peer's
+/// decode tokens/s), and the median of the per-pair ratios.
+fn paired(
+    o: &PeerOpts,
+    model: &str,
+    peer: &str,
+    mut pair: impl FnMut() -> Result<(f64, f64)>,
+) -> Result<PeerRow> {
+    let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
+    for _ in 0..o.reps {
+        let (k, r) = pair()?;
+        ours.push(k);
+        theirs.push(r);
+        ratios.push(k / r);
     }
+    Ok(PeerRow {
+        model: model.into(),
+        peer: peer.into(),
+        threads: o.threads,
+        steps: o.steps,
+        kvlab_tok_s: ours,
+        peer_tok_s: theirs,
+        ratio_median: Summary::of(&ratios).median,
+        same_tokens: None,
+        note: String::new(),
+    })
 }
 
 /// kvlab against run.c on one llama2.c checkpoint, from BOS alone, `steps` positions.
@@ -191,9 +211,8 @@ fn vs_runc(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRo
         "kvlab export",
     )?;
     let steps = o.steps.to_string();
-    let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
     let mut same = true;
-    for _ in 0..o.reps {
+    let row = paired(o, model, "run.c", || {
         let (r_out, r_err) = output(
             Command::new(&runc)
                 .env("OMP_NUM_THREADS", o.threads.to_string())
@@ -218,20 +237,12 @@ fn vs_runc(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRo
         // run.c prints nothing for a lone byte token that is not valid UTF-8 where kvlab prints
         // U+FFFD; apart from that the texts are byte for byte the same.
         same &= k_out.replace('\u{FFFD}', "").trim_end() == r_out.trim_end();
-        ours.push(k);
-        theirs.push(r);
-        ratios.push(k / r);
-    }
+        Ok((k, r))
+    })?;
     Ok(PeerRow {
-        model: model.into(),
-        peer: "run.c".into(),
-        threads: o.threads,
-        steps: o.steps,
-        kvlab_tok_s: ours,
-        peer_tok_s: theirs,
-        ratio_median: median(ratios),
         same_tokens: Some(same),
         note: format!("run.c: {}", runc.display()),
+        ..row
     })
 }
 
@@ -262,8 +273,7 @@ fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
         }
     };
     let prompt = "Once upon a time";
-    let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
-    for _ in 0..o.reps {
+    let row = paired(o, model, "llama.cpp", || {
         let (p_out, _) = output(
             Command::new(&python)
                 .arg(&script)
@@ -281,70 +291,44 @@ fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
                 .args(["--steps", &o.steps.to_string(), "--json"]),
             "kvlab generate",
         )?;
-        let k = kvlab_decode_tok_s(&k_err)?;
-        ours.push(k);
-        theirs.push(r);
-        ratios.push(k / r);
-    }
+        Ok((kvlab_decode_tok_s(&k_err)?, r))
+    })?;
     Ok(PeerRow {
-        model: model.into(),
-        peer: "llama.cpp".into(),
-        threads: o.threads,
-        steps: o.steps,
-        kvlab_tok_s: ours,
-        peer_tok_s: theirs,
-        ratio_median: median(ratios),
-        same_tokens: None,
         note: format!(
             "llama-cpp-python {version}; kvlab dequantizes the GGUF to f32, llama.cpp keeps it \
              quantized and quantizes activations to 8 bits, so greedy ids part at near-ties \
              (see cargo xtask verify's oracle notes): ids are not compared here"
         ),
+        ..row
     })
 }
 
 /// Prints the comparison, ratios first.
 pub fn print(r: &PeersReport) {
     println!("== peers: same weights, same threads, interleaved (decode tok/s) ==");
-    let rows: Vec<Vec<String>> = r
-        .rows
-        .iter()
-        .map(|p| {
-            let fmt = |v: &[f64]| {
-                v.iter()
-                    .map(|x| format!("{x:.0}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            };
-            vec![
-                p.model.clone(),
-                p.peer.clone(),
-                format!("{:.2}x", p.ratio_median),
-                fmt(&p.kvlab_tok_s),
-                fmt(&p.peer_tok_s),
-                p.threads.to_string(),
-                p.steps.to_string(),
-                match p.same_tokens {
+    let fmt = |v: &[f64]| {
+        let v: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
+        v.join(" ")
+    };
+    crate::table::columns(
+        &r.rows,
+        &[
+            ("model", &|p| p.model.clone()),
+            ("peer", &|p| p.peer.clone()),
+            ("kvlab/peer", &|p| format!("{:.2}x", p.ratio_median)),
+            ("kvlab tok/s", &|p| fmt(&p.kvlab_tok_s)),
+            ("peer tok/s", &|p| fmt(&p.peer_tok_s)),
+            ("threads", &|p| p.threads.to_string()),
+            ("steps", &|p| p.steps.to_string()),
+            ("same text", &|p| {
+                let same = match p.same_tokens {
                     Some(true) => "yes",
                     Some(false) => "NO",
                     None => "not compared",
-                }
-                .into(),
-            ]
-        })
-        .collect();
-    crate::table::print(
-        &[
-            "model",
-            "peer",
-            "kvlab/peer",
-            "kvlab tok/s",
-            "peer tok/s",
-            "threads",
-            "steps",
-            "same text",
+                };
+                same.into()
+            }),
         ],
-        &rows,
     );
     for m in &r.missing {
         println!("missing: {} / {}: {}", m.model, m.peer, m.why);

@@ -228,8 +228,3 @@ pub fn prefill_lens(max: usize) -> Vec<usize> {
     }
     v
 }
-
-/// Engines the CPU can run (the rest need a GPU).
-pub fn is_cpu_engine(name: &str) -> bool {
-    matches!(name, "naive" | "cpu") || name.starts_with("cpu-")
-}

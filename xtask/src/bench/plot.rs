@@ -13,6 +13,7 @@
 use std::path::Path;
 
 use anyhow::{Result, anyhow};
+use kvlab_cli::engines::EngineKind;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -30,15 +31,21 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e:?}")
 }
 
-/// Colour of an engine, the same in every figure.
+/// Colour of an engine, the same in every figure: its place in `EngineKind::ALL`.
 fn color(engine: &str) -> RGBColor {
-    match engine {
-        "naive" => RGBColor(214, 39, 40),
-        "cpu" => RGBColor(31, 119, 180),
-        "cpu-paged" => RGBColor(44, 160, 44),
-        "cuda" => RGBColor(148, 103, 189),
-        _ => RGBColor(255, 127, 14),
-    }
+    const PALETTE: [RGBColor; 6] = [
+        RGBColor(214, 39, 40),
+        RGBColor(31, 119, 180),
+        RGBColor(44, 160, 44),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+    ];
+    EngineKind::ALL
+        .iter()
+        .position(|e| engine == *e)
+        .and_then(|i| PALETTE.get(i).copied())
+        .unwrap_or(RGBColor(255, 127, 14))
 }
 
 const PANEL: (u32, u32) = (560, 420);
@@ -57,23 +64,25 @@ pub fn all(r: &Report, dir: &Path) -> Result<Vec<String>> {
         Fig::BatchThroughput,
         Fig::KvMemory,
     ] {
-        let name = fig.file_stem();
-        let path = dir.join(format!("{name}.svg"));
+        let (svg, png) = (
+            format!("{}.svg", fig.file_stem()),
+            format!("{}.png", fig.file_stem()),
+        );
+        let path = dir.join(&svg);
         draw(
             SVGBackend::new(&path, size).into_drawing_area(),
             r,
             &models,
             fig,
         )?;
-        files.push(format!("{name}.svg"));
-        let path = dir.join(format!("{name}.png"));
+        let path = dir.join(&png);
         draw(
             BitMapBackend::new(&path, size).into_drawing_area(),
             r,
             &models,
             fig,
         )?;
-        files.push(format!("{name}.png"));
+        files.extend([svg, png]);
     }
     Ok(files)
 }
@@ -383,7 +392,7 @@ fn memory_panel<DB: DrawingBackend>(
     let rows: Vec<_> = r
         .kv_memory
         .iter()
-        .filter(|k| k.model == model && k.engine != "naive")
+        .filter(|k| k.model == model && k.engine != EngineKind::REFERENCE)
         .collect();
     let Some(info) = r.models.iter().find(|m| m.name == model) else {
         return Ok(());

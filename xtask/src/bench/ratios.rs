@@ -7,6 +7,7 @@
 //! ratio is taken repetition by repetition and summarised; elsewhere it is the ratio of medians
 //! and its spread combines both sides' spreads.
 
+use kvlab_cli::engines::EngineKind;
 use serde::{Deserialize, Serialize};
 
 use super::batch::BatchRow;
@@ -68,17 +69,16 @@ pub fn derive(
                     .zip(&c.per_rep_ms)
                     .map(|(a, b)| a / b)
                     .collect();
-                out.push(paired(
-                    &format!("{}@{}", d.model, context(&d.model)),
-                    c.total_ms.median,
-                    &d.model,
-                    &d.engine,
-                    &r.engine,
-                    "decode generation",
-                    "decode",
-                    c.positions,
-                    &per,
-                ));
+                let of = Of {
+                    model: &d.model,
+                    context: context(&d.model),
+                    engine: &d.engine,
+                    reference: &r.engine,
+                    what: ("decode generation", "decode"),
+                    at: c.positions,
+                    engine_ms: c.total_ms.median,
+                };
+                out.push(of.paired(&per));
             }
         }
     }
@@ -86,112 +86,100 @@ pub fn derive(
         for r in prefill.iter().filter(|r| {
             r.model == p.model && r.prompt_len == p.prompt_len && reference_of(&p.engine, &r.engine)
         }) {
-            out.push(unpaired(
-                &format!("{}@{}", p.model, context(&p.model)),
-                p.ms.median,
-                &p.model,
-                &p.engine,
-                &r.engine,
-                "prefill",
-                "prefill",
-                p.prompt_len,
-                &r.ms,
-                &p.ms,
-            ));
+            let of = Of {
+                model: &p.model,
+                context: context(&p.model),
+                engine: &p.engine,
+                reference: &r.engine,
+                what: ("prefill", "prefill"),
+                at: p.prompt_len,
+                engine_ms: p.ms.median,
+            };
+            out.push(of.unpaired(&r.ms, &p.ms));
         }
     }
     for b in batch {
         for r in batch.iter().filter(|r| {
             r.model == b.model
                 && r.batch == b.batch
-                && r.engine == "cpu"
-                && b.engine != "cpu"
-                && b.engine != "naive"
+                && r.engine == EngineKind::Cpu
+                && reference_of(&b.engine, &r.engine)
         }) {
             // Throughputs: speedup = tok/s(engine) / tok/s(reference) = time(ref) / time(engine).
-            let ms = 1e3 * (b.batch * b.generate) as f64 / b.tok_per_s.median;
-            out.push(unpaired(
-                &format!("{}@{}", b.model, context(&b.model)),
-                ms,
-                &b.model,
-                &b.engine,
-                &r.engine,
-                "batch decode",
-                "batch",
-                b.batch,
-                &b.tok_per_s,
-                &r.tok_per_s,
-            ));
+            let of = Of {
+                model: &b.model,
+                context: context(&b.model),
+                engine: &b.engine,
+                reference: &r.engine,
+                what: ("batch decode", "batch"),
+                at: b.batch,
+                engine_ms: 1e3 * (b.batch * b.generate) as f64 / b.tok_per_s.median,
+            };
+            out.push(of.unpaired(&b.tok_per_s, &r.tok_per_s));
         }
     }
     out
 }
 
-/// `reference` is what `engine` is compared with: naive for every other engine, and cpu for
-/// the paged engines.
+/// `reference` is what `engine` is compared with ([`EngineKind::compared_with`]).
 fn reference_of(engine: &str, reference: &str) -> bool {
-    engine != reference && (reference == "naive" || (reference == "cpu" && engine != "naive"))
-}
-
-fn key(kind: &str, model: &str, engine: &str, reference: &str, at: usize) -> String {
-    format!("{kind}/{model}/{engine}÷{reference}@{at}")
-}
-
-#[allow(clippy::too_many_arguments)]
-fn paired(
-    label: &str,
-    engine_ms: f64,
-    model: &str,
-    engine: &str,
-    reference: &str,
-    what: &str,
-    kind: &str,
-    at: usize,
-    per: &[f64],
-) -> Ratio {
-    let s = Summary::of(per);
-    Ratio {
-        key: key(kind, label, engine, reference, at),
-        model: model.into(),
-        engine: engine.into(),
-        reference: reference.into(),
-        what: what.into(),
-        at,
-        value: s.median,
-        min: s.min,
-        max: s.max,
-        noise: s.rel_noise(),
-        n: s.n,
-        engine_ms,
+    match (
+        EngineKind::from_name(engine),
+        EngineKind::from_name(reference),
+    ) {
+        (Some(e), Some(r)) => e.compared_with().contains(&r),
+        _ => false,
     }
 }
 
-/// Speedup num.median / den.median, with the extremes num.min/den.max .. num.max/den.min.
-#[allow(clippy::too_many_arguments)]
-fn unpaired(
-    label: &str,
-    engine_ms: f64,
-    model: &str,
-    engine: &str,
-    reference: &str,
-    what: &str,
-    kind: &str,
+/// What a ratio is of: a model at a context, two engines, a workload (its `what` and its key's
+/// kind) at a size, and the engine side's median time.
+struct Of<'a> {
+    model: &'a str,
+    context: usize,
+    engine: &'a str,
+    reference: &'a str,
+    what: (&'a str, &'a str),
     at: usize,
-    num: &Summary,
-    den: &Summary,
-) -> Ratio {
-    Ratio {
-        key: key(kind, label, engine, reference, at),
-        model: model.into(),
-        engine: engine.into(),
-        reference: reference.into(),
-        what: what.into(),
-        at,
-        value: num.median / den.median,
-        min: num.min / den.max,
-        max: num.max / den.min,
-        noise: num.rel_noise() + den.rel_noise(),
-        n: num.n.min(den.n),
-        engine_ms,
+    engine_ms: f64,
+}
+
+impl Of<'_> {
+    fn ratio(&self, value: f64, min: f64, max: f64, noise: f64, n: usize) -> Ratio {
+        let (what, kind) = self.what;
+        Ratio {
+            key: format!(
+                "{kind}/{}@{}/{}÷{}@{}",
+                self.model, self.context, self.engine, self.reference, self.at
+            ),
+            model: self.model.into(),
+            engine: self.engine.into(),
+            reference: self.reference.into(),
+            what: what.into(),
+            at: self.at,
+            value,
+            min,
+            max,
+            noise,
+            n,
+            engine_ms: self.engine_ms,
+        }
+    }
+
+    /// The median of per-repetition speedups.
+    fn paired(&self, per: &[f64]) -> Ratio {
+        let s = Summary::of(per);
+        self.ratio(s.median, s.min, s.max, s.rel_noise(), s.n)
+    }
+
+    /// Speedup num.median / den.median, with the extremes num.min/den.max .. num.max/den.min.
+    fn unpaired(&self, num: &Summary, den: &Summary) -> Ratio {
+        self.ratio(
+            num.median / den.median,
+            num.min / den.max,
+            num.max / den.min,
+            num.rel_noise() + den.rel_noise(),
+            num.n.min(den.n),
+        )
     }
 }

@@ -1,5 +1,6 @@
 //! The run's report: the JSON document (schema.md) and the terminal tables.
 
+use kvlab_cli::engines::EngineKind;
 use kvlab_paged::waste::WasteRow;
 use serde::Serialize;
 
@@ -14,8 +15,9 @@ use super::plan::Plan;
 use super::prefill::{LatencyRow, PrefillRow};
 use super::ratios::Ratio;
 use super::roofline::RooflineRow;
+use super::stats::Summary;
 use super::suite::Results;
-use crate::table;
+use crate::table::{self, Column};
 
 /// Version of the JSON layout; bumped on any incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
@@ -115,7 +117,7 @@ impl Report {
         ratios: Vec<Ratio>,
         baseline: Option<BaselineReport>,
     ) -> Report {
-        let headline = headline(&r.decode, &ratios, &roofline, bandwidth.peak_gb_per_s);
+        let headline = headline_of(&r.decode, &ratios, &roofline, bandwidth.peak_gb_per_s);
         let mut notes = vec![format!(
             "contiguous engines (naive, cpu) have no batched step: their batch-B throughput is B \
              sequences decoded round-robin through the Engine trait"
@@ -162,7 +164,7 @@ impl Report {
     }
 }
 
-fn headline(
+fn headline_of(
     decode: &[DecodeRun],
     ratios: &[Ratio],
     roofline: &[RooflineRow],
@@ -171,7 +173,9 @@ fn headline(
     let generation_speedup_vs_naive = ratios
         .iter()
         .filter(|r| {
-            r.what == "decode generation" && r.reference == "naive" && [256, 1024].contains(&r.at)
+            r.what == "decode generation"
+                && r.reference == EngineKind::REFERENCE
+                && [256, 1024].contains(&r.at)
         })
         .map(|r| Speedup {
             model: r.model.clone(),
@@ -185,7 +189,11 @@ fn headline(
         .collect();
     let bandwidth_fraction_batch1 = roofline
         .iter()
-        .filter(|r| r.batch == 1 && r.what.starts_with("decode positions") && r.engine != "naive")
+        .filter(|r| {
+            r.batch == 1
+                && r.what.starts_with("decode positions")
+                && r.engine != EngineKind::REFERENCE
+        })
         .map(|r| BandwidthFraction {
             model: r.model.clone(),
             engine: r.engine.clone(),
@@ -229,12 +237,43 @@ fn f(x: f64) -> String {
     }
 }
 
-fn mmm(s: &super::stats::Summary) -> String {
+fn mmm(s: &Summary) -> String {
     format!("{} / {} / {}", f(s.min), f(s.median), f(s.max))
 }
 
-/// Prints every table of the report.
+fn percent(x: f64) -> String {
+    format!("{:.1} %", 100.0 * x)
+}
+
+/// Prints every table of the report, in run order.
 pub fn print(r: &Report) {
+    machine(r);
+    decode(r);
+    speedups(r);
+    prefill(r);
+    latency(r);
+    batch(r);
+    continuous(r);
+    kv_memory(r);
+    peak_rss(r);
+    waste(r);
+    roofline(r);
+    headline(r);
+    if let Some(b) = &r.baseline {
+        baseline(b);
+    }
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+}
+
+/// A titled table.
+fn section<T>(title: &str, items: &[T], columns: &[Column<T>]) {
+    println!("\n== {title} ==");
+    table::columns(items, columns);
+}
+
+fn machine(r: &Report) {
     let m = &r.machine;
     println!(
         "\nmachine: {}, {} logical CPUs, SIMD {}, LLC {} MiB, {} | {} | commit {} | {}",
@@ -247,262 +286,183 @@ pub fn print(r: &Report) {
         m.git_commit,
         m.date_utc
     );
+    let passes: Vec<String> = r
+        .bandwidth
+        .rows
+        .iter()
+        .map(|b| format!("{} {} {}T {:.1}", b.when, b.kind, b.threads, b.gb_per_s.max))
+        .collect();
     println!(
         "memory bandwidth, GB/s (best pass): {}; roofline limit {:.1} GB/s ({})",
-        r.bandwidth
-            .rows
-            .iter()
-            .map(|b| format!("{} {} {}T {:.1}", b.when, b.kind, b.threads, b.gb_per_s.max))
-            .collect::<Vec<_>>()
-            .join(", "),
+        passes.join(", "),
         r.bandwidth.peak_gb_per_s,
         r.bandwidth.peak_from
     );
+}
 
-    println!(
-        "\n== decode latency per position (batch 1; ms per step: min / median / max over reps) =="
-    );
-    let rows: Vec<Vec<String>> = r
-        .decode
-        .iter()
-        .map(|d| {
-            let at = |p: usize| d.step_ms.median.get(p).map_or("-".into(), |x| f(*x));
-            let last = d.cumulative.last();
-            vec![
-                d.model.clone(),
-                d.engine.clone(),
-                format!("{}", d.positions),
-                format!("{}", d.reps),
-                at(1),
-                at(d.positions / 2),
-                at(d.positions - 1),
-                last.map_or("-".into(), |c| mmm(&c.total_ms)),
-                mmm(&d.decode_tok_per_s),
-                format!("{:016x}", d.tokens_fnv),
-            ]
-        })
-        .collect();
-    table::print(
+fn decode(r: &Report) {
+    let at = |d: &DecodeRun, p: usize| d.step_ms.median.get(p).map_or("-".into(), |x| f(*x));
+    section(
+        "decode latency per position (batch 1; ms per step: min / median / max over reps)",
+        &r.decode,
         &[
-            "model",
-            "engine",
-            "positions",
-            "reps",
-            "ms @1",
-            "ms @mid",
-            "ms @last",
-            "total ms",
-            "decode tok/s",
-            "tokens fnv",
+            ("model", &|d| d.model.clone()),
+            ("engine", &|d| d.engine.clone()),
+            ("positions", &|d| d.positions.to_string()),
+            ("reps", &|d| d.reps.to_string()),
+            ("ms @1", &|d| at(d, 1)),
+            ("ms @mid", &|d| at(d, d.positions / 2)),
+            ("ms @last", &|d| at(d, d.positions - 1)),
+            ("total ms", &|d| {
+                d.cumulative.last().map_or("-".into(), |c| mmm(&c.total_ms))
+            }),
+            ("decode tok/s", &|d| mmm(&d.decode_tok_per_s)),
+            ("tokens fnv", &|d| format!("{:016x}", d.tokens_fnv)),
         ],
-        &rows,
     );
+}
 
-    println!(
-        "\n== generation speedup (total time of the reference ÷ engine, same run, per-rep pairs) =="
-    );
-    let rows: Vec<Vec<String>> = r
+fn speedups(r: &Report) {
+    let rows: Vec<&Ratio> = r
         .ratios
         .iter()
         .filter(|x| x.what == "decode generation")
-        .map(|x| {
-            vec![
-                x.model.clone(),
-                format!("{} vs {}", x.engine, x.reference),
-                format!("{}", x.at),
-                format!("{}×", f(x.value)),
-                format!("{}–{}", f(x.min), f(x.max)),
-                format!("{:.1} %", 100.0 * x.noise),
-                format!("{}", x.n),
-            ]
-        })
         .collect();
-    table::print(
+    section(
+        "generation speedup (total time of the reference ÷ engine, same run, per-rep pairs)",
+        &rows,
         &[
-            "model",
-            "engines",
-            "positions",
-            "speedup",
-            "range",
-            "noise",
-            "n",
+            ("model", &|x| x.model.clone()),
+            ("engines", &|x| format!("{} vs {}", x.engine, x.reference)),
+            ("positions", &|x| x.at.to_string()),
+            ("speedup", &|x| format!("{}×", f(x.value))),
+            ("range", &|x| format!("{}–{}", f(x.min), f(x.max))),
+            ("noise", &|x| percent(x.noise)),
+            ("n", &|x| x.n.to_string()),
         ],
-        &rows,
     );
+}
 
-    println!("\n== prefill (prompt tokens/s: min / median / max) ==");
-    let rows: Vec<Vec<String>> = r
-        .prefill
-        .iter()
-        .map(|p| {
-            vec![
-                p.model.clone(),
-                p.engine.clone(),
-                format!("{}", p.prompt_len),
-                mmm(&p.tok_per_s),
-                f(p.ms.median),
-            ]
-        })
-        .collect();
-    table::print(
-        &["model", "engine", "prompt", "tok/s", "ms (median)"],
-        &rows,
-    );
-
-    println!("\n== request latency (TTFT and TPOT, ms: p50 / p90 / p99 over reps) ==");
-    let rows: Vec<Vec<String>> = r
-        .latency
-        .iter()
-        .map(|l| {
-            let p = |s: &super::stats::Summary| {
-                format!("{} / {} / {}", f(s.median), f(s.p90), f(s.p99))
-            };
-            vec![
-                l.model.clone(),
-                l.engine.clone(),
-                format!("{}+{}", l.prompt_len, l.generate),
-                format!("{}", l.ttft_ms.n),
-                p(&l.ttft_ms),
-                p(&l.tpot_ms),
-            ]
-        })
-        .collect();
-    table::print(
+fn prefill(r: &Report) {
+    section(
+        "prefill (prompt tokens/s: min / median / max)",
+        &r.prefill,
         &[
-            "model",
-            "engine",
-            "prompt+gen",
-            "reps",
-            "TTFT ms",
-            "TPOT ms",
+            ("model", &|p| p.model.clone()),
+            ("engine", &|p| p.engine.clone()),
+            ("prompt", &|p| p.prompt_len.to_string()),
+            ("tok/s", &|p| mmm(&p.tok_per_s)),
+            ("ms (median)", &|p| f(p.ms.median)),
         ],
-        &rows,
     );
+}
 
-    println!("\n== batched decode throughput (decode tok/s, all sequences: min / median / max) ==");
-    let rows: Vec<Vec<String>> = r
-        .batch
-        .iter()
-        .map(|b| {
-            vec![
-                b.model.clone(),
-                b.engine.clone(),
-                b.mode.clone(),
-                format!("{}", b.batch),
-                mmm(&b.tok_per_s),
-            ]
-        })
-        .collect();
-    table::print(&["model", "engine", "mode", "batch", "tok/s"], &rows);
+fn latency(r: &Report) {
+    let p = |s: &Summary| format!("{} / {} / {}", f(s.median), f(s.p90), f(s.p99));
+    section(
+        "request latency (TTFT and TPOT, ms: p50 / p90 / p99 over reps)",
+        &r.latency,
+        &[
+            ("model", &|l| l.model.clone()),
+            ("engine", &|l| l.engine.clone()),
+            ("prompt+gen", &|l| {
+                format!("{}+{}", l.prompt_len, l.generate)
+            }),
+            ("reps", &|l| l.ttft_ms.n.to_string()),
+            ("TTFT ms", &|l| p(&l.ttft_ms)),
+            ("TPOT ms", &|l| p(&l.tpot_ms)),
+        ],
+    );
+}
 
-    if !r.continuous.is_empty() {
-        println!("\n== arrival trace (continuous batching vs one request at a time) ==");
-        let rows: Vec<Vec<String>> = r
-            .continuous
-            .iter()
-            .map(|c| {
-                vec![
-                    c.model.clone(),
-                    c.engine.clone(),
-                    c.mode.clone(),
-                    format!("{}", c.num_requests),
-                    format!("{}+{}", c.prompt_tokens, c.generated_tokens),
-                    f(c.engine_seconds),
-                    f(c.total_tok_per_s),
-                    c.mean_batch.map_or("-".into(), f),
-                    c.preemptions.map_or("-".into(), |p| p.to_string()),
-                ]
-            })
-            .collect();
-        table::print(
-            &[
-                "model",
-                "engine",
-                "mode",
-                "requests",
-                "prompt+gen tokens",
-                "s",
-                "tok/s",
-                "mean batch",
-                "preempt",
-            ],
-            &rows,
-        );
+fn batch(r: &Report) {
+    section(
+        "batched decode throughput (decode tok/s, all sequences: min / median / max)",
+        &r.batch,
+        &[
+            ("model", &|b| b.model.clone()),
+            ("engine", &|b| b.engine.clone()),
+            ("mode", &|b| b.mode.clone()),
+            ("batch", &|b| b.batch.to_string()),
+            ("tok/s", &|b| mmm(&b.tok_per_s)),
+        ],
+    );
+}
+
+fn continuous(r: &Report) {
+    if r.continuous.is_empty() {
+        return;
     }
-
-    println!(
-        "\n== KV cache bytes (MiB) vs the formula 2 × n_layers × n_kv_heads × head_dim × 4 B × positions =="
-    );
-    let rows: Vec<Vec<String>> = r
-        .kv_memory
-        .iter()
-        .map(|k| {
-            let ok = if k.used_bytes == 0 && k.reserved_bytes == 0 {
-                "no cache"
-            } else if k.used_bytes == k.formula_used_bytes {
-                "used = formula"
-            } else if k.used_bytes > k.formula_used_bytes
-                && k.used_bytes
-                    % (k.formula_used_bytes / k.positions as u64
-                        * kvlab_paged::DEFAULT_BLOCK_SIZE as u64)
-                    == 0
-            {
-                "formula rounded up to 16-token blocks"
-            } else {
-                "used ≠ formula"
-            };
-            vec![
-                k.model.clone(),
-                k.engine.clone(),
-                format!("{}/{}", k.positions, k.max_seq_len),
-                mib(k.used_bytes),
-                mib(k.reserved_bytes),
-                mib(k.formula_used_bytes),
-                mib(k.formula_max_len_bytes),
-                ok.into(),
-            ]
-        })
-        .collect();
-    table::print(
+    section(
+        "arrival trace (continuous batching vs one request at a time)",
+        &r.continuous,
         &[
-            "model",
-            "engine",
-            "positions/max",
-            "used",
-            "reserved",
-            "formula used",
-            "formula max-len",
-            "check",
+            ("model", &|c| c.model.clone()),
+            ("engine", &|c| c.engine.clone()),
+            ("mode", &|c| c.mode.clone()),
+            ("requests", &|c| c.num_requests.to_string()),
+            ("prompt+gen tokens", &|c| {
+                format!("{}+{}", c.prompt_tokens, c.generated_tokens)
+            }),
+            ("s", &|c| f(c.engine_seconds)),
+            ("tok/s", &|c| f(c.total_tok_per_s)),
+            ("mean batch", &|c| c.mean_batch.map_or("-".into(), f)),
+            ("preempt", &|c| {
+                c.preemptions.map_or("-".into(), |p| p.to_string())
+            }),
         ],
-        &rows,
     );
+}
 
+/// How a KV row's bytes relate to the formula.
+fn kv_check(k: &KvRow) -> &'static str {
+    let block = kvlab_paged::DEFAULT_BLOCK_SIZE as u64;
+    if k.used_bytes == 0 && k.reserved_bytes == 0 {
+        "no cache"
+    } else if k.used_bytes == k.formula_used_bytes {
+        "used = formula"
+    } else if k.used_bytes > k.formula_used_bytes
+        && k.used_bytes
+            .is_multiple_of(k.formula_used_bytes / k.positions as u64 * block)
+    {
+        "formula rounded up to 16-token blocks"
+    } else {
+        "used ≠ formula"
+    }
+}
+
+fn kv_memory(r: &Report) {
+    section(
+        "KV cache bytes (MiB) vs the formula 2 × n_layers × n_kv_heads × head_dim × 4 B × positions",
+        &r.kv_memory,
+        &[
+            ("model", &|k| k.model.clone()),
+            ("engine", &|k| k.engine.clone()),
+            ("positions/max", &|k| {
+                format!("{}/{}", k.positions, k.max_seq_len)
+            }),
+            ("used", &|k| mib(k.used_bytes)),
+            ("reserved", &|k| mib(k.reserved_bytes)),
+            ("formula used", &|k| mib(k.formula_used_bytes)),
+            ("formula max-len", &|k| mib(k.formula_max_len_bytes)),
+            ("check", &|k| kv_check(k).into()),
+        ],
+    );
+}
+
+fn peak_rss(r: &Report) {
     if !r.peak_rss.is_empty() {
-        println!("\n== peak resident memory per engine (child process; MiB) ==");
-        let rows: Vec<Vec<String>> = r
-            .peak_rss
-            .iter()
-            .map(|x| {
-                vec![
-                    x.model.clone(),
-                    x.engine.clone(),
-                    format!("{}", x.positions),
-                    mib(x.rss_after_load_bytes),
-                    mib(x.peak_rss_bytes),
-                    mib(x.engine_peak_extra_bytes),
-                ]
-            })
-            .collect();
-        table::print(
+        section(
+            "peak resident memory per engine (child process; MiB)",
+            &r.peak_rss,
             &[
-                "model",
-                "engine",
-                "positions",
-                "after load",
-                "peak",
-                "peak − load",
+                ("model", &|x| x.model.clone()),
+                ("engine", &|x| x.engine.clone()),
+                ("positions", &|x| x.positions.to_string()),
+                ("after load", &|x| mib(x.rss_after_load_bytes)),
+                ("peak", &|x| mib(x.peak_rss_bytes)),
+                ("peak − load", &|x| mib(x.engine_peak_extra_bytes)),
             ],
-            &rows,
         );
     }
     if let Some(p) = r.process_peak_rss_bytes {
@@ -511,76 +471,50 @@ pub fn print(r: &Report) {
             mib(p)
         );
     }
+}
 
-    println!(
-        "\n== paging waste (reserved KV slots holding no token; 1,000 requests, max_seq_len 2,048) =="
-    );
-    let rows: Vec<Vec<String>> = r
-        .waste
-        .iter()
-        .map(|w| {
-            vec![
-                w.workload.clone(),
-                w.scheme.clone(),
-                w.block_size.map_or("-".into(), |b| b.to_string()),
-                f(w.mean_reserved_slots),
-                format!("{:.1} %", 100.0 * w.final_waste_frac),
-                format!("{:.1} %", 100.0 * w.time_avg_waste_frac),
-            ]
-        })
-        .collect();
-    table::print(
+fn waste(r: &Report) {
+    section(
+        "paging waste (reserved KV slots holding no token; 1,000 requests, max_seq_len 2,048)",
+        &r.waste,
         &[
-            "workload",
-            "scheme",
-            "block",
-            "mean reserved slots",
-            "waste at end",
-            "waste over time",
+            ("workload", &|w| w.workload.clone()),
+            ("scheme", &|w| w.scheme.clone()),
+            ("block", &|w| {
+                w.block_size.map_or("-".into(), |b| b.to_string())
+            }),
+            ("mean reserved slots", &|w| f(w.mean_reserved_slots)),
+            ("waste at end", &|w| percent(w.final_waste_frac)),
+            ("waste over time", &|w| percent(w.time_avg_waste_frac)),
         ],
-        &rows,
     );
+}
 
-    println!(
-        "\n== roofline (must-move bytes = weights once + KV read; limit {:.1} GB/s measured) ==",
-        r.bandwidth.peak_gb_per_s
-    );
-    let rows: Vec<Vec<String>> = r
-        .roofline
-        .iter()
-        .map(|x| {
-            vec![
-                x.model.clone(),
-                x.engine.clone(),
-                x.what.clone(),
-                mib(x.bytes_per_step as u64),
-                f(x.flops_per_step / 1e6),
-                f(x.seconds_per_step * 1e3),
-                f(x.achieved_gb_per_s),
-                f(x.achieved_gflop_per_s),
-                format!(
-                    "{:.1} %{}",
-                    100.0 * x.bandwidth_fraction,
-                    if x.cache_resident { " (in cache)" } else { "" }
-                ),
-            ]
-        })
-        .collect();
-    table::print(
+fn roofline(r: &Report) {
+    section(
+        &format!(
+            "roofline (must-move bytes = weights once + KV read; limit {:.1} GB/s measured)",
+            r.bandwidth.peak_gb_per_s
+        ),
+        &r.roofline,
         &[
-            "model",
-            "engine",
-            "measured",
-            "MiB/step",
-            "MFLOP/step",
-            "ms/step",
-            "GB/s",
-            "GFLOP/s",
-            "of bandwidth",
+            ("model", &|x| x.model.clone()),
+            ("engine", &|x| x.engine.clone()),
+            ("measured", &|x| x.what.clone()),
+            ("MiB/step", &|x| mib(x.bytes_per_step as u64)),
+            ("MFLOP/step", &|x| f(x.flops_per_step / 1e6)),
+            ("ms/step", &|x| f(x.seconds_per_step * 1e3)),
+            ("GB/s", &|x| f(x.achieved_gb_per_s)),
+            ("GFLOP/s", &|x| f(x.achieved_gflop_per_s)),
+            ("of bandwidth", &|x| {
+                let cache = if x.cache_resident { " (in cache)" } else { "" };
+                format!("{}{cache}", percent(x.bandwidth_fraction))
+            }),
         ],
-        &rows,
     );
+}
 
+fn headline(r: &Report) {
     println!("\n== headline ==");
     for s in &r.headline.generation_speedup_vs_naive {
         println!(
@@ -588,12 +522,10 @@ pub fn print(r: &Report) {
             s.model, s.engine, s.value, s.positions, s.min, s.max, s.reps
         );
     }
-    for b in r
-        .headline
-        .bandwidth_fraction_batch1
-        .iter()
-        .filter(|b| b.engine == "cpu")
-    {
+    for b in r.headline.bandwidth_fraction_batch1.iter() {
+        if b.engine != EngineKind::Cpu {
+            continue;
+        }
         println!(
             "{}: the cpu engine at batch 1 moves {:.1} GB/s, {:.0} % of the measured {:.1} GB/s{}",
             b.model,
@@ -607,64 +539,47 @@ pub fn print(r: &Report) {
             }
         );
     }
+}
 
-    if let Some(b) = &r.baseline {
+fn baseline(b: &BaselineReport) {
+    println!(
+        "\n== against baseline {} ({}, commit {}, {}){} ==",
+        b.file,
+        b.baseline_machine,
+        b.baseline_commit,
+        b.baseline_date,
+        if b.same_cpu_model {
+            ""
+        } else {
+            " — another CPU model: only ratios compare"
+        }
+    );
+    if !b.machine_differences.is_empty() {
         println!(
-            "\n== against baseline {} ({}, commit {}, {}){} ==",
-            b.file,
-            b.baseline_machine,
-            b.baseline_commit,
-            b.baseline_date,
-            if b.same_cpu_model {
-                ""
-            } else {
-                " — another CPU model: only ratios compare"
-            }
+            "another machine ({}): absolute times do not compare, and speedups move with core \
+             counts and SIMD width",
+            b.machine_differences.join("; ")
         );
-        if !b.machine_differences.is_empty() {
-            println!(
-                "another machine ({}): absolute times do not compare, and speedups move with \
-                 core counts and SIMD width",
-                b.machine_differences.join("; ")
-            );
-        }
-        let rows: Vec<Vec<String>> = b
-            .comparisons
-            .iter()
-            .map(|c| {
-                vec![
-                    c.key.clone(),
-                    f(c.baseline),
-                    f(c.now),
-                    format!("{:+.1} %", 100.0 * c.change),
-                    format!("±{:.1} %", 100.0 * c.tolerance),
-                    c.verdict.clone(),
-                ]
-            })
-            .collect();
-        table::print(
-            &[
-                "speedup",
-                "baseline",
-                "now",
-                "change",
-                "tolerance",
-                "verdict",
-            ],
-            &rows,
+    }
+    table::columns(
+        &b.comparisons,
+        &[
+            ("speedup", &|c| c.key.clone()),
+            ("baseline", &|c| f(c.baseline)),
+            ("now", &|c| f(c.now)),
+            ("change", &|c| format!("{:+.1} %", 100.0 * c.change)),
+            ("tolerance", &|c| format!("±{:.1} %", 100.0 * c.tolerance)),
+            ("verdict", &|c| c.verdict.clone()),
+        ],
+    );
+    if b.comparisons.is_empty() {
+        println!(
+            "no ratio in common: keys carry the model's context, so compare a full run with a \
+             full baseline and a --quick run with a --quick one"
         );
-        if b.comparisons.is_empty() {
-            println!(
-                "no ratio in common: keys carry the model's context, so compare a full run with a \
-                 full baseline and a --quick run with a --quick one"
-            );
-        }
-        if !b.only_in_baseline.is_empty() {
-            println!("not measured now: {}", b.only_in_baseline.join(", "));
-        }
-        println!("{} regression(s)", b.regressions);
     }
-    for n in &r.notes {
-        println!("note: {n}");
+    if !b.only_in_baseline.is_empty() {
+        println!("not measured now: {}", b.only_in_baseline.join(", "));
     }
+    println!("{} regression(s)", b.regressions);
 }

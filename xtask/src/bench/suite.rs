@@ -1,13 +1,13 @@
 //! Runs every workload of one model on every engine, alternating engines within each
 //! repetition so that the machine's drifting load falls on all of them alike.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use indicatif::ProgressBar;
-use kvlab_cli::engines::{self, PoolOptions};
+use kvlab_cli::engines::{EngineKind, PagedEngine, PoolOptions, build, build_paged};
 use kvlab_model::Engine;
 
-use super::batch::{self, BatchRow, ContinuousRow, Timed};
-use super::decode::{self, DecodeRun, Generation};
+use super::batch::{self, BatchRow, ContinuousRow};
+use super::decode::{self, DecodeRun};
 use super::memory::{self, KvRow, RssRow};
 use super::models::BenchModel;
 use super::plan::{ModelPlan, SEED, prefill_lens};
@@ -44,275 +44,351 @@ pub fn prompt(len: usize, vocab: usize, bos: u32, stream: u64) -> Vec<u32> {
 /// The phases of one model, for the progress bar.
 pub const PHASES: u64 = 7;
 
+/// Every engine of one model, built once and warmed up.
+type Engines = Vec<(EngineKind, Box<dyn Engine>)>;
+
+/// One workload over every engine of a model.
+type Stage = fn(&Ctx, &mut Engines, &mut Results) -> Result<()>;
+
+/// Runs every workload of one model, one function per workload (the progress bar's phases).
 pub fn run_model(
     m: &BenchModel,
     plan: &ModelPlan,
-    engine_names: &[&str],
+    engines: &[EngineKind],
     warmup: usize,
     bar: &ProgressBar,
     out: &mut Results,
 ) -> Result<()> {
-    let name = m.info.name.as_str();
-    let (vocab, bos) = (m.model.config.vocab_size, m.model.config.bos_id);
-    let ctx = m.info.context;
-    let naive_ok = |e: &str, cap: usize| e != "naive" || cap > 0;
-    let note = |out: &mut Results, s: String| {
-        bar.println(format!("note: {s}"));
-        out.notes.push(s);
+    let c = Ctx {
+        m,
+        plan,
+        name: m.info.name.as_str(),
+        ctx: m.info.context,
+        bar,
     };
+    let mut built = c.warm_up(engines, warmup, out);
+    let stages: [Stage; PHASES as usize] = [
+        decode_latency,
+        prefill_throughput,
+        request_latency,
+        batch_throughput,
+        continuous_trace,
+        kv_memory,
+        peak_rss,
+    ];
+    for stage in stages {
+        stage(&c, &mut built, out)?;
+        bar.inc(1);
+    }
+    Ok(())
+}
 
-    // Build every engine once and warm it up (page faults, rayon's pool, RoPE tables).
-    let mut engines: Vec<(String, Box<dyn Engine>)> = Vec::new();
-    for &e in engine_names {
-        let cap = if e == "naive" {
-            plan.naive_decode_positions
+/// What every workload of one model needs.
+struct Ctx<'a> {
+    m: &'a BenchModel,
+    plan: &'a ModelPlan,
+    name: &'a str,
+    /// The context the model runs at.
+    ctx: usize,
+    bar: &'a ProgressBar,
+}
+
+impl Ctx<'_> {
+    fn note(&self, out: &mut Results, s: String) {
+        self.bar.println(format!("note: {s}"));
+        out.notes.push(s);
+    }
+
+    fn prompt(&self, len: usize, stream: u64) -> Vec<u32> {
+        let c = &self.m.model.config;
+        prompt(len, c.vocab_size, c.bos_id, stream)
+    }
+
+    /// Positions of the per-position decode generation (the naive engine's O(N²) run is shorter).
+    fn decode_positions(&self, e: EngineKind) -> usize {
+        if e == EngineKind::Naive {
+            self.plan.naive_decode_positions.min(self.ctx)
         } else {
-            ctx
-        };
-        if !naive_ok(e, cap) {
-            continue;
-        }
-        bar.set_message(format!("{name}: warm-up {e}"));
-        let built = engines::build(e, m.model.clone()).and_then(|mut eng| {
-            decode::generate(eng.as_mut(), warmup.min(cap).max(2), bos)?;
-            Ok(eng)
-        });
-        match built {
-            Ok(eng) => engines.push((e.to_string(), eng)),
-            Err(err) => note(out, format!("{name}: engine {e} skipped: {err:#}")),
+            self.plan.decode_positions.min(self.ctx)
         }
     }
 
-    // 1. Decode latency per position; repetition r of every engine back to back.
-    let positions = |e: &str| {
-        if e == "naive" {
-            plan.naive_decode_positions.min(ctx)
-        } else {
-            plan.decode_positions.min(ctx)
-        }
-    };
-    let reps = |e: &str| {
-        if e == "naive" {
-            plan.naive_decode_reps
-        } else {
-            plan.decode_reps
-        }
-    };
-    let mut gens: Vec<Vec<Generation>> = engines.iter().map(|_| Vec::new()).collect();
-    let max_reps = engines.iter().map(|(e, _)| reps(e)).max().unwrap_or(0);
-    for r in 0..max_reps {
-        for (i, (e, eng)) in engines.iter_mut().enumerate() {
-            if r >= reps(e) {
+    /// Builds every engine once and warms it up (page faults, rayon's pool, RoPE tables).
+    fn warm_up(&self, engines: &[EngineKind], warmup: usize, out: &mut Results) -> Engines {
+        let mut built = Engines::new();
+        for &e in engines {
+            let cap = if e == EngineKind::Naive {
+                self.plan.naive_decode_positions
+            } else {
+                self.ctx
+            };
+            if e == EngineKind::Naive && cap == 0 {
                 continue;
             }
-            bar.set_message(format!(
-                "{name}: decode per position, {e}, rep {}/{}",
+            self.bar.set_message(format!("{}: warm-up {e}", self.name));
+            let warmed = build(e, self.m.model.clone()).and_then(|mut eng| {
+                decode::generate(
+                    eng.as_mut(),
+                    warmup.min(cap).max(2),
+                    self.m.model.config.bos_id,
+                )?;
+                Ok(eng)
+            });
+            match warmed {
+                Ok(eng) => built.push((e, eng)),
+                Err(err) => self.note(out, format!("{}: engine {e} skipped: {err:#}", self.name)),
+            }
+        }
+        built
+    }
+
+    /// Repetition r of every engine back to back, for r in 0..reps, so that the machine's load
+    /// falls on all of them alike. `step(i, engine, rep)` is `None` where engine i sits the
+    /// repetition out; a failure becomes a note. Returns each engine's samples.
+    fn interleaved<T>(
+        &self,
+        engines: &mut Engines,
+        out: &mut Results,
+        reps: usize,
+        mut step: impl FnMut(usize, EngineKind, &mut dyn Engine, usize) -> Option<Result<T>>,
+    ) -> Vec<Vec<T>> {
+        let mut samples: Vec<Vec<T>> = engines.iter().map(|_| Vec::new()).collect();
+        for r in 0..reps {
+            for (i, (e, eng)) in engines.iter_mut().enumerate() {
+                match step(i, *e, eng.as_mut(), r) {
+                    Some(Ok(x)) => samples[i].push(x),
+                    Some(Err(err)) => self.note(out, format!("{err:#}")),
+                    None => {}
+                }
+            }
+        }
+        samples
+    }
+}
+
+/// 1. Decode latency per position; repetition r of every engine back to back.
+fn decode_latency(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
+    let reps = |e: EngineKind| {
+        if e == EngineKind::Naive {
+            c.plan.naive_decode_reps
+        } else {
+            c.plan.decode_reps
+        }
+    };
+    let max_reps = engines.iter().map(|(e, _)| reps(*e)).max().unwrap_or(0);
+    let gens = c.interleaved(engines, out, max_reps, |_, e, eng, r| {
+        (r < reps(e)).then(|| {
+            let msg = format!(
+                "{}: decode per position, {e}, rep {}/{}",
+                c.name,
                 r + 1,
                 reps(e)
-            ));
-            match decode::generate(eng.as_mut(), positions(e), bos) {
-                Ok(g) => gens[i].push(g),
-                Err(err) => note(out, format!("{name}: {e} decode failed: {err:#}")),
-            }
-        }
-    }
+            );
+            c.bar.set_message(msg);
+            decode::generate(eng, c.decode_positions(e), c.m.model.config.bos_id)
+                .with_context(|| format!("{}: {e} decode failed", c.name))
+        })
+    });
     for ((e, _), g) in engines.iter().zip(&gens) {
         if !g.is_empty() {
-            out.decode.push(decode::summarize(name, e, g));
+            out.decode.push(decode::summarize(c.name, e.name(), g));
         }
     }
-    bar.inc(1);
+    Ok(())
+}
 
-    // 2. Prefill throughput by prompt length.
-    for len in prefill_lens(plan.prefill_max.min(ctx)) {
-        let p = prompt(len, vocab, bos, len as u64);
-        let mut secs: Vec<Vec<f64>> = engines.iter().map(|_| Vec::new()).collect();
-        for _ in 0..plan.prefill_reps {
-            for (i, (e, eng)) in engines.iter_mut().enumerate() {
-                if e == "naive" && len > plan.naive_prefill_max {
-                    continue;
-                }
-                bar.set_message(format!("{name}: prefill {len} tokens, {e}"));
-                match prefill::time_prefill(eng.as_mut(), &p) {
-                    Ok(s) => secs[i].push(s),
-                    Err(err) => note(out, format!("{name}: {e} prefill {len} failed: {err:#}")),
-                }
+/// 2. Prefill throughput by prompt length.
+fn prefill_throughput(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
+    for len in prefill_lens(c.plan.prefill_max.min(c.ctx)) {
+        let p = c.prompt(len, len as u64);
+        let secs = c.interleaved(engines, out, c.plan.prefill_reps, |_, e, eng, _| {
+            if e == EngineKind::Naive && len > c.plan.naive_prefill_max {
+                return None;
             }
-        }
+            c.bar
+                .set_message(format!("{}: prefill {len} tokens, {e}", c.name));
+            Some(
+                prefill::time_prefill(eng, &p)
+                    .with_context(|| format!("{}: {e} prefill {len} failed", c.name)),
+            )
+        });
         for ((e, _), s) in engines.iter().zip(&secs) {
             if !s.is_empty() {
-                out.prefill.push(prefill::prefill_row(name, e, len, s));
+                out.prefill
+                    .push(prefill::prefill_row(c.name, e.name(), len, s));
             }
         }
     }
-    bar.inc(1);
+    Ok(())
+}
 
-    // 3. Request latency: TTFT and TPOT percentiles.
+/// 3. Request latency: TTFT and TPOT percentiles.
+fn request_latency(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
+    let plan = c.plan;
     let (lp, lg) = (
-        plan.latency_prompt.min(ctx / 2),
-        plan.latency_generate.min(ctx / 2),
+        plan.latency_prompt.min(c.ctx / 2),
+        plan.latency_generate.min(c.ctx / 2),
     );
-    let p = prompt(lp, vocab, bos, 1_000_001);
-    let mut samples: Vec<Vec<(f64, f64)>> = engines.iter().map(|_| Vec::new()).collect();
-    for r in 0..plan.latency_reps {
-        for (i, (e, eng)) in engines.iter_mut().enumerate() {
-            if e == "naive" && lp + lg > plan.naive_decode_positions {
-                continue;
-            }
-            bar.set_message(format!(
-                "{name}: TTFT/TPOT, {e}, rep {}/{}",
-                r + 1,
-                plan.latency_reps
-            ));
-            match prefill::time_request(eng.as_mut(), &p, lg) {
-                Ok(s) => samples[i].push(s),
-                Err(err) => note(out, format!("{name}: {e} request failed: {err:#}")),
-            }
+    let p = c.prompt(lp, 1_000_001);
+    let samples = c.interleaved(engines, out, plan.latency_reps, |_, e, eng, r| {
+        if e == EngineKind::Naive && lp + lg > plan.naive_decode_positions {
+            return None;
         }
-    }
+        let msg = format!(
+            "{}: TTFT/TPOT, {e}, rep {}/{}",
+            c.name,
+            r + 1,
+            plan.latency_reps
+        );
+        c.bar.set_message(msg);
+        Some(
+            prefill::time_request(eng, &p, lg)
+                .with_context(|| format!("{}: {e} request failed", c.name)),
+        )
+    });
     for ((e, _), s) in engines.iter().zip(&samples) {
         if !s.is_empty() {
-            out.latency.push(prefill::latency_row(name, e, lp, lg, s));
+            out.latency
+                .push(prefill::latency_row(c.name, e.name(), lp, lg, s));
         }
     }
-    bar.inc(1);
+    Ok(())
+}
 
-    // 4. Batched decode throughput.
-    let (bp, bg) = (plan.batch_prompt, plan.batch_generate);
-    for &b in &plan.batch_sizes {
-        let prompts: Vec<Vec<u32>> = (0..b)
-            .map(|i| prompt(bp, vocab, bos, 2_000_000 + i as u64))
-            .collect();
+/// 4. Batched decode throughput: paged engines in scheduled steps, the others round-robin.
+fn batch_throughput(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
+    let (bp, bg) = (c.plan.batch_prompt, c.plan.batch_generate);
+    for &b in &c.plan.batch_sizes {
+        let prompts: Vec<Vec<u32>> = (0..b).map(|i| c.prompt(bp, 2_000_000 + i as u64)).collect();
         let pool = PoolOptions::for_sequences(b, bp + bg + 1, kvlab_paged::DEFAULT_BLOCK_SIZE);
-        let mut paged: Vec<Option<Box<dyn engines::PagedEngine>>> = engines
+        let mut paged: Vec<Option<Box<dyn PagedEngine>>> = engines
             .iter()
             .map(|(e, _)| {
-                engines::PAGED_ENGINES
-                    .contains(&e.as_str())
-                    .then(|| engines::build_paged(e, m.model.clone(), pool).ok())
+                e.is_paged()
+                    .then(|| build_paged(*e, c.m.model.clone(), pool).ok())
                     .flatten()
             })
             .collect();
-        let mut runs: Vec<Vec<Timed>> = engines.iter().map(|_| Vec::new()).collect();
-        for _ in 0..plan.batch_reps {
-            for (i, (e, eng)) in engines.iter_mut().enumerate() {
-                if e == "naive" && b > plan.naive_batch_max {
-                    continue;
-                }
-                bar.set_message(format!("{name}: batch {b}, {e}"));
-                let r = match paged[i].as_mut() {
-                    Some(p) => batch::paged(p.as_mut(), &m.model, pool, &prompts, bg),
-                    None if engines::PAGED_ENGINES.contains(&e.as_str()) => continue,
-                    None => batch::contiguous(eng.as_mut(), &prompts, bg),
-                };
-                match r {
-                    Ok(t) => runs[i].push(t),
-                    Err(err) => note(out, format!("{name}: {e} batch {b} failed: {err:#}")),
-                }
+        let runs = c.interleaved(engines, out, c.plan.batch_reps, |i, e, eng, _| {
+            if e == EngineKind::Naive && b > c.plan.naive_batch_max {
+                return None;
             }
-        }
+            c.bar.set_message(format!("{}: batch {b}, {e}", c.name));
+            let r = match paged[i].as_mut() {
+                Some(p) => batch::paged(p.as_mut(), &c.m.model, pool, &prompts, bg),
+                None if e.is_paged() => return None,
+                None => batch::contiguous(eng, &prompts, bg),
+            };
+            Some(r.with_context(|| format!("{}: {e} batch {b} failed", c.name)))
+        });
         for (i, (e, _)) in engines.iter().enumerate() {
             if !runs[i].is_empty() {
-                out.batch.push(batch::batch_row(
-                    name,
-                    e,
-                    b,
-                    paged[i].is_some(),
-                    bp,
-                    bg,
-                    &runs[i],
-                ));
+                let row =
+                    batch::batch_row(c.name, e.name(), b, paged[i].is_some(), bp, bg, &runs[i]);
+                out.batch.push(row);
             }
         }
     }
-    bar.inc(1);
+    Ok(())
+}
 
-    // 5. Continuous batching over an arrival trace (paged engines), and the cpu engine serving
-    //    the same trace one request at a time.
-    if plan.continuous_requests > 0 {
-        let n = plan.continuous_requests;
-        let lt = kvlab_paged::workload::LongTail {
-            prompt_median: (ctx / 16).max(4) as f64,
-            prompt_sigma: 0.8,
-            output_median: (ctx / 8).max(4) as f64,
-            output_sigma: 0.8,
-            max_seq_len: ctx,
+/// 5. Continuous batching over an arrival trace (paged engines), and the cpu engine serving the
+///    same trace one request at a time.
+fn continuous_trace(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
+    let (n, ctx) = (c.plan.continuous_requests, c.ctx);
+    if n == 0 {
+        return Ok(());
+    }
+    let lt = kvlab_paged::workload::LongTail {
+        prompt_median: (ctx / 16).max(4) as f64,
+        prompt_sigma: 0.8,
+        output_median: (ctx / 8).max(4) as f64,
+        output_sigma: 0.8,
+        max_seq_len: ctx,
+    };
+    let lens = kvlab_paged::workload::long_tail_requests(n, SEED, lt)?;
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, l)| c.prompt(l.prompt_len, 3_000_000 + i as u64))
+        .collect();
+    let outputs: Vec<usize> = lens
+        .iter()
+        .map(|l| l.output_len.min(ctx - l.prompt_len))
+        .collect();
+    // Arrivals every half step on average: requests pile up, and the batch grows.
+    let requests = batch::trace(prompts, &outputs, 0.5);
+    // A pool for a quarter of the trace at full length: enough to batch, small enough to make
+    // the scheduler wait or preempt at the peak.
+    let pool = PoolOptions::for_sequences((n / 4).max(2), ctx, kvlab_paged::DEFAULT_BLOCK_SIZE);
+    let name = c.name;
+    for (e, eng) in engines.iter_mut() {
+        c.bar
+            .set_message(format!("{name}: continuous batching trace, {e}"));
+        let r = if e.is_paged() {
+            build_paged(*e, c.m.model.clone(), pool).and_then(|mut p| {
+                let model = &c.m.model;
+                batch::continuous_paged(name, e.name(), p.as_mut(), model, pool, ctx, &requests)
+            })
+        } else if *e == EngineKind::Cpu {
+            batch::continuous_sequential(name, eng.as_mut(), &requests)
+        } else {
+            continue;
         };
-        let lens = kvlab_paged::workload::long_tail_requests(n, SEED, lt)?;
-        let prompts: Vec<Vec<u32>> = lens
-            .iter()
-            .enumerate()
-            .map(|(i, l)| prompt(l.prompt_len, vocab, bos, 3_000_000 + i as u64))
-            .collect();
-        let outputs: Vec<usize> = lens
-            .iter()
-            .map(|l| l.output_len.min(ctx - l.prompt_len))
-            .collect();
-        // Arrivals every half step on average: requests pile up, and the batch grows.
-        let requests = batch::trace(prompts, &outputs, 0.5);
-        // A pool for a quarter of the trace at full length: enough to batch, small enough to
-        // make the scheduler wait or preempt at the peak.
-        let pool = PoolOptions::for_sequences((n / 4).max(2), ctx, kvlab_paged::DEFAULT_BLOCK_SIZE);
-        for (e, eng) in engines.iter_mut() {
-            bar.set_message(format!("{name}: continuous batching trace, {e}"));
-            let r = if engines::PAGED_ENGINES.contains(&e.as_str()) {
-                engines::build_paged(e, m.model.clone(), pool).and_then(|mut p| {
-                    batch::continuous_paged(name, e, p.as_mut(), &m.model, pool, ctx, &requests)
-                })
-            } else if e == "cpu" {
-                batch::continuous_sequential(name, eng.as_mut(), &requests)
-            } else {
-                continue;
-            };
-            match r {
-                Ok(row) => out.continuous.push(row),
-                Err(err) => note(out, format!("{name}: {e} continuous trace failed: {err:#}")),
-            }
+        match r {
+            Ok(row) => out.continuous.push(row),
+            Err(err) => c.note(out, format!("{name}: {e} continuous trace failed: {err:#}")),
         }
     }
-    bar.inc(1);
+    Ok(())
+}
 
-    // 6. KV bytes held against the formula, at growing lengths in a sequence of `ctx`.
-    // Lengths 1, 17, 33, 65, … (one past a 16-token block boundary, where a paged sequence
-    // holds the most unused slots) and the whole context.
+/// 6. KV bytes held against the formula, at growing lengths in a sequence of `ctx`: 1, 17, 33,
+///    65, … (one past a 16-token block boundary, where a paged sequence holds the most unused
+///    slots) and the whole context.
+fn kv_memory(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
+    let ctx = c.ctx;
     let mut lens: Vec<usize> = std::iter::once(1)
         .chain((4..).map(|k| (1usize << k) + 1).take_while(|&l| l < ctx))
         .collect();
     lens.push(ctx);
     for len in lens {
-        let p = prompt(len, vocab, bos, 4_000_000 + len as u64);
+        let p = c.prompt(len, 4_000_000 + len as u64);
         for (e, eng) in engines.iter_mut() {
-            if e == "naive" && len > plan.naive_prefill_max {
+            if *e == EngineKind::Naive && len > c.plan.naive_prefill_max {
                 continue;
             }
-            bar.set_message(format!("{name}: KV memory at {len} positions, {e}"));
-            match memory::kv_row(name, eng.as_mut(), &p, ctx) {
+            c.bar
+                .set_message(format!("{}: KV memory at {len} positions, {e}", c.name));
+            match memory::kv_row(c.name, eng.as_mut(), &p, ctx) {
                 Ok(r) => out.kv.push(r),
-                Err(err) => note(
+                Err(err) => c.note(
                     out,
-                    format!("{name}: {e} KV usage at {len} failed: {err:#}"),
+                    format!("{}: {e} KV usage at {len} failed: {err:#}", c.name),
                 ),
             }
         }
     }
-    bar.inc(1);
+    Ok(())
+}
 
-    // 7. Peak RSS per engine, each in its own child process.
-    if plan.rss_per_engine {
-        for (e, _) in &engines {
-            bar.set_message(format!("{name}: peak RSS, {e}"));
-            // The naive engine's generation costs O(N²): its peak is taken over a shorter one.
-            let n = if e == "naive" {
-                positions(e).min(256)
-            } else {
-                positions(e)
-            };
-            match memory::rss_in_child(name, e, ctx, n) {
-                Ok(r) => out.rss.push(r),
-                Err(err) => note(out, format!("{name}: {e} peak RSS failed: {err:#}")),
-            }
+/// 7. Peak RSS per engine, each in its own child process.
+fn peak_rss(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
+    if !c.plan.rss_per_engine {
+        return Ok(());
+    }
+    for &(e, _) in engines.iter() {
+        c.bar.set_message(format!("{}: peak RSS, {e}", c.name));
+        // The naive engine's generation costs O(N²): its peak is taken over a shorter one.
+        let n = if e == EngineKind::Naive {
+            c.decode_positions(e).min(256)
+        } else {
+            c.decode_positions(e)
+        };
+        match memory::rss_in_child(c.name, e, c.ctx, n) {
+            Ok(r) => out.rss.push(r),
+            Err(err) => c.note(out, format!("{}: {e} peak RSS failed: {err:#}", c.name)),
         }
     }
-    bar.inc(1);
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kvlab_cli::engines::{PoolOptions, build_paged};
+use kvlab_cli::engines::{EngineKind, PoolOptions, build_paged};
 use kvlab_model::registry::ModelEntry;
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Model, Tokenizer};
@@ -24,7 +24,7 @@ pub(super) fn run(
     model: &Arc<Model>,
     tok: &Tokenizer,
     refs: &[Option<Reference>],
-    engine: &str,
+    engine: EngineKind,
 ) -> Result<Row> {
     let t = Instant::now();
     let ctx = entry
@@ -154,6 +154,6 @@ pub(super) fn run(
             prefix_cache_hits: m.prefix_cache_hits,
             num_recomputed_tokens: m.num_recomputed_tokens,
         }),
-        ..Row::empty(&entry.name, engine)
+        ..Row::empty(&entry.name, engine.name())
     })
 }

@@ -21,9 +21,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use kvlab_cli::engines::{self, EngineKind};
 use kvlab_model::registry::{self, Located, ModelEntry};
 use kvlab_model::sampler::{argmax, top2_margin};
-use kvlab_model::{Engine, Model, teacher_force};
+use kvlab_model::{Engine, Model, Tolerance, compare_logits, teacher_force};
 use serde::Serialize;
 
 use crate::{prompts, table};
@@ -33,13 +34,9 @@ mod cases;
 
 use cases::Case;
 
-/// Tolerance of teacher-forced logits for f32 engines (ARCHITECTURE.md's invariants).
-const ABS_TOL: f32 = 1e-4;
-const REL_TOL: f32 = 1e-4;
-
 struct Opts {
     models: Vec<String>,
-    engines: Vec<String>,
+    engines: Vec<EngineKind>,
     prompts: PathBuf,
     out: PathBuf,
 }
@@ -70,7 +67,7 @@ fn parse(args: &[String]) -> Result<Opts> {
         };
         match a.as_str() {
             "--model" => o.models.push(val()?),
-            "--engine" => o.engines.push(val()?),
+            "--engine" => o.engines.push(val()?.parse()?),
             "--prompts" => o.prompts = val()?.into(),
             "--out" => o.out = val()?.into(),
             "-h" | "--help" => {
@@ -80,7 +77,6 @@ fn parse(args: &[String]) -> Result<Opts> {
             other => bail!("unknown option {other:?}\n\n{USAGE}"),
         }
     }
-    kvlab_cli::engines::check_names(&o.engines)?;
     Ok(o)
 }
 
@@ -145,37 +141,39 @@ struct BatchInfo {
     num_recomputed_tokens: u64,
 }
 
+/// A model ready to verify: its manifest entry, weights, tokenizer and cases.
+type Loaded<'a> = (
+    &'a ModelEntry,
+    Arc<Model>,
+    kvlab_model::Tokenizer,
+    Vec<Case>,
+);
+
 pub fn run(args: &[String]) -> Result<()> {
     let o = parse(args)?;
     let require = std::env::var("KVLAB_REQUIRE_MODELS").is_ok_and(|v| v == "1");
     let prompts = prompts::load(&o.prompts)?;
-    let entries: Vec<&ModelEntry> = registry::manifest()
-        .models
-        .iter()
-        .filter(|m| {
-            if o.models.is_empty() {
-                m.verify
-            } else {
-                o.models.iter().any(|n| n.eq_ignore_ascii_case(&m.name))
-            }
-        })
-        .collect();
-    if entries.is_empty() {
-        bail!("no model matches {:?}; see fixtures/models.json", o.models);
-    }
-    let wanted: Vec<&str> = kvlab_cli::engines::ENGINES
-        .iter()
-        .copied()
-        .filter(|e| *e != "naive" && (o.engines.is_empty() || o.engines.iter().any(|x| x == e)))
-        .collect();
-    // Engines this machine cannot run (cuda without a GPU) are SKIPPED, or fail when required.
     let mut rows: Vec<Row> = Vec::new();
-    let mut engines = Vec::new();
-    for e in wanted {
-        match kvlab_cli::engines::availability(e) {
-            Ok(()) => engines.push(e),
+    let engines = available_engines(&o.engines, &mut rows);
+    let loaded = load_models(&o.models, &prompts, &mut rows)?;
+    let refs = run_cases(&loaded, &engines, &mut rows);
+    run_batched(&loaded, &refs, &engines, &mut rows);
+    report(&rows, &o)?;
+    verdict(&rows, require)
+}
+
+/// The cached engines to compare with the reference; those this machine cannot run (cuda
+/// without a GPU) get a SKIPPED row, or an ERROR one when required.
+fn available_engines(wanted: &[EngineKind], rows: &mut Vec<Row>) -> Vec<EngineKind> {
+    let mut out = Vec::new();
+    for e in engines::selected(wanted)
+        .into_iter()
+        .filter(|e| e.has_cache())
+    {
+        match engines::availability(e) {
+            Ok(()) => out.push(e),
             Err(why) => {
-                let required = kvlab_cli::engines::require_cuda();
+                let required = engines::require_cuda();
                 eprintln!(
                     "{} engine {e}: {why}",
                     if required { "FAILED" } else { "SKIPPED" }
@@ -183,16 +181,36 @@ pub fn run(args: &[String]) -> Result<()> {
                 rows.push(Row {
                     status: if required { "ERROR" } else { "SKIPPED" }.into(),
                     note: why,
-                    ..Row::empty("all", e)
+                    ..Row::empty("all", e.name())
                 });
             }
         }
     }
+    out
+}
 
-    // Load every model first (sequentially: loading checks sha256) and build its cases, then run
-    // the (model, case) pairs on one worker per core; each is independent and rows are put back
-    // in order.
-    let mut loaded: Vec<(&ModelEntry, Arc<Model>, kvlab_model::Tokenizer, Vec<Case>)> = Vec::new();
+/// Loads every model asked for (sequentially: loading checks sha256) and builds its cases; a
+/// missing checkpoint gets a SKIPPED row, a broken one an ERROR row.
+fn load_models<'a>(
+    names: &[String],
+    prompts: &[String],
+    rows: &mut Vec<Row>,
+) -> Result<Vec<Loaded<'a>>> {
+    let entries: Vec<&ModelEntry> = registry::manifest()
+        .models
+        .iter()
+        .filter(|m| {
+            if names.is_empty() {
+                m.verify
+            } else {
+                names.iter().any(|n| n.eq_ignore_ascii_case(&m.name))
+            }
+        })
+        .collect();
+    if entries.is_empty() {
+        bail!("no model matches {names:?}; see fixtures/models.json");
+    }
+    let mut loaded = Vec::new();
     for entry in entries {
         let result = load(entry).and_then(|m| {
             m.map(|(model, tok)| {
@@ -200,7 +218,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     .verify_max_seq_len
                     .unwrap_or(model.config.max_seq_len)
                     .min(model.config.max_seq_len);
-                let cases = cases::for_model(entry, ctx, &tok, &prompts)?;
+                let cases = cases::for_model(entry, ctx, &tok, prompts)?;
                 Ok((entry, Arc::new(model), tok, cases))
             })
             .transpose()
@@ -223,6 +241,16 @@ pub fn run(args: &[String]) -> Result<()> {
             }),
         }
     }
+    Ok(loaded)
+}
+
+/// Runs the (model, case) pairs on one worker per core (each is independent) and puts the
+/// rows back in order; returns each model's verified references, for the batched mode.
+fn run_cases(
+    loaded: &[Loaded],
+    engines: &[EngineKind],
+    rows: &mut Vec<Row>,
+) -> Vec<Vec<Option<Reference>>> {
     let work: Vec<(usize, usize)> = loaded
         .iter()
         .enumerate()
@@ -249,7 +277,7 @@ pub fn run(args: &[String]) -> Result<()> {
                     let Some(&(m, c)) = work.get(i) else { break };
                     let (entry, model, _, cases) = &loaded[m];
                     bar.set_message(format!("{} case {c}", entry.name));
-                    let r = verify_case(entry, model, &cases[c], &engines);
+                    let r = verify_case(entry, model, &cases[c], engines);
                     done.lock().expect("no worker panicked").push((i, r));
                     bar.inc(1);
                     if bar.is_hidden() {
@@ -266,6 +294,7 @@ pub fn run(args: &[String]) -> Result<()> {
             });
         }
     });
+    bar.finish_and_clear();
     let mut done = done.into_inner().expect("no worker panicked");
     done.sort_by_key(|(i, _)| *i);
     let mut refs: Vec<Vec<Option<Reference>>> = loaded.iter().map(|_| Vec::new()).collect();
@@ -273,27 +302,34 @@ pub fn run(args: &[String]) -> Result<()> {
         rows.extend(r);
         refs[work[i].0].push(reference);
     }
-    bar.finish_and_clear();
+    refs
+}
 
-    // Batched mode: every prompt of a model at once through the scheduler and a paged engine.
-    for &name in engines
-        .iter()
-        .filter(|e| kvlab_cli::engines::PAGED_ENGINES.contains(e))
-    {
-        for ((entry, model, tok, _), refs) in loaded.iter().zip(&refs) {
+/// Batched mode: every prompt of a model at once through the scheduler and a paged engine.
+fn run_batched(
+    loaded: &[Loaded],
+    refs: &[Vec<Option<Reference>>],
+    engines: &[EngineKind],
+    rows: &mut Vec<Row>,
+) {
+    for &name in engines.iter().filter(|e| e.is_paged()) {
+        for ((entry, model, tok, _), refs) in loaded.iter().zip(refs) {
             eprintln!("verify: batched run of {} on {name}", entry.name);
             rows.push(
                 batched::run(entry, model, tok, refs, name).unwrap_or_else(|e| Row {
                     prompt: "batched".into(),
                     status: "ERROR".into(),
                     note: format!("{e:#}"),
-                    ..Row::empty(&entry.name, name)
+                    ..Row::empty(&entry.name, name.name())
                 }),
             );
         }
     }
-    report(&rows, &o)?;
+}
 
+/// Fails on a mismatch, an error, or (with `KVLAB_REQUIRE_MODELS=1`) a missing model; prints
+/// the closing line otherwise.
+fn verdict(rows: &[Row], require: bool) -> Result<()> {
     let failed: Vec<&Row> = rows
         .iter()
         .filter(|r| {
@@ -316,7 +352,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         bail!("verify failed: {} of {} rows", failed.len(), rows.len());
     }
-    println!("{}", passed(&rows)?);
+    println!("{}", passed(rows)?);
     Ok(())
 }
 
@@ -437,39 +473,6 @@ fn greedy(
     out
 }
 
-/// The largest |a − b| over all positions and entries, and whether every position is within
-/// tolerance: max_j |a_j − b_j| ≤ ABS_TOL + REL_TOL · max_j |b_j|. The relative part is taken
-/// against the position's largest reference logit, not entry by entry: a logit near zero is the
-/// sum of terms as large as the others, so it carries the same absolute rounding error.
-fn compare_logits(got: &[Vec<f32>], reference: &[Vec<f32>]) -> (f32, bool) {
-    let mut max = 0.0f32;
-    let mut ok = got.len() == reference.len();
-    for (g, r) in got.iter().zip(reference) {
-        let scale = r.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let worst = g
-            .iter()
-            .zip(r)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, |m, d| {
-                if d.is_nan() || m.is_nan() {
-                    f32::NAN
-                } else {
-                    m.max(d)
-                }
-            });
-        // NaN never passes, and poisons the max.
-        if worst.is_nan() || worst > ABS_TOL + REL_TOL * scale || g.len() != r.len() {
-            ok = false;
-        }
-        max = if worst.is_nan() || max.is_nan() {
-            f32::NAN
-        } else {
-            max.max(worst)
-        };
-    }
-    (max, ok)
-}
-
 /// A case's rows and the naive engine's verified tokens (for the batched mode).
 type CaseResult = (Vec<Row>, Option<Reference>);
 
@@ -496,12 +499,46 @@ fn naive_check(model: &Arc<Model>, prompt: &[u32], tokens: &[u32]) -> Result<Nai
     })
 }
 
+/// The first cached engine's greedy run, checked at every position by one naive pass.
+struct Generated {
+    /// The first engine's tokens and the logits that chose them, and its time.
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    ms: f64,
+    check: NaiveCheck,
+    /// The naive engine's own greedy tokens, as far as they are known: the generated ones up
+    /// to its first disagreement, then its own choice there.
+    reference: Vec<u32>,
+    /// Smallest top-2 margin of the naive logits.
+    min_margin: f32,
+    /// Time of the naive check.
+    naive_ms: f64,
+}
+
+impl Generated {
+    /// Where `got` first leaves the reference.
+    fn divergence(&self, got: &[u32]) -> Option<Divergence> {
+        let step = self
+            .reference
+            .iter()
+            .zip(got)
+            .position(|(a, b)| a != b)
+            .or(self.check.first_mismatch)?;
+        Some(Divergence {
+            step,
+            reference: self.reference[step],
+            got: got[step],
+            reference_top2_margin: top2_margin(&self.check.logits[step]),
+        })
+    }
+}
+
 fn verify_case(
     entry: &ModelEntry,
     model: &Arc<Model>,
     case: &Case,
-    engines: &[&str],
-) -> (Vec<Row>, Option<Reference>) {
+    engines: &[EngineKind],
+) -> CaseResult {
     let base = Row {
         prompt_index: case.index,
         prompt: case.label.clone(),
@@ -515,7 +552,7 @@ fn verify_case(
         } else {
             String::new()
         },
-        ..Row::empty(&entry.name, "naive")
+        ..Row::empty(&entry.name, EngineKind::REFERENCE.name())
     };
     let error = |engine: &str, e: anyhow::Error| Row {
         engine: engine.into(),
@@ -524,33 +561,61 @@ fn verify_case(
         ..base.clone()
     };
     let Some(&first) = engines.first() else {
-        return (
-            vec![error("all", anyhow::anyhow!("no engine to verify"))],
-            None,
-        );
+        let e = anyhow::anyhow!("no engine to verify");
+        return (vec![error("all", e)], None);
     };
-
     // 1. The first cached engine generates; the naive engine checks every position in one pass.
-    let t = Instant::now();
-    let generated = kvlab_cli::engines::build(first, model.clone())
-        .and_then(|mut e| greedy(e.as_mut(), &case.prompt, case.n_gen));
-    let (tokens, first_logits) = match generated {
+    let g = match generate_and_check(model, case, first) {
         Ok(g) => g,
-        Err(e) => return (vec![error(first, e)], None),
+        Err((engine, e)) => return (vec![error(engine.name(), e)], None),
     };
-    let first_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut rows = vec![Row {
+        status: "reference".into(),
+        tokens_compared: g.tokens.len(),
+        identical: g.check.first_mismatch.is_none(),
+        min_top2_margin: g.min_margin,
+        ms: g.naive_ms,
+        note: "one masked pass over the generated sequence".into(),
+        ..base.clone()
+    }];
+    // 2. Every engine against the naive logits.
+    for &name in engines {
+        let row = compare_engine(model, case, name, first, &g, &base);
+        rows.push(row.unwrap_or_else(|e| error(name.name(), e)));
+    }
+    // 3. Other implementations' ids, where the case has them.
+    rows.extend(
+        case.oracles
+            .iter()
+            .map(|o| oracle_row(o, &g.reference, &base)),
+    );
+    let reference = Reference {
+        prompt: case.prompt.clone(),
+        tokens: g.reference,
+    };
+    (rows, Some(reference))
+}
+
+/// Step 1 of a case: `first` greedy-generates, the naive engine checks it; an error names the
+/// engine that failed.
+fn generate_and_check(
+    model: &Arc<Model>,
+    case: &Case,
+    first: EngineKind,
+) -> std::result::Result<Generated, (EngineKind, anyhow::Error)> {
     let t = Instant::now();
-    let check = match naive_check(model, &case.prompt, &tokens) {
-        Ok(c) => c,
-        Err(e) => return (vec![error("naive", e)], None),
-    };
+    let (tokens, logits) = engines::build(first, model.clone())
+        .and_then(|mut e| greedy(e.as_mut(), &case.prompt, case.n_gen))
+        .map_err(|e| (first, e))?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let check =
+        naive_check(model, &case.prompt, &tokens).map_err(|e| (EngineKind::REFERENCE, e))?;
     let min_margin = check
         .logits
         .iter()
         .map(|l| top2_margin(l))
         .fold(f32::INFINITY, f32::min);
-    // The naive engine's own greedy tokens, as far as they are known: the generated ones up to
-    // its first disagreement, then its own choice there.
     let reference: Vec<u32> = match check.first_mismatch {
         None => tokens.clone(),
         Some(s) => tokens[..s]
@@ -559,120 +624,102 @@ fn verify_case(
             .chain([argmax(&check.logits[s])])
             .collect(),
     };
-    let divergence = |got: &[u32]| -> Option<Divergence> {
-        let step = reference
-            .iter()
-            .zip(got)
-            .position(|(a, b)| a != b)
-            .or(check.first_mismatch)?;
-        Some(Divergence {
-            step,
-            reference: reference[step],
-            got: got[step],
-            reference_top2_margin: top2_margin(&check.logits[step]),
-        })
+    Ok(Generated {
+        tokens,
+        logits,
+        ms,
+        check,
+        reference,
+        min_margin,
+        naive_ms: t.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// Step 2 of a case: one engine's tokens and teacher-forced logits against the naive ones.
+fn compare_engine(
+    model: &Arc<Model>,
+    case: &Case,
+    name: EngineKind,
+    first: EngineKind,
+    g: &Generated,
+    base: &Row,
+) -> Result<Row> {
+    let t = Instant::now();
+    let (got, logits, ms) = if name == first {
+        (g.tokens.clone(), g.logits.clone(), g.ms)
+    } else {
+        let mut engine = engines::build(name, model.clone())?;
+        let (tokens, logits) = greedy(engine.as_mut(), &case.prompt, case.n_gen)?;
+        (tokens, logits, t.elapsed().as_secs_f64() * 1e3)
     };
-    let mut rows = vec![Row {
-        status: "reference".into(),
-        tokens_compared: tokens.len(),
-        identical: check.first_mismatch.is_none(),
-        min_top2_margin: min_margin,
-        ms: t.elapsed().as_secs_f64() * 1e3,
-        note: "one masked pass over the generated sequence".into(),
+    // Identical tokens mean identical inputs: the greedy run's logits are the teacher-forced
+    // ones. Otherwise force the generated sequence through the engine.
+    let forced = if got == g.tokens {
+        logits
+    } else {
+        let mut engine = engines::build(name, model.clone())?;
+        let positions = case.prompt.len() + case.n_gen - 1;
+        teacher_force(engine.as_mut(), &case.prompt, &g.tokens, positions)?
+    };
+    let c = compare_logits(&forced, &g.check.logits, Tolerance::F32);
+    let (max_d, within) = (c.max_abs_dlogit, c.within_tolerance);
+    let div = g.divergence(&got);
+    let ok = div.is_none() && within;
+    Ok(Row {
+        engine: name.name().into(),
+        status: if ok { "ok" } else { "MISMATCH" }.into(),
+        tokens_compared: g.tokens.len(),
+        identical: div.is_none(),
+        first_divergence: div,
+        max_abs_dlogit: max_d,
+        min_top2_margin: g.min_margin,
+        ms,
+        note: if within {
+            base.note.clone()
+        } else {
+            let Tolerance { abs, rel } = Tolerance::F32;
+            format!("teacher-forced logits exceed max|Δ| ≤ {abs} + {rel}·max|ref|")
+        },
         ..base.clone()
-    }];
+    })
+}
 
-    // 2. Every engine against the naive logits.
-    for &name in engines {
-        let t = Instant::now();
-        let result = (|| -> Result<Row> {
-            let (got, logits, ms) = if name == first {
-                (tokens.clone(), first_logits.clone(), first_ms)
-            } else {
-                let mut engine = kvlab_cli::engines::build(name, model.clone())?;
-                let (g, l) = greedy(engine.as_mut(), &case.prompt, case.n_gen)?;
-                (g, l, t.elapsed().as_secs_f64() * 1e3)
-            };
-            // Identical tokens mean identical inputs: the greedy run's logits are the
-            // teacher-forced ones. Otherwise force the generated sequence through the engine.
-            let forced = if got == tokens {
-                logits
-            } else {
-                let mut engine = kvlab_cli::engines::build(name, model.clone())?;
-                teacher_force(
-                    engine.as_mut(),
-                    &case.prompt,
-                    &tokens,
-                    case.prompt.len() + case.n_gen - 1,
-                )?
-            };
-            let (max_d, within) = compare_logits(&forced, &check.logits);
-            let div = divergence(&got);
-            let ok = div.is_none() && within;
-            Ok(Row {
-                engine: name.into(),
-                status: if ok { "ok" } else { "MISMATCH" }.into(),
-                tokens_compared: tokens.len(),
-                identical: div.is_none(),
-                first_divergence: div,
-                max_abs_dlogit: max_d,
-                min_top2_margin: min_margin,
-                ms,
-                note: if within {
-                    base.note.clone()
-                } else {
-                    format!("teacher-forced logits exceed max|Δ| ≤ {ABS_TOL} + {REL_TOL}·max|ref|")
-                },
-                ..base.clone()
-            })
-        })();
-        rows.push(result.unwrap_or_else(|e| error(name, e)));
-    }
-
-    // 3. Other implementations' ids, where the case has them.
-    for o in &case.oracles {
-        let step = o.ids.iter().zip(&reference).position(|(a, b)| a != b);
-        let (status, note) = match step {
-            None => ("ok", format!("identical to {}", o.source)),
-            Some(s) if o.margins.get(s).is_some_and(|&m| m < o.near_tie) => (
-                "near-tie",
-                format!(
-                    "{} diverges at step {s} where its own top-2 margin is {:.3} < {}: it computes in lower precision (8-bit activations)",
-                    o.source, o.margins[s], o.near_tie
-                ),
+/// Step 3 of a case: another implementation's ids against the reference's.
+fn oracle_row(o: &cases::Oracle, reference: &[u32], base: &Row) -> Row {
+    let step = o.ids.iter().zip(reference).position(|(a, b)| a != b);
+    let (status, note) = match step {
+        None => ("ok", format!("identical to {}", o.source)),
+        Some(s) if o.margins.get(s).is_some_and(|&m| m < o.near_tie) => (
+            "near-tie",
+            format!(
+                "{} diverges at step {s} where its own top-2 margin is {:.3} < {}: it computes in lower precision (8-bit activations)",
+                o.source, o.margins[s], o.near_tie
             ),
-            Some(s) => (
-                "MISMATCH",
-                format!(
-                    "{} diverges at step {s} with top-2 margin {:.3}",
-                    o.source,
-                    o.margins.get(s).copied().unwrap_or(f32::NAN)
-                ),
+        ),
+        Some(s) => (
+            "MISMATCH",
+            format!(
+                "{} diverges at step {s} with top-2 margin {:.3}",
+                o.source,
+                o.margins.get(s).copied().unwrap_or(f32::NAN)
             ),
-        };
-        rows.push(Row {
-            engine: o.source.split(' ').next().unwrap_or("oracle").to_string(),
-            status: status.into(),
-            tokens_compared: o.ids.len(),
-            identical: step.is_none(),
-            first_divergence: step.map(|s| Divergence {
-                step: s,
-                reference: reference[s],
-                got: o.ids[s],
-                reference_top2_margin: o.margins.get(s).copied().unwrap_or(f32::NAN),
-            }),
-            min_top2_margin: o.margins.iter().copied().fold(f32::INFINITY, f32::min),
-            note,
-            ..base.clone()
-        });
-    }
-    (
-        rows,
-        Some(Reference {
-            prompt: case.prompt.clone(),
-            tokens: reference,
+        ),
+    };
+    Row {
+        engine: o.source.split(' ').next().unwrap_or("oracle").to_string(),
+        status: status.into(),
+        tokens_compared: o.ids.len(),
+        identical: step.is_none(),
+        first_divergence: step.map(|s| Divergence {
+            step: s,
+            reference: reference[s],
+            got: o.ids[s],
+            reference_top2_margin: o.margins.get(s).copied().unwrap_or(f32::NAN),
         }),
-    )
+        min_top2_margin: o.margins.iter().copied().fold(f32::INFINITY, f32::min),
+        note,
+        ..base.clone()
+    }
 }
 
 /// The naive engine's greedy tokens for `prompt`: generated by the CPU engine and checked at every
@@ -682,7 +729,7 @@ fn verify_case(
 /// Engine errors, or a position where the two disagree.
 fn reference_run(model: &Arc<Model>, prompt: &[u32], n_gen: usize) -> Result<Vec<u32>> {
     let (tokens, _) = greedy(
-        kvlab_cli::engines::build("cpu", model.clone())?.as_mut(),
+        engines::build(EngineKind::Cpu, model.clone())?.as_mut(),
         prompt,
         n_gen,
     )?;
@@ -699,61 +746,44 @@ struct Reference {
 }
 
 fn report(rows: &[Row], o: &Opts) -> Result<()> {
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.model.clone(),
-                format!("{:>2} {}", r.prompt_index, r.prompt),
-                r.engine.clone(),
-                r.status.clone(),
-                format!(
-                    "{} (+{} prompt{})",
-                    r.tokens_compared,
-                    r.prompt_tokens,
-                    if r.prompt_cut { ", cut" } else { "" }
-                ),
-                if r.status == "SKIPPED" || r.status == "ERROR" {
-                    "-".into()
-                } else if r.identical {
-                    "yes".into()
-                } else {
-                    "NO".into()
-                },
+    let identical = |r: &Row| match r.status.as_str() {
+        "SKIPPED" | "ERROR" => "-",
+        _ if r.identical => "yes",
+        _ => "NO",
+    };
+    table::columns(
+        rows,
+        &[
+            ("model", &|r| r.model.clone()),
+            ("prompt", &|r| format!("{:>2} {}", r.prompt_index, r.prompt)),
+            ("engine", &|r| r.engine.clone()),
+            ("status", &|r| r.status.clone()),
+            ("tokens compared", &|r| {
+                let cut = if r.prompt_cut { ", cut" } else { "" };
+                format!("{} (+{} prompt{cut})", r.tokens_compared, r.prompt_tokens)
+            }),
+            ("identical", &|r| identical(r).into()),
+            ("first divergence", &|r| {
                 r.first_divergence.as_ref().map_or("-".into(), |d| {
                     format!(
                         "step {}: {} vs {} (margin {:.2e})",
                         d.step, d.reference, d.got, d.reference_top2_margin
                     )
-                }),
-                if r.engine == "naive" {
-                    "-".into()
-                } else {
-                    format!("{:.1e}", r.max_abs_dlogit)
+                })
+            }),
+            (
+                "max |Δlogit|",
+                &|r| match r.engine == EngineKind::REFERENCE {
+                    true => "-".into(),
+                    false => format!("{:.1e}", r.max_abs_dlogit),
                 },
-                if r.min_top2_margin.is_finite() {
-                    format!("{:.3}", r.min_top2_margin)
-                } else {
-                    "-".into()
-                },
-                format!("{:.0}", r.ms),
-            ]
-        })
-        .collect();
-    table::print(
-        &[
-            "model",
-            "prompt",
-            "engine",
-            "status",
-            "tokens compared",
-            "identical",
-            "first divergence",
-            "max |Δlogit|",
-            "min margin",
-            "ms",
+            ),
+            ("min margin", &|r| match r.min_top2_margin.is_finite() {
+                true => format!("{:.3}", r.min_top2_margin),
+                false => "-".into(),
+            }),
+            ("ms", &|r| format!("{:.0}", r.ms)),
         ],
-        &cells,
     );
     for r in rows {
         if let Some(b) = &r.batch {
@@ -783,7 +813,8 @@ fn report(rows: &[Row], o: &Opts) -> Result<()> {
     if let Some(dir) = o.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let json = serde_json::json!({ "format_version": 1, "tolerance": { "abs": ABS_TOL, "rel": REL_TOL }, "rows": rows });
+    let json =
+        serde_json::json!({ "format_version": 1, "tolerance": Tolerance::F32, "rows": rows });
     std::fs::write(&o.out, serde_json::to_string_pretty(&json)?)?;
     println!("report written to {}", o.out.display());
     Ok(())
