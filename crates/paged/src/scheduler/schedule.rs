@@ -135,26 +135,12 @@ impl Scheduler {
             adopted + fresh
         };
         let longest = matches.iter().map(|m| m.num_blocks()).min().unwrap_or(0);
-        let mut hit = None;
-        for h in (0..=longest).rev() {
-            let groups = 0..matches.len();
-            if !groups
-                .clone()
-                .all(|g| matches[g].holds(h, first_needed(g, h)))
-            {
-                continue;
-            }
-            if len - h * bs > budget {
-                break; // A shorter hit computes even more tokens.
-            }
-            if groups
-                .into_iter()
-                .all(|g| self.allocators[g].can_allocate(blocks_to_take(g, h)))
-            {
-                hit = Some(h);
-                break;
-            }
-        }
+        let groups = || 0..matches.len();
+        let hit = (0..=longest)
+            .rev()
+            .filter(|&h| groups().all(|g| matches[g].holds(h, first_needed(g, h))))
+            .take_while(|&h| len - h * bs <= budget) // A shorter hit computes even more tokens.
+            .find(|&h| groups().all(|g| self.allocators[g].can_allocate(blocks_to_take(g, h))));
         let Some(hit_blocks) = hit else {
             return Ok(None);
         };
