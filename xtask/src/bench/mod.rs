@@ -33,105 +33,80 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use kvlab_cli::args::usize_in;
 use kvlab_cli::engines::{self, EngineKind};
 
 use crate::verify::{target_dir, workspace_root};
 
-const USAGE: &str = "\
-cargo xtask bench [--quick] [--model NAME]... [--engine NAME]... [--out DIR] [--baseline FILE]
-                  [--no-plots] [--note TEXT]...
-cargo xtask bench --peers [--model NAME]... [--threads N] [--steps N] [--reps N] [--out DIR]
-
-  --quick          CI smoke run: stories260K and the stories15M shape at short contexts, few
-                   repetitions (under 2 minutes on a 2-core machine); default: the full run
-  --model NAME     only this model of the mode's list (repeatable)
-  --engine NAME    only this engine (repeatable; naive is the reference of every speedup)
-  --out DIR        where bench.json and the plots go (default target/kvlab-bench)
-  --baseline FILE  compare engine speedups with a stored bench.json (e.g. benches/baseline.json);
-                   exits non-zero when one fell by more than the measured noise
-  --no-plots       skip the SVG/PNG plots
-  --note TEXT      a note to store in bench.json (repeatable), e.g. how busy the machine was
-  --peers          instead: kvlab generate against llama2.c's run.c (stories260K, the stories15M
-                   shape) and llama.cpp (Gemma 3 270M GGUF) on the same weights, interleaved, with
-                   --threads N (default: physical cores), --steps N positions (default 256) and
-                   --reps N (default 3); writes peers.json
-env: KVLAB_MODELS (folder of real checkpoints such as stories260K.bin); for --peers KVLAB_RUNC
-     (llama2.c's run.c binary), KVLAB_PYTHON (a python with llama-cpp-python) and KVLAB_BIN
-     (the kvlab binary to measure; default: cargo build --release -p kvlab-cli)";
-
+/// `cargo xtask bench`: latency, throughput, memory and roofline of every engine.
+#[derive(clap::Parser)]
+#[command(
+    name = "cargo xtask bench",
+    after_help = "env: KVLAB_MODELS (folder of real checkpoints such as stories260K.bin); for \
+                  --peers KVLAB_RUNC (llama2.c's run.c binary), KVLAB_PYTHON (a python with \
+                  llama-cpp-python) and KVLAB_BIN (the kvlab binary to measure; default: cargo \
+                  build --release -p kvlab-cli)"
+)]
 struct Opts {
+    /// CI smoke run: stories260K and the stories15M shape at short contexts, few repetitions
+    /// (under 2 minutes on a 2-core machine); default: the full run
+    #[arg(long, overrides_with = "full")]
     quick: bool,
+    /// The full run (the default)
+    #[arg(long, overrides_with = "quick", hide = true)]
+    full: bool,
+    /// Only this model of the mode's list (repeatable)
+    #[arg(long = "model", value_name = "NAME")]
     models: Vec<String>,
+    /// Only this engine (repeatable; naive is the reference of every speedup)
+    #[arg(long = "engine", value_name = "NAME", value_parser = |s: &str| s.parse::<EngineKind>())]
     engines: Vec<EngineKind>,
-    out: PathBuf,
+    /// Where bench.json and the plots go [default: target/kvlab-bench]
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Compare engine speedups with a stored bench.json (e.g. benches/baseline.json); exits
+    /// non-zero when one fell by more than the measured noise
+    #[arg(long, value_name = "FILE")]
     baseline: Option<PathBuf>,
-    plots: bool,
+    /// Skip the SVG/PNG plots
+    #[arg(long)]
+    no_plots: bool,
+    /// A note to store in bench.json (repeatable), e.g. how busy the machine was
+    #[arg(long = "note", value_name = "TEXT")]
     notes: Vec<String>,
-    peers: Option<peers::PeerOpts>,
+    /// Instead: kvlab generate against llama2.c's run.c (stories260K, the stories15M shape) and
+    /// llama.cpp (Gemma 3 270M GGUF) on the same weights, interleaved; writes peers.json
+    #[arg(long)]
+    peers: bool,
+    /// --peers: threads of both sides [default: physical cores]
+    #[arg(long, value_name = "N", value_parser = usize_in(1, 1 << 16))]
+    threads: Option<usize>,
+    /// --peers: positions per run
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = usize_in(1, 1 << 20))]
+    steps: usize,
+    /// --peers: repetitions
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = usize_in(1, 1 << 20))]
+    reps: usize,
 }
 
-fn parse(args: &[String]) -> Result<Opts> {
-    let mut o = Opts {
-        quick: false,
-        models: vec![],
-        engines: vec![],
-        out: target_dir().join("kvlab-bench"),
-        baseline: None,
-        plots: true,
-        notes: vec![],
-        peers: None,
-    };
-    let mut peer = peers::PeerOpts {
-        models: vec![],
-        threads: kvlab_cpu::threads::physical_cores(),
-        steps: 256,
-        reps: 3,
-    };
-    let mut want_peers = false;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .with_context(|| format!("{a} needs a value\n\n{USAGE}"))
-        };
-        match a.as_str() {
-            "--quick" => o.quick = true,
-            "--full" => o.quick = false,
-            "--model" => o.models.push(val()?),
-            "--engine" => o.engines.push(val()?.parse()?),
-            "--out" => o.out = val()?.into(),
-            "--baseline" => o.baseline = Some(val()?.into()),
-            "--no-plots" => o.plots = false,
-            "--note" => o.notes.push(val()?),
-            "--peers" => want_peers = true,
-            "--threads" => peer.threads = positive(a, &val()?)?,
-            "--steps" => peer.steps = positive(a, &val()?)?,
-            "--reps" => peer.reps = positive(a, &val()?)?,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown option {other:?}\n\n{USAGE}"),
-        }
-    }
-    if want_peers {
-        peer.models = o.models.clone();
-        o.peers = Some(peer);
-    }
-    Ok(o)
-}
-
-fn positive(flag: &str, v: &str) -> Result<usize> {
-    match v.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => bail!("{flag} needs a positive integer, not {v:?}"),
+impl Opts {
+    fn out(&self) -> PathBuf {
+        self.out
+            .clone()
+            .unwrap_or_else(|| target_dir().join("kvlab-bench"))
     }
 }
 
 /// `--peers`: the comparison with run.c and llama.cpp, table and peers.json.
-fn run_peers(o: &Opts, p: &peers::PeerOpts) -> Result<()> {
+fn run_peers(o: &Opts) -> Result<()> {
+    let p = peers::PeerOpts {
+        models: o.models.clone(),
+        threads: o.threads.unwrap_or_else(kvlab_cpu::threads::physical_cores),
+        steps: o.steps,
+        reps: o.reps,
+    };
     let m = machine::detect();
     let machine = format!(
         "{} ({} logical CPUs, {}), load {:.1} at the start, {}",
@@ -141,10 +116,11 @@ fn run_peers(o: &Opts, p: &peers::PeerOpts) -> Result<()> {
         m.loadavg_start.map_or(0.0, |l| l[0]),
         m.date_utc
     );
-    let report = peers::run(p, machine)?;
+    let report = peers::run(&p, machine)?;
     peers::print(&report);
-    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
-    let json = o.out.join("peers.json");
+    let out = o.out();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let json = out.join("peers.json");
     std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
     println!("wrote {}", json.display());
     if report.rows.is_empty() {
@@ -158,14 +134,22 @@ pub fn run(args: &[String]) -> Result<()> {
     if args.first().map(String::as_str) == Some("__rss") {
         return memory::rss_child(&args[1..]);
     }
-    let o = parse(args)?;
-    if let Some(p) = &o.peers {
-        return run_peers(&o, p);
+    let o = Opts::parse_from(std::iter::once("cargo xtask bench".into()).chain(args.to_vec()));
+    if o.peers {
+        return run_peers(&o);
     }
     let started = Instant::now();
     plot::register_font();
     let machine = machine::detect();
-    let mut plan = if o.quick {
+    let plan = plan_for(&o, &machine)?;
+    let (bw, infos, results) = measure(&o, &plan, &machine)?;
+    let rep = analyse(&o, &plan, args, machine, bw, infos, results)?;
+    write(rep, &o, started)
+}
+
+/// The mode's plan, narrowed to the models asked for.
+fn plan_for(o: &Opts, machine: &machine::Machine) -> Result<plan::Plan> {
+    let mut plan = if o.quick && !o.full {
         plan::Plan::quick()
     } else {
         plan::Plan::full(!machine.gpus.is_empty())
@@ -177,7 +161,6 @@ pub fn run(args: &[String]) -> Result<()> {
             bail!("no model of the {} plan matches {:?}", plan.mode, o.models);
         }
     }
-    let engine_names = engines::selected(&o.engines);
     println!(
         "kvlab bench ({} mode): {} on {} ({} logical CPUs, {}), load {:.1}",
         plan.mode,
@@ -191,7 +174,16 @@ pub fn run(args: &[String]) -> Result<()> {
         machine.kvlab_simd,
         machine.loadavg_start.map_or(0.0, |l| l[0]),
     );
+    Ok(plan)
+}
 
+/// Everything measured: the memory bandwidth before and after, and every model's workloads on
+/// every engine (suite.rs), under a progress bar.
+fn measure(
+    o: &Opts,
+    plan: &plan::Plan,
+    machine: &machine::Machine,
+) -> Result<(bandwidth::Bandwidth, Vec<Info>, suite::Results)> {
     let bar = ProgressBar::new(1 + plan.models.len() as u64 * (suite::PHASES + 1));
     bar.set_style(
         ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {elapsed} {wide_msg}")
@@ -213,6 +205,7 @@ pub fn run(args: &[String]) -> Result<()> {
         eprintln!("warning: {s}");
         results.notes.push(s);
     }
+    let engine_names = engines::selected(&o.engines);
     let mut infos = Vec::new();
     for mp in &plan.models {
         bar.set_message(format!("{}: loading", mp.name));
@@ -236,12 +229,25 @@ pub fn run(args: &[String]) -> Result<()> {
         infos.push((m.info.clone(), m.model.config.clone()));
     }
     bar.set_message("memory bandwidth, again");
-    let bw = bandwidth::merge(
-        bw,
-        bandwidth::measure(bw_bytes, plan.bandwidth_passes, "end"),
-    );
+    let end = bandwidth::measure(bw_bytes, plan.bandwidth_passes, "end");
     bar.finish_and_clear();
+    Ok((bandwidth::merge(bw, end), infos, results))
+}
 
+/// A model as measured, and its configuration.
+type Info = (models::ModelInfo, kvlab_model::Config);
+
+/// What the measurements say: paging waste, the roofline, the speedups, the baseline
+/// comparison; the whole report.
+fn analyse(
+    o: &Opts,
+    plan: &plan::Plan,
+    args: &[String],
+    machine: machine::Machine,
+    bw: bandwidth::Bandwidth,
+    infos: Vec<Info>,
+    results: suite::Results,
+) -> Result<report::Report> {
     let waste = memory::waste()?;
     let roofline = roofline::rows(
         &infos,
@@ -262,8 +268,8 @@ pub fn run(args: &[String]) -> Result<()> {
         .as_ref()
         .map(|f| baseline::compare(f, &ratios, &machine))
         .transpose()?;
-    let mut rep = report::Report::new(
-        &plan,
+    Ok(report::Report::new(
+        plan,
         args,
         machine,
         bw,
@@ -273,20 +279,25 @@ pub fn run(args: &[String]) -> Result<()> {
         roofline,
         ratios,
         baseline,
-    );
-    std::fs::create_dir_all(&o.out).with_context(|| format!("creating {}", o.out.display()))?;
-    if o.plots {
-        rep.plots = plot::all(&rep, &o.out)?;
+    ))
+}
+
+/// The plots, the tables, bench.json; then the baseline's verdict.
+fn write(mut rep: report::Report, o: &Opts, started: Instant) -> Result<()> {
+    let out = o.out();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    if !o.no_plots {
+        rep.plots = plot::all(&rep, &out)?;
     }
     rep.wall_seconds = started.elapsed().as_secs_f64();
     report::print(&rep);
-    let json = o.out.join("bench.json");
+    let json = out.join("bench.json");
     std::fs::write(&json, serde_json::to_string_pretty(&rep)?)?;
     println!(
         "\nwrote {} and {} plots in {} ({:.0} s); schema: {}",
         json.display(),
         rep.plots.len(),
-        o.out.display(),
+        out.display(),
         rep.wall_seconds,
         workspace_root().join("xtask/src/bench/schema.md").display()
     );

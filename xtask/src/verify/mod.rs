@@ -14,12 +14,13 @@
 //! Oracle cases also compare the tokens with another implementation's (llama.cpp for Gemma).
 //! A missing real checkpoint is SKIPPED, or a failure with `KVLAB_REQUIRE_MODELS=1`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlab_cli::engines::{self, EngineKind};
 use kvlab_model::registry::{self, Located, ModelEntry};
@@ -34,50 +35,27 @@ mod cases;
 
 use cases::Case;
 
+/// `cargo xtask verify`: every engine gives the naive engine's greedy tokens on every model and
+/// prompt.
+#[derive(clap::Parser)]
+#[command(
+    name = "cargo xtask verify",
+    after_help = "env: KVLAB_MODELS (folder of real checkpoints), KVLAB_REQUIRE_MODELS=1 (a \
+                  missing checkpoint fails)"
+)]
 struct Opts {
+    /// Only this model (repeatable); default: every model marked verify in fixtures/models.json
+    #[arg(long = "model", value_name = "NAME")]
     models: Vec<String>,
+    /// Only this engine besides the naive reference (repeatable); default: all
+    #[arg(long = "engine", value_name = "NAME", value_parser = |s: &str| s.parse::<EngineKind>())]
     engines: Vec<EngineKind>,
-    prompts: PathBuf,
-    out: PathBuf,
-}
-
-const USAGE: &str = "\
-cargo xtask verify [--model NAME]... [--engine NAME]... [--prompts FILE] [--out FILE]
-
-  --model NAME    only this model (repeatable); default: every model marked verify in fixtures/models.json
-  --engine NAME   only this engine besides the naive reference (repeatable); default: all
-  --prompts FILE  prompt fixture file (default fixtures/prompts.txt)
-  --out FILE      JSON report (default target/kvlab-verify/verify.json)
-env: KVLAB_MODELS (folder of real checkpoints), KVLAB_REQUIRE_MODELS=1 (a missing checkpoint fails)";
-
-fn parse(args: &[String]) -> Result<Opts> {
-    let root = workspace_root();
-    let mut o = Opts {
-        models: vec![],
-        engines: vec![],
-        prompts: root.join("fixtures/prompts.txt"),
-        out: target_dir().join("kvlab-verify/verify.json"),
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .with_context(|| format!("{a} needs a value\n\n{USAGE}"))
-        };
-        match a.as_str() {
-            "--model" => o.models.push(val()?),
-            "--engine" => o.engines.push(val()?.parse()?),
-            "--prompts" => o.prompts = val()?.into(),
-            "--out" => o.out = val()?.into(),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown option {other:?}\n\n{USAGE}"),
-        }
-    }
-    Ok(o)
+    /// Prompt fixture file [default: fixtures/prompts.txt]
+    #[arg(long, value_name = "FILE")]
+    prompts: Option<PathBuf>,
+    /// JSON report [default: target/kvlab-verify/verify.json]
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
 }
 
 pub fn workspace_root() -> PathBuf {
@@ -150,15 +128,19 @@ type Loaded<'a> = (
 );
 
 pub fn run(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+    let o = Opts::parse_from(std::iter::once("cargo xtask verify".into()).chain(args.to_vec()));
+    let out = o
+        .out
+        .unwrap_or_else(|| target_dir().join("kvlab-verify/verify.json"));
     let require = std::env::var("KVLAB_REQUIRE_MODELS").is_ok_and(|v| v == "1");
-    let prompts = prompts::load(&o.prompts)?;
+    let fixture = workspace_root().join("fixtures/prompts.txt");
+    let prompts = prompts::load(o.prompts.as_ref().unwrap_or(&fixture))?;
     let mut rows: Vec<Row> = Vec::new();
     let engines = available_engines(&o.engines, &mut rows);
     let loaded = load_models(&o.models, &prompts, &mut rows)?;
     let refs = run_cases(&loaded, &engines, &mut rows);
     run_batched(&loaded, &refs, &engines, &mut rows);
-    report(&rows, &o)?;
+    report(&rows, &out)?;
     verdict(&rows, require)
 }
 
@@ -745,7 +727,7 @@ struct Reference {
     tokens: Vec<u32>,
 }
 
-fn report(rows: &[Row], o: &Opts) -> Result<()> {
+fn report(rows: &[Row], out: &Path) -> Result<()> {
     let identical = |r: &Row| match r.status.as_str() {
         "SKIPPED" | "ERROR" => "-",
         _ if r.identical => "yes",
@@ -810,13 +792,13 @@ fn report(rows: &[Row], o: &Opts) -> Result<()> {
             r.model, r.prompt_index, r.engine, r.note
         );
     }
-    if let Some(dir) = o.out.parent() {
+    if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let json =
         serde_json::json!({ "format_version": 1, "tolerance": Tolerance::F32, "rows": rows });
-    std::fs::write(&o.out, serde_json::to_string_pretty(&json)?)?;
-    println!("report written to {}", o.out.display());
+    std::fs::write(out, serde_json::to_string_pretty(&json)?)?;
+    println!("report written to {}", out.display());
     Ok(())
 }
 
