@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use crate::{BlockCopy, FinishReason, PaddedBlockTables, SeqId};
+use crate::{BlockCopy, BlockTable, FinishReason, PaddedBlockTables, SeqId};
 
 /// Prefill or decode, as vLLM's attention metadata distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -62,6 +62,34 @@ pub struct ScheduledSeq {
 }
 
 impl ScheduledSeq {
+    /// `tokens` fed at positions `start..`, with each group's slots and table read from
+    /// `tables` (the sequence's, after this step's reservations) and its copies from `copies`.
+    pub(crate) fn new(
+        seq_id: SeqId,
+        tokens: &[u32],
+        start: usize,
+        kind: StepKind,
+        tables: &[BlockTable],
+        copies: Vec<Vec<BlockCopy>>,
+    ) -> Self {
+        let end = start + tokens.len();
+        let groups = tables.iter().zip(copies);
+        Self {
+            seq_id,
+            token_ids: tokens.to_vec(),
+            positions: (start..end).collect(),
+            context_len: end,
+            kind,
+            groups: groups
+                .map(|(t, block_copies)| GroupStep {
+                    slot_mapping: t.slot_mapping(start..end),
+                    block_table: t.to_row(),
+                    block_copies,
+                })
+                .collect(),
+        }
+    }
+
     /// Whether this is a prefill.
     pub fn is_prefill(&self) -> bool {
         matches!(self.kind, StepKind::Prefill { .. })

@@ -6,9 +6,7 @@
 //! as a one-sequence [`ScheduledSeq`], which a paged engine runs like any scheduled step. The
 //! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
 
-use crate::{
-    BlockAllocator, BlockTable, GroupStep, KvCacheConfig, Result, ScheduledSeq, SeqId, StepKind,
-};
+use crate::{BlockAllocator, BlockTable, KvCacheConfig, Result, ScheduledSeq, SeqId, StepKind};
 
 /// One sequence's tables and length.
 #[derive(Debug, Clone)]
@@ -74,34 +72,24 @@ impl UnscheduledPools {
         for ((alloc, table), g) in self.allocators.iter().zip(&seq.tables).zip(groups) {
             alloc.ensure_free(alloc.blocks_needed_to_append(table, n, g.keep_from(end))?)?;
         }
-        let mut steps = Vec::with_capacity(groups.len());
-        for ((alloc, table), g) in self.allocators.iter_mut().zip(&mut seq.tables).zip(groups) {
-            let block_copies = alloc.append_slots(table, n, g.keep_from(end))?;
-            steps.push(GroupStep {
-                slot_mapping: table.slot_mapping(pos0..end),
-                block_table: table.to_row(),
-                block_copies,
-            });
-        }
-        seq.last_slots = steps
+        let copies = (self.allocators.iter_mut().zip(&mut seq.tables).zip(groups))
+            .map(|((alloc, table), g)| alloc.append_slots(table, n, g.keep_from(end)))
+            .collect::<Result<_>>()?;
+        let kind = if n == 1 && pos0 > 0 {
+            StepKind::Decode
+        } else {
+            StepKind::Prefill {
+                num_cached_tokens: 0,
+                is_recompute: false,
+            }
+        };
+        let step = ScheduledSeq::new(SeqId(id), tokens, pos0, kind, &seq.tables, copies);
+        seq.last_slots = step
+            .groups
             .first()
             .map(|g| g.slot_mapping.clone())
             .unwrap_or_default();
-        Ok(ScheduledSeq {
-            seq_id: SeqId(id),
-            token_ids: tokens.to_vec(),
-            positions: (pos0..end).collect(),
-            context_len: end,
-            kind: if n == 1 && pos0 > 0 {
-                StepKind::Decode
-            } else {
-                StepKind::Prefill {
-                    num_cached_tokens: 0,
-                    is_recompute: false,
-                }
-            },
-            groups: steps,
-        })
+        Ok(step)
     }
 
     /// Returns every block of `seq` to the pools.

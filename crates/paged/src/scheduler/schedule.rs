@@ -18,8 +18,8 @@
 
 use super::seq_mut;
 use crate::{
-    BlockCopy, GroupStep, PagedError, Result, ScheduledBatch, ScheduledSeq, Scheduler, SeqId,
-    SequenceStatus, StepKind,
+    BlockCopy, PagedError, Result, ScheduledBatch, ScheduledSeq, Scheduler, SeqId, SequenceStatus,
+    StepKind,
 };
 
 impl Scheduler {
@@ -213,24 +213,14 @@ impl Scheduler {
         copies: Vec<Vec<BlockCopy>>,
     ) -> Result<ScheduledSeq> {
         let seq = self.seq(id)?;
-        let end = seq.len();
-        let groups = seq
-            .block_tables
-            .iter()
-            .zip(copies)
-            .map(|(t, block_copies)| GroupStep {
-                slot_mapping: t.slot_mapping(start..end),
-                block_table: t.to_row(),
-                block_copies,
-            })
-            .collect();
-        Ok(ScheduledSeq {
-            seq_id: id,
-            token_ids: seq.token_ids[start..end].to_vec(),
-            positions: (start..end).collect(),
-            context_len: end,
+        let tokens = &seq.token_ids[start..];
+        Ok(ScheduledSeq::new(
+            id,
+            tokens,
+            start,
             kind,
-            groups,
-        })
+            &seq.block_tables,
+            copies,
+        ))
     }
 }
