@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use kvlab_model::Weights;
+use kvlab_model::{Tensor, Weights};
 
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
@@ -151,8 +151,8 @@ impl<W: DType> DeviceWeights<W> {
 /// Bytes the weights of `w` take on the device with matrices of `matrix_bytes` per element
 /// (norm gains stay f32): what to expect before uploading.
 pub fn device_bytes(w: &Weights, matrix_bytes: usize) -> usize {
-    let gains = |v: &Vec<f32>| v.len() * 4;
-    let mats = |v: &Vec<f32>| v.len() * matrix_bytes;
+    let gains = |v: &Tensor| v.len() * 4;
+    let mats = |v: &Tensor| v.len() * matrix_bytes;
     let layers: usize = w
         .layers
         .iter()

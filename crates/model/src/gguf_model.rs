@@ -29,7 +29,7 @@ use std::path::Path;
 
 use kvlab_gguf::GgufFile;
 
-use crate::weights::LayerWeights;
+use crate::weights::{LayerWeights, Tensor};
 use crate::{Activation, Config, Error, LayerKind, Model, Result, RopeLayout, Tokenizer, Weights};
 
 fn gguf_err(path: &Path) -> impl Fn(kvlab_gguf::GgufError) -> Error + '_ {
@@ -54,7 +54,7 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let tok = tokenizer_from_gguf(&f, path)?;
     check_tensor_sizes(&f, &c, path)?;
     let n_layers = c.n_layers;
-    let t = |name: String| f.dequantize(&name).map_err(&e);
+    let t = |name: String| f.dequantize(&name).map(Tensor::from).map_err(&e);
     let layers = (0..n_layers)
         .map(|l| {
             let b = |n: &str| t(format!("blk.{l}.{n}.weight"));

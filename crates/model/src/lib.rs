@@ -33,6 +33,6 @@ pub use generate::{GenerateOptions, Generation, generate_text, generate_tokens, 
 pub use sampler::Sampler;
 pub use synthetic::SyntheticSpec;
 pub use tokenizer::Tokenizer;
-pub use weights::{LayerWeights, Model, Weights};
+pub use weights::{LayerWeights, Model, Tensor, Weights};
 
 pub use gguf_model::load_gguf;

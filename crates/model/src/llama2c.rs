@@ -12,15 +12,16 @@
 //! ```
 //!
 //! The header is validated and the file size compared with what it implies *before* anything is
-//! allocated. Tensors are then read one layer at a time straight into the Vecs the model keeps,
-//! through one 1 MiB buffer, so loading peaks at the weights' size plus that buffer (run.c maps
-//! the file and points into it; kvlab keeps owned f32 Vecs, so a copy is needed, but only one).
+//! mapped. The tensors are then used in place from a read-only memory map of the file (run.c's
+//! `memory_map_weights` does the same): loading copies nothing, and the weights' resident pages
+//! are the file's, so a process holds the weights once.
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::weights::LayerWeights;
+use crate::weights::{LayerWeights, Tensor};
 use crate::{Config, Error, Model, Result, Weights};
 
 const HEADER_BYTES: u64 = 7 * 4;
@@ -128,60 +129,63 @@ pub fn read_config(path: &Path) -> Result<Config> {
 /// header or than the header implies; [`Error::SizeMismatch`] if longer; [`Error::Config`] for a
 /// bad header (see [`parse_header`]).
 pub fn load(path: &Path) -> Result<Model> {
-    let (config, r) = open_checked(path)?;
-    let io = |source| Error::Io {
+    let (config, file) = open_checked(path)?;
+    // The tensors are used in place from a read-only map of the file, as run.c and llama.cpp do:
+    // loading copies nothing, and the weights' resident pages are the file's own (shared with
+    // the page cache). Pages are read on first touch, so rows a run never reads (embeddings of
+    // unused tokens, the unused RoPE tables) never become resident, as in run.c.
+    // SAFETY: the map is read-only and kvlab never writes the file; like every mmap-based loader
+    // it assumes no other process truncates or rewrites the checkpoint while the model lives.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
         path: path.into(),
         source,
-    };
-    // Each tensor is read straight into its own per-layer Vec through one small buffer, so the
-    // peak memory is the weights plus CHUNK_BYTES: no whole-file buffer, no map whose touched
-    // pages count as resident, no all-layer tensor split into copies afterwards.
+    })?;
+    let map = Arc::new(map);
     let c = &config;
     let (d, h, l, kv) = (c.dim, c.hidden_dim, c.n_layers, c.kv_dim());
-    let mut t = TensorReader {
-        r,
-        buf: vec![0u8; CHUNK_BYTES],
+    let mut at = TensorCursor {
+        map: &map,
+        byte_offset: HEADER_BYTES as usize,
     };
-    let token_embedding = t.read(c.vocab_size * d).map_err(io)?;
-    // The file stores each tensor for all layers together: (n_layers, ...) per tensor.
-    let rms_att = t.per_layer(l, d).map_err(io)?;
-    let wq = t.per_layer(l, d * d).map_err(io)?;
-    let wk = t.per_layer(l, kv * d).map_err(io)?;
-    let wv = t.per_layer(l, kv * d).map_err(io)?;
-    let wo = t.per_layer(l, d * d).map_err(io)?;
-    let rms_ffn = t.per_layer(l, d).map_err(io)?;
-    let w1 = t.per_layer(l, h * d).map_err(io)?;
-    let w2 = t.per_layer(l, d * h).map_err(io)?;
-    let w3 = t.per_layer(l, h * d).map_err(io)?;
-    let final_norm = t.read(d).map_err(io)?;
+    let token_embedding = at.next(c.vocab_size * d)?;
+    // The file stores each tensor for all layers together: (n_layers, ...) per tensor, in this
+    // order; a layer's tensor is the slice of it at that layer.
+    let mut per_layer = |n: usize| -> Result<Vec<Tensor>> { (0..l).map(|_| at.next(n)).collect() };
+    let [rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3] = [
+        per_layer(d)?,
+        per_layer(d * d)?,
+        per_layer(kv * d)?,
+        per_layer(kv * d)?,
+        per_layer(d * d)?,
+        per_layer(d)?,
+        per_layer(h * d)?,
+        per_layer(d * h)?,
+        per_layer(h * d)?,
+    ];
+    let final_norm = at.next(d)?;
     // Unused RoPE tables (max_seq_len, head_dim/2) cos and sin: kvlab computes RoPE itself.
-    // validate() bounds max_seq_len and head_dim, so this fits i64.
-    t.r.seek_relative(4 * (c.max_seq_len * c.head_dim) as i64)
-        .map_err(io)?;
+    at.skip(c.max_seq_len * c.head_dim);
     let classifier = if c.shared_classifier {
         None
     } else {
-        Some(t.read(c.vocab_size * d).map_err(io)?)
+        Some(at.next(c.vocab_size * d)?)
     };
-    let layers = by_layer([rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3], l)
-        .into_iter()
-        .map(
-            |[attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3]| LayerWeights {
-                attn_norm,
-                wq,
-                wk,
-                wv,
-                wo,
-                q_norm: Vec::new(),
-                k_norm: Vec::new(),
-                post_attn_norm: Vec::new(),
-                ffn_norm,
-                w1,
-                w2,
-                w3,
-                post_ffn_norm: Vec::new(),
-            },
-        )
+    let layers = (0..l)
+        .map(|i| LayerWeights {
+            attn_norm: rms_att[i].clone(),
+            wq: wq[i].clone(),
+            wk: wk[i].clone(),
+            wv: wv[i].clone(),
+            wo: wo[i].clone(),
+            q_norm: Tensor::default(),
+            k_norm: Tensor::default(),
+            post_attn_norm: Tensor::default(),
+            ffn_norm: rms_ffn[i].clone(),
+            w1: w1[i].clone(),
+            w2: w2[i].clone(),
+            w3: w3[i].clone(),
+            post_ffn_norm: Tensor::default(),
+        })
         .collect();
     Model::new(
         config,
@@ -194,9 +198,35 @@ pub fn load(path: &Path) -> Result<Model> {
     )
 }
 
+/// Walks a mapped checkpoint tensor by tensor.
+struct TensorCursor<'a> {
+    map: &'a Arc<memmap2::Mmap>,
+    byte_offset: usize,
+}
+
+impl TensorCursor<'_> {
+    /// The next `n` f32s as a tensor over the map.
+    fn next(&mut self, n: usize) -> Result<Tensor> {
+        // open_checked compared the file's size with the header's, so every tensor is in range.
+        let t = Tensor::from_map(self.map, self.byte_offset, n).ok_or_else(|| {
+            Error::Format(format!(
+                "a tensor of {n} f32s at byte {} runs past the file",
+                self.byte_offset
+            ))
+        })?;
+        self.skip(n);
+        Ok(t)
+    }
+
+    /// Steps over `n` f32s.
+    fn skip(&mut self, n: usize) {
+        self.byte_offset += 4 * n;
+    }
+}
+
 /// Opens a checkpoint, reads and validates its header and checks the file's size against it;
 /// returns the config and a reader positioned at the first tensor.
-fn open_checked(path: &Path) -> Result<(Config, std::io::BufReader<File>)> {
+fn open_checked(path: &Path) -> Result<(Config, File)> {
     let file = File::open(path).map_err(|source| Error::Open {
         path: path.into(),
         source,
@@ -221,9 +251,8 @@ fn open_checked(path: &Path) -> Result<(Config, std::io::BufReader<File>)> {
             actual: len,
         });
     }
-    let mut r = std::io::BufReader::with_capacity(CHUNK_BYTES, file);
     let mut head = [0u8; HEADER_BYTES as usize];
-    r.read_exact(&mut head).map_err(io)?;
+    (&file).read_exact(&mut head).map_err(io)?;
     let mut header = [0i32; 7];
     for (h, b) in header.iter_mut().zip(head.chunks_exact(4)) {
         *h = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -245,51 +274,7 @@ fn open_checked(path: &Path) -> Result<(Config, std::io::BufReader<File>)> {
             actual: len,
         });
     }
-    Ok((config, r))
-}
-
-/// Bytes read per `read` call while loading (the loader's only buffer).
-const CHUNK_BYTES: usize = 1 << 20;
-
-/// Reads little-endian f32 tensors from a file, `buf.len()` bytes per read.
-struct TensorReader<R> {
-    r: R,
-    buf: Vec<u8>,
-}
-
-impl<R: Read> TensorReader<R> {
-    /// `n` f32s into a new Vec.
-    fn read(&mut self, n: usize) -> std::io::Result<Vec<f32>> {
-        let mut out = Vec::with_capacity(n);
-        let per_chunk = self.buf.len() / 4;
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(per_chunk);
-            let bytes = &mut self.buf[..4 * k];
-            self.r.read_exact(bytes)?;
-            out.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            );
-            left -= k;
-        }
-        Ok(out)
-    }
-
-    /// A tensor stored for all `layers` together, as one Vec of `n` f32s per layer.
-    fn per_layer(&mut self, layers: usize, n: usize) -> std::io::Result<Vec<Vec<f32>>> {
-        (0..layers).map(|_| self.read(n)).collect()
-    }
-}
-
-/// Regroups tensor-major lists (9 tensors, each with one Vec per layer) into one array of the 9
-/// tensors per layer.
-fn by_layer(tensors: [Vec<Vec<f32>>; 9], layers: usize) -> Vec<[Vec<f32>; 9]> {
-    let mut iters = tensors.map(Vec::into_iter);
-    (0..layers)
-        .map(|_| std::array::from_fn(|t| iters[t].next().unwrap_or_default()))
-        .collect()
+    Ok((config, file))
 }
 
 /// Writes a model in llama2.c's legacy format, so run.c (or any llama2.c port) can run the same

@@ -25,7 +25,7 @@ use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::weights::LayerWeights;
+use crate::weights::{LayerWeights, Tensor};
 use crate::{Config, Model, Result, Weights};
 
 /// A named synthetic model: a Llama shape and a seed.
@@ -150,7 +150,7 @@ impl SyntheticSpec {
             .collect();
         let mut take = {
             let mut it = tensors.drain(..);
-            move || it.next().expect("tensor count")
+            move || Tensor::from(it.next().expect("tensor count"))
         };
         let token_embedding = take();
         let final_norm = take();
@@ -165,10 +165,10 @@ impl SyntheticSpec {
                 w1: take(),
                 w2: take(),
                 w3: take(),
-                q_norm: Vec::new(),
-                k_norm: Vec::new(),
-                post_attn_norm: Vec::new(),
-                post_ffn_norm: Vec::new(),
+                q_norm: Tensor::default(),
+                k_norm: Tensor::default(),
+                post_attn_norm: Tensor::default(),
+                post_ffn_norm: Tensor::default(),
             })
             .collect();
         let classifier = (!c.shared_classifier).then(|| {
@@ -184,7 +184,7 @@ impl SyntheticSpec {
                     *o = e * gain;
                 }
             }
-            cls
+            Tensor::from(cls)
         });
         Model::new(
             c,

@@ -1,49 +1,145 @@
-//! The model's weights in f32, one `Vec` per tensor, matrices row-major `(out, in)` so that a
-//! matrix-vector product `W (out, in) @ x (in,)` reads each row contiguously.
+//! The model's weights in f32, one [`Tensor`] per tensor, matrices row-major `(out, in)` so that
+//! a matrix-vector product `W (out, in) @ x (in,)` reads each row contiguously. A tensor is either
+//! owned (dequantized, generated, or converted) or read in place from the checkpoint's memory map,
+//! as run.c and llama.cpp do: then loading copies nothing and the weights' pages are the file's.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use memmap2::Mmap;
 
 use crate::Config;
+
+/// One tensor's f32 values; dereferences to `[f32]`.
+#[derive(Clone, Default)]
+pub struct Tensor(Storage);
+
+#[derive(Clone)]
+enum Storage {
+    Owned(Vec<f32>),
+    /// `len` little-endian f32s at `byte_offset` of a read-only map, 4-byte aligned.
+    Mapped {
+        map: Arc<Mmap>,
+        byte_offset: usize,
+        len: usize,
+    },
+}
+
+impl Default for Storage {
+    fn default() -> Self {
+        Storage::Owned(Vec::new())
+    }
+}
+
+impl Tensor {
+    /// `len` little-endian f32s at `byte_offset` of `map`: borrowed in place where this host is
+    /// little-endian and the offset 4-byte aligned (a map starts page-aligned), copied otherwise.
+    /// `None` if the range is outside the map.
+    pub fn from_map(map: &Arc<Mmap>, byte_offset: usize, len: usize) -> Option<Tensor> {
+        let bytes = map.get(byte_offset..byte_offset.checked_add(len.checked_mul(4)?)?)?;
+        Some(match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+            Ok(_) if cfg!(target_endian = "little") => Tensor(Storage::Mapped {
+                map: Arc::clone(map),
+                byte_offset,
+                len,
+            }),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect::<Vec<f32>>()
+                .into(),
+        })
+    }
+
+    /// Whether the values are read in place from a memory map (not copied at load).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Storage::Mapped { .. })
+    }
+}
+
+impl From<Vec<f32>> for Tensor {
+    fn from(v: Vec<f32>) -> Tensor {
+        Tensor(Storage::Owned(v))
+    }
+}
+
+impl FromIterator<f32> for Tensor {
+    fn from_iter<I: IntoIterator<Item = f32>>(iter: I) -> Tensor {
+        Tensor::from(iter.into_iter().collect::<Vec<f32>>())
+    }
+}
+
+impl Deref for Tensor {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match &self.0 {
+            Storage::Owned(v) => v,
+            Storage::Mapped {
+                map,
+                byte_offset,
+                len,
+            } => bytemuck::cast_slice(&map[*byte_offset..*byte_offset + 4 * len]),
+        }
+    }
+}
+
+/// Equal values, however they are stored.
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Tensor) -> bool {
+        **self == **other
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let how = if self.is_mapped() { "mapped" } else { "owned" };
+        write!(f, "Tensor({} f32, {how})", self.len())
+    }
+}
 
 /// One transformer layer's tensors.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     /// RMSNorm gain before attention. (dim,)
-    pub attn_norm: Vec<f32>,
+    pub attn_norm: Tensor,
     /// Query projection. (q_dim, dim)
-    pub wq: Vec<f32>,
+    pub wq: Tensor,
     /// Key projection. (kv_dim, dim)
-    pub wk: Vec<f32>,
+    pub wk: Tensor,
     /// Value projection. (kv_dim, dim)
-    pub wv: Vec<f32>,
+    pub wv: Tensor,
     /// Output projection. (dim, q_dim)
-    pub wo: Vec<f32>,
+    pub wo: Tensor,
     /// QK-norm gains, shared by all heads (Gemma 3). (head_dim,) each; empty when unused.
-    pub q_norm: Vec<f32>,
-    pub k_norm: Vec<f32>,
+    pub q_norm: Tensor,
+    pub k_norm: Tensor,
     /// RMSNorm gain on the attention output before the residual add (Gemma). (dim,) or empty.
-    pub post_attn_norm: Vec<f32>,
+    pub post_attn_norm: Tensor,
     /// RMSNorm gain before the FFN. (dim,)
-    pub ffn_norm: Vec<f32>,
+    pub ffn_norm: Tensor,
     /// Gate projection, goes through the activation. (hidden_dim, dim)
-    pub w1: Vec<f32>,
+    pub w1: Tensor,
     /// Down projection. (dim, hidden_dim)
-    pub w2: Vec<f32>,
+    pub w2: Tensor,
     /// Up projection. (hidden_dim, dim)
-    pub w3: Vec<f32>,
+    pub w3: Tensor,
     /// RMSNorm gain on the FFN output before the residual add (Gemma). (dim,) or empty.
-    pub post_ffn_norm: Vec<f32>,
+    pub post_ffn_norm: Tensor,
 }
 
 /// All of a model's weights.
 #[derive(Clone, Debug)]
 pub struct Weights {
     /// Token embedding table. (vocab_size, dim)
-    pub token_embedding: Vec<f32>,
+    pub token_embedding: Tensor,
     /// One per layer. (n_layers,)
     pub layers: Vec<LayerWeights>,
     /// Final RMSNorm gain. (dim,)
-    pub final_norm: Vec<f32>,
+    pub final_norm: Tensor,
     /// Unshared classifier (vocab_size, dim); `None` when the embedding is reused.
-    pub classifier: Option<Vec<f32>>,
+    pub classifier: Option<Tensor>,
 }
 
 impl Weights {
@@ -134,7 +230,7 @@ impl Weights {
         4 * (self.token_embedding.len()
             + layer
             + self.final_norm.len()
-            + self.classifier.as_ref().map_or(0, Vec::len))
+            + self.classifier.as_ref().map_or(0, |t| t.len()))
     }
 }
 
