@@ -53,7 +53,7 @@
 //!
 //! **Size against the references.** nano-vllm does the same two jobs in `block_manager.py` (120
 //! lines) and `scheduler.py` (92). Here `allocator/` with `prefix_cache.rs` is ~1,090 lines (~700
-//! without comments and blank lines) and `scheduler/` ~680 (~510). The difference is what
+//! without comments and blank lines) and `scheduler/` ~620 (~460). The difference is what
 //! nano-vllm leaves out: its prefix hit compares a block's own tokens but not its parent, so a
 //! hash collision one level up goes unnoticed (here each level must follow the very entry matched
 //! before it); it has no copy-on-write fork, no sliding-window groups (ghost entries, holes,
