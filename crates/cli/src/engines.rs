@@ -13,7 +13,7 @@ use kvlab_paged::{KvCacheConfig, SchedulerConfig, StepExecutor};
 /// Every engine kvlab knows, in the order reports list them. Adding an engine: a variant, its
 /// row in [`EngineKind::ALL`] and its name, and its constructor in [`build`] (or
 /// `build_paged_inner` for a paged one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EngineKind {
     /// No cache: every step recomputes the whole prefix. The reference of every comparison.
     Naive,
@@ -40,11 +40,6 @@ impl EngineKind {
             Self::CpuPaged => "cpu-paged",
             Self::Cuda => "cuda",
         }
-    }
-
-    /// Every engine name, in report order.
-    pub fn names() -> [&'static str; 4] {
-        Self::ALL.map(Self::name)
     }
 
     /// The paged engines (the values of `kvlab batch --engine`).
@@ -93,7 +88,7 @@ impl FromStr for EngineKind {
             Some(e) => Ok(e),
             None => bail!(
                 "unknown engine {name:?}; known: {}",
-                EngineKind::names().join(", ")
+                EngineKind::ALL.map(EngineKind::name).join(", ")
             ),
         }
     }
@@ -106,31 +101,10 @@ impl fmt::Display for EngineKind {
 }
 
 /// A report row's engine name against an engine: `row.engine == EngineKind::Cpu`.
-impl PartialEq<EngineKind> for str {
-    fn eq(&self, e: &EngineKind) -> bool {
-        self == e.name()
-    }
-}
-
-impl PartialEq<EngineKind> for &str {
-    fn eq(&self, e: &EngineKind) -> bool {
-        *self == e.name()
-    }
-}
-
 impl PartialEq<EngineKind> for String {
     fn eq(&self, e: &EngineKind) -> bool {
         self == e.name()
     }
-}
-
-/// Engines named on a command line, in the order given; the first unknown name is an error
-/// (the message lists the known ones).
-///
-/// # Errors
-/// An unknown name.
-pub fn parse_names(names: &[String]) -> Result<Vec<EngineKind>> {
-    names.iter().map(|n| n.parse()).collect()
 }
 
 /// The engines of `ALL` that `wanted` names (all of them when `wanted` is empty), in report

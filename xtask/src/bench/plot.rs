@@ -43,7 +43,7 @@ fn color(engine: &str) -> RGBColor {
     ];
     EngineKind::ALL
         .iter()
-        .position(|e| engine == *e)
+        .position(|e| e.name() == engine)
         .and_then(|i| PALETTE.get(i).copied())
         .unwrap_or(RGBColor(255, 127, 14))
 }
