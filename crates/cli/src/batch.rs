@@ -30,7 +30,7 @@ pub struct Args {
           value_parser = usize_in(1, MAX_POSITIONS))]
     max_tokens: usize,
     /// Paged engine.
-    #[arg(long, short = 'e', default_value = "cpu-paged",
+    #[arg(long, short = 'e', default_value_t = EngineKind::CpuPaged,
           value_parser = engines::value_parser(&EngineKind::paged()))]
     engine: EngineKind,
     /// Blocks in the pool (default: enough for every sequence at once).

@@ -54,7 +54,7 @@ pub struct Args {
     #[arg(long, short = 's', default_value_t = 42)]
     seed: u64,
     /// The engine to run.
-    #[arg(long, short = 'e', default_value = "cpu",
+    #[arg(long, short = 'e', default_value_t = EngineKind::Cpu,
           value_parser = engines::value_parser(&EngineKind::ALL))]
     engine: EngineKind,
     /// Context positions the engine reserves (llama.cpp's -c; default: the prompt plus the
