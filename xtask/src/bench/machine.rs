@@ -9,7 +9,7 @@ use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
 /// The machine and software of one run.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Machine {
-    /// /proc/cpuinfo "model name".
+    /// The CPU's brand (sysinfo: /proc/cpuinfo's "model name" on Linux).
     pub cpu_model: String,
     /// Logical CPUs this process may use (std::thread::available_parallelism).
     pub logical_cpus: usize,
@@ -19,13 +19,14 @@ pub struct Machine {
     pub kvlab_simd: String,
     /// Last-level cache size in bytes (sysfs), when known.
     pub llc_bytes: Option<u64>,
-    /// MemTotal of /proc/meminfo, bytes.
+    /// Total memory (sysinfo: MemTotal of /proc/meminfo on Linux), bytes.
     pub mem_total_bytes: Option<u64>,
     /// 1-, 5- and 15-minute load averages when the run started: above the core count means the
     /// machine was shared and timings are noisier.
     pub loadavg_start: Option<[f64; 3]>,
     /// `nvidia-smi` name and driver of each GPU; empty without one.
     pub gpus: Vec<String>,
+    /// Kernel name and release, as `uname -sr` prints them (sysinfo).
     pub os: String,
     /// `rustc -V` at run time.
     pub rustc: String,
