@@ -103,27 +103,9 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-fn type_id(v: &MetadataValue) -> u32 {
-    match v {
-        MetadataValue::U8(_) => 0,
-        MetadataValue::I8(_) => 1,
-        MetadataValue::U16(_) => 2,
-        MetadataValue::I16(_) => 3,
-        MetadataValue::U32(_) => 4,
-        MetadataValue::I32(_) => 5,
-        MetadataValue::F32(_) => 6,
-        MetadataValue::Bool(_) => 7,
-        MetadataValue::String(_) => 8,
-        MetadataValue::Array(_) => 9,
-        MetadataValue::U64(_) => 10,
-        MetadataValue::I64(_) => 11,
-        MetadataValue::F64(_) => 12,
-    }
-}
-
 fn put_value(out: &mut Vec<u8>, v: &MetadataValue, with_type: bool) {
     if with_type {
-        out.extend_from_slice(&type_id(v).to_le_bytes());
+        out.extend_from_slice(&v.type_id().to_le_bytes());
     }
     match v {
         MetadataValue::U8(x) => out.push(*x),
@@ -156,21 +138,7 @@ fn put_value(out: &mut Vec<u8>, v: &MetadataValue, with_type: bool) {
                 MetadataArray::I64(v) => v.iter().map(|&x| MetadataValue::I64(x)).collect(),
                 MetadataArray::F64(v) => v.iter().map(|&x| MetadataValue::F64(x)).collect(),
             };
-            let elem_type = match a {
-                MetadataArray::U8(_) => 0u32,
-                MetadataArray::I8(_) => 1,
-                MetadataArray::U16(_) => 2,
-                MetadataArray::I16(_) => 3,
-                MetadataArray::U32(_) => 4,
-                MetadataArray::I32(_) => 5,
-                MetadataArray::F32(_) => 6,
-                MetadataArray::Bool(_) => 7,
-                MetadataArray::String(_) => 8,
-                MetadataArray::U64(_) => 10,
-                MetadataArray::I64(_) => 11,
-                MetadataArray::F64(_) => 12,
-            };
-            out.extend_from_slice(&elem_type.to_le_bytes());
+            out.extend_from_slice(&a.element_type_id().to_le_bytes());
             out.extend_from_slice(&(elems.len() as u64).to_le_bytes());
             for e in &elems {
                 put_value(out, e, false);

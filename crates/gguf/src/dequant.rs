@@ -200,21 +200,25 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// (d·scale, dmin·min) of sub-blocks 2c and 2c + 1, the two halves of 64-weight chunk c of a
+/// Q4_K/Q5_K block (`d: f16`, `dmin: f16`, `scales[12]` first).
+fn chunk_scales(b: &[u8], c: usize) -> [(f32, f32); 2] {
+    let (d, min) = (f16(b, 0), f16(b, 2));
+    [2 * c, 2 * c + 1].map(|j| {
+        let (sc, m) = scale_min_k4(j, &b[4..16]);
+        (d * f32::from(sc), min * f32::from(m))
+    })
+}
+
 /// block_q4_K (144 bytes, 256 weights in 8 sub-blocks of 32): `d: f16`, `dmin: f16`,
 /// `scales[12]` (8 six-bit scales and 8 six-bit mins), `qs[128]`. For each 64-weight chunk the
 /// first 32 weights are the low nibbles of 32 bytes of qs and the next 32 the high nibbles;
 /// x = (d·scale)·q − dmin·min.
 fn block_q4_k(b: &[u8], y: &mut [f32]) {
-    let d = f16(b, 0);
-    let min = f16(b, 2);
-    let scales = &b[4..16];
     let qs = &b[16..144];
     for c in 0..4 {
         let q = &qs[32 * c..32 * c + 32];
-        let (sc, m) = scale_min_k4(2 * c, scales);
-        let (d1, m1) = (d * f32::from(sc), min * f32::from(m));
-        let (sc, m) = scale_min_k4(2 * c + 1, scales);
-        let (d2, m2) = (d * f32::from(sc), min * f32::from(m));
+        let [(d1, m1), (d2, m2)] = chunk_scales(b, c);
         let out = &mut y[64 * c..64 * c + 64];
         for l in 0..32 {
             out[l] = d1 * f32::from(q[l] & 0x0F) - m1;
@@ -227,18 +231,12 @@ fn block_q4_k(b: &[u8], y: &mut [f32]) {
 /// In chunk c (64 weights) the 5th bit of weight l is bit 2c of qh[l] and of weight l + 32 bit
 /// 2c + 1; x = (d·scale)·(nibble + 16·bit) − dmin·min.
 fn block_q5_k(b: &[u8], y: &mut [f32]) {
-    let d = f16(b, 0);
-    let min = f16(b, 2);
-    let scales = &b[4..16];
     let qh = &b[16..48];
     let qs = &b[48..176];
     for c in 0..4 {
         let ql = &qs[32 * c..32 * c + 32];
         let (u1, u2) = (1u8 << (2 * c), 2u8 << (2 * c));
-        let (sc, m) = scale_min_k4(2 * c, scales);
-        let (d1, m1) = (d * f32::from(sc), min * f32::from(m));
-        let (sc, m) = scale_min_k4(2 * c + 1, scales);
-        let (d2, m2) = (d * f32::from(sc), min * f32::from(m));
+        let [(d1, m1), (d2, m2)] = chunk_scales(b, c);
         let out = &mut y[64 * c..64 * c + 64];
         for l in 0..32 {
             let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };

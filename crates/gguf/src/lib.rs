@@ -72,10 +72,5 @@ pub use summary::{Summary, TypeCount};
 pub use tensor::{MAX_DIMS, TensorInfo};
 pub use types::{GgmlType, QK_K};
 
-/// Environment variable naming the folder that holds real checkpoints (for example
-/// `KVLAB_MODELS=~/models`).
-pub const MODELS_ENV: &str = "KVLAB_MODELS";
-/// When set to `1`, tests that need a real checkpoint fail instead of skipping.
-pub const REQUIRE_MODELS_ENV: &str = "KVLAB_REQUIRE_MODELS";
 /// File name of the Gemma 3 270M checkpoint in `KVLAB_MODELS`.
 pub const GEMMA3_270M_FILE: &str = "gemma-3-270m-q4_k_m.gguf";

@@ -26,6 +26,11 @@ mod ty {
     pub const U64: u32 = 10;
     pub const I64: u32 = 11;
     pub const F64: u32 = 12;
+    /// Each type's short name, indexed by id.
+    pub const NAMES: [&str; 13] = [
+        "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64",
+        "f64",
+    ];
 }
 
 /// One metadata value.
@@ -88,42 +93,55 @@ impl MetadataArray {
         self.len() == 0
     }
 
+    /// The elements' GGUF value type id.
+    pub(crate) fn element_type_id(&self) -> u32 {
+        match self {
+            MetadataArray::U8(_) => ty::U8,
+            MetadataArray::I8(_) => ty::I8,
+            MetadataArray::U16(_) => ty::U16,
+            MetadataArray::I16(_) => ty::I16,
+            MetadataArray::U32(_) => ty::U32,
+            MetadataArray::I32(_) => ty::I32,
+            MetadataArray::F32(_) => ty::F32,
+            MetadataArray::Bool(_) => ty::BOOL,
+            MetadataArray::String(_) => ty::STRING,
+            MetadataArray::U64(_) => ty::U64,
+            MetadataArray::I64(_) => ty::I64,
+            MetadataArray::F64(_) => ty::F64,
+        }
+    }
+
     /// Element type name, as in [`MetadataValue::type_name`].
     pub fn element_type_name(&self) -> &'static str {
-        match self {
-            MetadataArray::U8(_) => "u8",
-            MetadataArray::I8(_) => "i8",
-            MetadataArray::U16(_) => "u16",
-            MetadataArray::I16(_) => "i16",
-            MetadataArray::U32(_) => "u32",
-            MetadataArray::I32(_) => "i32",
-            MetadataArray::F32(_) => "f32",
-            MetadataArray::Bool(_) => "bool",
-            MetadataArray::String(_) => "string",
-            MetadataArray::U64(_) => "u64",
-            MetadataArray::I64(_) => "i64",
-            MetadataArray::F64(_) => "f64",
-        }
+        ty::NAMES[self.element_type_id() as usize]
     }
 }
 
 impl MetadataValue {
+    /// The value's GGUF type id.
+    pub(crate) fn type_id(&self) -> u32 {
+        match self {
+            MetadataValue::U8(_) => ty::U8,
+            MetadataValue::I8(_) => ty::I8,
+            MetadataValue::U16(_) => ty::U16,
+            MetadataValue::I16(_) => ty::I16,
+            MetadataValue::U32(_) => ty::U32,
+            MetadataValue::I32(_) => ty::I32,
+            MetadataValue::F32(_) => ty::F32,
+            MetadataValue::Bool(_) => ty::BOOL,
+            MetadataValue::String(_) => ty::STRING,
+            MetadataValue::Array(_) => ty::ARRAY,
+            MetadataValue::U64(_) => ty::U64,
+            MetadataValue::I64(_) => ty::I64,
+            MetadataValue::F64(_) => ty::F64,
+        }
+    }
+
     /// The value's type as a short name: `u32`, `f32`, `string`, `array<string>`, ...
     pub fn type_name(&self) -> String {
         match self {
-            MetadataValue::U8(_) => "u8".into(),
-            MetadataValue::I8(_) => "i8".into(),
-            MetadataValue::U16(_) => "u16".into(),
-            MetadataValue::I16(_) => "i16".into(),
-            MetadataValue::U32(_) => "u32".into(),
-            MetadataValue::I32(_) => "i32".into(),
-            MetadataValue::F32(_) => "f32".into(),
-            MetadataValue::Bool(_) => "bool".into(),
-            MetadataValue::String(_) => "string".into(),
-            MetadataValue::U64(_) => "u64".into(),
-            MetadataValue::I64(_) => "i64".into(),
-            MetadataValue::F64(_) => "f64".into(),
             MetadataValue::Array(a) => format!("array<{}>", a.element_type_name()),
+            v => ty::NAMES[v.type_id() as usize].into(),
         }
     }
 
@@ -377,14 +395,6 @@ impl Metadata {
         }
     }
 
-    /// An array of u32.
-    pub fn get_u32_array(&self, key: &str) -> Result<&[u32]> {
-        match self.require(key)? {
-            MetadataValue::Array(MetadataArray::U32(v)) => Ok(v),
-            v => Err(Self::wrong(key, "array<u32>", v)),
-        }
-    }
-
     /// Like [`Metadata::get_u32`] but `Ok(None)` when the key is absent (a wrong type is still
     /// an error). For optional keys such as `gemma3.attention.sliding_window`.
     pub fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
@@ -399,15 +409,6 @@ impl Metadata {
     /// Like [`Metadata::get_bool`] but `Ok(None)` when the key is absent.
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         self.optional(key, Self::get_bool)
-    }
-
-    /// Like [`Metadata::get_str`] but `Ok(None)` when the key is absent.
-    pub fn opt_str(&self, key: &str) -> Result<Option<&str>> {
-        if self.contains(key) {
-            self.get_str(key).map(Some)
-        } else {
-            Ok(None)
-        }
     }
 
     fn optional<T>(&self, key: &str, f: impl Fn(&Self, &str) -> Result<T>) -> Result<Option<T>> {

@@ -54,97 +54,52 @@ pub enum GgmlType {
 }
 
 /// (type, ggml id, ggml name, elements per block, bytes per block)
-const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
-    (GgmlType::F32, 0, "F32", 1, 4),
-    (GgmlType::F16, 1, "F16", 1, 2),
-    (GgmlType::Q4_0, 2, "Q4_0", 32, 2 + 16),
-    (GgmlType::Q4_1, 3, "Q4_1", 32, 2 + 2 + 16),
-    (GgmlType::Q5_0, 6, "Q5_0", 32, 2 + 4 + 16),
-    (GgmlType::Q5_1, 7, "Q5_1", 32, 2 + 2 + 4 + 16),
-    (GgmlType::Q8_0, 8, "Q8_0", 32, 2 + 32),
-    (GgmlType::Q8_1, 9, "Q8_1", 32, 2 + 2 + 32),
-    (
-        GgmlType::Q2_K,
-        10,
-        "Q2_K",
-        QK_K,
-        2 + 2 + QK_K / 16 + QK_K / 4,
-    ),
-    (
-        GgmlType::Q3_K,
-        11,
-        "Q3_K",
-        QK_K,
-        2 + QK_K / 4 + QK_K / 8 + 12,
-    ),
-    (GgmlType::Q4_K, 12, "Q4_K", QK_K, 2 + 2 + 12 + QK_K / 2),
-    (
-        GgmlType::Q5_K,
-        13,
-        "Q5_K",
-        QK_K,
-        2 + 2 + 12 + QK_K / 8 + QK_K / 2,
-    ),
-    (
-        GgmlType::Q6_K,
-        14,
-        "Q6_K",
-        QK_K,
-        QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
-    ),
-    (GgmlType::Q8_K, 15, "Q8_K", QK_K, 4 + QK_K + QK_K / 16 * 2),
-    (GgmlType::IQ2_XXS, 16, "IQ2_XXS", QK_K, 2 + QK_K / 4),
-    (
-        GgmlType::IQ2_XS,
-        17,
-        "IQ2_XS",
-        QK_K,
-        2 + QK_K / 4 + QK_K / 32,
-    ),
-    (
-        GgmlType::IQ3_XXS,
-        18,
-        "IQ3_XXS",
-        QK_K,
-        2 + QK_K / 4 + QK_K / 8,
-    ),
-    (GgmlType::IQ1_S, 19, "IQ1_S", QK_K, 2 + QK_K / 8 + QK_K / 16),
-    (GgmlType::IQ4_NL, 20, "IQ4_NL", 32, 2 + 16),
-    (
-        GgmlType::IQ3_S,
-        21,
-        "IQ3_S",
-        QK_K,
-        2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4,
-    ),
-    (GgmlType::IQ2_S, 22, "IQ2_S", QK_K, 2 + QK_K / 4 + QK_K / 16),
-    (
-        GgmlType::IQ4_XS,
-        23,
-        "IQ4_XS",
-        QK_K,
-        2 + 2 + QK_K / 2 + QK_K / 64,
-    ),
-    (GgmlType::I8, 24, "I8", 1, 1),
-    (GgmlType::I16, 25, "I16", 1, 2),
-    (GgmlType::I32, 26, "I32", 1, 4),
-    (GgmlType::I64, 27, "I64", 1, 8),
-    (GgmlType::F64, 28, "F64", 1, 8),
-    (
-        GgmlType::IQ1_M,
-        29,
-        "IQ1_M",
-        QK_K,
-        QK_K / 8 + QK_K / 16 + QK_K / 32,
-    ),
-    (GgmlType::BF16, 30, "BF16", 1, 2),
-    (GgmlType::TQ1_0, 34, "TQ1_0", QK_K, 2 + 4 * 13),
-    (GgmlType::TQ2_0, 35, "TQ2_0", QK_K, 2 + 64),
-    (GgmlType::MXFP4, 39, "MXFP4", 32, 1 + 16),
-    (GgmlType::NVFP4, 40, "NVFP4", 64, 4 + 32),
-    (GgmlType::Q1_0, 41, "Q1_0", 128, 2 + 16),
-    (GgmlType::Q2_0, 42, "Q2_0", 64, 2 + 16),
-];
+const TABLE: &[(GgmlType, u32, &str, usize, usize)] = {
+    use GgmlType::*;
+    &[
+        (F32, 0, "F32", 1, 4),
+        (F16, 1, "F16", 1, 2),
+        (Q4_0, 2, "Q4_0", 32, 2 + 16),
+        (Q4_1, 3, "Q4_1", 32, 2 + 2 + 16),
+        (Q5_0, 6, "Q5_0", 32, 2 + 4 + 16),
+        (Q5_1, 7, "Q5_1", 32, 2 + 2 + 4 + 16),
+        (Q8_0, 8, "Q8_0", 32, 2 + 32),
+        (Q8_1, 9, "Q8_1", 32, 2 + 2 + 32),
+        (Q2_K, 10, "Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4),
+        (Q3_K, 11, "Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12),
+        (Q4_K, 12, "Q4_K", QK_K, 2 + 2 + 12 + QK_K / 2),
+        (Q5_K, 13, "Q5_K", QK_K, 2 + 2 + 12 + QK_K / 8 + QK_K / 2),
+        (Q6_K, 14, "Q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2),
+        (Q8_K, 15, "Q8_K", QK_K, 4 + QK_K + QK_K / 16 * 2),
+        (IQ2_XXS, 16, "IQ2_XXS", QK_K, 2 + QK_K / 4),
+        (IQ2_XS, 17, "IQ2_XS", QK_K, 2 + QK_K / 4 + QK_K / 32),
+        (IQ3_XXS, 18, "IQ3_XXS", QK_K, 2 + QK_K / 4 + QK_K / 8),
+        (IQ1_S, 19, "IQ1_S", QK_K, 2 + QK_K / 8 + QK_K / 16),
+        (IQ4_NL, 20, "IQ4_NL", 32, 2 + 16),
+        (
+            IQ3_S,
+            21,
+            "IQ3_S",
+            QK_K,
+            2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4,
+        ),
+        (IQ2_S, 22, "IQ2_S", QK_K, 2 + QK_K / 4 + QK_K / 16),
+        (IQ4_XS, 23, "IQ4_XS", QK_K, 2 + 2 + QK_K / 2 + QK_K / 64),
+        (I8, 24, "I8", 1, 1),
+        (I16, 25, "I16", 1, 2),
+        (I32, 26, "I32", 1, 4),
+        (I64, 27, "I64", 1, 8),
+        (F64, 28, "F64", 1, 8),
+        (IQ1_M, 29, "IQ1_M", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32),
+        (BF16, 30, "BF16", 1, 2),
+        (TQ1_0, 34, "TQ1_0", QK_K, 2 + 4 * 13),
+        (TQ2_0, 35, "TQ2_0", QK_K, 2 + 64),
+        (MXFP4, 39, "MXFP4", 32, 1 + 16),
+        (NVFP4, 40, "NVFP4", 64, 4 + 32),
+        (Q1_0, 41, "Q1_0", 128, 2 + 16),
+        (Q2_0, 42, "Q2_0", 64, 2 + 16),
+    ]
+};
 
 impl GgmlType {
     fn row(self) -> &'static (GgmlType, u32, &'static str, usize, usize) {
@@ -175,25 +130,6 @@ impl GgmlType {
     /// Bytes per block (`sizeof(block_q8_0)` = 34, ...).
     pub fn type_size(self) -> usize {
         self.row().4
-    }
-
-    /// Whether [`crate::dequantize`] can turn this type into f32.
-    pub fn can_dequantize(self) -> bool {
-        matches!(
-            self,
-            GgmlType::F32
-                | GgmlType::F16
-                | GgmlType::BF16
-                | GgmlType::Q4_0
-                | GgmlType::Q4_1
-                | GgmlType::Q5_0
-                | GgmlType::Q5_1
-                | GgmlType::Q8_0
-                | GgmlType::Q4_K
-                | GgmlType::Q5_K
-                | GgmlType::Q6_K
-                | GgmlType::Q8_K
-        )
     }
 
     /// Bytes taken by `n_elements` elements, or `None` when `n_elements` is not a whole number
