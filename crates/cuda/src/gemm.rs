@@ -10,13 +10,13 @@
 //! `cublasGemmEx` with `CUBLAS_COMPUTE_32F`: f32 inputs multiply in true f32 (not TF32, which
 //! needs `CUBLAS_COMPUTE_32F_FAST_TF32`), f16 inputs on tensor cores with f32 accumulation.
 
+use cudarc::cublas::result as blas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t};
-use cudarc::cublas::{CudaBlas, result as blas};
 
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::launch::i32_of;
-use crate::ops::Dev;
+use crate::ops::{Dev, Ops};
 
 /// cuBLAS arguments of one linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,52 +53,55 @@ pub fn linear_shape(t: usize, in_dim: usize, out_dim: usize) -> Result<GemmShape
     })
 }
 
-/// `y (t, out_dim) = x (t, in_dim) @ w (out_dim, in_dim)ᵀ`, inputs of type `W`, output `Y`.
-///
-/// # Errors
-/// A buffer shorter than its shape, or a cuBLAS error.
-pub fn linear<W: DType, Y: DType>(
-    blas: &CudaBlas,
-    y: Dev<Y>,
-    x: Dev<W>,
-    w: Dev<W>,
-    t: usize,
-    in_dim: usize,
-    out_dim: usize,
-) -> Result<()> {
-    let s = linear_shape(t, in_dim, out_dim)?;
-    let y = y.need(t * out_dim, "linear output")?;
-    let x = x.need(t * in_dim, "linear input")?;
-    let w = w.need(out_dim * in_dim, "linear weight")?;
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    // SAFETY: the three pointers are live device allocations of this engine's stream, each
-    // checked above to hold at least the elements the shape reads or writes (column-major
-    // (k, m) for W, (k, n) for X, (m, n) for Y with the leading dimensions of `linear_shape`);
-    // alpha and beta are host f32, matching CUBLAS_COMPUTE_32F in the default pointer mode.
-    unsafe {
-        blas::gemm_ex(
-            *blas.handle(),
-            s.transa,
-            s.transb,
-            s.m,
-            s.n,
-            s.k,
-            (&alpha as *const f32).cast(),
-            w as *const std::ffi::c_void,
-            W::CUDA,
-            s.lda,
-            x as *const std::ffi::c_void,
-            W::CUDA,
-            s.ldb,
-            (&beta as *const f32).cast(),
-            y as *mut std::ffi::c_void,
-            Y::CUDA,
-            s.ldc,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )?;
+impl Ops {
+    /// `y (t, out_dim) = x (t, in_dim) @ w (out_dim, in_dim)ᵀ` on cuBLAS, inputs of type `W`,
+    /// output `Y`.
+    ///
+    /// # Errors
+    /// A buffer shorter than its shape, or a cuBLAS error.
+    pub fn linear<W: DType, Y: DType>(
+        &self,
+        y: Dev<Y>,
+        x: Dev<W>,
+        w: Dev<W>,
+        t: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<()> {
+        let s = linear_shape(t, in_dim, out_dim)?;
+        let y = y.need(t * out_dim, "linear output")?;
+        let x = x.need(t * in_dim, "linear input")?;
+        let w = w.need(out_dim * in_dim, "linear weight")?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the three pointers are live device allocations of this engine's stream, each
+        // checked above to hold at least the elements the shape reads or writes (column-major
+        // (k, m) for W, (k, n) for X, (m, n) for Y with the leading dimensions of `linear_shape`);
+        // alpha and beta are host f32, matching CUBLAS_COMPUTE_32F in the default pointer mode.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                s.transa,
+                s.transb,
+                s.m,
+                s.n,
+                s.k,
+                (&alpha as *const f32).cast(),
+                w as *const std::ffi::c_void,
+                W::CUDA,
+                s.lda,
+                x as *const std::ffi::c_void,
+                W::CUDA,
+                s.ldb,
+                (&beta as *const f32).cast(),
+                y as *mut std::ffi::c_void,
+                Y::CUDA,
+                s.ldc,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use kvlab_model::Activation;
 
@@ -161,24 +161,27 @@ pub struct AttentionArgs<A, C> {
     pub scale: f32,
 }
 
+/// One kernel argument, typed as the kernel's parameter list types it: a device address, an
+/// `int`, a `long long` or a `float`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Arg {
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+use Arg::{F32, I32, I64, Ptr};
+
 /// Raw kernel arguments shared by the attention kernels, after the bounds checks.
 struct AttnPtrs {
     out: u64,
-    q: u64,
-    k_new: u64,
-    v_new: u64,
-    k_cache: u64,
-    v_cache: u64,
-    block_tables: u64,
-    query_start_loc: u64,
-    context_lens: u64,
+    /// q, k_new, v_new, k_cache, v_cache, block_tables, query_start_loc, context_lens: the
+    /// buffers every attention kernel takes after its outputs, in this order.
+    inputs: [Arg; 8],
     token_seq: u64,
-    max_blocks: i32,
-    n_heads: i32,
-    n_kv_heads: i32,
-    head_dim: i32,
-    block_size: i32,
-    window: i32,
+    /// max_blocks, n_heads, n_kv_heads, head_dim, block_size, window, scale: what every
+    /// attention kernel takes after its buffers, in this order.
+    shape: [Arg; 7],
 }
 
 impl<A, C> AttentionArgs<A, C> {
@@ -190,36 +193,30 @@ impl<A, C> AttentionArgs<A, C> {
                 self.n_heads, self.n_kv_heads
             )));
         }
-        let (t, hd) = (self.n_tokens, self.head_dim);
+        let (t, hd, kvh) = (self.n_tokens, self.head_dim, self.n_kv_heads);
+        let (seqs, slots, mb) = (self.n_seqs, self.num_slots, self.max_blocks);
         Ok(AttnPtrs {
             out: self.out.need(t * self.n_heads * hd, "attention out")?,
-            q: self.q.need(t * self.n_heads * hd, "attention q")?,
-            k_new: self
-                .k_new
-                .need(t * self.n_kv_heads * hd, "attention k_new")?,
-            v_new: self
-                .v_new
-                .need(t * self.n_kv_heads * hd, "attention v_new")?,
-            k_cache: self
-                .k_cache
-                .need(self.num_slots * self.n_kv_heads * hd, "key cache")?,
-            v_cache: self
-                .v_cache
-                .need(self.num_slots * self.n_kv_heads * hd, "value cache")?,
-            block_tables: self
-                .block_tables
-                .need(self.n_seqs * self.max_blocks, "block_tables")?,
-            query_start_loc: self
-                .query_start_loc
-                .need(self.n_seqs + 1, "query_start_loc")?,
-            context_lens: self.context_lens.need(self.n_seqs, "context_lens")?,
+            inputs: [
+                Ptr(self.q.need(t * self.n_heads * hd, "attention q")?),
+                Ptr(self.k_new.need(t * kvh * hd, "attention k_new")?),
+                Ptr(self.v_new.need(t * kvh * hd, "attention v_new")?),
+                Ptr(self.k_cache.need(slots * kvh * hd, "key cache")?),
+                Ptr(self.v_cache.need(slots * kvh * hd, "value cache")?),
+                Ptr(self.block_tables.need(seqs * mb, "block_tables")?),
+                Ptr(self.query_start_loc.need(seqs + 1, "query_start_loc")?),
+                Ptr(self.context_lens.need(seqs, "context_lens")?),
+            ],
             token_seq: self.token_seq.need(t, "token_seq")?,
-            max_blocks: i32_of("max_blocks", self.max_blocks)?,
-            n_heads: i32_of("n_heads", self.n_heads)?,
-            n_kv_heads: i32_of("n_kv_heads", self.n_kv_heads)?,
-            head_dim: i32_of("head_dim", hd)?,
-            block_size: i32_of("block_size", self.block_size)?,
-            window: i32_of("window", self.window)?,
+            shape: [
+                I32(i32_of("max_blocks", mb)?),
+                I32(i32_of("n_heads", self.n_heads)?),
+                I32(i32_of("n_kv_heads", kvh)?),
+                I32(i32_of("head_dim", hd)?),
+                I32(i32_of("block_size", self.block_size)?),
+                I32(i32_of("window", self.window)?),
+                F32(self.scale),
+            ],
         })
     }
 }
@@ -251,6 +248,26 @@ impl Ops {
         Dev::of(s, &self.stream)
     }
 
+    /// Launches `f` on the stream with `args`, in order.
+    ///
+    /// # Safety
+    /// `args` match `f`'s parameter list in number, types and order, and every buffer holds
+    /// what the grid `cfg` reads and writes.
+    unsafe fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Ptr(v) => b.arg(v),
+                I32(v) => b.arg(v),
+                I64(v) => b.arg(v),
+                F32(v) => b.arg(v),
+            };
+        }
+        // SAFETY: the caller's contract: the arguments match the kernel, the buffers its grid.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// x (n_tokens, dim) f32 = table (vocab, dim)[ids] · scale.
     ///
     /// # Errors
@@ -267,20 +284,18 @@ impl Ops {
         scale: f32,
     ) -> Result<()> {
         let f = self.kernels.get(&format!("embedding_v1_{}", W::NAME))?;
-        let (x, table, ids) = (
-            x.need(n_tokens * dim, "embedding out")?,
-            table.need(vocab * dim, "embedding table")?,
-            ids.need(n_tokens, "token ids")?,
-        );
-        let dim_i = i32_of("dim", dim)?;
+        let args = [
+            Ptr(x.need(n_tokens * dim, "embedding out")?),
+            Ptr(table.need(vocab * dim, "embedding table")?),
+            Ptr(ids.need(n_tokens, "token ids")?),
+            I32(i32_of("dim", dim)?),
+            F32(scale),
+        ];
         let cfg = launch::row_copy_config(n_tokens, dim)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&x).arg(&table).arg(&ids).arg(&dim_i).arg(&scale);
         // SAFETY: argument types and order match embedding_v1_<W> (float*, const W*, const int*,
         // int, float); every buffer was checked to hold what the grid touches, and ids index
         // rows < vocab (checked by the caller).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch(f, cfg, &args) }
     }
 
     /// y (rows, n) = rmsnorm(x (rows, n)) · w (n,). In place when `y` and `x` are the same.
@@ -300,19 +315,17 @@ impl Ops {
         let f = self
             .kernels
             .get(&format!("rmsnorm_v1_{}_{}", I::NAME, O::NAME))?;
-        let (y, x, w) = (
-            y.need(rows * n, "rmsnorm out")?,
-            x.need(rows * n, "rmsnorm in")?,
-            w.need(n, "rmsnorm gain")?,
-        );
-        let n_i = i32_of("n", n)?;
+        let args = [
+            Ptr(y.need(rows * n, "rmsnorm out")?),
+            Ptr(x.need(rows * n, "rmsnorm in")?),
+            Ptr(w.need(n, "rmsnorm gain")?),
+            I32(i32_of("n", n)?),
+            F32(eps),
+        ];
         let cfg = launch::rmsnorm_config(rows, n)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&y).arg(&x).arg(&w).arg(&n_i).arg(&eps);
         // SAFETY: matches rmsnorm_v1_<I>_<O> (O*, const I*, const float*, int, float); one block
         // per row of n elements, all checked above; threads are a multiple of 32 (block_sum).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch(f, cfg, &args) }
     }
 
     /// RoPE in place on x (n_tokens, n_heads, head_dim) with cos/sin tables (positions,
@@ -340,27 +353,21 @@ impl Ops {
                 "RoPE tables are not (positions, head_dim/2)".into(),
             ));
         }
-        let (x, positions, cos, sin) = (
-            x.need(n_tokens * n_heads * head_dim, "rope x")?,
-            positions.need(n_tokens, "positions")?,
-            cos.need(half, "cos table")?,
-            sin.need(half, "sin table")?,
-        );
         let args = [
-            i32_of("tokens", n_tokens)?,
-            i32_of("n_heads", n_heads)?,
-            i32_of("head_dim", head_dim)?,
-            neox as i32,
+            Ptr(x.need(n_tokens * n_heads * head_dim, "rope x")?),
+            Ptr(positions.need(n_tokens, "positions")?),
+            Ptr(cos.need(half, "cos table")?),
+            Ptr(sin.need(half, "sin table")?),
+            I32(i32_of("tokens", n_tokens)?),
+            I32(i32_of("n_heads", n_heads)?),
+            I32(i32_of("head_dim", head_dim)?),
+            I32(neox as i32),
         ];
         let cfg = launch::rope_config(n_tokens, n_heads, head_dim)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&x).arg(&positions).arg(&cos).arg(&sin);
-        b.arg(&args[0]).arg(&args[1]).arg(&args[2]).arg(&args[3]);
         // SAFETY: matches rope_v1_<T> (T*, const int*, const float*, const float*, int, int,
         // int, int); the grid covers n_tokens·n_heads·head_dim/2 threads, the kernel returns past
         // that; x was checked; table rows are indexed by positions checked by pack_step.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch(f, cfg, &args) }
     }
 
     /// Stores k, v (n_tokens, kv_dim) at rows `slots` (n_tokens,) of the caches (num_slots,
@@ -383,26 +390,18 @@ impl Ops {
         let f = self
             .kernels
             .get(&format!("reshape_and_cache_v1_{}_{}", A::NAME, C::NAME))?;
-        let (k, v, kc, vc, slots) = (
-            k.need(n_tokens * kv_dim, "k")?,
-            v.need(n_tokens * kv_dim, "v")?,
-            k_cache.need(num_slots * kv_dim, "key cache")?,
-            v_cache.need(num_slots * kv_dim, "value cache")?,
-            slots.need(n_tokens, "slot_mapping")?,
-        );
-        let kv_dim_i = i32_of("kv_dim", kv_dim)?;
+        let args = [
+            Ptr(k.need(n_tokens * kv_dim, "k")?),
+            Ptr(v.need(n_tokens * kv_dim, "v")?),
+            Ptr(k_cache.need(num_slots * kv_dim, "key cache")?),
+            Ptr(v_cache.need(num_slots * kv_dim, "value cache")?),
+            Ptr(slots.need(n_tokens, "slot_mapping")?),
+            I32(i32_of("kv_dim", kv_dim)?),
+        ];
         let cfg = launch::row_copy_config(n_tokens, kv_dim)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&k)
-            .arg(&v)
-            .arg(&kc)
-            .arg(&vc)
-            .arg(&slots)
-            .arg(&kv_dim_i);
         // SAFETY: matches reshape_and_cache_v1_<A>_<C> (const A*, const A*, C*, C*, const int*,
         // int); one block per token; slots are -1 or < num_slots (pack_step), caches checked.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch(f, cfg, &args) }
     }
 
     /// Copies whole blocks `pairs` (n_pairs, 2) = (src, dst) of both caches (num_blocks,
@@ -423,19 +422,16 @@ impl Ops {
             return Ok(());
         }
         let f = self.kernels.get(&format!("copy_blocks_v1_{}", C::NAME))?;
-        let (kc, vc, pairs) = (
-            k_cache.need(num_blocks * block_elems, "key cache")?,
-            v_cache.need(num_blocks * block_elems, "value cache")?,
-            pairs.need(2 * n_pairs, "block copy pairs")?,
-        );
-        let block_elems_i = block_elems as i64;
+        let args = [
+            Ptr(k_cache.need(num_blocks * block_elems, "key cache")?),
+            Ptr(v_cache.need(num_blocks * block_elems, "value cache")?),
+            Ptr(pairs.need(2 * n_pairs, "block copy pairs")?),
+            I64(block_elems as i64),
+        ];
         let cfg = launch::copy_blocks_config(n_pairs)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&kc).arg(&vc).arg(&pairs).arg(&block_elems_i);
         // SAFETY: matches copy_blocks_v1_<C> (C*, C*, const int*, long long); one block per
         // pair; block ids < num_blocks (pack_step), caches checked to hold num_blocks blocks.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch(f, cfg, &args) }
     }
 
     /// paged_attention_v1 over the leading `n_decode` sequences (one query each).
@@ -452,28 +448,11 @@ impl Ops {
             .kernels
             .get(&format!("paged_attention_v1_{}_{}", A::NAME, C::NAME))?;
         let cfg = launch::decode_v1_config(n_decode, a.n_heads)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&p.out)
-            .arg(&p.q)
-            .arg(&p.k_new)
-            .arg(&p.v_new)
-            .arg(&p.k_cache);
-        b.arg(&p.v_cache)
-            .arg(&p.block_tables)
-            .arg(&p.query_start_loc);
-        b.arg(&p.context_lens)
-            .arg(&p.max_blocks)
-            .arg(&p.n_heads)
-            .arg(&p.n_kv_heads);
-        b.arg(&p.head_dim)
-            .arg(&p.block_size)
-            .arg(&p.window)
-            .arg(&a.scale);
+        let args = [&[Ptr(p.out)][..], &p.inputs, &p.shape].concat();
         // SAFETY: matches paged_attention_v1_<A>_<C>'s parameter list; every buffer was checked
         // by `checked`; block-table entries the kernel dereferences are valid blocks and query
         // rows / context lengths are consistent (pack_step); head_dim <= 256.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch(f, cfg, &args) }
     }
 
     /// paged_attention_v2 (partitions of `launch::PARTITION_SIZE` keys) and its reduce, over
@@ -494,62 +473,38 @@ impl Ops {
         let tmp_max = workspace.range(0..cells)?;
         let tmp_sum = workspace.range(cells..2 * cells)?;
         let tmp_acc = workspace.range(2 * cells..workspace.len())?;
-        let (tmp_max, tmp_sum, tmp_acc) = (
-            tmp_max.need(cells, "v2 maxima")?,
-            tmp_sum.need(cells, "v2 sums")?,
-            tmp_acc.need(cells * a.head_dim, "v2 accumulators")?,
-        );
-        let partition_size = launch::PARTITION_SIZE as i32;
-        let max_partitions_i = i32_of("partitions", max_partitions)?;
+        let tmp = [
+            Ptr(tmp_max.need(cells, "v2 maxima")?),
+            Ptr(tmp_sum.need(cells, "v2 sums")?),
+            Ptr(tmp_acc.need(cells * a.head_dim, "v2 accumulators")?),
+        ];
+        let partitions = [
+            I32(launch::PARTITION_SIZE as i32),
+            I32(i32_of("partitions", max_partitions)?),
+        ];
 
         let f = self
             .kernels
             .get(&format!("paged_attention_v2_{}_{}", A::NAME, C::NAME))?;
         let cfg = launch::decode_v2_config(n_decode, a.n_heads, max_partitions)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&tmp_max)
-            .arg(&tmp_sum)
-            .arg(&tmp_acc)
-            .arg(&p.q)
-            .arg(&p.k_new);
-        b.arg(&p.v_new)
-            .arg(&p.k_cache)
-            .arg(&p.v_cache)
-            .arg(&p.block_tables);
-        b.arg(&p.query_start_loc)
-            .arg(&p.context_lens)
-            .arg(&p.max_blocks)
-            .arg(&p.n_heads);
-        b.arg(&p.n_kv_heads)
-            .arg(&p.head_dim)
-            .arg(&p.block_size)
-            .arg(&p.window);
-        b.arg(&a.scale).arg(&partition_size).arg(&max_partitions_i);
+        let args = [&tmp[..], &p.inputs, &p.shape, &partitions].concat();
         // SAFETY: matches paged_attention_v2_<A>_<C>'s parameter list; the workspace holds
         // (n_decode, n_heads, max_partitions) cells of max, sum and head_dim floats (checked);
         // the other buffers as in paged_attention_v1.
-        unsafe { b.launch(cfg) }?;
+        unsafe { self.launch(f, cfg, &args) }?;
 
         let f = self
             .kernels
             .get(&format!("paged_attention_v2_reduce_{}", A::NAME))?;
         let cfg = launch::decode_reduce_config(n_decode, a.n_heads)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&p.out)
-            .arg(&tmp_max)
-            .arg(&tmp_sum)
-            .arg(&tmp_acc)
-            .arg(&p.query_start_loc);
-        b.arg(&p.context_lens)
-            .arg(&p.n_heads)
-            .arg(&p.head_dim)
-            .arg(&p.window);
-        b.arg(&partition_size).arg(&max_partitions_i);
+        let [.., query_start_loc, context_lens] = p.inputs;
+        let [_, n_heads, _, head_dim, _, window, _] = p.shape;
+        let per_seq = [query_start_loc, context_lens, n_heads, head_dim, window];
+        let args = [&[Ptr(p.out)][..], &tmp, &per_seq, &partitions].concat();
         // SAFETY: matches paged_attention_v2_reduce_<A>; reads only the partitions each
         // sequence has (< max_partitions, as the launch above computed them), writes out rows
         // checked above.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch(f, cfg, &args) }
     }
 
     /// prefill_attention_v1 for token rows `first_row .. first_row + n_rows`.
@@ -570,33 +525,15 @@ impl Ops {
                 a.n_tokens
             )));
         }
-        let first_row_i = i32_of("first_row", first_row)?;
+        let rows = [Ptr(p.token_seq), I32(i32_of("first_row", first_row)?)];
         let f = self
             .kernels
             .get(&format!("prefill_attention_v1_{}_{}", A::NAME, C::NAME))?;
         let cfg = launch::prefill_config(n_rows, a.n_heads)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&p.out)
-            .arg(&p.q)
-            .arg(&p.k_new)
-            .arg(&p.v_new)
-            .arg(&p.k_cache);
-        b.arg(&p.v_cache)
-            .arg(&p.block_tables)
-            .arg(&p.query_start_loc);
-        b.arg(&p.context_lens)
-            .arg(&p.token_seq)
-            .arg(&first_row_i)
-            .arg(&p.max_blocks);
-        b.arg(&p.n_heads)
-            .arg(&p.n_kv_heads)
-            .arg(&p.head_dim)
-            .arg(&p.block_size);
-        b.arg(&p.window).arg(&a.scale);
+        let args = [&[Ptr(p.out)][..], &p.inputs, &rows, &p.shape].concat();
         // SAFETY: matches prefill_attention_v1_<A>_<C>'s parameter list; rows are inside the
         // checked buffers; metadata consistent (pack_step).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        unsafe { self.launch(f, cfg, &args) }
     }
 
     /// gate ← act(gate) ⊙ up over n elements.
@@ -609,14 +546,14 @@ impl Ops {
             Activation::GeluTanh => "glu_gelu_tanh",
         };
         let f = self.kernels.get(&format!("{name}_v1_{}", T::NAME))?;
-        let (gate, up) = (gate.need(n, "gate")?, up.need(n, "up")?);
-        let n_i = n as i64;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&gate).arg(&up).arg(&n_i);
+        let args = [
+            Ptr(gate.need(n, "gate")?),
+            Ptr(up.need(n, "up")?),
+            I64(n as i64),
+        ];
         // SAFETY: matches <act>_v1_<T> (T*, const T*, long long); grid-stride over n checked
         // elements.
-        unsafe { b.launch(launch::elementwise_config(n)) }?;
-        Ok(())
+        unsafe { self.launch(f, launch::elementwise_config(n), &args) }
     }
 
     /// x (f32) ← x + o over n elements.
@@ -625,14 +562,14 @@ impl Ops {
     /// Short buffers, launch errors.
     pub fn residual_add<T: DType>(&self, x: Dev<f32>, o: Dev<T>, n: usize) -> Result<()> {
         let f = self.kernels.get(&format!("residual_add_v1_{}", T::NAME))?;
-        let (x, o) = (x.need(n, "residual")?, o.need(n, "residual addend")?);
-        let n_i = n as i64;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&x).arg(&o).arg(&n_i);
+        let args = [
+            Ptr(x.need(n, "residual")?),
+            Ptr(o.need(n, "residual addend")?),
+            I64(n as i64),
+        ];
         // SAFETY: matches residual_add_v1_<T> (float*, const T*, long long); grid-stride over n
         // checked elements.
-        unsafe { b.launch(launch::elementwise_config(n)) }?;
-        Ok(())
+        unsafe { self.launch(f, launch::elementwise_config(n), &args) }
     }
 
     /// out (n_rows, dim) = x[rows] for x (n_tokens, dim). Rows must be < n_tokens.
@@ -649,18 +586,15 @@ impl Ops {
         dim: usize,
     ) -> Result<()> {
         let f = self.kernels.get("gather_rows_v1_f32")?;
-        let (out, x, rows) = (
-            out.need(n_rows * dim, "gathered rows")?,
-            x.need(n_tokens * dim, "rows source")?,
-            rows.need(n_rows, "row indices")?,
-        );
-        let dim_i = i32_of("dim", dim)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&out).arg(&x).arg(&rows).arg(&dim_i);
+        let args = [
+            Ptr(out.need(n_rows * dim, "gathered rows")?),
+            Ptr(x.need(n_tokens * dim, "rows source")?),
+            Ptr(rows.need(n_rows, "row indices")?),
+            I32(i32_of("dim", dim)?),
+        ];
         // SAFETY: matches gather_rows_v1_f32 (float*, const float*, const int*, int); row
         // indices < n_tokens (pack_step's logits rows).
-        unsafe { b.launch(launch::row_copy_config(n_rows, dim)?) }?;
-        Ok(())
+        unsafe { self.launch(f, launch::row_copy_config(n_rows, dim)?, &args) }
     }
 
     /// out (n_rows,) = argmax of each row of logits (n_rows, vocab), ties to the lowest id.
@@ -675,32 +609,13 @@ impl Ops {
         vocab: usize,
     ) -> Result<()> {
         let f = self.kernels.get("argmax_v1_f32")?;
-        let (logits, out) = (
-            logits.need(n_rows * vocab, "logits")?,
-            out.need(n_rows, "argmax out")?,
-        );
-        let vocab_i = i32_of("vocab_size", vocab)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&logits).arg(&out).arg(&vocab_i);
+        let args = [
+            Ptr(logits.need(n_rows * vocab, "logits")?),
+            Ptr(out.need(n_rows, "argmax out")?),
+            I32(i32_of("vocab_size", vocab)?),
+        ];
         // SAFETY: matches argmax_v1_f32 (const float*, int*, int); exactly ARGMAX_THREADS
         // threads per block as the kernel's shared arrays assume.
-        unsafe { b.launch(launch::argmax_config(n_rows)?) }?;
-        Ok(())
-    }
-
-    /// y (t, out) = x (t, in) @ w (out, in)ᵀ on cuBLAS.
-    ///
-    /// # Errors
-    /// Short buffers, cuBLAS errors.
-    pub fn linear<W: DType, Y: DType>(
-        &self,
-        y: Dev<Y>,
-        x: Dev<W>,
-        w: Dev<W>,
-        t: usize,
-        in_dim: usize,
-        out_dim: usize,
-    ) -> Result<()> {
-        crate::gemm::linear(&self.blas, y, x, w, t, in_dim, out_dim)
+        unsafe { self.launch(f, launch::argmax_config(n_rows)?, &args) }
     }
 }

@@ -1,6 +1,6 @@
 //! The model's weights on the device: matrices in the weight type `W` (f32 for parity, f16 for
 //! speed), norm gains always in f32 (they are tiny, and the norm kernels read them as f32).
-//! Row-major `(out, in)` as in kvlab-model, which is what `gemm::linear` expects.
+//! Row-major `(out, in)` as in kvlab-model, which is what `Ops::linear` (`gemm.rs`) expects.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
