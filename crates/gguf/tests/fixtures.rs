@@ -1,19 +1,10 @@
 //! The stored llama.cpp oracle fixtures (`fixtures/gemma3/*.json`, written by
 //! `scripts/gemma_oracle.py`) are well-formed: they need no model file, so these run in CI.
 
-use std::path::PathBuf;
+mod common;
 
+use common::{fixture, fixtures_dir};
 use serde_json::Value;
-
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gemma3")
-}
-
-fn load(name: &str) -> Value {
-    let p = dir().join(name);
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
 
 fn ids(v: &Value) -> Vec<u64> {
     v.as_array()
@@ -30,8 +21,8 @@ const VOCAB: u64 = 262_144;
 fn fixtures_are_small_and_carry_provenance() {
     let mut total = 0;
     for name in ["tokens.json", "greedy.json", "dequant.json"] {
-        total += std::fs::metadata(dir().join(name)).unwrap().len();
-        let f = load(name);
+        total += std::fs::metadata(fixtures_dir().join(name)).unwrap().len();
+        let f = fixture(name);
         assert_eq!(f["format_version"], 1, "{name}");
         assert_eq!(f["provenance"]["model_sha256"], SHA256, "{name}");
         assert!(
@@ -46,7 +37,7 @@ fn fixtures_are_small_and_carry_provenance() {
 
 #[test]
 fn token_fixture_is_consistent() {
-    let f = load("tokens.json");
+    let f = fixture("tokens.json");
     let cases = f["cases"].as_array().unwrap();
     assert!(cases.len() > 20);
     for c in cases {
@@ -62,7 +53,7 @@ fn token_fixture_is_consistent() {
 
 #[test]
 fn greedy_fixture_is_consistent() {
-    let f = load("greedy.json");
+    let f = fixture("greedy.json");
     assert_eq!(f["provenance"]["n_threads"], 2);
     let cases = f["cases"].as_array().unwrap();
     let mut crosses_512 = 0;

@@ -6,38 +6,31 @@
 //! The cross-check against an independent dequantizer uses `fixtures/gemma3/dequant.json`,
 //! written by `scripts/gemma_oracle.py --dequant` with gguf-py's numpy dequantization.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::OnceLock;
 
+use common::fixture;
 use kvlab_gguf::{GEMMA3_270M_FILE, GgmlType, GgufFile};
 
 /// The opened checkpoint, found where the CLI finds it (`$KVLAB_MODELS`, then the user cache;
 /// see `kvlab_model::registry::test_model_file`), or `None` after a loud SKIPPED line. These
 /// tests are `#[ignore]`d because a clone does not ship Gemma; CI runs them with
 /// `--include-ignored` and `KVLAB_REQUIRE_MODELS=1`, which turns a missing file into a failure.
-fn gemma(test: &str) -> Option<&'static GgufFile> {
+/// A file that does not open panics in the test that opened it first (libtest names it).
+fn gemma() -> Option<&'static GgufFile> {
     static FILE: OnceLock<Option<GgufFile>> = OnceLock::new();
     FILE.get_or_init(|| {
         let p = kvlab_model::registry::test_model_file(GEMMA3_270M_FILE)?;
-        Some(GgufFile::open(&p).unwrap_or_else(|e| panic!("{test}: {e}")))
+        Some(GgufFile::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
     })
     .as_ref()
-}
-
-fn fixture(name: &str) -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/gemma3")
-        .join(name);
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    serde_json::from_str(&text).unwrap()
 }
 
 #[test]
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn metadata_matches_the_model_card() {
-    let Some(f) = gemma("metadata_matches_the_model_card") else {
-        return;
-    };
+    let Some(f) = gemma() else { return };
     let md = f.metadata();
     assert_eq!(f.version(), 3);
     assert_eq!(f.alignment(), 32);
@@ -86,9 +79,7 @@ fn metadata_matches_the_model_card() {
 #[test]
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn tensor_table_shapes_and_types() {
-    let Some(f) = gemma("tensor_table_shapes_and_types") else {
-        return;
-    };
+    let Some(f) = gemma() else { return };
     let s = f.summary();
     assert_eq!(s.n_tensors, 236);
     let hist: Vec<(GgmlType, usize)> = s
@@ -156,9 +147,7 @@ fn tensor_table_shapes_and_types() {
 #[test]
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn every_tensor_dequantizes_to_finite_values() {
-    let Some(f) = gemma("every_tensor_dequantizes_to_finite_values") else {
-        return;
-    };
+    let Some(f) = gemma() else { return };
     for t in f.tensors() {
         let x = f.dequantize(&t.name).unwrap();
         assert_eq!(x.len(), t.len(), "{}", t.name);
@@ -173,9 +162,7 @@ fn every_tensor_dequantizes_to_finite_values() {
 fn norm_weights_already_include_gemmas_plus_one() {
     // Gemma's RMSNorm scales by (1 + w); llama.cpp's converter stores 1 + w in the GGUF, so the
     // weights are used as plain multipliers. Their values are well away from 0 on average.
-    let Some(f) = gemma("norm_weights_already_include_gemmas_plus_one") else {
-        return;
-    };
+    let Some(f) = gemma() else { return };
     let mean = |name: &str| {
         let x = f.dequantize(name).unwrap();
         x.iter().map(|&v| f64::from(v)).sum::<f64>() / x.len() as f64
@@ -194,9 +181,7 @@ fn norm_weights_already_include_gemmas_plus_one() {
 #[test]
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn dequantization_agrees_with_gguf_py() {
-    let Some(f) = gemma("dequantization_agrees_with_gguf_py") else {
-        return;
-    };
+    let Some(f) = gemma() else { return };
     let fx = fixture("dequant.json");
     assert_eq!(fx["format_version"], 1);
     let mut seen = std::collections::BTreeSet::new();
@@ -249,9 +234,7 @@ fn dequantization_agrees_with_gguf_py() {
 #[test]
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn row_lookup_equals_the_full_tensor() {
-    let Some(f) = gemma("row_lookup_equals_the_full_tensor") else {
-        return;
-    };
+    let Some(f) = gemma() else { return };
     for name in [
         "blk.3.ffn_down.weight",
         "blk.5.attn_output.weight",
@@ -274,9 +257,7 @@ fn row_lookup_equals_the_full_tensor() {
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn token_fixture_pieces_are_this_vocabulary() {
     // Ties the llama.cpp tokenization fixture to this file's vocabulary as kvlab-gguf reads it.
-    let Some(f) = gemma("token_fixture_pieces_are_this_vocabulary") else {
-        return;
-    };
+    let Some(f) = gemma() else { return };
     let tokens = f.metadata().get_str_array("tokenizer.ggml.tokens").unwrap();
     let fx = fixture("tokens.json");
     for c in fx["cases"].as_array().unwrap() {

@@ -1,46 +1,12 @@
 //! Malformed and edge-case GGUF files, crafted in memory (or in a temp dir): every one must give
 //! the right typed error, and none may panic.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::good;
 use kvlab_gguf::{GgmlType, GgufBuilder, GgufError, GgufFile, MetadataArray, MetadataValue};
-
-/// A small valid file: a few metadata types and two F32 tensors plus one Q8_0 tensor.
-fn good() -> GgufBuilder {
-    GgufBuilder::new()
-        .kv(
-            "general.architecture",
-            MetadataValue::String("gemma3".into()),
-        )
-        .kv("gemma3.block_count", MetadataValue::U32(2))
-        .kv(
-            "gemma3.attention.layer_norm_rms_epsilon",
-            MetadataValue::F32(1e-6),
-        )
-        .kv(
-            "tokenizer.ggml.tokens",
-            MetadataValue::Array(MetadataArray::String(vec!["<pad>".into(), "▁a".into()])),
-        )
-        .kv(
-            "tokenizer.ggml.scores",
-            MetadataValue::Array(MetadataArray::F32(vec![0.0, -1.5])),
-        )
-        .kv(
-            "tokenizer.ggml.token_type",
-            MetadataValue::Array(MetadataArray::I32(vec![3, 1])),
-        )
-        .tensor_f32("norm.weight", &[3], &[1.0, 2.0, 3.0])
-        .tensor_f32("w.weight", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
-        .tensor("q.weight", &[32], GgmlType::Q8_0, q8_0_block(0.5, 1))
-}
-
-/// One Q8_0 block with d = 0.5 (f16 0x3800 when `d == 0.5`) and every quant = `q`.
-fn q8_0_block(d: f32, q: i8) -> Vec<u8> {
-    assert_eq!(d, 0.5);
-    let mut b = vec![0x00, 0x38];
-    b.extend(std::iter::repeat_n(q as u8, 32));
-    b
-}
 
 fn parse(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
     GgufFile::from_bytes(bytes)
@@ -57,20 +23,20 @@ fn after_string(bytes: &[u8], s: &str) -> usize {
     at + pat.len()
 }
 
-/// Positions of (n_dims, ne[0], type id, offset) in tensor `name`'s info.
-fn tensor_fields(bytes: &[u8], name: &str) -> (usize, usize, usize, usize) {
-    let p = after_string(bytes, name);
+/// Positions of (n_dims, ne[0], type id, offset) in tensor `name`'s info in `good()`.
+fn tensor_fields(name: &str) -> (usize, usize, usize, usize) {
+    let bytes = good().build();
+    let p = after_string(&bytes, name);
     let n_dims = u32::from_le_bytes(bytes[p..p + 4].try_into().unwrap()) as usize;
     let ty = p + 4 + 8 * n_dims;
     (p, p + 4, ty, ty + 4)
 }
 
-fn put_u32(bytes: &mut [u8], at: usize, v: u32) {
-    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_u64(bytes: &mut [u8], at: usize, v: u64) {
-    bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
+/// The error from parsing `good()` with `patch` written over its bytes from `at` on.
+fn error_with(at: usize, patch: &[u8]) -> GgufError {
+    let mut b = good().build();
+    b[at..at + patch.len()].copy_from_slice(patch);
+    parse(b).unwrap_err()
 }
 
 fn temp_path(tag: &str) -> PathBuf {
@@ -250,40 +216,33 @@ fn huge_counts_are_rejected_before_allocating() {
     // n_tensors (bytes 8..16) and n_kv (16..24).
     for at in [8, 16] {
         for v in [u64::MAX, 1 << 40, 1 << 20] {
-            let mut b = good().build();
-            put_u64(&mut b, at, v);
-            let e = parse(b).unwrap_err();
+            let e = error_with(at, &v.to_le_bytes());
             assert!(
                 matches!(e, GgufError::Truncated { .. }),
                 "count {v} at {at}: {e}"
             );
         }
     }
+    let g = good().build();
     // A string length (the first key's) of u64::MAX.
-    let mut b = good().build();
-    put_u64(&mut b, 24, u64::MAX);
-    assert!(matches!(parse(b).unwrap_err(), GgufError::Truncated { .. }));
+    let e = error_with(24, &u64::MAX.to_le_bytes());
+    assert!(matches!(e, GgufError::Truncated { .. }));
     // An array length of u64::MAX (the scores array: after its key, type 9, elem type 6).
-    let mut b = good().build();
-    let p = after_string(&b, "tokenizer.ggml.scores") + 8;
-    put_u64(&mut b, p, u64::MAX);
-    let e = parse(b).unwrap_err();
+    let p = after_string(&g, "tokenizer.ggml.scores") + 8;
+    let e = error_with(p, &u64::MAX.to_le_bytes());
     assert!(matches!(e, GgufError::Truncated { .. }), "{e}");
     // A string-array length that would fit as bytes but not as 8-byte string headers.
-    let mut b = good().build();
-    let p = after_string(&b, "tokenizer.ggml.tokens") + 8;
-    let remaining = (b.len() - p - 8) as u64;
-    put_u64(&mut b, p, remaining / 2);
-    assert!(matches!(parse(b).unwrap_err(), GgufError::Truncated { .. }));
+    let p = after_string(&g, "tokenizer.ggml.tokens") + 8;
+    let remaining = (g.len() - p - 8) as u64;
+    let e = error_with(p, &(remaining / 2).to_le_bytes());
+    assert!(matches!(e, GgufError::Truncated { .. }));
 }
 
 #[test]
 fn unknown_tensor_type() {
+    let (_, _, ty, _) = tensor_fields("norm.weight");
     for id in [4u32, 31, 99, u32::MAX] {
-        let mut b = good().build();
-        let (_, _, ty, _) = tensor_fields(&b, "norm.weight");
-        put_u32(&mut b, ty, id);
-        let e = parse(b).unwrap_err();
+        let e = error_with(ty, &id.to_le_bytes());
         assert!(
             matches!(e, GgufError::UnknownTensorType { type_id, .. } if type_id == id),
             "{e}"
@@ -306,10 +265,8 @@ fn known_but_undequantizable_type_parses_and_then_errors() {
 #[test]
 fn inconsistent_shapes() {
     // Row length not a multiple of the block size: a Q8_0 tensor with ne[0] = 31.
-    let mut b = good().build();
-    let (_, ne0, _, _) = tensor_fields(&b, "q.weight");
-    put_u64(&mut b, ne0, 31);
-    let e = parse(b).unwrap_err();
+    let (_, ne0, _, _) = tensor_fields("q.weight");
+    let e = error_with(ne0, &31u64.to_le_bytes());
     assert!(matches!(e, GgufError::BadShape { .. }), "{e}");
     assert!(e.to_string().contains("block size 32"), "{e}");
 
@@ -326,11 +283,9 @@ fn inconsistent_shapes() {
     assert!(matches!(parse(b).unwrap_err(), GgufError::BadShape { .. }));
 
     // Five dims, and zero dims.
+    let (nd, _, _, _) = tensor_fields("norm.weight");
     for n in [5u32, 0] {
-        let mut b = good().build();
-        let (nd, _, _, _) = tensor_fields(&b, "norm.weight");
-        put_u32(&mut b, nd, n);
-        let e = parse(b).unwrap_err();
+        let e = error_with(nd, &n.to_le_bytes());
         assert!(matches!(e, GgufError::BadShape { .. }), "{n} dims: {e}");
     }
 }
@@ -348,26 +303,19 @@ fn zero_element_tensor_is_allowed() {
 
 #[test]
 fn tensor_out_of_bounds_overlap_and_misalignment() {
+    let (_, _, _, off) = tensor_fields("q.weight");
+    let offset = |v: u64| error_with(off, &v.to_le_bytes());
     // Offset far past the end.
-    let mut b = good().build();
-    let (_, _, _, off) = tensor_fields(&b, "q.weight");
-    put_u64(&mut b, off, 1 << 40);
-    let e = parse(b).unwrap_err();
+    let e = offset(1 << 40);
     assert!(matches!(e, GgufError::TensorOutOfBounds { .. }), "{e}");
     // Offset that overflows u64 when added to the data start.
-    let mut b = good().build();
-    put_u64(&mut b, off, u64::MAX - 31);
-    let e = parse(b).unwrap_err();
+    let e = offset(u64::MAX - 31);
     assert!(matches!(e, GgufError::TensorOutOfBounds { .. }), "{e}");
     // Two tensors at the same offset.
-    let mut b = good().build();
-    put_u64(&mut b, off, 0);
-    let e = parse(b).unwrap_err();
+    let e = offset(0);
     assert!(matches!(e, GgufError::TensorOverlap { .. }), "{e}");
     // An offset that is not a multiple of the alignment.
-    let mut b = good().build();
-    put_u64(&mut b, off, 33);
-    let e = parse(b).unwrap_err();
+    let e = offset(33);
     assert!(
         matches!(
             e,
@@ -422,23 +370,16 @@ fn duplicates() {
 
 #[test]
 fn bad_metadata_values() {
+    let g = good().build();
     // A value type id outside the table.
-    let mut b = good().build();
-    let p = after_string(&b, "gemma3.block_count");
-    put_u32(&mut b, p, 13);
-    let e = parse(b).unwrap_err();
+    let e = error_with(after_string(&g, "gemma3.block_count"), &13u32.to_le_bytes());
     assert!(matches!(e, GgufError::BadMetadataValue { .. }), "{e}");
     // An array of arrays.
-    let mut b = good().build();
-    let p = after_string(&b, "tokenizer.ggml.scores") + 4;
-    put_u32(&mut b, p, 9);
-    let e = parse(b).unwrap_err();
+    let p = after_string(&g, "tokenizer.ggml.scores") + 4;
+    let e = error_with(p, &9u32.to_le_bytes());
     assert!(e.to_string().contains("arrays of arrays"), "{e}");
     // Invalid UTF-8 in a key.
-    let mut b = good().build();
-    let p = after_string(&b, "general.architecture") - 1;
-    b[p] = 0xFF;
-    let e = parse(b).unwrap_err();
+    let e = error_with(after_string(&g, "general.architecture") - 1, &[0xFF]);
     assert!(matches!(e, GgufError::InvalidUtf8 { .. }), "{e}");
 }
 
