@@ -26,17 +26,27 @@ fn config(num_blocks: usize, block_size: usize, max_model_len: usize) -> Schedul
     }
 }
 
+/// Adds a request that stops after `max_tokens` generated tokens.
+fn add(s: &mut Scheduler, prompt: Vec<u32>, max_tokens: usize) -> SeqId {
+    s.add_request(prompt, StopConditions::max_tokens(max_tokens))
+        .unwrap()
+}
+
+/// The kind of a prefill step.
+fn prefill(num_cached_tokens: usize, is_recompute: bool) -> StepKind {
+    StepKind::Prefill {
+        num_cached_tokens,
+        is_recompute,
+    }
+}
+
 /// Runs `batch` with the stand-in model and feeds the samples back.
 fn step(s: &mut Scheduler, batch: &ScheduledBatch) -> Vec<FinishedSeq> {
+    let next = |id| next_token(s.sequence(id).unwrap().token_ids());
     let outs: Vec<(SeqId, u32)> = batch
         .seqs
         .iter()
-        .map(|q| {
-            (
-                q.seq_id,
-                next_token(s.sequence(q.seq_id).unwrap().token_ids()),
-            )
-        })
+        .map(|q| (q.seq_id, next(q.seq_id)))
         .collect();
     s.update(&outs).unwrap()
 }
@@ -66,22 +76,14 @@ fn assert_model_consistent(f: &FinishedSeq) {
 #[test]
 fn one_request_prefill_then_decodes() {
     let mut s = Scheduler::new(config(16, 4, 64)).unwrap();
-    let id = s
-        .add_request(vec![10, 11, 12, 13, 14, 15], StopConditions::max_tokens(3))
-        .unwrap();
+    let id = add(&mut s, vec![10, 11, 12, 13, 14, 15], 3);
     let b = s.schedule().unwrap();
     assert_eq!(b.seqs.len(), 1);
     let q = &b.seqs[0];
     assert_eq!(q.token_ids, vec![10, 11, 12, 13, 14, 15]);
     assert_eq!(q.positions, (0..6).collect::<Vec<_>>());
     assert_eq!(q.context_len, 6);
-    assert_eq!(
-        q.kind,
-        StepKind::Prefill {
-            num_cached_tokens: 0,
-            is_recompute: false
-        }
-    );
+    assert_eq!(q.kind, prefill(0, false));
     assert_eq!(q.groups[0].slot_mapping, vec![0, 1, 2, 3, 4, 5]);
     assert_eq!(q.groups[0].block_table, vec![0, 1]);
     assert!(s.update(&[(id, 20)]).unwrap().is_empty());
@@ -113,8 +115,7 @@ fn admission_respects_token_budget_and_fcfs() {
     c.max_num_batched_tokens = 16;
     let mut s = Scheduler::new(c).unwrap();
     for i in 0..3 {
-        s.add_request(vec![i; 6], StopConditions::max_tokens(2))
-            .unwrap();
+        add(&mut s, vec![i; 6], 2);
     }
     let b = s.schedule().unwrap();
     assert_eq!(b.num_prefills(), 2, "6 + 6 fit 16, a third 6 does not");
@@ -132,19 +133,14 @@ fn admission_respects_max_num_seqs_and_blocks() {
     let mut c = config(32, 4, 16);
     c.max_num_seqs = 1;
     let mut s = Scheduler::new(c).unwrap();
-    s.add_request(vec![1; 3], StopConditions::max_tokens(2))
-        .unwrap();
-    s.add_request(vec![2; 3], StopConditions::max_tokens(2))
-        .unwrap();
+    add(&mut s, vec![1; 3], 2);
+    add(&mut s, vec![2; 3], 2);
     assert_eq!(s.schedule().unwrap().seqs.len(), 1);
 
     // 4 blocks of 4: a 9-token prompt takes 3, so a second one waits.
     let mut s = Scheduler::new(config(4, 4, 16)).unwrap();
-    s.add_request(vec![1; 9], StopConditions::max_tokens(1))
-        .unwrap();
-    let second = s
-        .add_request(vec![2; 9], StopConditions::max_tokens(1))
-        .unwrap();
+    add(&mut s, vec![1; 9], 1);
+    let second = add(&mut s, vec![2; 9], 1);
     let b = s.schedule().unwrap();
     assert_eq!(b.seqs.len(), 1);
     assert_eq!(s.waiting().collect::<Vec<_>>(), vec![second]);
@@ -158,12 +154,7 @@ fn admission_respects_max_num_seqs_and_blocks() {
 fn preemption_takes_the_newest_and_recomputes_with_generated_tokens() {
     // 6 blocks of 2 tokens; three 3-token prompts take 2 blocks each and fill the pool.
     let mut s = Scheduler::new(config(6, 2, 12)).unwrap();
-    let ids: Vec<SeqId> = (0..3)
-        .map(|i| {
-            s.add_request(vec![i, i, i], StopConditions::max_tokens(4))
-                .unwrap()
-        })
-        .collect();
+    let ids: Vec<SeqId> = (0..3).map(|i| add(&mut s, vec![i, i, i], 4)).collect();
     let b = s.schedule().unwrap();
     assert_eq!(b.num_prefills(), 3);
     step(&mut s, &b); // lengths 4
@@ -197,13 +188,7 @@ fn preemption_takes_the_newest_and_recomputes_with_generated_tokens() {
     assert_eq!(q.seq_id, ids[2]);
     assert_eq!(q.token_ids.len(), 5);
     assert_eq!(&q.token_ids[..3], &[2, 2, 2]);
-    assert_eq!(
-        q.kind,
-        StepKind::Prefill {
-            num_cached_tokens: 0,
-            is_recompute: true
-        }
-    );
+    assert_eq!(q.kind, prefill(0, true));
     step(&mut s, &b);
     let done = drain(&mut s);
     assert_eq!(done[0].output_token_ids.len(), 4);
@@ -217,12 +202,8 @@ fn preemption_takes_the_newest_and_recomputes_with_generated_tokens() {
 fn several_victims_are_taken_newest_first_and_requeued_in_order() {
     // Pool of 3 blocks of 2. A holds 1 block, B holds 2; C is a fork of B sharing both.
     let mut s = Scheduler::new(config(3, 2, 6)).unwrap();
-    let a = s
-        .add_request(vec![1, 2], StopConditions::max_tokens(3))
-        .unwrap();
-    let b = s
-        .add_request(vec![4, 5, 6], StopConditions::max_tokens(3))
-        .unwrap();
+    let a = add(&mut s, vec![1, 2], 3);
+    let b = add(&mut s, vec![4, 5, 6], 3);
     let batch = s.schedule().unwrap();
     step(&mut s, &batch);
     let c = s.fork(b).unwrap();
@@ -242,20 +223,12 @@ fn prefix_hits_skip_cached_tokens() {
     let mut c = config(16, 2, 16);
     c.enable_prefix_caching = true;
     let mut s = Scheduler::new(c).unwrap();
-    s.add_request(vec![1, 2, 3, 4, 5], StopConditions::max_tokens(1))
-        .unwrap();
+    add(&mut s, vec![1, 2, 3, 4, 5], 1);
     drain(&mut s);
-    s.add_request(vec![1, 2, 3, 4, 9], StopConditions::max_tokens(1))
-        .unwrap();
+    add(&mut s, vec![1, 2, 3, 4, 9], 1);
     let b = s.schedule().unwrap();
     let q = &b.seqs[0];
-    assert_eq!(
-        q.kind,
-        StepKind::Prefill {
-            num_cached_tokens: 4,
-            is_recompute: false
-        }
-    );
+    assert_eq!(q.kind, prefill(4, false));
     assert_eq!(
         (q.token_ids.clone(), q.positions.clone(), q.context_len),
         (vec![9], vec![4], 5)
@@ -271,19 +244,11 @@ fn forced_collision_in_the_scheduler_only_shortens_the_hit() {
     let mut c = config(16, 2, 16);
     c.enable_prefix_caching = true;
     let mut s = Scheduler::new(c).unwrap().with_hash_fn(|_, _| BlockHash(7));
-    s.add_request(vec![1, 2, 3, 4, 5], StopConditions::max_tokens(1))
-        .unwrap();
+    add(&mut s, vec![1, 2, 3, 4, 5], 1);
     drain(&mut s);
-    s.add_request(vec![1, 2, 3, 4, 9], StopConditions::max_tokens(2))
-        .unwrap();
+    add(&mut s, vec![1, 2, 3, 4, 9], 2);
     let b = s.schedule().unwrap();
-    assert_eq!(
-        b.seqs[0].kind,
-        StepKind::Prefill {
-            num_cached_tokens: 2,
-            is_recompute: false
-        }
-    );
+    assert_eq!(b.seqs[0].kind, prefill(2, false));
     step(&mut s, &b);
     drain(&mut s).iter().for_each(assert_model_consistent);
 }
@@ -291,9 +256,7 @@ fn forced_collision_in_the_scheduler_only_shortens_the_hit() {
 #[test]
 fn fork_copies_the_shared_partial_block_once() {
     let mut s = Scheduler::new(config(8, 4, 16)).unwrap();
-    let a = s
-        .add_request(vec![1, 2, 3, 4, 5, 6], StopConditions::max_tokens(3))
-        .unwrap();
+    let a = add(&mut s, vec![1, 2, 3, 4, 5, 6], 3);
     s.schedule().unwrap();
     s.update(&[(a, 7)]).unwrap();
     let c = s.fork(a).unwrap();
@@ -365,12 +328,8 @@ fn bad_requests_and_call_order_are_errors() {
         Err(PagedError::InvalidRequest(_))
     ));
     assert_eq!(s.update(&[(SeqId(0), 1)]), Err(PagedError::NoStepInFlight));
-    let a = s
-        .add_request(vec![1, 2], StopConditions::max_tokens(5))
-        .unwrap();
-    let b = s
-        .add_request(vec![3, 4], StopConditions::max_tokens(5))
-        .unwrap();
+    let a = add(&mut s, vec![1, 2], 5);
+    let b = add(&mut s, vec![3, 4], 5);
     s.schedule().unwrap();
     assert_eq!(s.schedule(), Err(PagedError::UpdatePending));
     assert_eq!(s.fork(a), Err(PagedError::UpdatePending));
@@ -437,8 +396,7 @@ fn sliding_window_group_stays_bounded() {
         sliding_window: Some(w),
     });
     let mut s = Scheduler::new(c).unwrap();
-    s.add_request((1..=9).collect(), StopConditions::max_tokens(6))
-        .unwrap();
+    add(&mut s, (1..=9).collect(), 6);
     let b = s.schedule().unwrap();
     let local = &b.seqs[0].groups[1];
     // After the prefill the next query (position 9) reads keys 6..=9: 0..6 are never stored.
@@ -475,8 +433,7 @@ fn sliding_window_prefix_hit_adopts_only_the_window() {
     c.enable_prefix_caching = true;
     let mut s = Scheduler::new(c).unwrap();
     let prompt: Vec<u32> = (1..=12).collect();
-    s.add_request(prompt.clone(), StopConditions::max_tokens(1))
-        .unwrap();
+    add(&mut s, prompt.clone(), 1);
     // The prefill stores only keys 9..12 in the local group: blocks 0..4 are never written
     // there, yet their levels are registered (as ghosts) so that the chain stays verified.
     let b = s.schedule().unwrap();
@@ -488,17 +445,10 @@ fn sliding_window_prefix_hit_adopts_only_the_window() {
     // local keys from window_start(12) = 9 on, i.e. logical blocks 4 and 5 only.
     let mut longer = prompt.clone();
     longer.extend([40, 41]);
-    s.add_request(longer, StopConditions::max_tokens(2))
-        .unwrap();
+    add(&mut s, longer, 2);
     let b = s.schedule().unwrap();
     let q = &b.seqs[0];
-    assert_eq!(
-        q.kind,
-        StepKind::Prefill {
-            num_cached_tokens: 12,
-            is_recompute: false
-        }
-    );
+    assert_eq!(q.kind, prefill(12, false));
     assert_eq!(q.positions, vec![12, 13]);
     assert!(q.groups[0].block_table[..6].iter().all(|&x| x >= 0));
     assert_eq!(&q.groups[1].block_table[..4], &[PAD_BLOCK; 4]);
@@ -520,13 +470,10 @@ fn sliding_window_prefix_hit_adopts_only_the_window() {
 #[test]
 fn model_input_flattens_the_batch() {
     let mut s = Scheduler::new(config(16, 4, 16)).unwrap();
-    let a = s
-        .add_request(vec![1, 2, 3], StopConditions::max_tokens(4))
-        .unwrap();
+    let a = add(&mut s, vec![1, 2, 3], 4);
     let b = s.schedule().unwrap();
     step(&mut s, &b);
-    s.add_request(vec![4, 5, 6, 7, 8], StopConditions::max_tokens(4))
-        .unwrap();
+    add(&mut s, vec![4, 5, 6, 7, 8], 4);
     let b = s.schedule().unwrap();
     let m = b.model_input();
     let last = s.sequence(a).unwrap().token_ids()[3];
