@@ -170,8 +170,7 @@ impl CudaEngine {
         };
         let (plan, weight_bytes) =
             with_runner!(&runner, f => (f.pool.plan.clone(), f.weights.bytes));
-        let kv_cache = KvCacheConfig::new(c.kv_cache_groups(), plan.num_blocks, plan.block_size);
-        let unscheduled = UnscheduledPools::new(&kv_cache)?;
+        let unscheduled = UnscheduledPools::new(with_runner!(&runner, f => &f.geometry.kv_cache))?;
         Ok(CudaEngine {
             model,
             runner,
@@ -237,8 +236,7 @@ impl CudaEngine {
 
     fn run(&mut self, batch: &ScheduledBatch) -> Result<usize> {
         let input = batch.model_input();
-        let geometry = with_runner!(&self.runner, f => f.geometry.clone());
-        let packed = pack_step(&input, &geometry)?;
+        let packed = with_runner!(&self.runner, f => pack_step(&input, &f.geometry))?;
         with_runner!(&mut self.runner, f => f.step(&packed))?;
         Ok(packed.n_seqs)
     }

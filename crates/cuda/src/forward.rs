@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use kvlab_model::{Config, Model, RopeLayout};
+use kvlab_paged::KvCacheConfig;
 
 use crate::device::Device;
 use crate::dtype::DType;
@@ -92,14 +93,13 @@ impl<A: DType, C: DType> Forward<A, C> {
         dev.sync()?;
         let (free, total) = dev.mem_info()?;
         let plan = pool_size(free, total)?;
+        let kv_cache = KvCacheConfig::new(c.kv_cache_groups(), plan.num_blocks, plan.block_size);
         let pool = KvPool::<C>::allocate(&stream, &c, plan)?;
         let layer_group = (0..c.n_layers).map(|l| c.layer_cache_group(l)).collect();
         let geometry = PackGeometry {
             vocab_size: c.vocab_size,
             max_positions: rope.max_pos,
-            num_blocks: pool.plan.num_blocks,
-            block_size: pool.plan.block_size,
-            windows: c.kv_cache_groups(),
+            kv_cache,
         };
         dev.sync()?;
         Ok(Forward {

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use cudarc::driver::LaunchConfig;
-use kvlab_paged::{ModelInput, PAD_BLOCK, PAD_SLOT};
+use kvlab_paged::{KvCacheConfig, ModelInput, PAD_BLOCK, PAD_SLOT};
 
 use crate::error::{CudaError, Result};
 
@@ -65,16 +65,21 @@ pub fn row_threads(n: usize, max: u32) -> u32 {
     rounded.min(max as usize) as u32
 }
 
+/// A launch of `grid_dim` blocks of `threads` threads, no dynamic shared memory.
+fn config(grid_dim: (u32, u32, u32), threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// RMSNorm: one block per row of `n`, up to 1024 threads.
 ///
 /// # Errors
 /// No rows, or too many.
 pub fn rmsnorm_config(rows: usize, n: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (grid_x("rows", rows)?, 1, 1),
-        block_dim: (row_threads(n, 1024), 1, 1),
-        shared_mem_bytes: 0,
-    })
+    Ok(config((grid_x("rows", rows)?, 1, 1), row_threads(n, 1024)))
 }
 
 /// Row copies (embedding gather, reshape_and_cache, gather_rows): one block per row, up to 256
@@ -83,11 +88,8 @@ pub fn rmsnorm_config(rows: usize, n: usize) -> Result<LaunchConfig> {
 /// # Errors
 /// No rows, or too many.
 pub fn row_copy_config(rows: usize, n: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (grid_x("rows", rows)?, 1, 1),
-        block_dim: (row_threads(n, ELEMENTWISE_THREADS), 1, 1),
-        shared_mem_bytes: 0,
-    })
+    let threads = row_threads(n, ELEMENTWISE_THREADS);
+    Ok(config((grid_x("rows", rows)?, 1, 1), threads))
 }
 
 /// Grid-stride elementwise kernels over `n` elements.
@@ -95,11 +97,7 @@ pub fn elementwise_config(n: usize) -> LaunchConfig {
     let blocks = n
         .div_ceil(ELEMENTWISE_THREADS as usize)
         .clamp(1, MAX_ELEMENTWISE_BLOCKS);
-    LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (ELEMENTWISE_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    config((blocks as u32, 1, 1), ELEMENTWISE_THREADS)
 }
 
 /// RoPE: one thread per (token, head, pair); no grid-stride loop, so the grid covers them all.
@@ -109,11 +107,10 @@ pub fn elementwise_config(n: usize) -> LaunchConfig {
 pub fn rope_config(n_tokens: usize, n_heads: usize, head_dim: usize) -> Result<LaunchConfig> {
     let pairs = n_tokens * n_heads * (head_dim / 2);
     let blocks = pairs.div_ceil(ELEMENTWISE_THREADS as usize);
-    Ok(LaunchConfig {
-        grid_dim: (grid_x("rope thread blocks", blocks)?, 1, 1),
-        block_dim: (ELEMENTWISE_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
+    Ok(config(
+        (grid_x("rope thread blocks", blocks)?, 1, 1),
+        ELEMENTWISE_THREADS,
+    ))
 }
 
 /// paged_attention_v1: one block per (decode sequence, query head).
@@ -121,15 +118,7 @@ pub fn rope_config(n_tokens: usize, n_heads: usize, head_dim: usize) -> Result<L
 /// # Errors
 /// No sequences, or too many heads.
 pub fn decode_v1_config(n_decode: usize, n_heads: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (
-            grid_x("decode sequences", n_decode)?,
-            grid_yz("n_heads", n_heads)?,
-            1,
-        ),
-        block_dim: (ATTN_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
+    decode_v2_config(n_decode, n_heads, 1)
 }
 
 /// paged_attention_v2: one block per (decode sequence, query head, partition).
@@ -141,15 +130,12 @@ pub fn decode_v2_config(
     n_heads: usize,
     max_partitions: usize,
 ) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (
-            grid_x("decode sequences", n_decode)?,
-            grid_yz("n_heads", n_heads)?,
-            grid_yz("partitions", max_partitions)?,
-        ),
-        block_dim: (ATTN_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
+    let grid = (
+        grid_x("decode sequences", n_decode)?,
+        grid_yz("n_heads", n_heads)?,
+        grid_yz("partitions", max_partitions)?,
+    );
+    Ok(config(grid, ATTN_THREADS))
 }
 
 /// paged_attention_v2_reduce: one block per (decode sequence, query head), threads over dims.
@@ -165,15 +151,12 @@ pub fn decode_reduce_config(n_decode: usize, n_heads: usize) -> Result<LaunchCon
 /// # Errors
 /// No tokens, or too many heads.
 pub fn prefill_config(n_query_tokens: usize, n_heads: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (
-            grid_x("prefill tokens", n_query_tokens)?,
-            grid_yz("n_heads", n_heads)?,
-            1,
-        ),
-        block_dim: (ATTN_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
+    let grid = (
+        grid_x("prefill tokens", n_query_tokens)?,
+        grid_yz("n_heads", n_heads)?,
+        1,
+    );
+    Ok(config(grid, ATTN_THREADS))
 }
 
 /// copy_blocks_v1: one block per (src, dst) pair.
@@ -181,11 +164,8 @@ pub fn prefill_config(n_query_tokens: usize, n_heads: usize) -> Result<LaunchCon
 /// # Errors
 /// No pairs, or too many.
 pub fn copy_blocks_config(n_pairs: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (grid_x("block copies", n_pairs)?, 1, 1),
-        block_dim: (ELEMENTWISE_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
+    let grid = (grid_x("block copies", n_pairs)?, 1, 1);
+    Ok(config(grid, ELEMENTWISE_THREADS))
 }
 
 /// argmax_v1: one block of exactly [`ARGMAX_THREADS`] per row.
@@ -193,11 +173,7 @@ pub fn copy_blocks_config(n_pairs: usize) -> Result<LaunchConfig> {
 /// # Errors
 /// No rows, or too many.
 pub fn argmax_config(rows: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (grid_x("rows", rows)?, 1, 1),
-        block_dim: (ARGMAX_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    })
+    Ok(config((grid_x("rows", rows)?, 1, 1), ARGMAX_THREADS))
 }
 
 /// Partitions of `partition_size` keys that `n_keys` keys need (at least 1).
@@ -284,11 +260,9 @@ pub struct PackGeometry {
     pub vocab_size: usize,
     /// Rows of the RoPE tables: positions must be below it.
     pub max_positions: usize,
-    /// Blocks per group's pool, and tokens per block.
-    pub num_blocks: usize,
-    pub block_size: usize,
-    /// (num_groups,) `None` for the global group, `Some(window)` for sliding-window groups.
-    pub windows: Vec<Option<usize>>,
+    /// The pool: tokens per block, and per group its blocks and window (`None` for the global
+    /// group) — the engine's one `KvCacheConfig`.
+    pub kv_cache: KvCacheConfig,
 }
 
 /// Where one group's arrays are in [`PackedStep::ints`].
@@ -374,15 +348,18 @@ pub fn pack_step(input: &ModelInput, geom: &PackGeometry) -> Result<PackedStep> 
             input.logits_indices.len()
         ));
     }
-    if input.groups.len() != geom.windows.len() {
+    let bs = geom.kv_cache.block_size;
+    if input.groups.len() != geom.kv_cache.groups.len() {
         return bad(format!(
             "{} KV groups in the step, the model has {}",
             input.groups.len(),
-            geom.windows.len()
+            geom.kv_cache.groups.len()
         ));
     }
     i32_of("tokens in a step", n_tokens)?;
-    i32_of("slots in the pool", geom.num_blocks * geom.block_size)?;
+    for group in &geom.kv_cache.groups {
+        i32_of("slots in the pool", group.num_blocks * bs)?;
+    }
     let qsl = &input.query_start_loc;
     if qsl[0] != 0 || qsl[n_seqs] as usize != n_tokens {
         return bad(format!(
@@ -456,9 +433,9 @@ pub fn pack_step(input: &ModelInput, geom: &PackGeometry) -> Result<PackedStep> 
     let token_seq = push(&mut ints, token_seq_v);
     let logits_rows = push(&mut ints, (0..n_seqs).map(|s| qsl[s + 1] - 1));
 
-    let (bs, nb) = (geom.block_size, geom.num_blocks);
     let mut groups = Vec::with_capacity(input.groups.len());
-    for (g, (gi, &window)) in input.groups.iter().zip(&geom.windows).enumerate() {
+    for (g, (gi, group)) in input.groups.iter().zip(&geom.kv_cache.groups).enumerate() {
+        let (nb, window) = (group.num_blocks, group.sliding_window);
         let bt = &gi.block_tables;
         if gi.slot_mapping.len() != n_tokens || bt.num_seqs != n_seqs {
             return bad(format!(

@@ -6,9 +6,7 @@ fn geometry(num_blocks: usize, windows: Vec<Option<usize>>) -> PackGeometry {
     PackGeometry {
         vocab_size: 100,
         max_positions: 256,
-        num_blocks,
-        block_size: 4,
-        windows,
+        kv_cache: KvCacheConfig::new(windows, num_blocks, 4),
     }
 }
 
@@ -281,16 +279,13 @@ fn cached_keys_without_a_block_are_refused() {
 /// 40-token window group, every step valid for the kernels, the window group bounded.
 #[test]
 fn unscheduled_windowed_steps_pack() {
-    let windows = vec![None, Some(40)];
-    let mut pools =
-        kvlab_paged::UnscheduledPools::new(&KvCacheConfig::new(windows.clone(), 64, 16)).unwrap();
+    let kv_cache = KvCacheConfig::new([None, Some(40)], 64, 16);
+    let mut pools = kvlab_paged::UnscheduledPools::new(&kv_cache).unwrap();
     let mut seq = pools.new_seq(1024);
     let geom = PackGeometry {
         vocab_size: 1000,
         max_positions: 4096,
-        num_blocks: 64,
-        block_size: 16,
-        windows,
+        kv_cache,
     };
     let mut tokens: Vec<u32> = (0..70).map(|i| i % 900 + 1).collect();
     for step in 0..301 {
