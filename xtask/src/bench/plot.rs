@@ -10,13 +10,16 @@
 //! render on a machine without fontconfig; the SVGs name the font family and leave the glyphs
 //! to the viewer.
 
+use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{Result, anyhow};
 use kvlab_cli::engines::EngineKind;
 use plotters::coord::Shift;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
+use super::models::ModelInfo;
 use super::report::Report;
 
 /// Registers the embedded font as "sans-serif", plotters' default family.
@@ -50,79 +53,181 @@ fn color(engine: &str) -> RGBColor {
 
 const PANEL: (u32, u32) = (560, 420);
 
+/// How a figure draws one model's panel.
+type PanelOf = fn(&Report, &ModelInfo) -> Panel;
+
+/// The figures: each one's file stem and panel.
+const FIGURES: [(&str, PanelOf); 4] = [
+    ("decode_latency", decode_panel),
+    ("generation_time", generation_panel),
+    ("batch_throughput", batch_panel),
+    ("kv_memory", memory_panel),
+];
+
 /// Writes every figure as SVG and PNG into `dir`; returns the file names.
 pub fn all(r: &Report, dir: &Path) -> Result<Vec<String>> {
-    let models: Vec<String> = r.models.iter().map(|m| m.name.clone()).collect();
-    if models.is_empty() {
+    if r.models.is_empty() {
         return Ok(Vec::new());
     }
-    let size = (PANEL.0 * models.len() as u32, PANEL.1);
+    let size = (PANEL.0 * r.models.len() as u32, PANEL.1);
     let mut files = Vec::new();
-    for fig in [
-        Fig::DecodeLatency,
-        Fig::GenerationTime,
-        Fig::BatchThroughput,
-        Fig::KvMemory,
-    ] {
-        let (svg, png) = (
-            format!("{}.svg", fig.file_stem()),
-            format!("{}.png", fig.file_stem()),
-        );
-        let path = dir.join(&svg);
+    for (stem, panel) in FIGURES {
+        let panels: Vec<Panel> = r.models.iter().map(|m| panel(r, m)).collect();
+        let (svg, png) = (format!("{stem}.svg"), format!("{stem}.png"));
         draw(
-            SVGBackend::new(&path, size).into_drawing_area(),
-            r,
-            &models,
-            fig,
+            SVGBackend::new(&dir.join(&svg), size).into_drawing_area(),
+            &panels,
         )?;
-        let path = dir.join(&png);
         draw(
-            BitMapBackend::new(&path, size).into_drawing_area(),
-            r,
-            &models,
-            fig,
+            BitMapBackend::new(&dir.join(&png), size).into_drawing_area(),
+            &panels,
         )?;
         files.extend([svg, png]);
     }
     Ok(files)
 }
 
-#[derive(Clone, Copy)]
-enum Fig {
-    DecodeLatency,
-    GenerationTime,
-    BatchThroughput,
-    KvMemory,
-}
-
-impl Fig {
-    fn file_stem(self) -> &'static str {
-        match self {
-            Fig::DecodeLatency => "decode_latency",
-            Fig::GenerationTime => "generation_time",
-            Fig::BatchThroughput => "batch_throughput",
-            Fig::KvMemory => "kv_memory",
-        }
-    }
-}
-
 /// One figure: a panel per model side by side.
-fn draw<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    r: &Report,
-    models: &[String],
-    fig: Fig,
-) -> Result<()> {
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, panels: &[Panel]) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
-    for (area, m) in root.split_evenly((1, models.len())).iter().zip(models) {
-        match fig {
-            Fig::DecodeLatency => decode_panel(area, r, m)?,
-            Fig::GenerationTime => generation_panel(area, r, m)?,
-            Fig::BatchThroughput => batch_panel(area, r, m)?,
-            Fig::KvMemory => memory_panel(area, r, m)?,
-        }
+    for (area, p) in root.split_evenly((1, panels.len())).iter().zip(panels) {
+        p.draw(area)?;
     }
     root.present().map_err(err)
+}
+
+/// One model's panel of a figure, as data: every figure is drawn by `Panel::draw`.
+struct Panel {
+    title: String,
+    x: Axis,
+    y: Axis,
+    legend: SeriesLabelPosition,
+    series: Vec<Series>,
+}
+
+/// An axis: its range, its description, and the base of its log scale (`None`: linear).
+struct Axis {
+    range: Range<f64>,
+    desc: &'static str,
+    log: Option<f64>,
+}
+
+fn axis(range: Range<f64>, log: Option<f64>, desc: &'static str) -> Axis {
+    Axis { range, desc, log }
+}
+
+/// A line of a panel and its legend entry, if any.
+struct Series {
+    pts: Vec<(f64, f64)>,
+    style: ShapeStyle,
+    line: Line,
+    /// The legend's label and the style of its key (a short stroke).
+    key: Option<(String, ShapeStyle)>,
+}
+
+/// How a series is drawn: a solid line, a dashed one (dash and gap lengths, pixels), or a solid
+/// one with a marker at each point.
+#[derive(Clone, Copy)]
+enum Line {
+    Solid,
+    Dashed(u32, u32),
+    Circles,
+    Triangles,
+}
+
+impl Series {
+    fn new(pts: Vec<(f64, f64)>, style: ShapeStyle, line: Line) -> Series {
+        Series {
+            pts,
+            style,
+            line,
+            key: None,
+        }
+    }
+
+    fn key(self, label: String, style: ShapeStyle) -> Series {
+        Series {
+            key: Some((label, style)),
+            ..self
+        }
+    }
+}
+
+impl Panel {
+    /// Draws the panel into `area`; each axis's scale picks plotters' coordinate type.
+    fn draw<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Result<()> {
+        let (x, y) = (self.x.range.clone(), self.y.range.clone());
+        match (self.x.log, self.y.log) {
+            (None, None) => self.draw_in(area, x, y),
+            (None, Some(b)) => self.draw_in(area, x, y.log_scale().base(b)),
+            (Some(a), None) => self.draw_in(area, x.log_scale().base(a), y),
+            (Some(a), Some(b)) => self.draw_in(area, x.log_scale().base(a), y.log_scale().base(b)),
+        }
+    }
+
+    fn draw_in<DB, X, Y>(&self, area: &DrawingArea<DB, Shift>, x: X, y: Y) -> Result<()>
+    where
+        DB: DrawingBackend,
+        X: AsRangedCoord<Value = f64>,
+        Y: AsRangedCoord<Value = f64>,
+        X::CoordDescType: ValueFormatter<f64>,
+        Y::CoordDescType: ValueFormatter<f64>,
+    {
+        let mut chart = ChartBuilder::on(area)
+            .caption(&self.title, ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(x, y)
+            .map_err(err)?;
+        // A log x axis counts things (sequences, positions): whole numbers.
+        let round = |v: &f64| format!("{}", v.round());
+        let x_fmt: &dyn Fn(&f64) -> String = if self.x.log.is_some() { &round } else { &num };
+        let mut mesh = chart.configure_mesh();
+        mesh.x_desc(self.x.desc)
+            .y_desc(self.y.desc)
+            .x_label_formatter(x_fmt)
+            .y_label_formatter(&num)
+            .label_style(("sans-serif", 12))
+            .axis_desc_style(("sans-serif", 13));
+        if self.y.log.is_some() {
+            mesh.y_labels(10);
+        }
+        mesh.draw().map_err(err)?;
+        for s in &self.series {
+            let pts = s.pts.iter().copied();
+            let drawn = match s.line {
+                Line::Dashed(dash, gap) => {
+                    chart.draw_series(DashedLineSeries::new(pts, dash, gap, s.style))
+                }
+                _ => chart.draw_series(LineSeries::new(pts, s.style)),
+            }
+            .map_err(err)?;
+            if let Some((label, key)) = &s.key {
+                let key = *key;
+                drawn
+                    .label(label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], key));
+            }
+            let fill = s.style.color.filled();
+            match s.line {
+                Line::Circles => chart.draw_series(s.pts.iter().map(|&p| Circle::new(p, 3, fill))),
+                Line::Triangles => {
+                    chart.draw_series(s.pts.iter().map(|&p| TriangleMarker::new(p, 5, fill)))
+                }
+                _ => continue,
+            }
+            .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(self.legend.clone())
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.5))
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(err)
+    }
 }
 
 /// The range `lo..hi` widened by a factor on each side, for a log axis.
@@ -185,39 +290,17 @@ fn thin(pts: Vec<(f64, f64)>, max: usize) -> Vec<(f64, f64)> {
     out
 }
 
-fn subtitle(r: &Report, model: &str) -> String {
-    r.models
-        .iter()
-        .find(|m| m.name == model)
-        .map_or(model.to_string(), |m| {
-            format!(
-                "{model} ({}, {:.1} M params)",
-                m.format,
-                m.n_params as f64 / 1e6
-            )
-        })
+fn subtitle(m: &ModelInfo) -> String {
+    format!(
+        "{} ({}, {:.1} M params)",
+        m.name,
+        m.format,
+        m.n_params as f64 / 1e6
+    )
 }
 
-fn legend<'a, DB: DrawingBackend + 'a, X: Ranged, Y: Ranged>(
-    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
-    pos: SeriesLabelPosition,
-) -> Result<()> {
-    chart
-        .configure_series_labels()
-        .position(pos)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.5))
-        .label_font(("sans-serif", 13))
-        .draw()
-        .map_err(err)
-}
-
-fn decode_panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    r: &Report,
-    model: &str,
-) -> Result<()> {
-    let runs: Vec<_> = r.decode.iter().filter(|d| d.model == model).collect();
+fn decode_panel(r: &Report, m: &ModelInfo) -> Panel {
+    let runs: Vec<_> = r.decode.iter().filter(|d| d.model == m.name).collect();
     let xmax = runs.iter().map(|d| d.positions).max().unwrap_or(2) as f64;
     // A linear time axis: the naive engine's step grows as a straight line with the position
     // (it recomputes the prefix), a cached engine's hugs the floor. On a shared machine single
@@ -230,58 +313,36 @@ fn decode_panel<DB: DrawingBackend>(
         .flat_map(|d| rolling_median(&d.step_ms.min[1..], window))
         .fold(0.0f64, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!("decode step time — {}", subtitle(r, model)),
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..xmax, 0f64..hi.max(1e-3))
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("position (tokens already in the sequence)")
-        .y_desc("ms per decode step")
-        .x_label_formatter(&num)
-        .y_label_formatter(&num)
-        .label_style(("sans-serif", 12))
-        .axis_desc_style(("sans-serif", 13))
-        .draw()
-        .map_err(err)?;
+    let mut series = Vec::new();
     for d in &runs {
         let c = color(&d.engine);
         let raw: Vec<(f64, f64)> = (1..d.positions)
             .map(|p| (p as f64, d.step_ms.min[p].min(hi)))
             .collect();
-        chart
-            .draw_series(LineSeries::new(raw, c.mix(0.25).stroke_width(1)))
-            .map_err(err)?;
+        series.push(Series::new(raw, c.mix(0.25).stroke_width(1), Line::Solid));
         let smooth = rolling_median(&d.step_ms.min[1..], window);
         let pts: Vec<(f64, f64)> = smooth
             .into_iter()
             .enumerate()
             .map(|(i, y)| ((i + 1) as f64, y))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-            .map_err(err)?
-            .label(format!(
-                "{} (min of {} reps, rolling median of {window})",
-                d.engine, d.reps
-            ))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+        let label = format!(
+            "{} (min of {} reps, rolling median of {window})",
+            d.engine, d.reps
+        );
+        series.push(Series::new(pts, c.stroke_width(2), Line::Solid).key(label, c.stroke_width(3)));
     }
-    legend(&mut chart, SeriesLabelPosition::UpperLeft)
+    Panel {
+        title: format!("decode step time — {}", subtitle(m)),
+        x: axis(0.0..xmax, None, "position (tokens already in the sequence)"),
+        y: axis(0.0..hi.max(1e-3), None, "ms per decode step"),
+        legend: SeriesLabelPosition::UpperLeft,
+        series,
+    }
 }
 
-fn generation_panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    r: &Report,
-    model: &str,
-) -> Result<()> {
-    let runs: Vec<_> = r.decode.iter().filter(|d| d.model == model).collect();
+fn generation_panel(r: &Report, m: &ModelInfo) -> Panel {
+    let runs: Vec<_> = r.decode.iter().filter(|d| d.model == m.name).collect();
     let xmax = runs.iter().map(|d| d.positions).max().unwrap_or(2) as f64;
     let cum = |d: &super::decode::DecodeRun| -> Vec<(f64, f64)> {
         let mut acc = 0.0;
@@ -296,107 +357,60 @@ fn generation_panel<DB: DrawingBackend>(
             .collect()
     };
     let (lo, hi) = log_range(runs.iter().flat_map(|d| cum(d).into_iter().map(|p| p.1)));
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!("generation time — {}", subtitle(r, model)),
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..xmax, (lo..hi).log_scale())
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("tokens generated (positions)")
-        .y_labels(10)
-        .y_desc("total seconds (log)")
-        .x_label_formatter(&num)
-        .y_label_formatter(&num)
-        .label_style(("sans-serif", 12))
-        .axis_desc_style(("sans-serif", 13))
-        .draw()
-        .map_err(err)?;
-    for d in &runs {
-        let c = color(&d.engine);
-        chart
-            .draw_series(LineSeries::new(thin(cum(d), 400), c.stroke_width(2)))
-            .map_err(err)?
-            .label(format!("{} (median steps)", d.engine))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+    let series = runs
+        .iter()
+        .map(|d| {
+            let c = color(&d.engine);
+            let label = format!("{} (median steps)", d.engine);
+            Series::new(thin(cum(d), 400), c.stroke_width(2), Line::Solid)
+                .key(label, c.stroke_width(3))
+        })
+        .collect();
+    Panel {
+        title: format!("generation time — {}", subtitle(m)),
+        x: axis(0.0..xmax, None, "tokens generated (positions)"),
+        y: axis(lo..hi, Some(10.0), "total seconds (log)"),
+        legend: SeriesLabelPosition::LowerRight,
+        series,
     }
-    legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
-fn batch_panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    r: &Report,
-    model: &str,
-) -> Result<()> {
-    let rows: Vec<_> = r.batch.iter().filter(|b| b.model == model).collect();
+fn batch_panel(r: &Report, m: &ModelInfo) -> Panel {
+    let rows: Vec<_> = r.batch.iter().filter(|b| b.model == m.name).collect();
     let bmax = rows.iter().map(|b| b.batch).max().unwrap_or(2).max(2) as f64;
     let (lo, hi) = log_range(rows.iter().map(|b| b.tok_per_s.median));
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!("decode throughput — {}", subtitle(r, model)),
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(
-            (1f64..bmax * 1.2).log_scale().base(2.0),
-            (lo..hi).log_scale(),
-        )
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("batch size (sequences, log)")
-        .y_labels(10)
-        .y_desc("decode tokens/s, all sequences (log)")
-        .y_label_formatter(&num)
-        .x_label_formatter(&|v| format!("{}", v.round()))
-        .label_style(("sans-serif", 12))
-        .axis_desc_style(("sans-serif", 13))
-        .draw()
-        .map_err(err)?;
-    let engines = unique(rows.iter().map(|b| b.engine.as_str()));
-    for e in engines {
-        let c = color(e);
-        let pts: Vec<(f64, f64)> = rows
-            .iter()
-            .filter(|b| b.engine == e)
-            .map(|b| (b.batch as f64, b.tok_per_s.median))
-            .collect();
-        let mode = rows
-            .iter()
-            .find(|b| b.engine == e)
-            .map_or("", |b| b.mode.as_str());
-        chart
-            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-            .map_err(err)?
-            .label(format!("{e} ({mode})"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
-        chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, c.filled())))
-            .map_err(err)?;
+    let series = unique(rows.iter().map(|b| b.engine.as_str()))
+        .into_iter()
+        .map(|e| {
+            let c = color(e);
+            let pts: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|b| b.engine == e)
+                .map(|b| (b.batch as f64, b.tok_per_s.median))
+                .collect();
+            let mode = rows
+                .iter()
+                .find(|b| b.engine == e)
+                .map_or("", |b| b.mode.as_str());
+            Series::new(pts, c.stroke_width(2), Line::Circles)
+                .key(format!("{e} ({mode})"), c.stroke_width(3))
+        })
+        .collect();
+    Panel {
+        title: format!("decode throughput — {}", subtitle(m)),
+        x: axis(1.0..bmax * 1.2, Some(2.0), "batch size (sequences, log)"),
+        y: axis(lo..hi, Some(10.0), "decode tokens/s, all sequences (log)"),
+        legend: SeriesLabelPosition::LowerRight,
+        series,
     }
-    legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
-fn memory_panel<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    r: &Report,
-    model: &str,
-) -> Result<()> {
+fn memory_panel(r: &Report, info: &ModelInfo) -> Panel {
     let rows: Vec<_> = r
         .kv_memory
         .iter()
-        .filter(|k| k.model == model && k.engine != EngineKind::REFERENCE)
+        .filter(|k| k.model == info.name && k.engine != EngineKind::REFERENCE)
         .collect();
-    let Some(info) = r.models.iter().find(|m| m.name == model) else {
-        return Ok(());
-    };
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     // The formula runs on to the model's own context when the run stopped short of it.
     let xmax = info.context.max(info.native_context).max(2) as f64;
@@ -415,37 +429,10 @@ fn memory_panel<DB: DrawingBackend>(
                 .flat_map(|k| [mib(k.used_bytes), mib(k.reserved_bytes)]),
         ),
     );
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!("KV cache memory — {}", subtitle(r, model)),
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
-        .build_cartesian_2d(
-            (1f64..xmax * 1.2).log_scale().base(2.0),
-            (lo..hi).log_scale(),
-        )
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("positions held (context length, log)")
-        .y_labels(10)
-        .y_desc("KV cache MiB (log); naive holds none")
-        .y_label_formatter(&num)
-        .x_label_formatter(&|v| format!("{}", v.round()))
-        .label_style(("sans-serif", 12))
-        .axis_desc_style(("sans-serif", 13))
-        .draw()
-        .map_err(err)?;
-    chart
-        .draw_series(DashedLineSeries::new(formula, 6, 4, BLACK.stroke_width(2)))
-        .map_err(err)?
-        .label("formula: 2·layers·kv_heads·head_dim·4 B·positions")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(2)));
-    let engines = unique(rows.iter().map(|k| k.engine.as_str()));
-    for e in engines {
+    let black = BLACK.stroke_width(2);
+    let label = "formula: 2·layers·kv_heads·head_dim·4 B·positions";
+    let mut series = vec![Series::new(formula, black, Line::Dashed(6, 4)).key(label.into(), black)];
+    for e in unique(rows.iter().map(|k| k.engine.as_str())) {
         let c = color(e);
         let pts = |f: &dyn Fn(&super::memory::KvRow) -> u64| -> Vec<(f64, f64)> {
             rows.iter()
@@ -453,43 +440,36 @@ fn memory_panel<DB: DrawingBackend>(
                 .map(|k| (k.positions as f64, mib(f(k))))
                 .collect()
         };
-        let paged = e.contains("paged");
         // A contiguous engine reserves max_seq_len positions for the sequence; a paged engine
         // reserves its whole block pool up front (shared by every sequence) and a sequence holds
         // whole blocks.
-        let reserved = pts(&|k| k.reserved_bytes);
-        let label = if paged {
-            format!("{e}: pool reserved (all sequences)")
+        let (reserved, used) = if e.contains("paged") {
+            ("pool reserved (all sequences)", "held (whole blocks)")
         } else {
-            format!("{e}: reserved (max_seq_len)")
+            ("reserved (max_seq_len)", "used")
         };
-        chart
-            .draw_series(DashedLineSeries::new(
-                reserved.clone(),
-                3,
-                3,
+        series.push(
+            Series::new(
+                pts(&|k| k.reserved_bytes),
                 c.stroke_width(2),
-            ))
-            .map_err(err)?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
-        let used = pts(&|k| k.used_bytes);
-        let label = if paged {
-            format!("{e}: held (whole blocks)")
-        } else {
-            format!("{e}: used")
-        };
-        chart
-            .draw_series(LineSeries::new(used.clone(), c.stroke_width(2)))
-            .map_err(err)?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
-        chart
-            .draw_series(
-                used.into_iter()
-                    .map(|p| TriangleMarker::new(p, 5, c.filled())),
+                Line::Dashed(3, 3),
             )
-            .map_err(err)?;
+            .key(format!("{e}: {reserved}"), c.stroke_width(1)),
+        );
+        series.push(
+            Series::new(pts(&|k| k.used_bytes), c.stroke_width(2), Line::Triangles)
+                .key(format!("{e}: {used}"), c.stroke_width(3)),
+        );
     }
-    legend(&mut chart, SeriesLabelPosition::LowerRight)
+    Panel {
+        title: format!("KV cache memory — {}", subtitle(info)),
+        x: axis(
+            1.0..xmax * 1.2,
+            Some(2.0),
+            "positions held (context length, log)",
+        ),
+        y: axis(lo..hi, Some(10.0), "KV cache MiB (log); naive holds none"),
+        legend: SeriesLabelPosition::LowerRight,
+        series,
+    }
 }
