@@ -4,22 +4,13 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use kvlab_cpu::CpuEngine;
-use kvlab_model::{Engine, GenerateOptions, Sampler, generate_text};
-use kvlab_naive::NaiveEngine;
+use kvlab_model::{GenerateOptions, Sampler, generate_text};
 
 #[test]
 fn stories260k_greedy_text_on_fixture_prompts() {
-    let (Some(bin), Some(tok)) = (
-        common::model_file("stories260K.bin"),
-        common::model_file("tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
-    let (model, tok) = kvlab_model::registry::load_llama2c(&bin, Some(&tok)).unwrap();
-    let (model, tok) = (Arc::new(model), tok.unwrap());
     let fixture = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../fixtures/prompts.txt"
@@ -45,11 +36,7 @@ fn stories260k_greedy_text_on_fixture_prompts() {
     let mut out = String::new();
     for p in &prompts {
         let mut texts = Vec::new();
-        let mut engines: Vec<Box<dyn Engine>> = vec![
-            Box::new(NaiveEngine::new(model.clone())),
-            Box::new(CpuEngine::new(model.clone())),
-        ];
-        for e in engines.iter_mut() {
+        for e in common::naive_and_cpu(&model).iter_mut() {
             let mut text = String::new();
             generate_text(
                 e.as_mut(),

@@ -1,22 +1,25 @@
 //! The paged CPU engine against the naive reference: solo through the Engine trait, and batched
 //! through the scheduler with a pool small enough to force preemption and with shared prefixes.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::{assert_close, windowed};
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::sampler::argmax;
-use kvlab_model::{Engine, LayerKind, Model, SyntheticSpec, teacher_force};
+use kvlab_model::{Engine, Model, SyntheticSpec, teacher_force};
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::{KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, drive};
 use proptest::prelude::*;
 
-fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(
-            (x - y).abs() <= 1e-4 + 1e-4 * y.abs(),
-            "{what}: logit {i}: {x} vs {y}"
-        );
-    }
+/// The model of the batched tests: 2 layers, GQA (4 heads, 2 KV heads), 96 positions.
+fn small_model() -> Arc<Model> {
+    Arc::new(
+        SyntheticSpec::new(32, 64, 2, 4, 2, 64, 96, 5)
+            .build()
+            .unwrap(),
+    )
 }
 
 /// Greedy tokens of a solo naive run.
@@ -33,21 +36,6 @@ fn naive_greedy(model: &Arc<Model>, prompt: &[u32], n: usize) -> Vec<u32> {
         }
     }
     out
-}
-
-fn windowed(mut model: Model, window: Option<usize>) -> Model {
-    if let Some(w) = window {
-        model.config.layer_kinds = (0..model.config.n_layers)
-            .map(|l| {
-                if l % 2 == 0 {
-                    LayerKind::Local { window: w }
-                } else {
-                    LayerKind::Global
-                }
-            })
-            .collect();
-    }
-    model
 }
 
 proptest! {
@@ -74,11 +62,7 @@ proptest! {
 
 #[test]
 fn batched_run_with_preemption_and_prefix_hits_equals_solo_naive_runs() {
-    let model = Arc::new(
-        SyntheticSpec::new(32, 64, 2, 4, 2, 64, 96, 5)
-            .build()
-            .unwrap(),
-    );
+    let model = small_model();
     let common: Vec<u32> = (0..40).map(|i| (i * 5 % 64) as u32).collect();
     let mut prompts: Vec<Vec<u32>> = (0..6u32)
         .map(|i| [&common[..], &[i, i + 1, i + 2]].concat())
@@ -120,11 +104,7 @@ fn batched_run_with_preemption_and_prefix_hits_equals_solo_naive_runs() {
 /// engine refuses the batch until the sequence is freed, then runs it.
 #[test]
 fn an_unscheduled_sequence_and_a_scheduled_batch_never_overlap_in_one_pool() {
-    let model = Arc::new(
-        SyntheticSpec::new(32, 64, 2, 4, 2, 64, 96, 5)
-            .build()
-            .unwrap(),
-    );
+    let model = small_model();
     let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 32, 4);
     let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
     let s = engine.new_sequence(64).unwrap();

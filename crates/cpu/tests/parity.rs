@@ -4,24 +4,13 @@ mod common;
 
 use std::sync::Arc;
 
+use common::{assert_close, windowed};
 use kvlab_cpu::CpuEngine;
 use kvlab_model::{
-    Engine, GenerateOptions, LayerKind, Model, Sampler, SyntheticSpec, generate_tokens,
-    teacher_force,
+    Engine, GenerateOptions, Model, Sampler, SyntheticSpec, generate_tokens, teacher_force,
 };
 use kvlab_naive::NaiveEngine;
 use proptest::prelude::*;
-
-/// |a − b| ≤ 1e-4 + 1e-4·|b| elementwise; NaN never passes.
-fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(
-            (x - y).abs() <= 1e-4 + 1e-4 * y.abs(),
-            "{what}: logit {i}: {x} vs {y}"
-        );
-    }
-}
 
 fn check_parity(model: Model, prompt: &[u32], forced: &[u32]) {
     let model = Arc::new(model);
@@ -72,14 +61,7 @@ proptest! {
     /// relative 1e-4 and absolute 1e-4.
     #[test]
     fn cpu_logits_match_naive_at_every_position((spec, prompt, forced, window) in arb_case()) {
-        let mut model = spec.build().unwrap();
-        if let Some(w) = window {
-            // Every other layer local: exercises the ring buffer and the window mask together.
-            model.config.layer_kinds = (0..model.config.n_layers)
-                .map(|l| if l % 2 == 0 { LayerKind::Local { window: w } } else { LayerKind::Global })
-                .collect();
-        }
-        check_parity(model, &prompt, &forced);
+        check_parity(windowed(spec.build().unwrap(), window), &prompt, &forced);
     }
 }
 
@@ -93,15 +75,9 @@ fn shared_classifier_and_long_prompts_agree() {
 
 #[test]
 fn stories260k_generates_the_llama2c_reference() {
-    let (Some(bin), Some(tok)) = (
-        common::model_file("stories260K.bin"),
-        common::model_file("tok512.bin"),
-    ) else {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
-    let (model, tok) = kvlab_model::registry::load_llama2c(&bin, Some(&tok)).unwrap();
-    let tok = tok.unwrap();
-    let model = Arc::new(model);
     let prompt = tok.encode("Once upon a time", true, false);
     assert_eq!(prompt, [1, 403, 407, 261, 378]);
     // llama2.c run.c's output on stories260K, temperature 0, 256 positions (the same ids from an
@@ -115,11 +91,7 @@ fn stories260k_generates_the_llama2c_reference() {
         max_seq_len: 0,
         trace: false,
     };
-    let mut engines: Vec<Box<dyn Engine>> = vec![
-        Box::new(NaiveEngine::new(model.clone())),
-        Box::new(CpuEngine::new(model.clone())),
-    ];
-    for e in engines.iter_mut() {
+    for e in common::naive_and_cpu(&model).iter_mut() {
         let g =
             generate_tokens(e.as_mut(), &prompt, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
         assert_eq!(&g.tokens[..24], &expected, "{} engine", e.name());
@@ -134,14 +106,15 @@ fn stories260k_generates_the_llama2c_reference() {
 /// interleaved, must each equal a fresh engine's run.
 #[test]
 fn chunked_prefill_and_reused_engines_agree_with_fresh_runs() {
-    let model = Arc::new(
-        SyntheticSpec::new(32, 72, 2, 4, 1, 64, 128, 21)
-            .build()
-            .unwrap(),
-    );
+    let spec = SyntheticSpec::new(32, 72, 2, 4, 1, 64, 128, 21);
+    let model = Arc::new(spec.build().unwrap());
     let prompt: Vec<u32> = (0..40).map(|i| (i * 11 % 64) as u32).collect();
     let other: Vec<u32> = (0..25).map(|i| (i * 3 % 64) as u32).collect();
-    let fresh = |p: &[u32]| CpuEngine::new(model.clone()).prefill_fresh(p);
+    let fresh = |p: &[u32]| {
+        let mut e = CpuEngine::new(model.clone());
+        let s = e.new_sequence(128).unwrap();
+        e.prefill(s, p).unwrap()
+    };
     let (want_a, want_b) = (fresh(&prompt), fresh(&other));
     let kv_cache = kvlab_paged::KvCacheConfig::new(model.config.kv_cache_groups(), 32, 8);
     let engines: Vec<Box<dyn Engine>> = vec![
@@ -169,16 +142,5 @@ fn chunked_prefill_and_reused_engines_agree_with_fresh_runs() {
             &format!("{}: sequence after free", e.name()),
         );
         assert!(e.kv_usage().used_bytes <= e.kv_usage().reserved_bytes);
-    }
-}
-
-trait PrefillFresh {
-    fn prefill_fresh(self, p: &[u32]) -> Vec<f32>;
-}
-
-impl PrefillFresh for CpuEngine {
-    fn prefill_fresh(mut self, p: &[u32]) -> Vec<f32> {
-        let s = self.new_sequence(128).unwrap();
-        self.prefill(s, p).unwrap()
     }
 }

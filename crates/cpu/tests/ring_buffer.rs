@@ -4,7 +4,11 @@
 //! that wrap the ring many times, and prompts longer than one step can append to a ring
 //! (`RING_STEP`), which run as several steps.
 
+mod common;
+
 use std::sync::Arc;
+
+use common::assert_close;
 
 use kvlab_cpu::CpuEngine;
 use kvlab_cpu::kv_cache::RING_STEP;
@@ -53,9 +57,8 @@ proptest! {
 #[test]
 fn a_prompt_longer_than_a_ring_step_runs_in_steps() {
     for window in [1, 5, 64] {
-        let mut model = SyntheticSpec::new(16, 40, 3, 4, 2, 32, 400, 7)
-            .build()
-            .unwrap();
+        let spec = SyntheticSpec::new(16, 40, 3, 4, 2, 32, 400, 7);
+        let mut model = spec.build().unwrap();
         model.config.layer_kinds = vec![
             LayerKind::Local { window },
             LayerKind::Global,
@@ -72,12 +75,7 @@ fn a_prompt_longer_than_a_ring_step_runs_in_steps() {
             teacher_force(&mut CpuEngine::new(model.clone()), &prompt, &forced, 400).unwrap();
         assert_eq!(ring.len(), full.len());
         for (step, (a, b)) in ring.iter().zip(&full).enumerate() {
-            for (x, y) in a.iter().zip(b) {
-                assert!(
-                    (x - y).abs() <= 1e-4 + 1e-4 * y.abs(),
-                    "window {window} step {step}: {x} vs {y}"
-                );
-            }
+            assert_close(a, b, &format!("window {window} step {step}"));
         }
     }
 }
