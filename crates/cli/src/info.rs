@@ -2,7 +2,6 @@
 //! header without building the weights.
 
 use anyhow::Result;
-use kvlab_model::LayerKind;
 
 use crate::{ModelArgs, bytes};
 
@@ -61,23 +60,12 @@ pub fn run(a: &Args) -> Result<()> {
         c.rope_layout, c.rope_theta, c.rope_theta_local
     );
     println!("activation   {:?}", c.activation);
-    let local = c
-        .layer_kinds
-        .iter()
-        .filter(|k| matches!(k, LayerKind::Local { .. }))
-        .count();
-    if local > 0 {
-        let w = c
-            .layer_kinds
-            .iter()
-            .find_map(|k| match k {
-                LayerKind::Local { window } => Some(*window),
-                _ => None,
-            })
-            .unwrap_or(0);
+    let windows: Vec<usize> = c.layer_kinds.iter().filter_map(|k| k.window()).collect();
+    if let Some(w) = windows.first() {
         println!(
-            "layers       {} global, {local} sliding-window ({w} positions)",
-            c.n_layers - local
+            "layers       {} global, {} sliding-window ({w} positions)",
+            c.n_layers - windows.len(),
+            windows.len()
         );
     }
     println!(

@@ -38,6 +38,30 @@ pub enum LayerKind {
     Local { window: usize },
 }
 
+impl LayerKind {
+    /// The window of a sliding-window layer; `None` for a global one.
+    pub fn window(self) -> Option<usize> {
+        match self {
+            LayerKind::Global => None,
+            LayerKind::Local { window } => Some(window),
+        }
+    }
+
+    /// Gemma 3's interleaving: every `period`-th layer global (layers period − 1, 2·period − 1,
+    /// ...), the others sliding windows of `window` positions. (n_layers,)
+    pub fn interleaved(n_layers: usize, period: usize, window: usize) -> Vec<LayerKind> {
+        (0..n_layers)
+            .map(|l| {
+                if l % period == period - 1 {
+                    LayerKind::Global
+                } else {
+                    LayerKind::Local { window }
+                }
+            })
+            .collect()
+    }
+}
+
 /// Everything the forward pass needs to know about a model's shape and arithmetic.
 ///
 /// Shapes use the field's names: `dim` is the residual width, `q_dim = n_heads · head_dim`,
@@ -179,39 +203,26 @@ impl Config {
     /// block pool and a block table. `None` is the global group, `Some(w)` a sliding-window
     /// group; global first.
     pub fn kv_cache_groups(&self) -> Vec<Option<usize>> {
-        let mut g: Vec<Option<usize>> = Vec::new();
-        for k in &self.layer_kinds {
-            let w = match k {
-                LayerKind::Global => None,
-                LayerKind::Local { window } => Some(*window),
-            };
-            if !g.contains(&w) {
-                g.push(w);
-            }
-        }
+        let mut g: Vec<Option<usize>> = self.layer_kinds.iter().map(|k| k.window()).collect();
         g.sort();
+        g.dedup();
         g
     }
 
     /// Index into [`Config::kv_cache_groups`] of layer `l`'s group.
     pub fn layer_cache_group(&self, layer: usize) -> usize {
-        let w = match self.layer_kinds[layer] {
-            LayerKind::Global => None,
-            LayerKind::Local { window } => Some(window),
-        };
         self.kv_cache_groups()
             .iter()
-            .position(|g| *g == w)
+            .position(|g| *g == self.layer_kinds[layer].window())
             .expect("every layer's kind is a group")
     }
 
     /// Positions layer `l` must keep for a sequence of `max_seq_len` positions: all of them for
     /// a global layer, `min(window, max_seq_len)` for a sliding-window layer (a ring buffer).
     pub fn cache_positions(&self, layer: usize, max_seq_len: usize) -> usize {
-        match self.layer_kinds[layer] {
-            LayerKind::Global => max_seq_len,
-            LayerKind::Local { window } => window.min(max_seq_len),
-        }
+        self.layer_kinds[layer]
+            .window()
+            .map_or(max_seq_len, |w| w.min(max_seq_len))
     }
 
     /// KV bytes per token, the formula the field uses:
@@ -268,12 +279,7 @@ impl Config {
             ("vocab_size", self.vocab_size, MAX_VOCAB),
             ("max_seq_len", self.max_seq_len, MAX_SEQ_LEN),
         ] {
-            if v == 0 {
-                return bad(format!("{name} is 0; it must be positive"));
-            }
-            if v > max {
-                return bad(format!("{name} = {v} is absurd (limit {max})"));
-            }
+            check_field(name, v, max)?;
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
@@ -340,15 +346,7 @@ mod tests {
     #[test]
     fn windowed_bytes_cap_local_layers() {
         let mut c = Config::llama(64, 172, 6, 8, 1, 512, 8192, true);
-        c.layer_kinds = (0..6)
-            .map(|l| {
-                if l % 6 == 5 {
-                    LayerKind::Global
-                } else {
-                    LayerKind::Local { window: 512 }
-                }
-            })
-            .collect();
+        c.layer_kinds = LayerKind::interleaved(6, 6, 512);
         let per_pos_layer = 2 * c.kv_dim() * 4;
         assert_eq!(
             c.kv_bytes_windowed(8192, 4),

@@ -139,15 +139,7 @@ fn gguf_config(f: &GgufFile, path: &Path) -> Result<Config> {
         .map_err(&e)?
         .unwrap_or(10_000.0);
     c.activation = Activation::GeluTanh;
-    c.layer_kinds = (0..n_layers)
-        .map(|l| {
-            if l % 6 < 5 {
-                LayerKind::Local { window }
-            } else {
-                LayerKind::Global
-            }
-        })
-        .collect();
+    c.layer_kinds = LayerKind::interleaved(n_layers, 6, window);
     c.embed_scale = (dim as f32).sqrt();
     c.attn_scale = 1.0 / (head_dim as f32).sqrt();
     c.qk_norm = true;

@@ -148,20 +148,13 @@ pub fn load(path: &Path) -> Result<Model> {
         byte_offset: HEADER_BYTES as usize,
     };
     let token_embedding = at.next(c.vocab_size * d)?;
-    // The file stores each tensor for all layers together: (n_layers, ...) per tensor, in this
-    // order; a layer's tensor is the slice of it at that layer.
-    let mut per_layer = |n: usize| -> Result<Vec<Tensor>> { (0..l).map(|_| at.next(n)).collect() };
-    let [rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3] = [
-        per_layer(d)?,
-        per_layer(d * d)?,
-        per_layer(kv * d)?,
-        per_layer(kv * d)?,
-        per_layer(d * d)?,
-        per_layer(d)?,
-        per_layer(h * d)?,
-        per_layer(d * h)?,
-        per_layer(h * d)?,
-    ];
+    // The file stores each tensor for all layers together: (n_layers, ...) per tensor, in
+    // LayerWeights::llama's order (rms_att is attn_norm, rms_ffn ffn_norm); a layer's tensor is
+    // the slice of it at that layer.
+    let mut per_tensor: Vec<Vec<Tensor>> = Vec::new();
+    for n in [d, d * d, kv * d, kv * d, d * d, d, h * d, d * h, h * d] {
+        per_tensor.push((0..l).map(|_| at.next(n)).collect::<Result<_>>()?);
+    }
     let final_norm = at.next(d)?;
     // Unused RoPE tables (max_seq_len, head_dim/2) cos and sin: kvlab computes RoPE itself.
     at.skip(c.max_seq_len * c.head_dim);
@@ -171,21 +164,7 @@ pub fn load(path: &Path) -> Result<Model> {
         Some(at.next(c.vocab_size * d)?)
     };
     let layers = (0..l)
-        .map(|i| LayerWeights {
-            attn_norm: rms_att[i].clone(),
-            wq: wq[i].clone(),
-            wk: wk[i].clone(),
-            wv: wv[i].clone(),
-            wo: wo[i].clone(),
-            q_norm: Tensor::default(),
-            k_norm: Tensor::default(),
-            post_attn_norm: Tensor::default(),
-            ffn_norm: rms_ffn[i].clone(),
-            w1: w1[i].clone(),
-            w2: w2[i].clone(),
-            w3: w3[i].clone(),
-            post_ffn_norm: Tensor::default(),
-        })
+        .map(|i| LayerWeights::llama(std::array::from_fn(|t| per_tensor[t][i].clone())))
         .collect();
     Model::new(
         config,

@@ -306,32 +306,21 @@ pub fn load_entry(
         .chain(tokenizer)
         .map(Path::to_path_buf)
         .collect();
-    let (m, tok) = match entry.format {
-        Format::Llama2c => {
-            let path = model.ok_or_else(|| {
-                Error::Format(format!("{} has no model file in the manifest", entry.name))
-            })?;
-            load_llama2c(path, tokenizer)?
-        }
-        Format::Synthetic => {
-            let spec = entry
-                .synthetic
-                .as_ref()
-                .ok_or_else(|| Error::Format(format!("{} has no synthetic spec", entry.name)))?;
-            let m = spec.build()?;
+    let (m, tok) = match (entry.format, model) {
+        (Format::Llama2c, Some(path)) => load_llama2c(path, tokenizer)?,
+        (Format::Synthetic, _) => {
+            let m = synthetic_spec(entry)?.build()?;
             let tok = tokenizer
                 .map(|t| Tokenizer::load_llama2c(t, m.config.vocab_size))
                 .transpose()?;
             (m, tok)
         }
-        Format::Gguf => {
-            let path = model.ok_or_else(|| {
-                Error::Format(format!("{} has no model file in the manifest", entry.name))
-            })?;
+        (Format::Gguf, Some(path)) => {
             let (m, t) = crate::load_gguf(path)?;
             files.truncate(1);
             (m, Some(t))
         }
+        (_, None) => return Err(no_model_file(entry)),
     };
     Ok(Loaded {
         name: entry.name.clone(),
@@ -350,21 +339,23 @@ pub fn load_entry(
 pub fn entry_config(entry: &ModelEntry, model: Option<&Path>) -> Result<crate::Config> {
     match (entry.format, model) {
         (Format::Synthetic, _) => {
-            let spec = entry
-                .synthetic
-                .as_ref()
-                .ok_or_else(|| Error::Format(format!("{} has no synthetic spec", entry.name)))?;
-            let c = spec.config();
+            let c = synthetic_spec(entry)?.config();
             c.validate()?;
             Ok(c)
         }
         (Format::Llama2c, Some(p)) => crate::llama2c::read_config(p),
         (Format::Gguf, Some(p)) => crate::gguf_model::read_gguf_config(p),
-        (_, None) => Err(Error::Format(format!(
-            "{} has no model file in the manifest",
-            entry.name
-        ))),
+        (_, None) => Err(no_model_file(entry)),
     }
+}
+
+fn synthetic_spec(entry: &ModelEntry) -> Result<&SyntheticSpec> {
+    let no_spec = || Error::Format(format!("{} has no synthetic spec", entry.name));
+    entry.synthetic.as_ref().ok_or_else(no_spec)
+}
+
+fn no_model_file(entry: &ModelEntry) -> Error {
+    Error::Format(format!("{} has no model file in the manifest", entry.name))
 }
 
 /// Loads a llama2.c checkpoint and, if given, its tokenizer.

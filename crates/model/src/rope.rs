@@ -138,15 +138,7 @@ mod tests {
     fn one_table_per_distinct_theta_for_gemmas_layer_pattern() {
         // Gemma 3: five sliding-window layers, then a global one, repeated.
         let mut c = Config::llama(64, 128, 12, 4, 4, 32, 16, true);
-        c.layer_kinds = (0..12)
-            .map(|l| {
-                if l % 6 == 5 {
-                    LayerKind::Global
-                } else {
-                    LayerKind::Local { window: 8 }
-                }
-            })
-            .collect();
+        c.layer_kinds = LayerKind::interleaved(12, 6, 8);
         c.rope_theta = 1e6;
         c.rope_theta_local = 1e4;
         let t = RopeTables::for_config(&c, 20);

@@ -138,14 +138,10 @@ impl SyntheticSpec {
                 let mut rng = ChaCha8Rng::seed_from_u64(
                     seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 );
-                if std == 0.0 {
-                    // RMSNorm gains: 1 + N(0, 0.1²), so a wrong gain index shows in the logits.
-                    let normal = Normal::new(1.0f32, 0.1).expect("valid normal");
-                    (0..n).map(|_| normal.sample(&mut rng)).collect()
-                } else {
-                    let normal = Normal::new(0.0f32, std).expect("valid normal");
-                    (0..n).map(|_| normal.sample(&mut rng)).collect()
-                }
+                // RMSNorm gains (std 0): 1 + N(0, 0.1²), so a wrong gain index shows in the logits.
+                let (mean, std) = if std == 0.0 { (1.0, 0.1) } else { (0.0, std) };
+                let normal = Normal::new(mean, std).expect("valid normal");
+                (0..n).map(|_| normal.sample(&mut rng)).collect()
             })
             .collect();
         let mut take = {
@@ -155,21 +151,7 @@ impl SyntheticSpec {
         let token_embedding = take();
         let final_norm = take();
         let layers = (0..c.n_layers)
-            .map(|_| LayerWeights {
-                attn_norm: take(),
-                wq: take(),
-                wk: take(),
-                wv: take(),
-                wo: take(),
-                ffn_norm: take(),
-                w1: take(),
-                w2: take(),
-                w3: take(),
-                q_norm: Tensor::default(),
-                k_norm: Tensor::default(),
-                post_attn_norm: Tensor::default(),
-                post_ffn_norm: Tensor::default(),
-            })
+            .map(|_| LayerWeights::llama(std::array::from_fn(|_| take())))
             .collect();
         let classifier = (!c.shared_classifier).then(|| {
             let mut perm: Vec<usize> = (0..c.vocab_size).collect();

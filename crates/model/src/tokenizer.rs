@@ -221,11 +221,23 @@ impl Tokenizer {
         tokens
     }
 
-    fn push_text(&self, text: &[u8], out: &mut Vec<u32>) {
-        match self.lookup.get(text) {
-            Some(&id) => out.push(id),
-            None => out.extend(text.iter().filter_map(|&b| self.byte_ids[b as usize])),
+    /// BPE's starting symbols: each code point of `text` (spaces escaped if the vocabulary does),
+    /// as its token or, when it has none, as its bytes' `<0xXX>` tokens.
+    fn code_points(&self, text: &[u8]) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(text.len());
+        let mut s = String::from_utf8_lossy(text);
+        if self.escape_spaces {
+            s = s.replace(' ', SPACE_MARKER).into();
         }
+        let mut buf = [0u8; 4];
+        for ch in s.chars() {
+            let ch = ch.encode_utf8(&mut buf).as_bytes();
+            match self.lookup.get(ch) {
+                Some(&id) => ids.push(id),
+                None => ids.extend(ch.iter().filter_map(|&b| self.byte_ids[b as usize])),
+            }
+        }
+        ids
     }
 
     /// Byte-fallback split into code points, then greedy highest-score merges.
@@ -240,15 +252,7 @@ impl Tokenizer {
         if text.is_empty() {
             return;
         }
-        let mut ids: Vec<u32> = Vec::with_capacity(text.len());
-        let mut s = String::from_utf8_lossy(text);
-        if self.escape_spaces {
-            s = s.replace(' ', SPACE_MARKER).into();
-        }
-        let mut buf = [0u8; 4];
-        for ch in s.chars() {
-            self.push_text(ch.encode_utf8(&mut buf).as_bytes(), &mut ids);
-        }
+        let ids = self.code_points(text);
         // (n_symbols,): symbol i starts as ids[i]; `len` counts the initial symbols it covers
         // (0 once merged into its left neighbour).
         let n = ids.len();
@@ -506,15 +510,7 @@ mod tests {
     /// run.c's merge loop, kept as the reference the priority-queue version must equal: rescan
     /// every adjacent pair, merge the highest-scoring (ties to the leftmost), repeat.
     fn bpe_rescan(t: &Tokenizer, text: &[u8]) -> Vec<u32> {
-        let mut tokens = Vec::new();
-        let mut s = String::from_utf8_lossy(text);
-        if t.escape_spaces {
-            s = s.replace(' ', SPACE_MARKER).into();
-        }
-        let mut buf = [0u8; 4];
-        for ch in s.chars() {
-            t.push_text(ch.encode_utf8(&mut buf).as_bytes(), &mut tokens);
-        }
+        let mut tokens = t.code_points(text);
         loop {
             let mut best: Option<(f32, usize, u32)> = None;
             for i in 0..tokens.len().saturating_sub(1) {
@@ -555,31 +551,32 @@ mod tests {
         Tokenizer::new(pieces, scores, 1, 2, false).unwrap()
     }
 
-    #[test]
-    fn the_heap_equals_the_rescan_on_stories_text() {
-        let t = tok512();
-        let text = "Once upon a time, there was a little girl named Lily. She loved to play \
-                    outside in the park. One day, she saw a big, red ball. naïve café ☕ 123!";
+    /// The heap's tokens and the rescan's for `text`.
+    fn heap_and_rescan(t: &Tokenizer, text: &str) -> (Vec<u32>, Vec<u32>) {
         let mut out = Vec::new();
         t.bpe(text.as_bytes(), &mut out);
-        assert_eq!(out, bpe_rescan(&t, text.as_bytes()));
+        (out, bpe_rescan(t, text.as_bytes()))
+    }
+
+    #[test]
+    fn the_heap_equals_the_rescan_on_stories_text() {
+        let text = "Once upon a time, there was a little girl named Lily. She loved to play \
+                    outside in the park. One day, she saw a big, red ball. naïve café ☕ 123!";
+        let (heap, rescan) = heap_and_rescan(&tok512(), text);
+        assert_eq!(heap, rescan);
     }
 
     proptest! {
         #[test]
         fn the_heap_equals_the_rescan_on_random_text(text in "[ a-zA-Z.,'é☕\n]{0,200}") {
-            let t = tok512();
-            let mut out = Vec::new();
-            t.bpe(text.as_bytes(), &mut out);
-            prop_assert_eq!(out, bpe_rescan(&t, text.as_bytes()));
+            let (heap, rescan) = heap_and_rescan(&tok512(), &text);
+            prop_assert_eq!(heap, rescan);
         }
 
         #[test]
         fn ties_go_to_the_leftmost_pair_as_in_the_rescan(text in "[ab]{0,40}") {
-            let t = ties();
-            let mut out = Vec::new();
-            t.bpe(text.as_bytes(), &mut out);
-            prop_assert_eq!(out, bpe_rescan(&t, text.as_bytes()));
+            let (heap, rescan) = heap_and_rescan(&ties(), &text);
+            prop_assert_eq!(heap, rescan);
         }
     }
 

@@ -100,7 +100,7 @@ impl fmt::Debug for Tensor {
 }
 
 /// One transformer layer's tensors.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct LayerWeights {
     /// RMSNorm gain before attention. (dim,)
     pub attn_norm: Tensor,
@@ -127,6 +127,25 @@ pub struct LayerWeights {
     pub w3: Tensor,
     /// RMSNorm gain on the FFN output before the residual add (Gemma). (dim,) or empty.
     pub post_ffn_norm: Tensor,
+}
+
+impl LayerWeights {
+    /// A plain Llama layer (no QK-norm, no post-norms) from its nine tensors in llama2.c's file
+    /// order, the order synthetic models generate them in too.
+    pub fn llama([attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3]: [Tensor; 9]) -> LayerWeights {
+        LayerWeights {
+            attn_norm,
+            wq,
+            wk,
+            wv,
+            wo,
+            ffn_norm,
+            w1,
+            w2,
+            w3,
+            ..LayerWeights::default()
+        }
+    }
 }
 
 /// All of a model's weights.
