@@ -3,21 +3,11 @@
 //! typed error, never a panic, a hang or an allocation sized by an unchecked field. Each
 //! `proptest!` runs 256 cases by default (`PROPTEST_CASES` raises it for a longer campaign).
 
-use std::path::PathBuf;
+mod common;
 
+use common::tmp;
 use kvlab_model::{Sampler, Tokenizer, llama2c};
 use proptest::prelude::*;
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvlab-fuzz-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn tok512() -> Tokenizer {
-    let p = kvlab_model::registry::test_model_file("tok512.bin").expect("tok512.bin is shipped");
-    Tokenizer::load_llama2c(&p, 512).unwrap()
-}
 
 /// A llama2.c header of small random fields (some zero or negative) and a body whose length is
 /// right, short or long by a little.
@@ -83,7 +73,7 @@ proptest! {
 
     #[test]
     fn tok512_round_trips_any_text(text in "\\PC{0,200}") {
-        let t = tok512();
+        let t = common::tok512().expect("tok512.bin is shipped");
         let ids = t.encode(&text, true, false);
         prop_assert!(ids.iter().all(|&i| (i as usize) < t.vocab_size()));
         prop_assert_eq!(t.decode_all(&ids), text);

@@ -8,9 +8,7 @@ use kvlab_model::{Activation, LayerKind, RopeLayout};
 #[test]
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn gemma3_gguf_becomes_the_expected_config() {
-    let Some(path) = common::model_file("gemma-3-270m-q4_k_m.gguf") else {
-        return;
-    };
+    let Some(path) = common::gemma() else { return };
     let (model, tok) = kvlab_model::load_gguf(&path).unwrap();
     let c = &model.config;
     assert_eq!(
@@ -61,9 +59,7 @@ fn gemma3_gguf_becomes_the_expected_config() {
 #[test]
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn gemma3_config_from_the_header_alone_equals_the_loaded_one() {
-    let Some(path) = common::model_file("gemma-3-270m-q4_k_m.gguf") else {
-        return;
-    };
+    let Some(path) = common::gemma() else { return };
     let header = kvlab_model::gguf_model::read_gguf_config(&path).unwrap();
     let (model, _) = kvlab_model::load_gguf(&path).unwrap();
     assert_eq!(header, model.config);

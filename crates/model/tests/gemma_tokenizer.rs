@@ -8,9 +8,7 @@ use serde_json::Value;
 #[test]
 #[ignore = "needs gemma-3-270m: set KVLAB_MODELS"]
 fn gemma3_encodes_every_fixture_text_as_llama_cpp_does() {
-    let Some(path) = common::model_file("gemma-3-270m-q4_k_m.gguf") else {
-        return;
-    };
+    let Some(path) = common::gemma() else { return };
     let f = kvlab_gguf::GgufFile::open(&path).unwrap();
     let tok = kvlab_model::gguf_model::tokenizer_from_gguf(&f, &path).unwrap();
     let fixture: Value =

@@ -1,6 +1,8 @@
 //! The generate loop on an engine whose logits turn NaN: a typed error naming the step, never a
 //! panic or a silently chosen token.
 
+mod common;
+
 use kvlab_model::{
     Config, Engine, Error, GenerateOptions, KvUsage, Result, Sampler, SeqId, generate_tokens,
 };
@@ -74,11 +76,7 @@ fn nan_logits_are_an_error_naming_the_step() {
 
 #[test]
 fn a_prompt_too_long_for_the_context_is_refused_before_it_is_encoded() {
-    let tok = kvlab_model::Tokenizer::load_llama2c(
-        &kvlab_model::registry::test_model_file("tok512.bin").expect("tok512.bin is shipped"),
-        512,
-    )
-    .unwrap();
+    let tok = common::tok512().expect("tok512.bin is shipped");
     let mut e = NanAt {
         config: Config::llama(8, 16, 1, 2, 2, 512, 32, true),
         pos: 0,

@@ -1,15 +1,10 @@
 //! The llama2.c loader: every malformed file is a typed error, never a panic or an allocation
 //! sized by an unchecked header; and a written checkpoint loads back bit for bit.
 
-use std::path::PathBuf;
+mod common;
 
+use common::tmp;
 use kvlab_model::{Error, SyntheticSpec, llama2c};
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvlab-llama2c-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
 
 fn header(h: [i32; 7]) -> Vec<u8> {
     h.iter().flat_map(|v| v.to_le_bytes()).collect()

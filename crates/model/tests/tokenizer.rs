@@ -2,11 +2,8 @@
 
 mod common;
 
+use common::tok512;
 use kvlab_model::Tokenizer;
-
-fn tok512() -> Option<Tokenizer> {
-    common::model_file("tok512.bin").map(|p| Tokenizer::load_llama2c(&p, 512).unwrap())
-}
 
 #[test]
 fn once_upon_a_time_encodes_as_run_c_does() {
@@ -84,9 +81,7 @@ fn llama2_vocab_encodes_like_run_c() {
 
 #[test]
 fn bad_tokenizer_files_are_errors_not_panics() {
-    let dir = std::env::temp_dir().join(format!("kvlab-tok-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join("bad.bin");
+    let p = common::tmp("bad.bin");
     // max_token_length 4, one token of length 10.
     let mut b = 4i32.to_le_bytes().to_vec();
     b.extend(0f32.to_le_bytes());
@@ -103,5 +98,5 @@ fn bad_tokenizer_files_are_errors_not_panics() {
     // Truncated.
     std::fs::write(&p, &b[..6]).unwrap();
     assert!(Tokenizer::load_llama2c(&p, 1).is_err());
-    assert!(Tokenizer::load_llama2c(&dir.join("missing.bin"), 1).is_err());
+    assert!(Tokenizer::load_llama2c(&common::tmp("missing.bin"), 1).is_err());
 }
