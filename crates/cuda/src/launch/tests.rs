@@ -60,40 +60,28 @@ fn partitions_and_decode_kernel_choice() {
     assert_eq!(num_partitions(32 * 1024, 512), 64);
     assert_eq!(v2_workspace_floats(2, 4, 3, 8), 2 * 4 * 3 * 10);
 
-    let big = usize::MAX;
-    let auto = DecodeAttention::Auto;
-    // Batch 1, 32 heads, 32k keys on 132 SMs: v1 would run 32 blocks; v2 runs 32 · 64.
-    assert_eq!(
-        choose_decode_kernel(auto, 1, 32, 32 * 1024, 128, 132, big),
-        DecodeKernel::V2 { max_partitions: 64 }
-    );
-    // One partition: nothing to split.
-    assert_eq!(
-        choose_decode_kernel(auto, 1, 32, 512, 128, 132, big),
-        DecodeKernel::V1
-    );
-    // Batch 64 · 32 heads = 2048 blocks ≥ 4 per SM: v1 fills the GPU.
-    assert_eq!(
-        choose_decode_kernel(auto, 64, 32, 32 * 1024, 128, 132, big),
-        DecodeKernel::V1
-    );
-    // The workspace does not fit: v1, even when forced.
-    assert_eq!(
-        choose_decode_kernel(auto, 1, 32, 32 * 1024, 128, 132, 10),
-        DecodeKernel::V1
-    );
-    assert_eq!(
-        choose_decode_kernel(DecodeAttention::V2, 1, 32, 32 * 1024, 128, 132, 10),
-        DecodeKernel::V1
-    );
-    assert_eq!(
-        choose_decode_kernel(DecodeAttention::V2, 64, 32, 600, 128, 132, big),
-        DecodeKernel::V2 { max_partitions: 2 }
-    );
-    assert_eq!(
-        choose_decode_kernel(DecodeAttention::V1, 1, 32, 32 * 1024, 128, 132, big),
-        DecodeKernel::V1
-    );
+    let (big, auto, v1) = (usize::MAX, DecodeAttention::Auto, DecodeKernel::V1);
+    let v2 = |max_partitions| DecodeKernel::V2 { max_partitions };
+    // (choice, n_decode, max_keys, workspace floats) at 32 heads of 128 on 132 SMs.
+    for (choice, n_decode, keys, ws, want) in [
+        // Batch 1, 32 heads, 32k keys: v1 would run 32 blocks; v2 runs 32 · 64.
+        (auto, 1, 32 * 1024, big, v2(64)),
+        // One partition: nothing to split.
+        (auto, 1, 512, big, v1),
+        // Batch 64 · 32 heads = 2048 blocks ≥ 4 per SM: v1 fills the GPU.
+        (auto, 64, 32 * 1024, big, v1),
+        // The workspace does not fit: v1, even when forced.
+        (auto, 1, 32 * 1024, 10, v1),
+        (DecodeAttention::V2, 1, 32 * 1024, 10, v1),
+        (DecodeAttention::V2, 64, 600, big, v2(2)),
+        (DecodeAttention::V1, 1, 32 * 1024, big, v1),
+    ] {
+        let got = choose_decode_kernel(choice, n_decode, 32, keys, 128, 132, ws);
+        assert_eq!(
+            got, want,
+            "{choice:?}: {n_decode} seqs, {keys} keys, {ws} floats"
+        );
+    }
 }
 
 #[test]
@@ -192,52 +180,29 @@ fn bad_metadata_is_refused_with_the_reason() {
     let input = sched.schedule().unwrap().model_input();
     let geom = geometry(32, vec![None]);
 
-    let mut bad = input.clone();
-    bad.input_ids[0] = 100;
-    assert!(
-        pack_step(&bad, &geom)
-            .unwrap_err()
-            .to_string()
-            .contains("vocabulary")
-    );
-
-    let mut bad = input.clone();
-    bad.positions[2] = 7;
-    assert!(
-        pack_step(&bad, &geom)
-            .unwrap_err()
-            .to_string()
-            .contains("consecutive")
-    );
-
-    let mut bad = input.clone();
-    bad.groups[0].slot_mapping[1] += 1;
-    assert!(
-        pack_step(&bad, &geom)
-            .unwrap_err()
-            .to_string()
-            .contains("slot")
-    );
-
-    let mut bad = input.clone();
-    bad.groups[0].block_tables = PaddedBlockTables::from_rows(&[vec![40, 41]]);
-    assert!(
-        pack_step(&bad, &geom)
-            .unwrap_err()
-            .to_string()
-            .contains("outside the pool")
-    );
-
-    let mut bad = input.clone();
-    bad.groups[0]
-        .block_copies
-        .push(kvlab_paged::BlockCopy { src: 1, dst: 99 });
-    assert!(
-        pack_step(&bad, &geom)
-            .unwrap_err()
-            .to_string()
-            .contains("copy")
-    );
+    let cases: [(fn(&mut ModelInput), &str); 5] = [
+        (|m| m.input_ids[0] = 100, "vocabulary"),
+        (|m| m.positions[2] = 7, "consecutive"),
+        (|m| m.groups[0].slot_mapping[1] += 1, "slot"),
+        (
+            |m| m.groups[0].block_tables = PaddedBlockTables::from_rows(&[vec![40, 41]]),
+            "outside the pool",
+        ),
+        (
+            |m| {
+                m.groups[0]
+                    .block_copies
+                    .push(kvlab_paged::BlockCopy { src: 1, dst: 99 })
+            },
+            "copy",
+        ),
+    ];
+    for (corrupt, reason) in cases {
+        let mut bad = input.clone();
+        corrupt(&mut bad);
+        let err = pack_step(&bad, &geom).unwrap_err().to_string();
+        assert!(err.contains(reason), "{err}");
+    }
 
     let mut small = geom.clone();
     small.max_positions = 3;
