@@ -180,7 +180,8 @@ fn bad_metadata_is_refused_with_the_reason() {
     let input = sched.schedule().unwrap().model_input();
     let geom = geometry(32, vec![None]);
 
-    let cases: [(fn(&mut ModelInput), &str); 5] = [
+    type Corrupt = fn(&mut ModelInput);
+    let cases: [(Corrupt, &str); 5] = [
         (|m| m.input_ids[0] = 100, "vocabulary"),
         (|m| m.positions[2] = 7, "consecutive"),
         (|m| m.groups[0].slot_mapping[1] += 1, "slot"),
