@@ -25,7 +25,6 @@ use crate::forward::{Forward, ForwardOptions};
 use crate::launch::{DecodeAttention, pack_step};
 use crate::ops::Ops;
 use crate::pool::{self, PoolPlan};
-use crate::workspace::workspace_bytes;
 
 /// How to build a [`CudaEngine`].
 #[derive(Clone, Debug)]
@@ -205,15 +204,6 @@ impl CudaEngine {
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
-    }
-
-    /// Bytes of activation buffers for `tokens` and `seqs` per step at this precision.
-    pub fn workspace_bytes(&self, tokens: usize, seqs: usize) -> usize {
-        let act = match &self.runner {
-            Runner::F32F32(_) | Runner::F32F16(_) => 4,
-            Runner::F16F32(_) | Runner::F16F16(_) => 2,
-        };
-        workspace_bytes(&self.model.config, tokens, seqs, act)
     }
 
     /// Runs a scheduled step and returns its greedy tokens, computed on the device (only

@@ -21,8 +21,6 @@
 //! The residual stream `x` stays f32 in both modes; in f16 mode the GEMM inputs and outputs
 //! and the attention I/O are f16 with f32 accumulation inside.
 
-use std::sync::Arc;
-
 use cudarc::driver::CudaSlice;
 use kvlab_model::{Config, Model, RopeLayout};
 use kvlab_paged::KvCacheConfig;
@@ -329,10 +327,5 @@ impl<A: DType, C: DType> Forward<A, C> {
                 })
             })
             .collect()
-    }
-
-    /// The device's stream, for timing.
-    pub fn stream(&self) -> &Arc<cudarc::driver::CudaStream> {
-        &self.dev.stream
     }
 }

@@ -112,11 +112,6 @@ pub const FILES: &[KernelFile] = &[
     },
 ];
 
-/// The file defining entry point `name`.
-pub fn file_of(name: &str) -> Option<&'static KernelFile> {
-    FILES.iter().find(|f| f.entries.contains(&name))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +133,5 @@ mod tests {
                 assert!(f.source.contains(stem), "{e} not in {}", f.file);
             }
         }
-        assert_eq!(file_of("argmax_v1_f32").map(|f| f.file), Some("argmax.cu"));
     }
 }

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use kvlab_model::{Tensor, Weights};
+use kvlab_model::Weights;
 
 use crate::dtype::DType;
 use crate::error::{CudaError, Result};
@@ -145,45 +145,5 @@ impl<W: DType> DeviceWeights<W> {
     /// The classifier (vocab_size, dim): the unshared one or the embedding.
     pub fn classifier(&self) -> &CudaSlice<W> {
         self.classifier.as_ref().unwrap_or(&self.token_embedding)
-    }
-}
-
-/// Bytes the weights of `w` take on the device with matrices of `matrix_bytes` per element
-/// (norm gains stay f32): what to expect before uploading.
-pub fn device_bytes(w: &Weights, matrix_bytes: usize) -> usize {
-    let gains = |v: &Tensor| v.len() * 4;
-    let mats = |v: &Tensor| v.len() * matrix_bytes;
-    let layers: usize = w
-        .layers
-        .iter()
-        .map(|l| {
-            gains(&l.attn_norm)
-                + gains(&l.q_norm)
-                + gains(&l.k_norm)
-                + gains(&l.post_attn_norm)
-                + gains(&l.ffn_norm)
-                + gains(&l.post_ffn_norm)
-                + [&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3]
-                    .iter()
-                    .map(|m| mats(m))
-                    .sum::<usize>()
-        })
-        .sum();
-    mats(&w.token_embedding) + w.classifier.as_ref().map_or(0, mats) + gains(&w.final_norm) + layers
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn device_bytes_counts_matrices_at_their_precision_and_gains_at_f32() {
-        let m = kvlab_model::SyntheticSpec::new(64, 160, 2, 4, 4, 512, 256, 1)
-            .build()
-            .unwrap();
-        let w = &m.weights;
-        assert_eq!(device_bytes(w, 4), w.bytes());
-        let gains = 2 * 2 * 64 + 64;
-        assert_eq!(device_bytes(w, 2), (w.bytes() - 4 * gains) / 2 + 4 * gains);
     }
 }

@@ -40,14 +40,6 @@ pub struct Workspace<A> {
     pub tokens: CudaSlice<i32>,
 }
 
-/// Bytes of a workspace for `tokens` and `seqs` rows with activations of `act_bytes`.
-pub fn workspace_bytes(c: &Config, tokens: usize, seqs: usize, act_bytes: usize) -> usize {
-    let per_token =
-        4 * c.dim + act_bytes * (2 * c.dim + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.hidden_dim);
-    let per_seq = 4 * c.dim + act_bytes * c.dim + 4 * c.vocab_size + 4;
-    tokens * per_token + seqs * per_seq
-}
-
 impl<A: DType> Workspace<A> {
     /// Buffers for up to `tokens` tokens and `seqs` sequences per step.
     ///
@@ -91,19 +83,5 @@ impl<A: DType> Workspace<A> {
             *self = Workspace::new(stream, c, t, s)?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bytes_count_every_buffer() {
-        let c = Config::llama(64, 160, 2, 4, 2, 512, 256, true);
-        let (d, q, kv, h) = (64, 64, 32, 160);
-        let per_token = 4 * d + 4 * (2 * d + 2 * q + 2 * kv + 2 * h);
-        let per_seq = 4 * d + 4 * d + 4 * 512 + 4;
-        assert_eq!(workspace_bytes(&c, 10, 3, 4), 10 * per_token + 3 * per_seq);
     }
 }
