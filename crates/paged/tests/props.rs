@@ -183,14 +183,8 @@ impl World {
     }
 
     fn check(&self) {
-        let n = self.alloc.num_blocks();
-        let mut refs = vec![0usize; n];
+        check_ref_counts(&self.alloc, self.seqs.iter().map(|s| &s.table), 0);
         for s in &self.seqs {
-            s.table
-                .blocks()
-                .iter()
-                .flatten()
-                .for_each(|&b| refs[b as usize] += 1);
             for p in 0..s.tokens.len() {
                 match s.table.slot(p) {
                     Some(slot) => assert_eq!(
@@ -202,23 +196,32 @@ impl World {
                 }
             }
         }
-        for (b, &r) in refs.iter().enumerate() {
-            assert_eq!(self.alloc.ref_count(b as u32), r, "ref count of block {b}");
-            if self.alloc.is_evictable(b as u32) {
-                assert_eq!(r, 0, "evictable block {b} is referenced");
-            }
-        }
-        let unreferenced = refs.iter().filter(|&&r| r == 0).count();
-        assert_eq!(
-            self.alloc.num_free_blocks(),
-            unreferenced,
-            "free xor referenced"
-        );
         assert_eq!(
             self.alloc.num_used_blocks() + self.alloc.num_free_blocks(),
-            n
+            self.alloc.num_blocks()
         );
     }
+}
+
+/// Ref counts equal the `tables`' holdings, an evictable block is held by none, and a block is
+/// free exactly when no table holds it.
+fn check_ref_counts<'a>(
+    alloc: &BlockAllocator,
+    tables: impl IntoIterator<Item = &'a BlockTable>,
+    group: usize,
+) {
+    let mut refs = vec![0usize; alloc.num_blocks()];
+    for &b in tables.into_iter().flat_map(|t| t.blocks().iter().flatten()) {
+        refs[b as usize] += 1;
+    }
+    for (b, &r) in refs.iter().enumerate() {
+        assert_eq!(alloc.ref_count(b as u32), r, "group {group} block {b}");
+        if alloc.is_evictable(b as u32) {
+            assert_eq!(r, 0, "evictable block {b} is referenced");
+        }
+    }
+    let unreferenced = refs.iter().filter(|&&r| r == 0).count();
+    assert_eq!(alloc.num_free_blocks(), unreferenced, "free xor referenced");
 }
 
 proptest! {
@@ -381,28 +384,20 @@ fn run_step(
 /// Ref counts equal table holdings, free xor referenced, windows bounded.
 fn check_scheduler(s: &Scheduler) {
     let live: Vec<SeqId> = s.running().iter().copied().chain(s.waiting()).collect();
+    let bs = s.config().kv_cache.block_size;
     for (g, alloc) in s.allocators().iter().enumerate() {
-        let mut refs = vec![0usize; alloc.num_blocks()];
-        for id in &live {
-            let table = &s.sequence(*id).unwrap().block_tables()[g];
-            table
-                .blocks()
-                .iter()
-                .flatten()
-                .for_each(|&b| refs[b as usize] += 1);
-            if let Some(w) = s.config().kv_cache.groups[g].sliding_window {
-                assert!(
-                    table.num_held_blocks() <= max_window_blocks(w, s.config().kv_cache.block_size)
-                );
-            }
+        let tables: Vec<&BlockTable> = live
+            .iter()
+            .map(|id| &s.sequence(*id).unwrap().block_tables()[g])
+            .collect();
+        if let Some(w) = s.config().kv_cache.groups[g].sliding_window {
+            assert!(
+                tables
+                    .iter()
+                    .all(|t| t.num_held_blocks() <= max_window_blocks(w, bs))
+            );
         }
-        for (b, &r) in refs.iter().enumerate() {
-            assert_eq!(alloc.ref_count(b as u32), r, "group {g} block {b}");
-        }
-        assert_eq!(
-            alloc.num_free_blocks(),
-            refs.iter().filter(|&&r| r == 0).count()
-        );
+        check_ref_counts(alloc, tables, g);
     }
 }
 
