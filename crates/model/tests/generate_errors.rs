@@ -14,7 +14,22 @@ struct NanAt {
     nan_at: usize,
 }
 
+/// 32 positions, the context reserved for them only, no trace.
+const OPTS: GenerateOptions = GenerateOptions {
+    steps: 32,
+    max_seq_len: 0,
+    trace: false,
+};
+
 impl NanAt {
+    fn new(config: Config, nan_at: usize) -> Self {
+        NanAt {
+            config,
+            pos: 0,
+            nan_at,
+        }
+    }
+
     fn logits(&self) -> Vec<f32> {
         let mut l = vec![0.0; self.config.vocab_size];
         if self.pos >= self.nan_at {
@@ -53,19 +68,10 @@ impl Engine for NanAt {
 #[test]
 fn nan_logits_are_an_error_naming_the_step() {
     let config = Config::llama(8, 16, 1, 2, 2, 16, 32, true);
-    let opts = GenerateOptions {
-        steps: 32,
-        max_seq_len: 0,
-        trace: false,
-    };
     for sampler in [Sampler::greedy(), Sampler::new(0.8, 0.9, 1).unwrap()] {
-        let mut e = NanAt {
-            config: config.clone(),
-            pos: 0,
-            nan_at: 6,
-        };
+        let mut e = NanAt::new(config.clone(), 6);
         let mut s = sampler;
-        let err = generate_tokens(&mut e, &[1, 2, 3], &opts, &mut s, |_| {}).unwrap_err();
+        let err = generate_tokens(&mut e, &[1, 2, 3], &OPTS, &mut s, |_| {}).unwrap_err();
         assert!(
             matches!(err, Error::NonFiniteLogits { pos: 6, index: 0, value } if value.is_nan()),
             "{err}"
@@ -77,16 +83,7 @@ fn nan_logits_are_an_error_naming_the_step() {
 #[test]
 fn a_prompt_too_long_for_the_context_is_refused_before_it_is_encoded() {
     let tok = common::tok512().expect("tok512.bin is shipped");
-    let mut e = NanAt {
-        config: Config::llama(8, 16, 1, 2, 2, 512, 32, true),
-        pos: 0,
-        nan_at: usize::MAX,
-    };
-    let opts = GenerateOptions {
-        steps: 32,
-        max_seq_len: 0,
-        trace: false,
-    };
+    let mut e = NanAt::new(Config::llama(8, 16, 1, 2, 2, 512, 32, true), usize::MAX);
     // 10 MB of text: encoding it would take seconds; the bound refuses it at once.
     let text = "Once upon a time. ".repeat(10 << 20 >> 4);
     let t = std::time::Instant::now();
@@ -94,7 +91,7 @@ fn a_prompt_too_long_for_the_context_is_refused_before_it_is_encoded() {
         &mut e,
         &tok,
         &text,
-        &opts,
+        &OPTS,
         &mut Sampler::greedy(),
         |_| {},
         |_, _, _| {},
