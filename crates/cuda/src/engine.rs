@@ -314,21 +314,17 @@ impl Engine for CudaEngine {
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
         let st = self.seqs.get(seq)?;
         let c = &self.model.config;
-        let shapes = (0..c.n_layers)
-            .map(|_| {
-                format!(
-                    "(num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}) {}",
-                    self.plan.num_blocks,
-                    self.plan.block_size,
-                    c.n_kv_heads,
-                    c.head_dim,
-                    self.plan.kv_dtype.name()
-                )
-            })
-            .collect();
+        let shape = format!(
+            "(num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}) {}",
+            self.plan.num_blocks,
+            self.plan.block_size,
+            c.n_kv_heads,
+            c.head_dim,
+            self.plan.kv_dtype.name()
+        );
         Some(TraceStep {
             len: st.len,
-            layer_cache_shapes: shapes,
+            layer_cache_shapes: vec![shape; c.n_layers],
             block_table: Some(
                 st.tables[0]
                     .blocks()

@@ -35,6 +35,15 @@ fn engine(model: &Arc<Model>, mut opts: CudaOptions, test: &str) -> Option<CudaE
     }
 }
 
+/// The default options with a pool of `(num_blocks, block_size)`.
+fn pool((num_blocks, block_size): (usize, usize)) -> CudaOptions {
+    CudaOptions {
+        num_blocks: Some(num_blocks),
+        block_size,
+        ..CudaOptions::default()
+    }
+}
+
 #[test]
 fn gpu_f32_solo_matches_naive_on_every_synthetic_model() {
     let models = [
@@ -99,13 +108,7 @@ fn gpu_f32_batched_with_preemption_and_prefix_hits_matches_naive() {
         ("synth-gqa", synthetic("synth-gqa")),
         ("gemma-like", gemma_like()),
     ] {
-        let (num_blocks, block_size) = BATCHED_POOL;
-        let opts = CudaOptions {
-            num_blocks: Some(num_blocks),
-            block_size,
-            ..CudaOptions::default()
-        };
-        let Some(mut cuda) = engine(&model, opts, "gpu_f32_batched") else {
+        let Some(mut cuda) = engine(&model, pool(BATCHED_POOL), "gpu_f32_batched") else {
             return;
         };
         batched_scenario(name, &mut cuda, &model);
@@ -115,13 +118,7 @@ fn gpu_f32_batched_with_preemption_and_prefix_hits_matches_naive() {
 #[test]
 fn gpu_f32_fork_copy_on_write_matches_naive() {
     let model = synthetic("synth-mha");
-    let (num_blocks, block_size) = FORK_POOL;
-    let opts = CudaOptions {
-        num_blocks: Some(num_blocks),
-        block_size,
-        ..CudaOptions::default()
-    };
-    let Some(mut cuda) = engine(&model, opts, "gpu_fork") else {
+    let Some(mut cuda) = engine(&model, pool(FORK_POOL), "gpu_fork") else {
         return;
     };
     fork_scenario(&mut cuda, &model);

@@ -48,6 +48,13 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
+impl Args {
+    /// `quick` under --quick, else `full`.
+    fn sizes<'a>(&self, quick: &'a [usize], full: &'a [usize]) -> &'a [usize] {
+        if self.quick { quick } else { full }
+    }
+}
+
 const USAGE: &str = "kvlab-cuda-bench [copy|attention|decode|waste|all]... [--quick] \
                      [--model NAME (a synthetic model of fixtures/models.json, default \
                      llama-3-8b-shape)] [--out FILE]";
@@ -108,16 +115,8 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
         let ops = Ops::new(&dev)?;
         // Llama-3-8B's attention: 32 query heads, 8 KV heads, head_dim 128; f16 K/V.
         let shape = synthetic_spec("llama-3-8b-shape")?.config();
-        let batches: &[usize] = if args.quick {
-            &[1, 64]
-        } else {
-            &[1, 4, 16, 64, 256]
-        };
-        let contexts: &[usize] = if args.quick {
-            &[512, 8192]
-        } else {
-            &[512, 2048, 8192, 32768]
-        };
+        let batches = args.sizes(&[1, 64], &[1, 4, 16, 64, 256]);
+        let contexts = args.sizes(&[512, 8192], &[512, 2048, 8192, 32768]);
         let mut rows = Vec::new();
         for &batch in batches {
             for &ctx in contexts {
@@ -176,11 +175,7 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
 
         if args.what.iter().any(|w| w == "decode") {
             let (prompt, gen_tokens) = if args.quick { (128, 16) } else { (128, 128) };
-            let batches: &[usize] = if args.quick {
-                &[1, 64]
-            } else {
-                &[1, 16, 64, 256]
-            };
+            let batches = args.sizes(&[1, 64], &[1, 16, 64, 256]);
             let mut rows = Vec::new();
             for &batch in batches {
                 let row = bench::decode_bench(&mut engine, batch, prompt, gen_tokens)?;
