@@ -20,15 +20,17 @@ pub fn usize_in(lo: u64, hi: u64) -> RangedU64ValueParser<usize> {
     RangedU64ValueParser::<usize>::new().range(lo..=hi)
 }
 
+/// `s` as a number; the error quotes it.
+fn number<T: std::str::FromStr<Err: std::fmt::Display>>(s: &str) -> Result<T, String> {
+    s.parse().map_err(|e| format!("{s:?} is not a number: {e}"))
+}
+
 /// `--temp`: 0 (greedy) or 0.001..=100.
 ///
 /// # Errors
 /// Not a number, or out of range (the message names the range).
 pub fn temperature(s: &str) -> Result<f32, String> {
-    let v: f32 = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
-    kvlab_model::sampler::check_temperature(v).map_err(|e| e.to_string())
+    kvlab_model::sampler::check_temperature(number(s)?).map_err(|e| e.to_string())
 }
 
 /// `--top-p`: greater than 0 and at most 1.
@@ -36,10 +38,7 @@ pub fn temperature(s: &str) -> Result<f32, String> {
 /// # Errors
 /// Not a number, or out of range (the message names the range).
 pub fn top_p(s: &str) -> Result<f32, String> {
-    let v: f32 = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
-    kvlab_model::sampler::check_top_p(v).map_err(|e| e.to_string())
+    kvlab_model::sampler::check_top_p(number(s)?).map_err(|e| e.to_string())
 }
 
 /// A size in GiB: finite, greater than 0 and at most 2^20 GiB (a petabyte).
@@ -47,9 +46,7 @@ pub fn top_p(s: &str) -> Result<f32, String> {
 /// # Errors
 /// Not a number, NaN, infinite, or out of range.
 pub fn gib(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    let v: f64 = number(s)?;
     if v > 0.0 && v <= (1u64 << 20) as f64 {
         Ok(v)
     } else {
@@ -77,10 +74,7 @@ pub fn gib_or_zero(s: &str) -> Result<f64, String> {
 /// # Errors
 /// Not a number, or out of range.
 pub fn min_p(s: &str) -> Result<f32, String> {
-    let v: f32 = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
-    kvlab_model::sampler::check_min_p(v).map_err(|e| e.to_string())
+    kvlab_model::sampler::check_min_p(number(s)?).map_err(|e| e.to_string())
 }
 
 /// `--repeat-penalty`: from 0.1 to 10; 1 is off.
@@ -88,8 +82,5 @@ pub fn min_p(s: &str) -> Result<f32, String> {
 /// # Errors
 /// Not a number, or out of range.
 pub fn repeat_penalty(s: &str) -> Result<f32, String> {
-    let v: f32 = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
-    kvlab_model::sampler::check_repeat_penalty(v).map_err(|e| e.to_string())
+    kvlab_model::sampler::check_repeat_penalty(number(s)?).map_err(|e| e.to_string())
 }

@@ -124,14 +124,14 @@ pub fn run(a: Args) -> Result<()> {
             }
         },
     )?;
-    for (i, (text, (out, reason))) in texts.iter().zip(&report.outputs).enumerate() {
-        let mut all = prompts[i].clone();
-        all.extend(out);
+    for (i, (out, reason)) in report.outputs.iter().enumerate() {
+        let all = [prompts[i].as_slice(), out].concat();
         println!("[{i}] ({:?}) {}", reason, tok.decode_all(&all));
-        let _ = text;
     }
     let m = &report.metrics;
     let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
+    let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
+    let kv_bytes_per_block = model.config.kv_bytes_per_token(4) * a.block_size;
     if a.json {
         let v = serde_json::json!({
             "engine": a.engine.name(),
@@ -139,10 +139,10 @@ pub fn run(a: Args) -> Result<()> {
             "steps": report.steps.len(),
             "tokens_computed": tokens,
             "engine_s": report.engine_time.as_secs_f64(),
-            "tokens_per_s": tokens as f64 / report.engine_time.as_secs_f64().max(1e-9),
+            "tokens_per_s": tokens_per_s,
             "num_blocks": num_blocks,
             "block_size": a.block_size,
-            "kv_bytes_per_block": model.config.kv_bytes_per_token(4) * a.block_size,
+            "kv_bytes_per_block": kv_bytes_per_block,
             "preemptions": m.num_preemptions,
             "prefix_cache_hits": m.prefix_cache_hits,
             "prefix_cache_queries": m.prefix_cache_queries,
@@ -154,9 +154,9 @@ pub fn run(a: Args) -> Result<()> {
             "{} steps, {tokens} tokens computed in {:.2} s ({:.0} tok/s); pool {num_blocks} blocks x {} tokens ({} of KV per block across layers); preemptions {}, prefix-cache hits {} of {} queried tokens, recomputed {} tokens",
             report.steps.len(),
             report.engine_time.as_secs_f64(),
-            tokens as f64 / report.engine_time.as_secs_f64().max(1e-9),
+            tokens_per_s,
             a.block_size,
-            bytes(model.config.kv_bytes_per_token(4) * a.block_size),
+            bytes(kv_bytes_per_block),
             m.num_preemptions,
             m.prefix_cache_hits,
             m.prefix_cache_queries,
@@ -267,18 +267,13 @@ fn block_svg(step: usize, s: &Scheduler) -> String {
             cell - 2,
             cell - 2
         );
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" fill=\"#222\">{b}</text>",
-            x + 3,
-            y + 12
-        );
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" fill=\"#222\">{label}</text>",
-            x + 3,
-            y + 30
-        );
+        for (dy, text) in [(12, b.to_string()), (30, label)] {
+            let (tx, ty) = (x + 3, y + dy);
+            let _ = writeln!(
+                svg,
+                "<text x=\"{tx}\" y=\"{ty}\" fill=\"#222\">{text}</text>"
+            );
+        }
     }
     let _ = writeln!(
         svg,

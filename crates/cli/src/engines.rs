@@ -12,7 +12,7 @@ use kvlab_paged::{KvCacheConfig, SchedulerConfig, StepExecutor};
 
 /// Every engine kvlab knows, in the order reports list them. Adding an engine: a variant, its
 /// row in [`EngineKind::ALL`] and its name, and its constructor in [`build`] (or
-/// `build_paged_inner` for a paged one).
+/// `build_paged` for a paged one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EngineKind {
     /// No cache: every step recomputes the whole prefix. The reference of every comparison.
@@ -195,7 +195,7 @@ pub fn build(engine: EngineKind, model: Arc<Model>) -> Result<Box<dyn Engine>> {
                 model.config.max_seq_len.min(8192),
                 kvlab_paged::DEFAULT_BLOCK_SIZE,
             );
-            build_paged_inner(engine, model, pool)?
+            build_paged(engine, model, pool)?
         }
     })
 }
@@ -213,8 +213,7 @@ pub fn build_for(
 ) -> Result<Box<dyn Engine>> {
     if engine.is_paged() {
         let pool = PoolOptions::for_sequences(1, positions, kvlab_paged::DEFAULT_BLOCK_SIZE);
-        let engine: Box<dyn Engine> = build_paged_inner(engine, model, pool)?;
-        return Ok(engine);
+        return Ok(build_paged(engine, model, pool)?);
     }
     build(engine, model)
 }
@@ -224,14 +223,6 @@ pub fn build_for(
 /// # Errors
 /// A non-paged engine (the message lists the paged ones), or the engine's own.
 pub fn build_paged(
-    engine: EngineKind,
-    model: Arc<Model>,
-    pool: PoolOptions,
-) -> Result<Box<dyn PagedEngine>> {
-    build_paged_inner(engine, model, pool)
-}
-
-fn build_paged_inner(
     engine: EngineKind,
     model: Arc<Model>,
     pool: PoolOptions,

@@ -22,21 +22,17 @@ pub enum Resolved {
 }
 
 /// File extensions of checkpoint formats kvlab does not read, and what to do instead.
-const UNSUPPORTED: &[(&str, &str)] = &[
+const UNSUPPORTED: &[(&[&str], &str)] = &[
     (
-        "safetensors",
+        &["safetensors"],
         "Hugging Face safetensors are not read yet; convert the model to GGUF (llama.cpp's convert_hf_to_gguf.py) or to llama2.c's format (llama2.c's export.py)",
     ),
     (
-        "pt",
+        &["pt", "pth"],
         "PyTorch checkpoints are not read; export to llama2.c's format (llama2.c's export.py) or to GGUF",
     ),
     (
-        "pth",
-        "PyTorch checkpoints are not read; export to llama2.c's format (llama2.c's export.py) or to GGUF",
-    ),
-    (
-        "json",
+        &["json"],
         "a .json file is a config or tokenizer, not a checkpoint; pass the .bin or .gguf file",
     ),
 ];
@@ -54,7 +50,10 @@ pub fn resolve(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Re
     let ext = path
         .extension()
         .map(|e| e.to_string_lossy().to_ascii_lowercase());
-    if let Some((_, why)) = UNSUPPORTED.iter().find(|(e, _)| ext.as_deref() == Some(*e)) {
+    let unsupported = UNSUPPORTED
+        .iter()
+        .find(|(exts, _)| ext.as_deref().is_some_and(|e| exts.contains(&e)));
+    if let Some((_, why)) = unsupported {
         bail!("{spec}: {why}");
     }
     if path.is_dir() {
@@ -171,16 +170,12 @@ pub fn config(
             Ok((entry.name.clone(), c, files))
         }
         Resolved::Path { path, gguf } => {
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
             let c = if gguf {
                 kvlab_model::gguf_model::read_gguf_config(&path)?
             } else {
                 kvlab_model::llama2c::read_config(&path)?
             };
-            Ok((name, c, vec![path]))
+            Ok((file_stem(&path), c, vec![path]))
         }
     }
 }
@@ -188,10 +183,7 @@ pub fn config(
 /// Loads a checkpoint from a path: `.gguf` as GGUF, anything else as llama2.c. A llama2.c model
 /// without `--tokenizer` uses `tokenizer.bin` (or `tok<vocab>.bin`) beside it, as run.c does.
 fn load_path(path: &Path, tokenizer: Option<&Path>) -> Result<Loaded> {
-    let name = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = file_stem(path);
     if path.extension().is_some_and(|e| e == "gguf") {
         let (model, tok) = kvlab_model::load_gguf(path)?;
         return Ok(Loaded {
@@ -202,19 +194,16 @@ fn load_path(path: &Path, tokenizer: Option<&Path>) -> Result<Loaded> {
         });
     }
     let model = kvlab_model::llama2c::load(path)?;
-    let tok_path = match tokenizer {
-        Some(t) => Some(t.to_path_buf()),
-        None => {
-            let dir = path.parent().unwrap_or(Path::new("."));
-            [
-                format!("tok{}.bin", model.config.vocab_size),
-                "tokenizer.bin".into(),
-            ]
-            .into_iter()
-            .map(|f| dir.join(f))
-            .find(|p| p.is_file())
-        }
-    };
+    let tok_path = tokenizer.map(Path::to_path_buf).or_else(|| {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        [
+            format!("tok{}.bin", model.config.vocab_size),
+            "tokenizer.bin".into(),
+        ]
+        .into_iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.is_file())
+    });
     let tok = tok_path
         .as_deref()
         .map(|t| kvlab_model::Tokenizer::load_llama2c(t, model.config.vocab_size))
@@ -228,6 +217,12 @@ fn load_path(path: &Path, tokenizer: Option<&Path>) -> Result<Loaded> {
         tokenizer: tok,
         files,
     })
+}
+
+/// A model's name from its file name: `stories260K` for `models/stories260K.bin`.
+fn file_stem(path: &Path) -> String {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+    stem.unwrap_or_default()
 }
 
 /// Downloads a manifest file into the cache directory and checks its sha256.

@@ -11,7 +11,7 @@ use kvlab_cli::args::{self, usize_in};
 use kvlab_cli::human_bytes as bytes;
 
 /// A model's KV-relevant shape.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Shape {
     pub name: &'static str,
     pub n_layers: usize,
@@ -241,14 +241,8 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => preset(p)?,
         None => Shape {
             name: "custom",
-            n_layers: 0,
-            n_heads: 0,
-            n_kv_heads: 0,
-            head_dim: 0,
-            window: None,
-            max_context: 0,
-            params: 0.0,
             source: "command-line flags",
+            ..Shape::default()
         },
     };
     if let Some(v) = a.n_layers {

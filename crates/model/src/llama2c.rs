@@ -42,41 +42,27 @@ pub fn parse_header(h: [i32; 7]) -> Result<Config> {
         vocab,
         seq_len,
     ] = h;
-    let names = [
-        "dim",
-        "hidden_dim",
-        "n_layers",
-        "n_heads",
-        "n_kv_heads",
-        "vocab_size",
-        "seq_len",
+    use crate::config::{MAX_DIM, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, check_field};
+    let fields = [
+        ("dim", dim, MAX_DIM),
+        ("hidden_dim", hidden_dim, MAX_DIM * 8),
+        ("n_layers", n_layers, MAX_LAYERS),
+        ("n_heads", n_heads, MAX_DIM),
+        ("n_kv_heads", n_kv_heads, MAX_DIM),
+        ("vocab_size", vocab.saturating_abs(), MAX_VOCAB),
+        ("seq_len", seq_len, MAX_SEQ_LEN),
     ];
-    for (name, v) in names.iter().zip([
-        dim,
-        hidden_dim,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        vocab.saturating_abs(),
-        seq_len,
-    ]) {
-        if v <= 0 {
-            return Err(Error::Config(format!(
-                "header field {name} = {v}; it must be positive"
-            )));
-        }
+    if let Some((name, v, _)) = fields.iter().find(|(_, v, _)| *v <= 0) {
+        return Err(Error::Config(format!(
+            "header field {name} = {v}; it must be positive"
+        )));
     }
-    let u = |v: i32| v as usize;
     // Bound every field before Config::llama sizes anything from it (layer_kinds has n_layers
     // entries).
-    use crate::config::{MAX_DIM, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, check_field};
-    check_field("dim", u(dim), MAX_DIM)?;
-    check_field("hidden_dim", u(hidden_dim), MAX_DIM * 8)?;
-    check_field("n_layers", u(n_layers), MAX_LAYERS)?;
-    check_field("n_heads", u(n_heads), MAX_DIM)?;
-    check_field("n_kv_heads", u(n_kv_heads), MAX_DIM)?;
-    check_field("vocab_size", u(vocab.saturating_abs()), MAX_VOCAB)?;
-    check_field("seq_len", u(seq_len), MAX_SEQ_LEN)?;
+    for (name, v, max) in fields {
+        check_field(name, v as usize, max)?;
+    }
+    let u = |v: i32| v as usize;
     if dim % n_heads != 0 {
         return Err(Error::Config(format!(
             "dim ({dim}) is not a multiple of n_heads ({n_heads})"
