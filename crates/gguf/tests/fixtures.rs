@@ -25,12 +25,8 @@ fn fixtures_are_small_and_carry_provenance() {
         let f = fixture(name);
         assert_eq!(f["format_version"], 1, "{name}");
         assert_eq!(f["provenance"]["model_sha256"], SHA256, "{name}");
-        assert!(
-            f["provenance"]["command"]
-                .as_str()
-                .unwrap()
-                .contains("gemma_oracle.py")
-        );
+        let command = f["provenance"]["command"].as_str().unwrap();
+        assert!(command.contains("gemma_oracle.py"), "{name}");
     }
     assert!(total < 1 << 20, "fixtures take {total} bytes");
 }
@@ -69,23 +65,11 @@ fn greedy_fixture_is_consistent() {
             generated.len() == n_gen || (eos && generated.last() == Some(&1)),
             "{name}"
         );
-        assert_eq!(
-            c["margins"].as_array().unwrap().len(),
-            generated.len(),
-            "{name}"
-        );
-        assert_eq!(
-            c["second_ids"].as_array().unwrap().len(),
-            generated.len(),
-            "{name}"
-        );
-        assert!(
-            c["margins"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|m| m.as_f64().unwrap() >= 0.0)
-        );
+        let margins = c["margins"].as_array().unwrap();
+        assert_eq!(margins.len(), generated.len(), "{name}");
+        let second = c["second_ids"].as_array().unwrap();
+        assert_eq!(second.len(), generated.len(), "{name}");
+        assert!(margins.iter().all(|m| m.as_f64().unwrap() >= 0.0));
         let last = prompt.len() + generated.len() - 1;
         if prompt.len() < 512 && last >= 512 {
             crosses_512 += 1;

@@ -10,18 +10,9 @@ fn shipped_default_model_matches_the_manifest() {
     for f in [entry.model.as_ref(), entry.tokenizer.as_ref()] {
         let f = f.unwrap();
         let p = dir.join(&f.file);
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().len(),
-            f.bytes,
-            "{}",
-            p.display()
-        );
-        assert_eq!(
-            registry::sha256_file(&p).unwrap(),
-            f.sha256,
-            "{}",
-            p.display()
-        );
+        let shown = p.display();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), f.bytes, "{shown}");
+        assert_eq!(registry::sha256_file(&p).unwrap(), f.sha256, "{shown}");
     }
 }
 
