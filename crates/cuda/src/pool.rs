@@ -79,25 +79,6 @@ impl std::fmt::Display for PoolPlan {
     }
 }
 
-/// The groups of `c` with their layers and bytes per token at `elem_bytes` per element.
-pub fn group_plans(c: &Config, elem_bytes: usize) -> Vec<GroupPlan> {
-    c.kv_cache_groups()
-        .into_iter()
-        .enumerate()
-        .map(|(g, window)| {
-            let layers: Vec<usize> = (0..c.n_layers)
-                .filter(|&l| c.layer_cache_group(l) == g)
-                .collect();
-            let bytes_per_token = 2 * layers.len() * c.n_kv_heads * c.head_dim * elem_bytes;
-            GroupPlan {
-                window,
-                layers,
-                bytes_per_token,
-            }
-        })
-        .collect()
-}
-
 /// Blocks that fit the KV budget: `budget = total · utilization − (total − free) − headroom`,
 /// where `free` is measured after the weights and activations are allocated (so they count
 /// against the fraction, as in vLLM), divided by the bytes of one block in every group.
@@ -132,9 +113,24 @@ pub fn blocks_for_budget(
     Ok(blocks.min(i32::MAX as usize))
 }
 
-/// A plan for `num_blocks` blocks.
+/// A plan for `num_blocks` blocks: the groups of `c` with their layers and bytes per token.
 pub fn plan(c: &Config, num_blocks: usize, block_size: usize, kv_dtype: Precision) -> PoolPlan {
-    let groups = group_plans(c, kv_dtype.bytes());
+    let groups: Vec<GroupPlan> = c
+        .kv_cache_groups()
+        .into_iter()
+        .enumerate()
+        .map(|(g, window)| {
+            let layers: Vec<usize> = (0..c.n_layers)
+                .filter(|&l| c.layer_cache_group(l) == g)
+                .collect();
+            let bytes_per_token = 2 * layers.len() * c.n_kv_heads * c.head_dim * kv_dtype.bytes();
+            GroupPlan {
+                window,
+                layers,
+                bytes_per_token,
+            }
+        })
+        .collect();
     let bytes_per_token = groups.iter().map(|g| g.bytes_per_token).sum();
     PoolPlan {
         num_blocks,

@@ -12,9 +12,18 @@ use common::{
     BATCHED_POOL, FORK_POOL, assert_same, batched_scenario, fork_scenario, gemma_like, greedy,
     prompt, synthetic,
 };
+use std::sync::Arc;
+
 use kvlab_cpu::paged::PagedCpuEngine;
+use kvlab_model::Model;
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::KvCacheConfig;
+
+/// The paged CPU engine over a pool of `(num_blocks, block_size)` per KV group of `model`.
+fn engine(model: &Arc<Model>, (num_blocks, block_size): (usize, usize)) -> PagedCpuEngine {
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), num_blocks, block_size);
+    PagedCpuEngine::new(model.clone(), kv_cache).unwrap()
+}
 
 #[test]
 fn batched_with_preemption_and_prefix_hits_matches_naive() {
@@ -23,20 +32,14 @@ fn batched_with_preemption_and_prefix_hits_matches_naive() {
         ("synth-mqa", synthetic("synth-mqa")),
         ("gemma-like", gemma_like()),
     ] {
-        let (num_blocks, block_size) = BATCHED_POOL;
-        let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), num_blocks, block_size);
-        let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
-        batched_scenario(name, &mut engine, &model);
+        batched_scenario(name, &mut engine(&model, BATCHED_POOL), &model);
     }
 }
 
 #[test]
 fn fork_copy_on_write_matches_naive() {
     let model = synthetic("synth-mha");
-    let (num_blocks, block_size) = FORK_POOL;
-    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), num_blocks, block_size);
-    let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
-    fork_scenario(&mut engine, &model);
+    fork_scenario(&mut engine(&model, FORK_POOL), &model);
 }
 
 /// Single-sequence mode (`Engine::prefill`/`decode`) on the Gemma-like model: a prompt longer
@@ -44,10 +47,8 @@ fn fork_copy_on_write_matches_naive() {
 #[test]
 fn single_sequence_mode_past_the_window_matches_naive() {
     let model = gemma_like();
-    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 32, 16);
-    let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
     let p = prompt(37, 8, model.config.vocab_size);
     let (want, margins) = greedy(&mut NaiveEngine::new(model.clone()), &p, 60);
-    let (got, _) = greedy(&mut engine, &p, 60);
+    let (got, _) = greedy(&mut engine(&model, (32, 16)), &p, 60);
     assert_same("gemma-like single-sequence", &want, &got, &margins);
 }

@@ -170,10 +170,11 @@ pub fn prompt(len: usize, seed: u64, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// A scheduler over a pool of `(num_blocks, block_size)` for `model`'s KV groups, prefix caching
+/// on where no group has a sliding window.
 pub fn scheduler_for(
     model: &Model,
-    num_blocks: usize,
-    block_size: usize,
+    (num_blocks, block_size): (usize, usize),
     max_len: usize,
 ) -> Scheduler {
     let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), num_blocks, block_size);
@@ -212,8 +213,7 @@ where
         })
         .collect();
     let mut naive = NaiveEngine::new(model.clone());
-    let (num_blocks, block_size) = BATCHED_POOL;
-    let mut sched = scheduler_for(model, num_blocks, block_size, 80);
+    let mut sched = scheduler_for(model, BATCHED_POOL, 80);
     let report = drive(engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
     for (i, (r, (got, _))) in requests.iter().zip(&report.outputs).enumerate() {
         let (want, margins) = greedy(&mut naive, &r.prompt, got.len());
@@ -248,8 +248,7 @@ where
     E: StepExecutor,
     E::Error: std::fmt::Debug,
 {
-    let (num_blocks, block_size) = FORK_POOL;
-    let mut sched = scheduler_for(model, num_blocks, block_size, 128);
+    let mut sched = scheduler_for(model, FORK_POOL, 128);
     let p = prompt(13, 5, model.config.vocab_size);
     let parent = sched
         .add_request(p.clone(), StopConditions::max_tokens(20))
