@@ -113,7 +113,7 @@ pub fn rope_config(n_tokens: usize, n_heads: usize, head_dim: usize) -> Result<L
     ))
 }
 
-/// paged_attention_v1: one block per (decode sequence, query head).
+/// paged_attention_v1 (and v2's reduce): one block per (decode sequence, query head).
 ///
 /// # Errors
 /// No sequences, or too many heads.
@@ -136,14 +136,6 @@ pub fn decode_v2_config(
         grid_yz("partitions", max_partitions)?,
     );
     Ok(config(grid, ATTN_THREADS))
-}
-
-/// paged_attention_v2_reduce: one block per (decode sequence, query head), threads over dims.
-///
-/// # Errors
-/// As [`decode_v1_config`].
-pub fn decode_reduce_config(n_decode: usize, n_heads: usize) -> Result<LaunchConfig> {
-    decode_v1_config(n_decode, n_heads)
 }
 
 /// prefill_attention_v1: one block per (query token, query head).

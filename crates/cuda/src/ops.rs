@@ -42,16 +42,6 @@ impl<T> std::fmt::Debug for Dev<T> {
 }
 
 impl<T> Dev<T> {
-    /// The whole of `s`.
-    pub fn of(s: &CudaSlice<T>, stream: &CudaStream) -> Dev<T> {
-        let (ptr, _sync) = s.device_ptr(stream);
-        Dev {
-            ptr,
-            len: s.len(),
-            _t: PhantomData,
-        }
-    }
-
     /// Elements.
     pub fn len(self) -> usize {
         self.len
@@ -97,8 +87,6 @@ impl<T> Dev<T> {
 /// Every kernel of `kernels/*.cu`, compiled for one GPU and loaded.
 pub struct Kernels {
     functions: HashMap<&'static str, CudaFunction>,
-    /// The NVRTC architecture they were compiled for.
-    pub arch: String,
 }
 
 impl Kernels {
@@ -116,7 +104,7 @@ impl Kernels {
                 functions.insert(entry, module.load_function(entry)?);
             }
         }
-        Ok(Kernels { functions, arch })
+        Ok(Kernels { functions })
     }
 
     /// The loaded entry point `name`.
@@ -245,7 +233,12 @@ impl Ops {
 
     /// The device address of a whole slice.
     pub fn dev<T>(&self, s: &CudaSlice<T>) -> Dev<T> {
-        Dev::of(s, &self.stream)
+        let (ptr, _sync) = s.device_ptr(&self.stream);
+        Dev {
+            ptr,
+            len: s.len(),
+            _t: PhantomData,
+        }
     }
 
     /// Launches `f` on the stream with `args`, in order.
@@ -496,7 +489,8 @@ impl Ops {
         let f = self
             .kernels
             .get(&format!("paged_attention_v2_reduce_{}", A::NAME))?;
-        let cfg = launch::decode_reduce_config(n_decode, a.n_heads)?;
+        // One block per (decode sequence, query head), as v1; threads over dims.
+        let cfg = launch::decode_v1_config(n_decode, a.n_heads)?;
         let [.., query_start_loc, context_lens] = p.inputs;
         let [_, n_heads, _, head_dim, _, window, _] = p.shape;
         let per_seq = [query_start_loc, context_lens, n_heads, head_dim, window];
