@@ -372,8 +372,6 @@ pub fn pack_step(input: &ModelInput, geom: &PackGeometry) -> Result<PackedStep> 
     }
     let input_ids = push(&mut ints, input.input_ids.iter().map(|&t| t as i32));
     let mut token_seq_v = Vec::with_capacity(n_tokens);
-    let mut n_decode = 0;
-    let mut counting_decodes = true;
     for s in 0..n_seqs {
         let (a, b) = (qsl[s], qsl[s + 1]);
         if b <= a {
@@ -413,12 +411,10 @@ pub fn pack_step(input: &ModelInput, geom: &PackGeometry) -> Result<PackedStep> 
                 b - 1
             ));
         }
-        if counting_decodes && n == 1 {
-            n_decode += 1;
-        } else {
-            counting_decodes = false;
-        }
     }
+    let n_decode = (0..n_seqs)
+        .take_while(|&s| qsl[s + 1] - qsl[s] == 1)
+        .count();
     let positions = push(&mut ints, input.positions.iter().map(|&p| p as i32));
     let query_start_loc = push(&mut ints, qsl.iter().copied());
     let context_lens = push(&mut ints, input.context_lens.iter().copied());

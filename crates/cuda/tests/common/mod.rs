@@ -83,15 +83,11 @@ pub fn rounded<T: DType>(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| T::from_f32(v).to_f32()).collect()
 }
 
-/// The tolerance of the issue: relative error < 1e-5 for f32, < 1e-2 for f16.
-pub fn tolerance<T: DType>() -> f32 {
-    if T::BYTES == 4 { 1e-5 } else { 1e-2 }
-}
-
-/// Asserts the normwise relative error is within `T`'s tolerance (NaN never passes).
+/// Asserts the normwise relative error is within `T`'s tolerance, the issue's: < 1e-5 for f32,
+/// < 1e-2 for f16 (NaN never passes).
 pub fn check<T: DType>(what: &str, got: &[f32], want: &[f32]) {
     let e = reference::rel_err(got, want);
-    let tol = tolerance::<T>();
+    let tol = if T::BYTES == 4 { 1e-5 } else { 1e-2 };
     assert!(
         e < tol,
         "{what} ({}): relative error {e:e} >= {tol:e}",
