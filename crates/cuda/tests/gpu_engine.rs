@@ -23,16 +23,11 @@ const TEST_BLOCKS: usize = 512;
 /// The engine, or None after printing SKIPPED.
 fn engine(model: &Arc<Model>, mut opts: CudaOptions, test: &str) -> Option<CudaEngine> {
     opts.num_blocks.get_or_insert(TEST_BLOCKS);
-    match CudaEngine::try_new(model.clone(), opts) {
-        Ok(e) => {
-            eprintln!("{}\n{}", e.device_info(), e.pool_plan());
-            Some(e)
-        }
-        Err(e) => {
-            common::skip_unless_available(e, test);
-            None
-        }
-    }
+    let e = CudaEngine::try_new(model.clone(), opts)
+        .map_err(|e| common::skip_unless_available(e, test))
+        .ok()?;
+    eprintln!("{}\n{}", e.device_info(), e.pool_plan());
+    Some(e)
 }
 
 /// The default options with a pool of `(num_blocks, block_size)`.

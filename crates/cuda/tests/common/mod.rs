@@ -42,16 +42,11 @@ pub fn skip_unless_available(e: CudaError, test: &str) {
 
 /// The GPU and its kernels, or None (skipped).
 pub fn gpu(test: &str) -> Option<(Device, Ops)> {
-    let opened = kvlab_cuda::probe()
+    kvlab_cuda::probe()
         .and_then(|_| Device::open(0))
-        .and_then(|d| Ops::new(&d).map(|ops| (d, ops)));
-    match opened {
-        Ok(x) => Some(x),
-        Err(e) => {
-            skip_unless_available(e, test);
-            None
-        }
-    }
+        .and_then(|d| Ops::new(&d).map(|ops| (d, ops)))
+        .map_err(|e| skip_unless_available(e, test))
+        .ok()
 }
 
 /// Uploads f32 values converted to `T`.
