@@ -90,9 +90,6 @@ macro_rules! with_runner {
 pub struct CudaEngine {
     model: Arc<Model>,
     runner: Runner,
-    info: DeviceInfo,
-    plan: PoolPlan,
-    weight_bytes: usize,
     /// Single-sequence mode's pools, one per KV group, and its sequences.
     unscheduled: UnscheduledPools,
     seqs: Sequences<UnscheduledSeq>,
@@ -121,7 +118,6 @@ impl CudaEngine {
         }
         crate::launch::check_head_dim(c.head_dim)?;
         let dev = Device::open(opts.device)?;
-        let info = dev.info.clone();
         let ops = Ops::new(&dev)?;
         let fopts = ForwardOptions {
             max_batch_tokens: if opts.max_batch_tokens == 0 {
@@ -167,15 +163,10 @@ impl CudaEngine {
                 Runner::F16F16(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
             }
         };
-        let (plan, weight_bytes) =
-            with_runner!(&runner, f => (f.pool.plan.clone(), f.weights.bytes));
         let unscheduled = UnscheduledPools::new(with_runner!(&runner, f => &f.geometry.kv_cache))?;
         Ok(CudaEngine {
             model,
             runner,
-            info,
-            plan,
-            weight_bytes,
             unscheduled,
             seqs: Sequences::default(),
         })
@@ -183,7 +174,8 @@ impl CudaEngine {
 
     /// The pool's geometry: (num_blocks per group, block_size).
     pub fn pool(&self) -> (usize, usize) {
-        (self.plan.num_blocks, self.plan.block_size)
+        let plan = self.pool_plan();
+        (plan.num_blocks, plan.block_size)
     }
 
     /// The pool's shape, for the scheduler that drives this engine.
@@ -193,17 +185,17 @@ impl CudaEngine {
 
     /// The pool's size report (blocks, bytes per token per group, bytes).
     pub fn pool_plan(&self) -> &PoolPlan {
-        &self.plan
+        with_runner!(&self.runner, f => &f.pool.plan)
     }
 
     /// The GPU.
     pub fn device_info(&self) -> &DeviceInfo {
-        &self.info
+        with_runner!(&self.runner, f => &f.dev.info)
     }
 
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
+        with_runner!(&self.runner, f => f.weights.bytes)
     }
 
     /// Runs a scheduled step and returns its greedy tokens, computed on the device (only
@@ -232,6 +224,7 @@ impl CudaEngine {
     }
 
     fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
+        let (num_blocks, block_size) = self.pool();
         let st = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, st.len, st.max_seq_len, tokens)?;
         let step = self
@@ -239,8 +232,8 @@ impl CudaEngine {
             .reserve(st, seq, tokens)
             .map_err(|e| match e {
                 PagedError::OutOfBlocks { .. } => CudaError::PoolFull {
-                    num_blocks: self.plan.num_blocks,
-                    block_size: self.plan.block_size,
+                    num_blocks,
+                    block_size,
                 },
                 e => CudaError::Paged(e),
             })?;
@@ -270,13 +263,13 @@ impl Engine for CudaEngine {
 
     fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId, Error> {
         check_max_seq_len(&self.model.config, max_seq_len)?;
-        if max_seq_len.div_ceil(self.plan.block_size) > self.plan.num_blocks {
+        let (num_blocks, block_size) = self.pool();
+        let needed = max_seq_len.div_ceil(block_size);
+        if needed > num_blocks {
             return Err(CudaError::OutOfMemory(format!(
-                "a sequence of {max_seq_len} positions needs {} blocks of {}, the pool has {}; \
-                 raise num_blocks or gpu_memory_utilization, or lower max_seq_len",
-                max_seq_len.div_ceil(self.plan.block_size),
-                self.plan.block_size,
-                self.plan.num_blocks
+                "a sequence of {max_seq_len} positions needs {needed} blocks of {block_size}, the \
+                 pool has {num_blocks}; raise num_blocks or gpu_memory_utilization, or lower \
+                 max_seq_len"
             ))
             .into());
         }
@@ -298,7 +291,7 @@ impl Engine for CudaEngine {
             .seqs
             .values()
             .map(|s| {
-                self.plan
+                self.pool_plan()
                     .groups
                     .iter()
                     .map(|g| s.len.min(g.window.unwrap_or(usize::MAX)) * g.bytes_per_token)
@@ -307,20 +300,20 @@ impl Engine for CudaEngine {
             .sum();
         KvUsage {
             used_bytes: used,
-            reserved_bytes: self.plan.pool_bytes,
+            reserved_bytes: self.pool_plan().pool_bytes,
         }
     }
 
     fn trace(&self, seq: SeqId) -> Option<TraceStep> {
         let st = self.seqs.get(seq)?;
-        let c = &self.model.config;
+        let (c, plan) = (&self.model.config, self.pool_plan());
         let shape = format!(
             "(num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}) {}",
-            self.plan.num_blocks,
-            self.plan.block_size,
+            plan.num_blocks,
+            plan.block_size,
             c.n_kv_heads,
             c.head_dim,
-            self.plan.kv_dtype.name()
+            plan.kv_dtype.name()
         );
         Some(TraceStep {
             len: st.len,
