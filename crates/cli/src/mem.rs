@@ -245,15 +245,9 @@ pub fn run(a: Args) -> Result<()> {
             ..Shape::default()
         },
     };
-    if let Some(v) = a.n_layers {
-        s.n_layers = v;
-    }
-    if let Some(v) = a.n_kv_heads {
-        s.n_kv_heads = v;
-    }
-    if let Some(v) = a.head_dim {
-        s.head_dim = v;
-    }
+    s.n_layers = a.n_layers.unwrap_or(s.n_layers);
+    s.n_kv_heads = a.n_kv_heads.unwrap_or(s.n_kv_heads);
+    s.head_dim = a.head_dim.unwrap_or(s.head_dim);
     if let Some(w) = a.window {
         s.window = Some((w, a.local_layers.unwrap_or(s.n_layers)));
     }

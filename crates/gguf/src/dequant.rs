@@ -119,28 +119,29 @@ fn f16(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// block_q4_0 (18 bytes, 32 weights): `d: f16`, `qs[16]`. Weight j < 16 is the low nibble of
-/// qs[j], weight j + 16 the high nibble; x = (nibble - 8)·d.
-fn block_q4_0(b: &[u8], y: &mut [f32]) {
-    let d = f16(b, 0);
-    let qs = &b[2..18];
+/// The 32 weights of a Q4_0/Q4_1/Q5_0/Q5_1 block, each `x(q)` of its quant q: the low 4 bits
+/// of weight j < 16 are the low nibble of qs[j], those of weight j + 16 the high nibble, and its
+/// 5th bit is bit j (j + 16) of `qh` (0 for the 4-bit formats).
+fn block_32(qs: &[u8], qh: u32, y: &mut [f32], x: impl Fn(u32) -> f32) {
     for j in 0..16 {
-        let x0 = i32::from(qs[j] & 0x0F) - 8;
-        let x1 = i32::from(qs[j] >> 4) - 8;
-        y[j] = x0 as f32 * d;
-        y[j + 16] = x1 as f32 * d;
+        // Bit j moved to bit 4 (value 16), and bit j + 16 moved to bit 4.
+        let xh0 = ((qh >> j) << 4) & 0x10;
+        let xh1 = (qh >> (j + 12)) & 0x10;
+        y[j] = x(u32::from(qs[j] & 0x0F) | xh0);
+        y[j + 16] = x(u32::from(qs[j] >> 4) | xh1);
     }
 }
 
-/// block_q4_1 (20 bytes): `d: f16`, `m: f16`, `qs[16]`; x = nibble·d + m.
-fn block_q4_1(b: &[u8], y: &mut [f32]) {
+/// block_q4_0 (18 bytes, 32 weights): `d: f16`, `qs[16]`; x = (q - 8)·d.
+fn block_q4_0(b: &[u8], y: &mut [f32]) {
     let d = f16(b, 0);
-    let m = f16(b, 2);
-    let qs = &b[4..20];
-    for j in 0..16 {
-        y[j] = f32::from(qs[j] & 0x0F) * d + m;
-        y[j + 16] = f32::from(qs[j] >> 4) * d + m;
-    }
+    block_32(&b[2..18], 0, y, |q| (q as i32 - 8) as f32 * d);
+}
+
+/// block_q4_1 (20 bytes): `d: f16`, `m: f16`, `qs[16]`; x = q·d + m.
+fn block_q4_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (f16(b, 0), f16(b, 2));
+    block_32(&b[4..20], 0, y, |q| q as f32 * d + m);
 }
 
 /// block_q5_0 (22 bytes): `d: f16`, `qh: [u8; 4]` (a little-endian u32 holding the 5th bit of
@@ -148,32 +149,14 @@ fn block_q4_1(b: &[u8], y: &mut [f32]) {
 fn block_q5_0(b: &[u8], y: &mut [f32]) {
     let d = f16(b, 0);
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-    let qs = &b[6..22];
-    for j in 0..16 {
-        // Bit j moved to bit 4 (value 16), and bit j + 16 moved to bit 4.
-        let xh0 = ((qh >> j) << 4) & 0x10;
-        let xh1 = (qh >> (j + 12)) & 0x10;
-        let x0 = (u32::from(qs[j] & 0x0F) | xh0) as i32 - 16;
-        let x1 = (u32::from(qs[j] >> 4) | xh1) as i32 - 16;
-        y[j] = x0 as f32 * d;
-        y[j + 16] = x1 as f32 * d;
-    }
+    block_32(&b[6..22], qh, y, |q| (q as i32 - 16) as f32 * d);
 }
 
 /// block_q5_1 (24 bytes): `d: f16`, `m: f16`, `qh: [u8; 4]`, `qs[16]`; x = q·d + m.
 fn block_q5_1(b: &[u8], y: &mut [f32]) {
-    let d = f16(b, 0);
-    let m = f16(b, 2);
+    let (d, m) = (f16(b, 0), f16(b, 2));
     let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-    let qs = &b[8..24];
-    for j in 0..16 {
-        let xh0 = ((qh >> j) << 4) & 0x10;
-        let xh1 = (qh >> (j + 12)) & 0x10;
-        let x0 = u32::from(qs[j] & 0x0F) | xh0;
-        let x1 = u32::from(qs[j] >> 4) | xh1;
-        y[j] = x0 as f32 * d + m;
-        y[j + 16] = x1 as f32 * d + m;
-    }
+    block_32(&b[8..24], qh, y, |q| q as f32 * d + m);
 }
 
 /// block_q8_0 (34 bytes): `d: f16`, `qs: [i8; 32]`; x = q·d.

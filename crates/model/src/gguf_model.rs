@@ -53,9 +53,8 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let c = gguf_config(&f, path)?;
     let tok = tokenizer_from_gguf(&f, path)?;
     check_tensor_sizes(&f, &c, path)?;
-    let n_layers = c.n_layers;
     let t = |name: String| f.dequantize(&name).map(Tensor::from).map_err(&e);
-    let layers = (0..n_layers)
+    let layers = (0..c.n_layers)
         .map(|l| {
             let b = |n: &str| t(format!("blk.{l}.{n}.weight"));
             Ok(LayerWeights {

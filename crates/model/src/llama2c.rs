@@ -309,14 +309,9 @@ pub fn write(model: &Model, path: &Path) -> Result<()> {
     let half = c.head_dim / 2;
     let angle =
         |p: usize, i: usize| p as f32 * c.rope_theta.powf(-((2 * i) as f32) / c.head_dim as f32);
-    let cos: Vec<f32> = (0..c.max_seq_len)
-        .flat_map(|p| (0..half).map(move |i| (p, i)))
-        .map(|(p, i)| angle(p, i).cos())
-        .collect();
-    let sin: Vec<f32> = (0..c.max_seq_len)
-        .flat_map(|p| (0..half).map(move |i| (p, i)))
-        .map(|(p, i)| angle(p, i).sin())
-        .collect();
+    let (sin, cos): (Vec<f32>, Vec<f32>) = (0..c.max_seq_len)
+        .flat_map(|p| (0..half).map(move |i| angle(p, i).sin_cos()))
+        .unzip();
     put(&cos);
     put(&sin);
     if let Some(cls) = &w.classifier {

@@ -171,14 +171,6 @@ impl Sampler {
         Sampler::seeded(0.0, 1.0, 0)
     }
 
-    pub fn temperature(&self) -> f32 {
-        self.temperature
-    }
-
-    pub fn top_p(&self) -> f32 {
-        self.top_p
-    }
-
     /// Samples one token. `logits` is scratch: it is overwritten with probabilities.
     ///
     /// # Errors
