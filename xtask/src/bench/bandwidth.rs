@@ -54,19 +54,25 @@ pub fn buffer_bytes(planned: usize, llc_bytes: Option<u64>) -> usize {
 }
 
 /// Adds the rows of a second measurement and recomputes the peak.
-pub fn merge(mut a: Bandwidth, b: Bandwidth) -> Bandwidth {
-    a.rows.extend(b.rows);
-    let best = a
-        .rows
+pub fn merge(a: Bandwidth, b: Bandwidth) -> Bandwidth {
+    with_peak(a.buffer_bytes, a.rows.into_iter().chain(b.rows).collect())
+}
+
+/// The rows and the best of them.
+fn with_peak(buffer_bytes: u64, rows: Vec<BandwidthRow>) -> Bandwidth {
+    let best = rows
         .iter()
         .max_by(|x, y| x.gb_per_s.max.total_cmp(&y.gb_per_s.max))
-        .expect("rows");
-    a.peak_gb_per_s = best.gb_per_s.max;
-    a.peak_from = format!(
-        "{}, {} thread(s), at the {}",
-        best.kind, best.threads, best.when
-    );
-    a
+        .expect("at least one row");
+    Bandwidth {
+        buffer_bytes,
+        peak_gb_per_s: best.gb_per_s.max,
+        peak_from: format!(
+            "{}, {} thread(s), at the {}",
+            best.kind, best.threads, best.when
+        ),
+        rows,
+    }
 }
 
 /// Measures with buffers of `buffer_bytes` each and `passes` timed passes per row.
@@ -86,16 +92,7 @@ pub fn measure(buffer_bytes: usize, passes: usize, when: &str) -> Bandwidth {
         let read = time_passes(passes, || read_pass(&src, t));
         rows.push(row(when, "read", t, buffer_bytes as u64, &read));
     }
-    let best = rows
-        .iter()
-        .max_by(|a, b| a.gb_per_s.max.total_cmp(&b.gb_per_s.max))
-        .expect("at least one row");
-    Bandwidth {
-        buffer_bytes: buffer_bytes as u64,
-        peak_gb_per_s: best.gb_per_s.max,
-        peak_from: format!("{}, {} thread(s), at the {when}", best.kind, best.threads),
-        rows: rows.clone(),
-    }
+    with_peak(buffer_bytes as u64, rows)
 }
 
 fn row(when: &str, kind: &str, threads: usize, bytes: u64, seconds: &[f64]) -> BandwidthRow {

@@ -16,7 +16,7 @@ use anyhow::{Result, anyhow};
 use kvlab_cli::engines::{PagedEngine, PoolOptions};
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Engine, Model};
-use kvlab_paged::{DriveReport, Request, ScheduledBatch, Scheduler, StepExecutor, StopConditions};
+use kvlab_paged::{DriveReport, Request, Scheduler, StopConditions};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Summary;
@@ -55,16 +55,6 @@ pub fn contiguous(engine: &mut dyn Engine, prompts: &[Vec<u32>], generate: usize
     result
 }
 
-/// `drive` takes a sized executor; this forwards to the boxed engine.
-struct Exec<'a>(&'a mut dyn PagedEngine);
-
-impl StepExecutor for Exec<'_> {
-    type Error = kvlab_model::Error;
-    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error> {
-        self.0.execute(batch)
-    }
-}
-
 /// Runs `requests` through a fresh scheduler over `engine`'s pool.
 pub fn drive(
     engine: &mut dyn PagedEngine,
@@ -75,14 +65,8 @@ pub fn drive(
 ) -> Result<DriveReport> {
     let cfg = kvlab_cli::engines::scheduler_config(model, pool, max_model_len);
     let mut sched = Scheduler::new(cfg)?;
-    kvlab_paged::drive(
-        &mut Exec(engine),
-        &mut sched,
-        requests,
-        argmax,
-        |_, _, _| {},
-    )
-    .map_err(|e| anyhow!("{e}"))
+    kvlab_paged::drive(engine, &mut sched, requests, argmax, |_, _, _| {})
+        .map_err(|e| anyhow!("{e}"))
 }
 
 /// B requests arriving together, each generating `generate` decode tokens after its prefill.
@@ -153,7 +137,7 @@ pub fn batch_row(
 }
 
 /// Continuous batching over an arrival trace.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ContinuousRow {
     pub model: String,
     pub engine: String,
@@ -264,11 +248,6 @@ pub fn continuous_sequential(
         engine_seconds: secs,
         total_tok_per_s: (prompt_tokens + generated) as f64 / secs,
         generated_tok_per_s: generated as f64 / secs,
-        steps: None,
-        mean_batch: None,
-        max_batch: None,
-        preemptions: None,
-        pool_blocks: None,
-        block_size: None,
+        ..Default::default()
     })
 }

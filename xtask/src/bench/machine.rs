@@ -140,31 +140,18 @@ fn loadavg() -> Option<[f64; 3]> {
     cfg!(unix).then_some([l.one, l.five, l.fifteen])
 }
 
-fn kib_field(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .find(|l| l.starts_with(name))?
+/// A memory field of this process's /proc/self/status, bytes: "VmRSS:" (resident now) or
+/// "VmHWM:" (the peak); `None` off Linux.
+pub fn status_bytes(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()
-        .ok()
-}
-
-/// This process's peak resident set size (VmHWM), bytes; `None` off Linux.
-pub fn peak_rss_bytes() -> Option<u64> {
-    kib_field(
-        &std::fs::read_to_string("/proc/self/status").ok()?,
-        "VmHWM:",
-    )
-    .map(|k| k * 1024)
-}
-
-/// This process's current resident set size (VmRSS), bytes; `None` off Linux.
-pub fn rss_bytes() -> Option<u64> {
-    kib_field(
-        &std::fs::read_to_string("/proc/self/status").ok()?,
-        "VmRSS:",
-    )
-    .map(|k| k * 1024)
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// The 1-minute load average now.

@@ -118,11 +118,11 @@ pub fn rss_child(args: &[String]) -> Result<()> {
         Ok(m) => m,
         Err(why) => bail!("{why}"),
     };
-    let after_load = machine::rss_bytes().unwrap_or(0);
+    let after_load = machine::status_bytes("VmRSS:").unwrap_or(0);
     let mut e = kvlab_cli::engines::build(engine.parse()?, m.model.clone())?;
     let bos = m.model.config.bos_id;
     super::decode::generate(e.as_mut(), positions, bos)?;
-    let peak = machine::peak_rss_bytes().unwrap_or(0);
+    let peak = machine::status_bytes("VmHWM:").unwrap_or(0);
     let row = RssRow {
         model: model.clone(),
         engine: engine.clone(),

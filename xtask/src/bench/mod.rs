@@ -268,18 +268,35 @@ fn analyse(
         .as_ref()
         .map(|f| baseline::compare(f, &ratios, &machine))
         .transpose()?;
-    Ok(report::Report::new(
-        plan,
-        args,
+    let headline = report::headline_of(&results.decode, &ratios, &roofline, bw.peak_gb_per_s);
+    Ok(report::Report {
+        format_version: report::FORMAT_VERSION,
+        kind: "kvlab-bench".into(),
+        mode: plan.mode.clone(),
+        args: args.to_vec(),
+        wall_seconds: 0.0,
+        notes: report::notes(&machine, results.notes),
         machine,
-        bw,
-        infos.into_iter().map(|(i, _)| i).collect(),
-        results,
+        loadavg_end: machine::load_now(),
+        plan: plan.clone(),
+        bandwidth: bw,
+        models: infos.into_iter().map(|(i, _)| i).collect(),
+        decode: results.decode,
+        prefill: results.prefill,
+        latency: results.latency,
+        batch: results.batch,
+        continuous: results.continuous,
+        kv_memory: results.kv,
+        peak_rss: results.rss,
+        process_peak_rss_bytes: machine::status_bytes("VmHWM:"),
+        gpu_memory: None,
         waste,
         roofline,
         ratios,
+        headline,
         baseline,
-    ))
+        plots: Vec::new(),
+    })
 }
 
 /// The plots, the tables, bench.json; then the baseline's verdict.

@@ -8,7 +8,7 @@ use super::bandwidth::Bandwidth;
 use super::baseline::BaselineReport;
 use super::batch::{BatchRow, ContinuousRow};
 use super::decode::DecodeRun;
-use super::machine::{self, Machine};
+use super::machine::Machine;
 use super::memory::{KvRow, RssRow};
 use super::models::ModelInfo;
 use super::plan::Plan;
@@ -16,7 +16,6 @@ use super::prefill::{LatencyRow, PrefillRow};
 use super::ratios::Ratio;
 use super::roofline::RooflineRow;
 use super::stats::Summary;
-use super::suite::Results;
 use crate::table::{self, Column};
 
 /// Version of the JSON layout; bumped on any incompatible change.
@@ -103,68 +102,29 @@ pub struct Report {
     pub plots: Vec<String>,
 }
 
-impl Report {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        plan: &Plan,
-        args: &[String],
-        machine: Machine,
-        bandwidth: Bandwidth,
-        models: Vec<ModelInfo>,
-        r: Results,
-        waste: Vec<WasteRow>,
-        roofline: Vec<RooflineRow>,
-        ratios: Vec<Ratio>,
-        baseline: Option<BaselineReport>,
-    ) -> Report {
-        let headline = headline_of(&r.decode, &ratios, &roofline, bandwidth.peak_gb_per_s);
-        let mut notes = vec![format!(
-            "contiguous engines (naive, cpu) have no batched step: their batch-B throughput is B \
-             sequences decoded round-robin through the Engine trait"
-        )];
-        // Busy when the run started (1-minute load average). The load at the end is no
-        // evidence: the bench's own threads keep every core busy.
-        let load = machine.loadavg_start.map_or(0.0, |l| l[0]);
-        if load > machine.logical_cpus as f64 * 0.5 {
-            notes.push(format!(
-                "the machine was busy when the run started (1-minute load average {load:.1} on \
-                 {} logical CPUs): absolute times are noisy; compare ratios",
-                machine.logical_cpus
-            ));
-        }
-        notes.extend(r.notes);
-        Report {
-            format_version: FORMAT_VERSION,
-            kind: "kvlab-bench".into(),
-            mode: plan.mode.clone(),
-            args: args.to_vec(),
-            wall_seconds: 0.0,
-            machine,
-            loadavg_end: machine::load_now(),
-            plan: plan.clone(),
-            notes,
-            bandwidth,
-            models,
-            decode: r.decode,
-            prefill: r.prefill,
-            latency: r.latency,
-            batch: r.batch,
-            continuous: r.continuous,
-            kv_memory: r.kv,
-            peak_rss: r.rss,
-            process_peak_rss_bytes: machine::peak_rss_bytes(),
-            gpu_memory: None,
-            waste,
-            roofline,
-            ratios,
-            headline,
-            baseline,
-            plots: Vec::new(),
-        }
+/// The run's notes: the contiguous engines' batching, a machine busy at the start, then the
+/// run's own (`extra`).
+pub fn notes(machine: &Machine, extra: Vec<String>) -> Vec<String> {
+    let mut notes = vec![format!(
+        "contiguous engines (naive, cpu) have no batched step: their batch-B throughput is B \
+         sequences decoded round-robin through the Engine trait"
+    )];
+    // Busy when the run started (1-minute load average). The load at the end is no
+    // evidence: the bench's own threads keep every core busy.
+    let load = machine.loadavg_start.map_or(0.0, |l| l[0]);
+    if load > machine.logical_cpus as f64 * 0.5 {
+        notes.push(format!(
+            "the machine was busy when the run started (1-minute load average {load:.1} on \
+             {} logical CPUs): absolute times are noisy; compare ratios",
+            machine.logical_cpus
+        ));
     }
+    notes.extend(extra);
+    notes
 }
 
-fn headline_of(
+/// The numbers the README quotes, from the decode runs, the ratios and the roofline.
+pub fn headline_of(
     decode: &[DecodeRun],
     ratios: &[Ratio],
     roofline: &[RooflineRow],

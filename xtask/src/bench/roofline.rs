@@ -50,7 +50,24 @@ pub fn rows(
     llc_bytes: Option<u64>,
 ) -> Vec<RooflineRow> {
     let cfg = |m: &str| cfgs.iter().find(|(i, _)| i.name == m);
-    let resident = |i: &ModelInfo| llc_bytes.is_some_and(|l| i.weight_bytes <= l);
+    // One line: must-move bytes, FLOPs and measured seconds per step.
+    let line =
+        |info: &ModelInfo, engine: &str, batch, what, (bytes, flops, secs): (f64, f64, f64)| {
+            let gbs = bytes / secs / 1e9;
+            RooflineRow {
+                model: info.name.clone(),
+                engine: engine.into(),
+                batch,
+                what,
+                bytes_per_step: bytes,
+                flops_per_step: flops,
+                seconds_per_step: secs,
+                achieved_gb_per_s: gbs,
+                achieved_gflop_per_s: flops / secs / 1e9,
+                bandwidth_fraction: gbs / peak_gb_per_s,
+                cache_resident: llc_bytes.is_some_and(|l| info.weight_bytes <= l),
+            }
+        };
     let mut out = Vec::new();
     for d in decode {
         let Some((info, c)) = cfg(&d.model) else {
@@ -69,11 +86,7 @@ pub fn rows(
             &d.engine,
             1,
             format!("decode positions 1..={} (whole generation)", n - 1),
-            bytes,
-            flops,
-            secs,
-            peak_gb_per_s,
-            resident(info),
+            (bytes, flops, secs),
         ));
     }
     for b in batch {
@@ -97,40 +110,8 @@ pub fn rows(
             &b.engine,
             b.batch,
             format!("{} decode, batch {}", b.mode, b.batch),
-            per_step_bytes,
-            flops,
-            secs,
-            peak_gb_per_s,
-            resident(info),
+            (per_step_bytes, flops, secs),
         ));
     }
     out
-}
-
-#[allow(clippy::too_many_arguments)]
-fn line(
-    info: &ModelInfo,
-    engine: &str,
-    batch: usize,
-    what: String,
-    bytes: f64,
-    flops: f64,
-    secs: f64,
-    peak: f64,
-    cache_resident: bool,
-) -> RooflineRow {
-    let gbs = bytes / secs / 1e9;
-    RooflineRow {
-        model: info.name.clone(),
-        engine: engine.into(),
-        batch,
-        what,
-        bytes_per_step: bytes,
-        flops_per_step: flops,
-        seconds_per_step: secs,
-        achieved_gb_per_s: gbs,
-        achieved_gflop_per_s: flops / secs / 1e9,
-        bandwidth_fraction: gbs / peak,
-        cache_resident,
-    }
 }

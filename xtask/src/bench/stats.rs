@@ -21,24 +21,14 @@ pub struct Summary {
 impl Summary {
     /// Summarises `xs`; an empty sample gives n = 0 and NaN statistics.
     pub fn of(xs: &[f64]) -> Summary {
-        if xs.is_empty() {
-            return Summary {
-                n: 0,
-                min: f64::NAN,
-                median: f64::NAN,
-                max: f64::NAN,
-                mean: f64::NAN,
-                p90: f64::NAN,
-                p99: f64::NAN,
-            };
-        }
         let mut v = xs.to_vec();
         v.sort_by(f64::total_cmp);
         Summary {
             n: v.len(),
-            min: v[0],
+            min: v.first().copied().unwrap_or(f64::NAN),
             median: percentile_sorted(&v, 50.0),
-            max: v[v.len() - 1],
+            max: v.last().copied().unwrap_or(f64::NAN),
+            // 0 / 0 for an empty sample: NaN.
             mean: v.iter().sum::<f64>() / v.len() as f64,
             p90: percentile_sorted(&v, 90.0),
             p99: percentile_sorted(&v, 99.0),
@@ -78,5 +68,8 @@ mod tests {
         assert!((s.p90 - 3.7).abs() < 1e-12);
         assert!((s.rel_noise() - 0.6).abs() < 1e-12);
         assert_eq!(Summary::of(&[5.0]).rel_noise(), 0.0);
+        let empty = Summary::of(&[]);
+        assert_eq!(empty.n, 0);
+        assert!(empty.min.is_nan() && empty.median.is_nan() && empty.mean.is_nan());
     }
 }

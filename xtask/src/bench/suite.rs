@@ -83,6 +83,11 @@ pub fn run_model(
     Ok(())
 }
 
+/// `naive` for the naive engine (whose generation costs O(N²)), `other` for the rest.
+fn naive_or<T>(e: EngineKind, naive: T, other: T) -> T {
+    if e == EngineKind::Naive { naive } else { other }
+}
+
 /// What every workload of one model needs.
 struct Ctx<'a> {
     m: &'a BenchModel,
@@ -106,22 +111,15 @@ impl Ctx<'_> {
 
     /// Positions of the per-position decode generation (the naive engine's O(N²) run is shorter).
     fn decode_positions(&self, e: EngineKind) -> usize {
-        if e == EngineKind::Naive {
-            self.plan.naive_decode_positions.min(self.ctx)
-        } else {
-            self.plan.decode_positions.min(self.ctx)
-        }
+        let p = self.plan;
+        naive_or(e, p.naive_decode_positions, p.decode_positions).min(self.ctx)
     }
 
     /// Builds every engine once and warms it up (page faults, rayon's pool, RoPE tables).
     fn warm_up(&self, engines: &[EngineKind], warmup: usize, out: &mut Results) -> Engines {
         let mut built = Engines::new();
         for &e in engines {
-            let cap = if e == EngineKind::Naive {
-                self.plan.naive_decode_positions
-            } else {
-                self.ctx
-            };
+            let cap = naive_or(e, self.plan.naive_decode_positions, self.ctx);
             if e == EngineKind::Naive && cap == 0 {
                 continue;
             }
@@ -144,37 +142,34 @@ impl Ctx<'_> {
 
     /// Repetition r of every engine back to back, for r in 0..reps, so that the machine's load
     /// falls on all of them alike. `step(i, engine, rep)` is `None` where engine i sits the
-    /// repetition out; a failure becomes a note. Returns each engine's samples.
+    /// repetition out; a failure becomes a note. Returns the samples of each engine that has
+    /// any.
     fn interleaved<T>(
         &self,
         engines: &mut Engines,
         out: &mut Results,
         reps: usize,
         mut step: impl FnMut(usize, EngineKind, &mut dyn Engine, usize) -> Option<Result<T>>,
-    ) -> Vec<Vec<T>> {
-        let mut samples: Vec<Vec<T>> = engines.iter().map(|_| Vec::new()).collect();
+    ) -> Vec<(EngineKind, Vec<T>)> {
+        let mut samples: Vec<(EngineKind, Vec<T>)> =
+            engines.iter().map(|(e, _)| (*e, Vec::new())).collect();
         for r in 0..reps {
             for (i, (e, eng)) in engines.iter_mut().enumerate() {
                 match step(i, *e, eng.as_mut(), r) {
-                    Some(Ok(x)) => samples[i].push(x),
+                    Some(Ok(x)) => samples[i].1.push(x),
                     Some(Err(err)) => self.note(out, format!("{err:#}")),
                     None => {}
                 }
             }
         }
+        samples.retain(|(_, s)| !s.is_empty());
         samples
     }
 }
 
 /// 1. Decode latency per position; repetition r of every engine back to back.
 fn decode_latency(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
-    let reps = |e: EngineKind| {
-        if e == EngineKind::Naive {
-            c.plan.naive_decode_reps
-        } else {
-            c.plan.decode_reps
-        }
-    };
+    let reps = |e| naive_or(e, c.plan.naive_decode_reps, c.plan.decode_reps);
     let max_reps = engines.iter().map(|(e, _)| reps(*e)).max().unwrap_or(0);
     let gens = c.interleaved(engines, out, max_reps, |_, e, eng, r| {
         (r < reps(e)).then(|| {
@@ -189,10 +184,8 @@ fn decode_latency(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<(
                 .with_context(|| format!("{}: {e} decode failed", c.name))
         })
     });
-    for ((e, _), g) in engines.iter().zip(&gens) {
-        if !g.is_empty() {
-            out.decode.push(decode::summarize(c.name, e.name(), g));
-        }
+    for (e, g) in gens {
+        out.decode.push(decode::summarize(c.name, e.name(), &g));
     }
     Ok(())
 }
@@ -212,11 +205,9 @@ fn prefill_throughput(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Resu
                     .with_context(|| format!("{}: {e} prefill {len} failed", c.name)),
             )
         });
-        for ((e, _), s) in engines.iter().zip(&secs) {
-            if !s.is_empty() {
-                out.prefill
-                    .push(prefill::prefill_row(c.name, e.name(), len, s));
-            }
+        for (e, s) in secs {
+            out.prefill
+                .push(prefill::prefill_row(c.name, e.name(), len, &s));
         }
     }
     Ok(())
@@ -246,11 +237,9 @@ fn request_latency(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<
                 .with_context(|| format!("{}: {e} request failed", c.name)),
         )
     });
-    for ((e, _), s) in engines.iter().zip(&samples) {
-        if !s.is_empty() {
-            out.latency
-                .push(prefill::latency_row(c.name, e.name(), lp, lg, s));
-        }
+    for (e, s) in samples {
+        out.latency
+            .push(prefill::latency_row(c.name, e.name(), lp, lg, &s));
     }
     Ok(())
 }
@@ -281,12 +270,10 @@ fn batch_throughput(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result
             };
             Some(r.with_context(|| format!("{}: {e} batch {b} failed", c.name)))
         });
-        for (i, (e, _)) in engines.iter().enumerate() {
-            if !runs[i].is_empty() {
-                let row =
-                    batch::batch_row(c.name, e.name(), b, paged[i].is_some(), bp, bg, &runs[i]);
-                out.batch.push(row);
-            }
+        // A paged engine whose batched engine could not be built has no runs.
+        for (e, runs) in runs {
+            let row = batch::batch_row(c.name, e.name(), b, e.is_paged(), bp, bg, &runs);
+            out.batch.push(row);
         }
     }
     Ok(())
@@ -380,11 +367,7 @@ fn peak_rss(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
     for &(e, _) in engines.iter() {
         c.bar.set_message(format!("{}: peak RSS, {e}", c.name));
         // The naive engine's generation costs O(N²): its peak is taken over a shorter one.
-        let n = if e == EngineKind::Naive {
-            c.decode_positions(e).min(256)
-        } else {
-            c.decode_positions(e)
-        };
+        let n = naive_or(e, c.decode_positions(e).min(256), c.decode_positions(e));
         match memory::rss_in_child(c.name, e, c.ctx, n) {
             Ok(r) => out.rss.push(r),
             Err(err) => c.note(out, format!("{}: {e} peak RSS failed: {err:#}", c.name)),
