@@ -127,10 +127,7 @@ impl<A: DType, C: DType> Forward<A, C> {
         if self.meta.len() < p.ints.len() {
             self.meta = stream.alloc_zeros::<i32>(p.ints.len().next_power_of_two())?;
         }
-        {
-            let mut dst = self.meta.slice_mut(0..p.ints.len());
-            stream.memcpy_htod(&p.ints, &mut dst)?;
-        }
+        stream.memcpy_htod(&p.ints, &mut self.meta.slice_mut(0..p.ints.len()))?;
         let ops = &self.ops;
         let meta = ops.dev(&self.meta);
         let (t, s) = (p.n_tokens, p.n_seqs);
@@ -201,16 +198,8 @@ impl<A: DType, C: DType> Forward<A, C> {
 
             let gm = &p.groups[self.layer_group[l]];
             let (kc, vc) = (ops.dev(&self.pool.k[l]), ops.dev(&self.pool.v[l]));
-            ops.reshape_and_cache(
-                k,
-                v,
-                kc,
-                vc,
-                meta.range(gm.slot_mapping.clone())?,
-                t,
-                kvd,
-                num_slots,
-            )?;
+            let slots = meta.range(gm.slot_mapping.clone())?;
+            ops.reshape_and_cache(k, v, kc, vc, slots, t, kvd, num_slots)?;
             let args = AttentionArgs {
                 out: att,
                 q,

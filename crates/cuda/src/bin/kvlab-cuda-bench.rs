@@ -154,8 +154,7 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
     }
     drop(dev);
 
-    let needs_model = args.what.iter().any(|w| w == "decode" || w == "waste");
-    if needs_model {
+    if args.what.iter().any(|w| w == "decode" || w == "waste") {
         let spec = synthetic_spec(&args.model)?;
         eprintln!(
             "building {} (synthetic, seed {}) on the host ...",
