@@ -140,15 +140,10 @@ impl<A: DType, C: DType> Forward<A, C> {
             if gm.n_copies == 0 {
                 continue;
             }
+            let pairs = meta.range(gm.copies.clone())?;
             for l in (0..c.n_layers).filter(|&l| self.layer_group[l] == g) {
-                ops.copy_blocks(
-                    ops.dev(&self.pool.k[l]),
-                    ops.dev(&self.pool.v[l]),
-                    meta.range(gm.copies.clone())?,
-                    gm.n_copies,
-                    num_blocks,
-                    bs * kvd,
-                )?;
+                let (kc, vc) = (ops.dev(&self.pool.k[l]), ops.dev(&self.pool.v[l]));
+                ops.copy_blocks(kc, vc, pairs, gm.n_copies, num_blocks, bs * kvd)?;
             }
         }
 
