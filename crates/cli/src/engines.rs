@@ -6,7 +6,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::{Error, Result, bail};
+use anyhow::{Context, Error, Result, bail};
 use kvlab_model::{Engine, Model};
 use kvlab_paged::{KvCacheConfig, SchedulerConfig, StepExecutor};
 
@@ -84,13 +84,9 @@ impl FromStr for EngineKind {
 
     /// An engine by name; the error lists the known ones.
     fn from_str(name: &str) -> Result<EngineKind> {
-        match EngineKind::from_name(name) {
-            Some(e) => Ok(e),
-            None => bail!(
-                "unknown engine {name:?}; known: {}",
-                EngineKind::ALL.map(EngineKind::name).join(", ")
-            ),
-        }
+        let known = EngineKind::ALL.map(EngineKind::name).join(", ");
+        EngineKind::from_name(name)
+            .with_context(|| format!("unknown engine {name:?}; known: {known}"))
     }
 }
 

@@ -316,14 +316,10 @@ pub fn run(a: Args) -> Result<()> {
     println!(
         "per sequence   {} at {ctx} tokens{}",
         bytes(per_seq),
-        if s.window.is_some() {
-            format!(
-                " (every layer keeping all: {})",
-                bytes(per_token * ctx as f64)
-            )
-        } else {
-            String::new()
-        }
+        s.window.map_or(String::new(), |_| format!(
+            " (every layer keeping all: {})",
+            bytes(per_token * ctx as f64)
+        ))
     );
     println!(
         "per batch      {} for {} sequences",
