@@ -42,6 +42,31 @@ struct KvView {
     int head_dim;
 };
 
+// Sequence s's keys for query head h: its step rows start at query_start_loc[s], and the last
+// query_start_loc[s + 1] − query_start_loc[s] of its context_lens[s] keys are this step's.
+template <typename A, typename C>
+__device__ __forceinline__ KvView<A, C> kv_view(const A* k_new, const A* v_new, const C* k_cache,
+                                                const C* v_cache,
+                                                const int* __restrict__ block_tables,
+                                                const int* __restrict__ query_start_loc,
+                                                const int* __restrict__ context_lens, int s, int h,
+                                                int max_blocks, int n_heads, int n_kv_heads,
+                                                int head_dim, int block_size) {
+    KvView<A, C> kv;
+    kv.k_new = k_new;
+    kv.v_new = v_new;
+    kv.k_cache = k_cache;
+    kv.v_cache = v_cache;
+    kv.block_table = block_tables + (long long)s * max_blocks;
+    kv.new_row0 = query_start_loc[s];
+    kv.pos0 = context_lens[s] - (query_start_loc[s + 1] - query_start_loc[s]);
+    kv.block_size = block_size;
+    kv.n_kv_heads = n_kv_heads;
+    kv.kv_head = h / (n_heads / n_kv_heads);
+    kv.head_dim = head_dim;
+    return kv;
+}
+
 // Offset (in elements) of position j's key/value vector for this KV head, in the step rows
 // (j >= pos0) or the pool (j < pos0).
 template <typename A, typename C>
@@ -144,6 +169,23 @@ __device__ __forceinline__ float merged_acc(const MergeScratch& sh, int d, float
         if (sh.l[w] != 0.0f) a += sh.acc[w][d] * expf(sh.m[w] - M);
     }
     return a;
+}
+
+// The thread block's attention of query row q_row over keys begin..end − 1 (warp w takes keys
+// begin + w, begin + w + 4, ...), merged across warps: M and L as block_merge returns them, and
+// merged_acc(sh, d, M) for dim d.
+template <typename A, typename C>
+__device__ __forceinline__ void block_attend(MergeScratch& sh, const A* q_row,
+                                             const KvView<A, C>& kv, int begin, int end,
+                                             float scale, float& M, float& L) {
+    const int warp = threadIdx.x / KVLAB_WARP;
+    float qv[KVLAB_DIMS_PER_LANE];
+    load_query(qv, q_row, kv.head_dim);
+    float m = KVLAB_NEG_INF, l = 0.0f, acc[KVLAB_DIMS_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) acc[i] = 0.0f;
+    warp_attend(m, l, acc, qv, kv, begin + warp, end, KVLAB_ATTN_WARPS, scale);
+    block_merge(sh, m, l, acc, kv.head_dim, M, L);
 }
 
 // First key a query at position p sees: 0, or p + 1 − window for a sliding window (window > 0).

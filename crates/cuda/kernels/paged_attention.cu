@@ -37,34 +37,14 @@ __device__ void paged_attention_v1(A* __restrict__ out, const A* __restrict__ q,
     __shared__ MergeScratch sh;
     const int s = blockIdx.x;
     const int h = blockIdx.y;
-    const int warp = threadIdx.x / KVLAB_WARP;
     const long long row = query_start_loc[s + 1] - 1;
-    const int n_new = query_start_loc[s + 1] - query_start_loc[s];
-    const int ctx = context_lens[s];
-    const int p = ctx - 1;
-    KvView<A, C> kv;
-    kv.k_new = k_new;
-    kv.v_new = v_new;
-    kv.k_cache = k_cache;
-    kv.v_cache = v_cache;
-    kv.block_table = block_tables + (long long)s * max_blocks;
-    kv.new_row0 = query_start_loc[s];
-    kv.pos0 = ctx - n_new;
-    kv.block_size = block_size;
-    kv.n_kv_heads = n_kv_heads;
-    kv.kv_head = h / (n_heads / n_kv_heads);
-    kv.head_dim = head_dim;
-
-    float qv[KVLAB_DIMS_PER_LANE];
-    load_query(qv, q + (row * n_heads + h) * head_dim, head_dim);
-    float m = KVLAB_NEG_INF, l = 0.0f, acc[KVLAB_DIMS_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) acc[i] = 0.0f;
+    const int p = context_lens[s] - 1;
+    const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, block_tables, query_start_loc,
+                                    context_lens, s, h, max_blocks, n_heads, n_kv_heads, head_dim,
+                                    block_size);
     const int lo = first_key(p, window);
-    warp_attend(m, l, acc, qv, kv, lo + warp, p + 1, KVLAB_ATTN_WARPS, scale);
-
     float M, L;
-    block_merge(sh, m, l, acc, head_dim, M, L);
+    block_attend(sh, q + (row * n_heads + h) * head_dim, kv, lo, p + 1, scale, M, L);
     A* o = out + (row * n_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         o[d] = from_float<A>(merged_acc(sh, d, M) / L);
@@ -89,37 +69,17 @@ __device__ void paged_attention_v2(float* __restrict__ tmp_max, float* __restric
     const int s = blockIdx.x;
     const int h = blockIdx.y;
     const int part = blockIdx.z;
-    const int warp = threadIdx.x / KVLAB_WARP;
     const long long row = query_start_loc[s + 1] - 1;
-    const int n_new = query_start_loc[s + 1] - query_start_loc[s];
-    const int ctx = context_lens[s];
-    const int p = ctx - 1;
+    const int p = context_lens[s] - 1;
     const int lo = first_key(p, window);
     const int begin = lo + part * partition_size;
     if (begin > p) return;  // the whole block leaves together: no __syncthreads is skipped
     const int end = min(begin + partition_size, p + 1);
-    KvView<A, C> kv;
-    kv.k_new = k_new;
-    kv.v_new = v_new;
-    kv.k_cache = k_cache;
-    kv.v_cache = v_cache;
-    kv.block_table = block_tables + (long long)s * max_blocks;
-    kv.new_row0 = query_start_loc[s];
-    kv.pos0 = ctx - n_new;
-    kv.block_size = block_size;
-    kv.n_kv_heads = n_kv_heads;
-    kv.kv_head = h / (n_heads / n_kv_heads);
-    kv.head_dim = head_dim;
-
-    float qv[KVLAB_DIMS_PER_LANE];
-    load_query(qv, q + (row * n_heads + h) * head_dim, head_dim);
-    float m = KVLAB_NEG_INF, l = 0.0f, acc[KVLAB_DIMS_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) acc[i] = 0.0f;
-    warp_attend(m, l, acc, qv, kv, begin + warp, end, KVLAB_ATTN_WARPS, scale);
-
+    const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, block_tables, query_start_loc,
+                                    context_lens, s, h, max_blocks, n_heads, n_kv_heads, head_dim,
+                                    block_size);
     float M, L;
-    block_merge(sh, m, l, acc, head_dim, M, L);
+    block_attend(sh, q + (row * n_heads + h) * head_dim, kv, begin, end, scale, M, L);
     const long long cell = ((long long)s * n_heads + h) * max_partitions + part;
     if (threadIdx.x == 0) {
         tmp_max[cell] = M;

@@ -30,36 +30,14 @@ __device__ void prefill_attention_v1(A* __restrict__ out, const A* __restrict__ 
     __shared__ MergeScratch sh;
     const long long r = (long long)first_row + blockIdx.x;
     const int h = blockIdx.y;
-    const int warp = threadIdx.x / KVLAB_WARP;
     const int s = token_seq[r];
-    const int q0 = query_start_loc[s];
-    const int n_new = query_start_loc[s + 1] - q0;
-    const int ctx = context_lens[s];
-    const int pos0 = ctx - n_new;
-    const int p = pos0 + (int)(r - q0);
-    KvView<A, C> kv;
-    kv.k_new = k_new;
-    kv.v_new = v_new;
-    kv.k_cache = k_cache;
-    kv.v_cache = v_cache;
-    kv.block_table = block_tables + (long long)s * max_blocks;
-    kv.new_row0 = q0;
-    kv.pos0 = pos0;
-    kv.block_size = block_size;
-    kv.n_kv_heads = n_kv_heads;
-    kv.kv_head = h / (n_heads / n_kv_heads);
-    kv.head_dim = head_dim;
-
-    float qv[KVLAB_DIMS_PER_LANE];
-    load_query(qv, q + (r * n_heads + h) * head_dim, head_dim);
-    float m = KVLAB_NEG_INF, l = 0.0f, acc[KVLAB_DIMS_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) acc[i] = 0.0f;
+    const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, block_tables, query_start_loc,
+                                    context_lens, s, h, max_blocks, n_heads, n_kv_heads, head_dim,
+                                    block_size);
+    const int p = kv.pos0 + (int)(r - kv.new_row0);
     const int lo = first_key(p, window);
-    warp_attend(m, l, acc, qv, kv, lo + warp, p + 1, KVLAB_ATTN_WARPS, scale);
-
     float M, L;
-    block_merge(sh, m, l, acc, head_dim, M, L);
+    block_attend(sh, q + (r * n_heads + h) * head_dim, kv, lo, p + 1, scale, M, L);
     A* o = out + (r * n_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         o[d] = from_float<A>(merged_acc(sh, d, M) / L);
