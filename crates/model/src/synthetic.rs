@@ -11,7 +11,7 @@
 //!   neither uniform nor one-hot), and the attention and FFN output projections are scaled by
 //!   `residual_scale` so the layers perturb, but do not swamp, the residual stream;
 //! * the classifier is unshared: row `σ(t)` is `E[t] · margin / √dim` for a seeded permutation σ.
-//!   After the final RMSNorm the residual of a token t points mostly along E[t], so the logit of
+//!   After the final RMSNorm the residual of a token t points mostly along `E[t]`, so the logit of
 //!   σ(t) is ≈ margin·√dim while the others are ≈ margin·N(0, 1): the top-2 margin is several
 //!   units, far above f32 noise (≈1e-5), yet attention and the FFN move the residual enough that the
 //!   next token still depends on the context.
