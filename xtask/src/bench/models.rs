@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use kvlab_model::registry::{self, Format, Located};
+use kvlab_model::registry::{self, Format};
 use kvlab_model::{Config, Model};
 use serde::{Deserialize, Serialize};
 
@@ -71,15 +71,10 @@ pub fn load(name: &str, context: Option<usize>) -> Result<std::result::Result<Be
             (spec.build()?, native, "synthetic")
         }
         Format::Llama2c => {
-            let path = match registry::locate(name)? {
-                Located::Ready { model: Some(p), .. } => p,
-                Located::Ready { model: None, .. } => bail!("{name} has no model file"),
-                Located::Missing { file, searched, .. } => {
-                    return Ok(Err(format!(
-                        "{} not found in {searched} (set KVLAB_MODELS to the folder holding it)",
-                        file.file
-                    )));
-                }
+            let path = match crate::verify::locate(name)? {
+                Ok((Some(p), _)) => p,
+                Ok((None, _)) => bail!("{name} has no model file"),
+                Err(why) => return Ok(Err(why)),
             };
             let (m, _) = registry::load_llama2c(&path, None)?;
             let native = m.config.max_seq_len;

@@ -15,8 +15,7 @@
 //! A missing real checkpoint is SKIPPED, or a failure with `KVLAB_REQUIRE_MODELS=1`.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -26,6 +25,7 @@ use kvlab_cli::engines::{self, EngineKind};
 use kvlab_model::registry::{self, Located, ModelEntry};
 use kvlab_model::sampler::{argmax, top2_margin};
 use kvlab_model::{Engine, Model, Tolerance, compare_logits, teacher_force};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::{prompts, table};
@@ -81,7 +81,7 @@ struct Divergence {
 }
 
 /// One row of the report.
-#[derive(Serialize, Clone)]
+#[derive(Serialize, Clone, Default)]
 struct Row {
     model: String,
     prompt_index: usize,
@@ -195,20 +195,20 @@ fn load_models<'a>(
     let mut loaded = Vec::new();
     for entry in entries {
         let result = load(entry).and_then(|m| {
-            m.map(|(model, tok)| {
-                let ctx = entry
-                    .verify_max_seq_len
-                    .unwrap_or(model.config.max_seq_len)
-                    .min(model.config.max_seq_len);
-                let cases = cases::for_model(entry, ctx, &tok, prompts)?;
-                Ok((entry, Arc::new(model), tok, cases))
-            })
-            .transpose()
+            let (model, tok) = match m {
+                Ok(m) => m,
+                Err(why) => return Ok(Err(why)),
+            };
+            let ctx = entry
+                .verify_max_seq_len
+                .unwrap_or(model.config.max_seq_len)
+                .min(model.config.max_seq_len);
+            let cases = cases::for_model(entry, ctx, &tok, prompts)?;
+            Ok(Ok((entry, Arc::new(model), tok, cases)))
         });
         match result {
-            Ok(Some(l)) => loaded.push(l),
-            Ok(None) => {
-                let why = missing_reason(entry);
+            Ok(Ok(l)) => loaded.push(l),
+            Ok(Err(why)) => {
                 eprintln!("SKIPPED {}: {why}", entry.name);
                 rows.push(Row {
                     status: "SKIPPED".into(),
@@ -246,43 +246,32 @@ fn run_cases(
         .expect("template")
         .progress_chars("=> "),
     );
-    let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<(usize, CaseResult)>> = Mutex::new(Vec::new());
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(work.len().max(1));
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(m, c)) = work.get(i) else { break };
-                    let (entry, model, _, cases) = &loaded[m];
-                    bar.set_message(format!("{} case {c}", entry.name));
-                    let r = verify_case(entry, model, &cases[c], engines);
-                    done.lock().expect("no worker panicked").push((i, r));
-                    bar.inc(1);
-                    if bar.is_hidden() {
-                        // No terminal (CI, a pipe): say how far we are in plain lines.
-                        eprintln!(
-                            "verify: {}/{} {} case {c} done ({:.0} s)",
-                            bar.position(),
-                            work.len(),
-                            entry.name,
-                            bar.elapsed().as_secs_f64()
-                        );
-                    }
-                }
-            });
-        }
-    });
+    // Rayon's pool: a worker per core, each taking the next case; `collect` keeps their order.
+    let done: Vec<CaseResult> = work
+        .par_iter()
+        .map(|&(m, c)| {
+            let (entry, model, _, cases) = &loaded[m];
+            bar.set_message(format!("{} case {c}", entry.name));
+            let r = verify_case(entry, model, &cases[c], engines);
+            bar.inc(1);
+            if bar.is_hidden() {
+                // No terminal (CI, a pipe): say how far we are in plain lines.
+                eprintln!(
+                    "verify: {}/{} {} case {c} done ({:.0} s)",
+                    bar.position(),
+                    work.len(),
+                    entry.name,
+                    bar.elapsed().as_secs_f64()
+                );
+            }
+            r
+        })
+        .collect();
     bar.finish_and_clear();
-    let mut done = done.into_inner().expect("no worker panicked");
-    done.sort_by_key(|(i, _)| *i);
     let mut refs: Vec<Vec<Option<Reference>>> = loaded.iter().map(|_| Vec::new()).collect();
-    for (i, (r, reference)) in done {
+    for (&(m, _), (r, reference)) in work.iter().zip(done) {
         rows.extend(r);
-        refs[work[i].0].push(reference);
+        refs[m].push(reference);
     }
     refs
 }
@@ -371,41 +360,36 @@ impl Row {
     fn empty(model: &str, engine: &str) -> Row {
         Row {
             model: model.into(),
-            prompt_index: 0,
-            prompt: String::new(),
-            prompt_tokens: 0,
-            prompt_cut: false,
             engine: engine.into(),
-            status: String::new(),
-            tokens_compared: 0,
-            identical: false,
-            first_divergence: None,
-            max_abs_dlogit: 0.0,
             min_top2_margin: f32::INFINITY,
-            ms: 0.0,
-            note: String::new(),
-            batch: None,
+            ..Row::default()
         }
     }
 }
 
-fn missing_reason(entry: &ModelEntry) -> String {
-    match registry::locate(&entry.name) {
-        Ok(Located::Missing { file, searched, .. }) => format!(
+/// A manifest model's files: the model's and the tokenizer's, where it has them.
+type Files = (Option<PathBuf>, Option<PathBuf>);
+
+/// A manifest model's files, or why they cannot be found.
+pub fn locate(name: &str) -> Result<std::result::Result<Files, String>> {
+    Ok(match registry::locate(name)? {
+        Located::Ready {
+            model, tokenizer, ..
+        } => Ok((model, tokenizer)),
+        Located::Missing { file, searched, .. } => Err(format!(
             "{} not found in {searched} (set KVLAB_MODELS to the folder holding it)",
             file.file
-        ),
-        _ => "files missing".into(),
-    }
+        )),
+    })
 }
 
-/// Loads a manifest model after checking its files' sha256; `None` when a file is missing.
-fn load(entry: &ModelEntry) -> Result<Option<(Model, kvlab_model::Tokenizer)>> {
-    let Located::Ready {
-        model, tokenizer, ..
-    } = registry::locate(&entry.name)?
-    else {
-        return Ok(None);
+/// Loads a manifest model after checking its files' sha256, or says which file is missing.
+fn load(
+    entry: &ModelEntry,
+) -> Result<std::result::Result<(Model, kvlab_model::Tokenizer), String>> {
+    let (model, tokenizer) = match locate(&entry.name)? {
+        Ok(paths) => paths,
+        Err(why) => return Ok(Err(why)),
     };
     for (path, f) in [(&model, &entry.model), (&tokenizer, &entry.tokenizer)] {
         if let (Some(path), Some(f)) = (path, f) {
@@ -426,7 +410,7 @@ fn load(entry: &ModelEntry) -> Result<Option<(Model, kvlab_model::Tokenizer)>> {
             entry.name
         )
     })?;
-    Ok(Some((loaded.model, tok)))
+    Ok(Ok((loaded.model, tok)))
 }
 
 /// Greedy generation of `n_gen` tokens after `prompt`, stop tokens ignored; returns the tokens and
