@@ -21,6 +21,7 @@ use plotters::prelude::*;
 
 use super::models::ModelInfo;
 use super::report::Report;
+use super::suite::Results;
 
 /// Registers the embedded font as "sans-serif", plotters' default family.
 pub fn register_font() {
@@ -54,7 +55,7 @@ fn color(engine: &str) -> RGBColor {
 const PANEL: (u32, u32) = (560, 420);
 
 /// How a figure draws one model's panel.
-type PanelOf = fn(&Report, &ModelInfo) -> Panel;
+type PanelOf = fn(&Results, &ModelInfo) -> Panel;
 
 /// The figures: each one's file stem and panel.
 const FIGURES: [(&str, PanelOf); 4] = [
@@ -72,7 +73,7 @@ pub fn all(r: &Report, dir: &Path) -> Result<Vec<String>> {
     let size = (PANEL.0 * r.models.len() as u32, PANEL.1);
     let mut files = Vec::new();
     for (stem, panel) in FIGURES {
-        let panels: Vec<Panel> = r.models.iter().map(|m| panel(r, m)).collect();
+        let panels: Vec<Panel> = r.models.iter().map(|m| panel(&r.results, m)).collect();
         let (svg, png) = (format!("{stem}.svg"), format!("{stem}.png"));
         draw(
             SVGBackend::new(&dir.join(&svg), size).into_drawing_area(),
@@ -299,7 +300,7 @@ fn subtitle(m: &ModelInfo) -> String {
     )
 }
 
-fn decode_panel(r: &Report, m: &ModelInfo) -> Panel {
+fn decode_panel(r: &Results, m: &ModelInfo) -> Panel {
     let runs: Vec<_> = r.decode.iter().filter(|d| d.model == m.name).collect();
     let xmax = runs.iter().map(|d| d.positions).max().unwrap_or(2) as f64;
     // A linear time axis: the naive engine's step grows as a straight line with the position
@@ -341,7 +342,7 @@ fn decode_panel(r: &Report, m: &ModelInfo) -> Panel {
     }
 }
 
-fn generation_panel(r: &Report, m: &ModelInfo) -> Panel {
+fn generation_panel(r: &Results, m: &ModelInfo) -> Panel {
     let runs: Vec<_> = r.decode.iter().filter(|d| d.model == m.name).collect();
     let xmax = runs.iter().map(|d| d.positions).max().unwrap_or(2) as f64;
     let cum = |d: &super::decode::DecodeRun| -> Vec<(f64, f64)> {
@@ -375,7 +376,7 @@ fn generation_panel(r: &Report, m: &ModelInfo) -> Panel {
     }
 }
 
-fn batch_panel(r: &Report, m: &ModelInfo) -> Panel {
+fn batch_panel(r: &Results, m: &ModelInfo) -> Panel {
     let rows: Vec<_> = r.batch.iter().filter(|b| b.model == m.name).collect();
     let bmax = rows.iter().map(|b| b.batch).max().unwrap_or(2).max(2) as f64;
     let (lo, hi) = log_range(rows.iter().map(|b| b.tok_per_s.median));
@@ -405,7 +406,7 @@ fn batch_panel(r: &Report, m: &ModelInfo) -> Panel {
     }
 }
 
-fn memory_panel(r: &Report, info: &ModelInfo) -> Panel {
+fn memory_panel(r: &Results, info: &ModelInfo) -> Panel {
     let rows: Vec<_> = r
         .kv_memory
         .iter()

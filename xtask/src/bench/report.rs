@@ -6,16 +6,15 @@ use serde::Serialize;
 
 use super::bandwidth::Bandwidth;
 use super::baseline::BaselineReport;
-use super::batch::{BatchRow, ContinuousRow};
 use super::decode::DecodeRun;
 use super::machine::Machine;
-use super::memory::{KvRow, RssRow};
+use super::memory::KvRow;
 use super::models::ModelInfo;
 use super::plan::Plan;
-use super::prefill::{LatencyRow, PrefillRow};
 use super::ratios::Ratio;
 use super::roofline::RooflineRow;
 use super::stats::Summary;
+use super::suite::Results;
 use crate::table::{self, Column};
 
 /// Version of the JSON layout; bumped on any incompatible change.
@@ -82,13 +81,8 @@ pub struct Report {
     pub notes: Vec<String>,
     pub bandwidth: Bandwidth,
     pub models: Vec<ModelInfo>,
-    pub decode: Vec<DecodeRun>,
-    pub prefill: Vec<PrefillRow>,
-    pub latency: Vec<LatencyRow>,
-    pub batch: Vec<BatchRow>,
-    pub continuous: Vec<ContinuousRow>,
-    pub kv_memory: Vec<KvRow>,
-    pub peak_rss: Vec<RssRow>,
+    #[serde(flatten)]
+    pub results: Results,
     /// VmHWM of the bench process itself (every model and engine of the run), bytes.
     pub process_peak_rss_bytes: Option<u64>,
     /// GPU memory per engine: null without a GPU engine.
@@ -264,7 +258,7 @@ fn decode(r: &Report) {
     let at = |d: &DecodeRun, p: usize| d.step_ms.median.get(p).map_or("-".into(), |x| f(*x));
     section(
         "decode latency per position (batch 1; ms per step: min / median / max over reps)",
-        &r.decode,
+        &r.results.decode,
         &[
             ("model", &|d| d.model.clone()),
             ("engine", &|d| d.engine.clone()),
@@ -306,7 +300,7 @@ fn speedups(r: &Report) {
 fn prefill(r: &Report) {
     section(
         "prefill (prompt tokens/s: min / median / max)",
-        &r.prefill,
+        &r.results.prefill,
         &[
             ("model", &|p| p.model.clone()),
             ("engine", &|p| p.engine.clone()),
@@ -321,7 +315,7 @@ fn latency(r: &Report) {
     let p = |s: &Summary| format!("{} / {} / {}", f(s.median), f(s.p90), f(s.p99));
     section(
         "request latency (TTFT and TPOT, ms: p50 / p90 / p99 over reps)",
-        &r.latency,
+        &r.results.latency,
         &[
             ("model", &|l| l.model.clone()),
             ("engine", &|l| l.engine.clone()),
@@ -338,7 +332,7 @@ fn latency(r: &Report) {
 fn batch(r: &Report) {
     section(
         "batched decode throughput (decode tok/s, all sequences: min / median / max)",
-        &r.batch,
+        &r.results.batch,
         &[
             ("model", &|b| b.model.clone()),
             ("engine", &|b| b.engine.clone()),
@@ -350,12 +344,12 @@ fn batch(r: &Report) {
 }
 
 fn continuous(r: &Report) {
-    if r.continuous.is_empty() {
+    if r.results.continuous.is_empty() {
         return;
     }
     section(
         "arrival trace (continuous batching vs one request at a time)",
-        &r.continuous,
+        &r.results.continuous,
         &[
             ("model", &|c| c.model.clone()),
             ("engine", &|c| c.engine.clone()),
@@ -394,7 +388,7 @@ fn kv_check(k: &KvRow) -> &'static str {
 fn kv_memory(r: &Report) {
     section(
         "KV cache bytes (MiB) vs the formula 2 × n_layers × n_kv_heads × head_dim × 4 B × positions",
-        &r.kv_memory,
+        &r.results.kv_memory,
         &[
             ("model", &|k| k.model.clone()),
             ("engine", &|k| k.engine.clone()),
@@ -411,10 +405,10 @@ fn kv_memory(r: &Report) {
 }
 
 fn peak_rss(r: &Report) {
-    if !r.peak_rss.is_empty() {
+    if !r.results.peak_rss.is_empty() {
         section(
             "peak resident memory per engine (child process; MiB)",
-            &r.peak_rss,
+            &r.results.peak_rss,
             &[
                 ("model", &|x| x.model.clone()),
                 ("engine", &|x| x.engine.clone()),

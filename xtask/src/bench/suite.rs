@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use indicatif::ProgressBar;
 use kvlab_cli::engines::{EngineKind, PagedEngine, PoolOptions, build, build_paged};
 use kvlab_model::Engine;
+use serde::Serialize;
 
 use super::batch::{self, BatchRow, ContinuousRow};
 use super::decode::{self, DecodeRun};
@@ -13,16 +14,18 @@ use super::models::BenchModel;
 use super::plan::{ModelPlan, SEED, prefill_lens};
 use super::prefill::{self, LatencyRow, PrefillRow};
 
-/// Everything measured, accumulated over models.
-#[derive(Default)]
+/// Everything measured, accumulated over models: bench.json's sections of that name.
+#[derive(Default, Serialize)]
 pub struct Results {
     pub decode: Vec<DecodeRun>,
     pub prefill: Vec<PrefillRow>,
     pub latency: Vec<LatencyRow>,
     pub batch: Vec<BatchRow>,
     pub continuous: Vec<ContinuousRow>,
-    pub kv: Vec<KvRow>,
-    pub rss: Vec<RssRow>,
+    pub kv_memory: Vec<KvRow>,
+    pub peak_rss: Vec<RssRow>,
+    /// What went wrong or was skipped; the report's notes.
+    #[serde(skip)]
     pub notes: Vec<String>,
 }
 
@@ -348,7 +351,7 @@ fn kv_memory(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
             c.bar
                 .set_message(format!("{}: KV memory at {len} positions, {e}", c.name));
             match memory::kv_row(c.name, eng.as_mut(), &p, ctx) {
-                Ok(r) => out.kv.push(r),
+                Ok(r) => out.kv_memory.push(r),
                 Err(err) => c.note(
                     out,
                     format!("{}: {e} KV usage at {len} failed: {err:#}", c.name),
@@ -369,7 +372,7 @@ fn peak_rss(c: &Ctx, engines: &mut Engines, out: &mut Results) -> Result<()> {
         // The naive engine's generation costs O(N²): its peak is taken over a shorter one.
         let n = naive_or(e, c.decode_positions(e).min(256), c.decode_positions(e));
         match memory::rss_in_child(c.name, e, c.ctx, n) {
-            Ok(r) => out.rss.push(r),
+            Ok(r) => out.peak_rss.push(r),
             Err(err) => c.note(out, format!("{}: {e} peak RSS failed: {err:#}", c.name)),
         }
     }
