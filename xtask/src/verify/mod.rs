@@ -246,7 +246,7 @@ fn run_cases(
         .expect("template")
         .progress_chars("=> "),
     );
-    // Rayon's pool: a worker per core, each taking the next case; `collect` keeps their order.
+    // On rayon's pool, a worker per core; `collect` keeps the cases' order.
     let done: Vec<CaseResult> = work
         .par_iter()
         .map(|&(m, c)| {
