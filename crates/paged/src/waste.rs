@@ -16,9 +16,10 @@
 //!   is alive for `output_len` steps and after step `s` (1 = the prefill, which samples the first
 //!   token) holds `prompt_len + s` tokens; used and reserved slots are summed over every
 //!   (sequence, step) pair, so it is memory·time weighted, not an average of ratios. This is
-//!   what the vLLM paper's "60–80 % of KV memory wasted" measures for preallocating systems:
-//!   memory reserved for tokens not generated yet. (The paper's figure also includes external
-//!   fragmentation between sequences, which these formulas do not model.)
+//!   the kind of waste the vLLM paper measures (Kwon et al. 2023, §1 and Fig. 2: only
+//!   20.4–38.2 % of the KV memory of preallocating systems holds token states; the vLLM blog
+//!   rounds it to "60–80 % wasted"): memory reserved for tokens not generated yet. (The paper's
+//!   figure also counts internal and external fragmentation, which these formulas do not model.)
 //!
 //! A request longer than `max_seq_len` is truncated to it (as a max-length stop would end it);
 //! its prompt must be shorter than `max_seq_len`.
