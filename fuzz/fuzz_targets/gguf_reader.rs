@@ -5,9 +5,9 @@
 //! `load_gguf` give a value or a typed error, and a file whose header passes loads to exactly
 //! that config. Never a panic. The reader half is the property of crates/gguf/tests/fuzz.rs.
 //!
-//! The first input byte picks: (0) the bytes as they are; (1) the small file of
-//! crates/gguf/tests/fuzz.rs (metadata of several types, F32 tensors, a Q8_0 block) with a few
-//! bytes overwritten or the end moved; (2) the same for a complete tiny gemma3 checkpoint (every
+//! The first input byte picks: (0) the bytes as they are; (1) the GGUF tests' small file,
+//! crates/gguf/tests/common/good.rs (metadata of several types, F32 tensors, a Q8_0 block), with
+//! a few bytes overwritten or the end moved; (2) the same for a complete tiny gemma3 checkpoint (every
 //! key and tensor `load_gguf` needs), so mutations reach the header validation.
 
 #![no_main]
@@ -21,31 +21,13 @@ use kvlab_model::load_gguf;
 use libfuzzer_sys::arbitrary::Unstructured;
 use libfuzzer_sys::fuzz_target;
 
-/// `valid()` of crates/gguf/tests/fuzz.rs.
+#[path = "../../crates/gguf/tests/common/good.rs"]
+mod good;
+
+/// The GGUF tests' small valid file (`good()` of crates/gguf/tests/common), built once.
 fn small() -> &'static [u8] {
     static SMALL: OnceLock<Vec<u8>> = OnceLock::new();
-    SMALL.get_or_init(|| {
-        let mut q8 = vec![0x00, 0x38]; // f16 0.5
-        q8.extend(std::iter::repeat_n(3u8, 32));
-        GgufBuilder::new()
-            .kv(
-                "general.architecture",
-                MetadataValue::String("gemma3".into()),
-            )
-            .kv("gemma3.block_count", MetadataValue::U32(2))
-            .kv(
-                "tokenizer.ggml.tokens",
-                MetadataValue::Array(MetadataArray::String(vec!["<pad>".into(), "▁a".into()])),
-            )
-            .kv(
-                "tokenizer.ggml.scores",
-                MetadataValue::Array(MetadataArray::F32(vec![0.0, -1.5])),
-            )
-            .tensor_f32("norm.weight", &[3], &[1.0, 2.0, 3.0])
-            .tensor_f32("w.weight", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
-            .tensor("q.weight", &[32], GgmlType::Q8_0, q8)
-            .build()
-    })
+    SMALL.get_or_init(|| good::good().build())
 }
 
 /// A gemma3 checkpoint of dim 4, one layer, 2 query heads of size 2 sharing 1 KV head, FFN 8,
