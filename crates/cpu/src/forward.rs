@@ -41,10 +41,8 @@ pub fn forward(
     let mut up = vec![0.0f32; t * hid]; // (rows, hidden_dim)
 
     for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
-        let e = &w.token_embedding[tok as usize * d..(tok as usize + 1) * d];
-        row.iter_mut()
-            .zip(e)
-            .for_each(|(r, &e)| *r = e * c.embed_scale);
+        w.token_embedding.row_into(tok as usize, d, row);
+        row.iter_mut().for_each(|r| *r *= c.embed_scale);
     }
 
     // ANCHOR: cached_attention

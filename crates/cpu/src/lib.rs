@@ -6,8 +6,8 @@
 //! fills the cache; decode computes one position with SIMD GEMVs and attends over the cache, its
 //! parallel loops shared statically by a fixed team of threads ([`threads`]).
 //!
-//! Files in data-flow order: [`simd`] (dot, axpy, GEMV rows), [`softmax`], [`linear`]
-//! (GEMV/sgemm), [`attention`], [`kv_cache`] (append, then attend), [`forward`] (the
+//! Files in data-flow order: [`simd`] (dot, axpy, GEMV rows), [`quant`] (GEMV rows over bf16,
+//! f16 and quantized weights), [`softmax`], [`linear`] (GEMV/sgemm), [`attention`], [`kv_cache`] (append, then attend), [`forward`] (the
 //! cached step), [`threads`]; [`paged`] is the same step over a block pool.
 
 pub mod attention;
@@ -15,6 +15,7 @@ pub mod forward;
 pub mod kv_cache;
 pub mod linear;
 pub mod paged;
+pub mod quant;
 pub mod simd;
 pub mod softmax;
 pub mod threads;

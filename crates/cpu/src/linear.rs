@@ -1,11 +1,72 @@
-//! `Y (T, out) = X (T, in) @ Wᵀ` for a weight W stored (out, in) row-major.
+//! `Y (T, out) = X (T, in) @ Wᵀ` for a weight W stored (out, in) row-major, in f32 or encoded
+//! (bf16, f16, ggml quantized blocks: [`crate::quant`]).
 //!
 //! One token (decode): a GEMV, each output row a SIMD dot product, rows split across threads.
 //! Many tokens (prefill, large batches): matrix-matrix products through matrixmultiply's sgemm,
-//! one block of output columns per worker thread, so the prompt is not processed token by token.
+//! one block of output columns per worker thread, so the prompt is not processed token by token;
+//! an encoded W is decoded one block of rows at a time into a scratch buffer for it.
 
-use crate::simd;
+use kvlab_model::{GgmlType, Tensor};
+
 use crate::threads;
+use crate::{quant, simd};
+
+/// A weight matrix (out, in) as the kernels see it.
+#[derive(Clone, Copy)]
+enum Weight<'a> {
+    F32(&'a [f32]),
+    /// Rows of `row_bytes` bytes of `ty`'s blocks.
+    Encoded {
+        ty: GgmlType,
+        bytes: &'a [u8],
+        row_bytes: usize,
+    },
+}
+
+impl<'a> Weight<'a> {
+    fn of(w: &'a Tensor, d_in: usize) -> Weight<'a> {
+        match w.encoded() {
+            None => Weight::F32(w),
+            Some((ty, bytes)) => Weight::Encoded {
+                ty,
+                bytes,
+                row_bytes: quant::row_bytes(ty, d_in),
+            },
+        }
+    }
+
+    /// out (n,) = W[r0 .. r0 + n] @ x, n = out.len().
+    fn gemv_rows(self, out: &mut [f32], r0: usize, x: &[f32]) {
+        let n = out.len();
+        match self {
+            Weight::F32(w) => simd::gemv_rows(out, &w[r0 * x.len()..][..n * x.len()], x),
+            Weight::Encoded {
+                ty,
+                bytes,
+                row_bytes,
+            } => quant::gemv_rows(ty, out, &bytes[r0 * row_bytes..][..n * row_bytes], x),
+        }
+    }
+
+    /// Rows r0 .. r0 + n as f32 (n, d_in): W itself, or decoded into `scratch`.
+    fn rows_f32<'s>(self, r0: usize, n: usize, d_in: usize, scratch: &'s mut Vec<f32>) -> &'s [f32]
+    where
+        'a: 's,
+    {
+        match self {
+            Weight::F32(w) => &w[r0 * d_in..][..n * d_in],
+            Weight::Encoded {
+                ty,
+                bytes,
+                row_bytes,
+            } => {
+                scratch.resize(n * d_in, 0.0);
+                quant::decode_rows(ty, &bytes[r0 * row_bytes..][..n * row_bytes], scratch);
+                scratch
+            }
+        }
+    }
+}
 
 /// Below this many multiply-adds a GEMV runs on the calling thread: handing work to the other
 /// threads costs a few µs, more than a small matrix takes.
@@ -16,18 +77,15 @@ const GEMV_ROWS_PER_TASK: usize = 32;
 /// out (rows,) = W (rows, cols) @ x (cols,). Rows are split statically, one contiguous block per
 /// worker thread (OpenMP's static schedule, as run.c's `#pragma omp parallel for`): one task per
 /// thread, nothing to steal, and each thread reads its own part of W.
-pub fn gemv(out: &mut [f32], w: &[f32], x: &[f32]) {
+fn gemv(out: &mut [f32], w: Weight, x: &[f32]) {
     let cols = x.len();
-    debug_assert_eq!(w.len(), out.len() * cols);
     let threads = threads::num_threads();
     if out.len() * cols < PAR_GEMV_MIN_WORK || threads == 1 {
-        simd::gemv_rows(out, w, x);
+        w.gemv_rows(out, 0, x);
     } else {
         // A multiple of 4 rows: the kernel's pass.
         let per = out.len().div_ceil(threads).next_multiple_of(4);
-        threads::for_each_chunk_mut(out, per, |i, o| {
-            simd::gemv_rows(o, &w[i * per * cols..][..o.len() * cols], x)
-        });
+        threads::for_each_chunk_mut(out, per, |i, o| w.gemv_rows(o, i * per, x));
     }
 }
 
@@ -37,11 +95,12 @@ pub const SMALL_BATCH: usize = 16;
 
 /// y (t, out) = x (t, in) @ Wᵀ with W (out, in): a GEMV for t = 1, row-by-row dot products for
 /// t ≤ [`SMALL_BATCH`] (each equal, bit for bit, to the GEMV of that row alone), sgemm above.
-pub fn linear(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out: usize) {
     assert!(
         x.len() >= t * d_in && y.len() >= t * d_out && w.len() == d_out * d_in,
         "linear: shape mismatch"
     );
+    let w = Weight::of(w, d_in);
     if t == 1 {
         gemv(&mut y[..d_out], w, &x[..d_in]);
         return;
@@ -60,7 +119,11 @@ const SGEMM_MIN_COLS: usize = 64;
 /// y (t, out) = x (t, in) @ Wᵀ by matrixmultiply's sgemm, the output's columns (W's rows) split
 /// into one contiguous block per worker thread: the engine's own threads do the work, so a
 /// prefill step starts no other pool (matrixmultiply's `threading` feature is off).
-fn sgemm_columns(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+fn sgemm_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_out: usize) {
+    thread_local! {
+        /// One block of W's rows decoded to f32, when W is encoded; reused across calls.
+        static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     let threads = threads::num_threads();
     let per = d_out
         .div_ceil(threads)
@@ -68,30 +131,33 @@ fn sgemm_columns(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_o
         .max(SGEMM_MIN_COLS);
     let y_ptr = threads::SendPtr(y.as_mut_ptr());
     let block = |c0: usize| {
-        let n = per.min(d_out - c0);
-        // C (m=t, n) = A (m, k=in) · B (k, n) where B = W[c0..c0+n]ᵀ: B[k][j] = W[c0 + j][k],
-        // row stride 1 and column stride `in`; C starts at column c0 of y, row stride `out`.
-        // SAFETY: linear's assert guarantees A spans t·in floats, W out·in and y t·out; this
-        // task reads W rows c0..c0+n and writes only columns c0..c0+n of y's t rows, which no
-        // other task writes (the blocks are disjoint), and `linear` holds `&mut y` meanwhile.
-        unsafe {
-            matrixmultiply::sgemm(
-                t,
-                d_in,
-                n,
-                1.0,
-                x.as_ptr(),
-                d_in as isize,
-                1,
-                w.as_ptr().add(c0 * d_in),
-                1,
-                d_in as isize,
-                0.0,
-                y_ptr.get().add(c0),
-                d_out as isize,
-                1,
-            );
-        }
+        DECODED.with_borrow_mut(|scratch| {
+            let n = per.min(d_out - c0);
+            let w = w.rows_f32(c0, n, d_in, scratch);
+            // C (m=t, n) = A (m, k=in) · B (k, n) where B = W[c0..c0+n]ᵀ: B[k][j] = W[c0 + j][k],
+            // row stride 1 and column stride `in`; C starts at column c0 of y, row stride `out`.
+            // SAFETY: linear's assert guarantees A spans t·in floats and y t·out, and `w` is the n
+            // rows c0..c0+n (n·in floats); this task writes only columns c0..c0+n of y's t rows,
+            // which no other task writes (the blocks are disjoint), and `linear` holds `&mut y`.
+            unsafe {
+                matrixmultiply::sgemm(
+                    t,
+                    d_in,
+                    n,
+                    1.0,
+                    x.as_ptr(),
+                    d_in as isize,
+                    1,
+                    w.as_ptr(),
+                    1,
+                    d_in as isize,
+                    0.0,
+                    y_ptr.get().add(c0),
+                    d_out as isize,
+                    1,
+                );
+            }
+        })
     };
     if threads == 1 || d_out <= per {
         block(0);
@@ -103,7 +169,7 @@ fn sgemm_columns(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_o
 /// y (t, out) = x (t, in) @ Wᵀ for a few rows: a task takes [`GEMV_ROWS_PER_TASK`] rows of W
 /// and runs the GEMV kernel of every x row over them while they sit in L1, so W is read from
 /// memory once per step for the whole batch. Each output is the GEMV's, bit for bit.
-fn small_batch(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+fn small_batch(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_out: usize) {
     const R: usize = GEMV_ROWS_PER_TASK;
     thread_local! {
         /// (ceil(out / R), t, R): task c's outputs for every x row, reused across calls.
@@ -114,9 +180,8 @@ fn small_batch(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out
         scratch.resize(t * d_out, 0.0);
         let work = |c: usize, out: &mut [f32]| {
             let n = out.len() / t; // W rows of this task (R, or fewer in the last one)
-            let rows = &w[c * R * d_in..][..n * d_in];
             for (o, xr) in out.chunks_exact_mut(n).zip(x.chunks_exact(d_in)) {
-                simd::gemv_rows(o, rows, xr);
+                w.gemv_rows(o, c * R, xr);
             }
         };
         if d_out * d_in * t < PAR_GEMV_MIN_WORK {
@@ -146,7 +211,7 @@ mod tests {
         // Batch invariance at the bit level: a decode row does not depend on its batch-mates.
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let (d_in, d_out) = (288, 1000);
-        let w: Vec<f32> = (0..d_out * d_in)
+        let w: Tensor = (0..d_out * d_in)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         for t in 2..=SMALL_BATCH {
@@ -179,7 +244,7 @@ mod tests {
             (1, 5, 3),
         ] {
             let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let w: Vec<f32> = (0..d_out * d_in)
+            let w: Tensor = (0..d_out * d_in)
                 .map(|_| rng.random_range(-1.0..1.0))
                 .collect();
             let mut y = vec![f32::NAN; t * d_out]; // poisoned: every element must be written

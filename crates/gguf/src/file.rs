@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::ops::{Deref, Range};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::dequant::dequantize_named;
 use crate::error::{GgufError, Result};
@@ -32,7 +33,7 @@ const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
 
 /// The bytes of the file: a read-only memory map, or an owned buffer (tests, in-memory files).
 enum Bytes {
-    Mapped(memmap2::Mmap),
+    Mapped(Arc<memmap2::Mmap>),
     Owned(Vec<u8>),
 }
 
@@ -101,7 +102,7 @@ impl GgufFile {
             // SAFETY: the map is read-only and private to this value; the file is a model
             // input that nothing writes while it is open. All reads go through bounds-checked
             // slices of the map.
-            Bytes::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
+            Bytes::Mapped(Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?))
         };
         let mut f = Self::parse(bytes)?;
         f.path = Some(path.to_path_buf());
@@ -263,6 +264,19 @@ impl GgufFile {
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
         let info = self.tensor_info(name)?;
         Ok(self.bytes_of(info))
+    }
+
+    /// The file's memory map and the byte range of tensor `name` in it, so that a caller can
+    /// keep the tensor's bytes without copying them; `None` for a file parsed from memory.
+    pub fn tensor_mapping(&self, name: &str) -> Result<Option<(Arc<memmap2::Mmap>, Range<usize>)>> {
+        let info = self.tensor_info(name)?;
+        Ok(match &self.bytes {
+            Bytes::Mapped(map) => Some((
+                Arc::clone(map),
+                info.file_range.start as usize..info.file_range.end as usize,
+            )),
+            Bytes::Owned(_) => None,
+        })
     }
 
     fn bytes_of(&self, info: &TensorInfo) -> &[u8] {

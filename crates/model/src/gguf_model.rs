@@ -36,11 +36,14 @@ fn gguf_err(path: &Path) -> impl Fn(kvlab_gguf::GgufError) -> Error + '_ {
     move |e| Error::Format(format!("{}: {e}", path.display()))
 }
 
-/// Loads a GGUF checkpoint (architecture `gemma3`), dequantizing every tensor to f32, and the
-/// SentencePiece tokenizer stored in its metadata.
+/// Loads a GGUF checkpoint (architecture `gemma3`) and the SentencePiece tokenizer stored in its
+/// metadata. Tensors of the types the CPU kernels read (F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K; see
+/// [`crate::weights::ENCODINGS`]) stay encoded, read in place from the file's memory map; F32
+/// tensors are mapped too; any other type is dequantized to f32 here.
 ///
-/// Memory: Gemma 3 270M dequantized is 268M f32 parameters ≈ 1.07 GB (the 671 MB embedding, 262,144
-/// × 640, is most of it), against 253 MB quantized on disk.
+/// Memory: Gemma 3 270M Q4_K_M kept as stored is its 253 MB of blocks, mapped; dequantized (by an
+/// engine that reads f32, or `--weights f32`) it is 268M f32 parameters ≈ 1.07 GB, the 671 MB
+/// embedding (262,144 × 640) most of it.
 ///
 /// # Errors
 /// [`Error::Format`] for an unreadable file, another architecture, a missing key or tensor;
@@ -53,7 +56,7 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let c = gguf_config(&f, path)?;
     let tok = tokenizer_from_gguf(&f, path)?;
     check_tensor_sizes(&f, &c, path)?;
-    let t = |name: String| f.dequantize(&name).map(Tensor::from).map_err(&e);
+    let t = |name: String| load_tensor(&f, &name).map_err(&e);
     let layers = (0..c.n_layers)
         .map(|l| {
             let b = |n: &str| t(format!("blk.{l}.{n}.weight"));
@@ -82,6 +85,24 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     };
     let model = Model::new(c, weights)?;
     Ok((model, tok))
+}
+
+/// Tensor `name` kept as the file stores it where a kernel reads that type (from the map when
+/// the file is mapped), dequantized to f32 otherwise.
+fn load_tensor(f: &GgufFile, name: &str) -> kvlab_gguf::Result<Tensor> {
+    let info = f.tensor_info(name)?;
+    let (ty, len) = (info.ggml_type, info.len());
+    let mapped = match f.tensor_mapping(name)? {
+        Some((map, range)) if ty == kvlab_gguf::GgmlType::F32 => {
+            Tensor::from_map(&map, range.start, len)
+        }
+        Some((map, range)) => Tensor::encoded_from_map(&map, ty, range.start, len),
+        None => Tensor::encoded_from_bytes(ty, f.tensor_bytes(name)?.to_vec(), len),
+    };
+    match mapped {
+        Some(t) => Ok(t),
+        None => f.dequantize(name).map(Tensor::from),
+    }
 }
 
 /// Gemma 3's [`Config`] from a GGUF's metadata alone, with every tensor's size checked against

@@ -30,9 +30,10 @@ pub use config::{Activation, Config, LayerKind, RopeLayout};
 pub use engine::{Engine, KvUsage, SeqId, Sequences, TraceStep};
 pub use error::{Error, Result};
 pub use generate::{GenerateOptions, Generation, generate_text, generate_tokens, teacher_force};
+pub use kvlab_gguf::GgmlType;
 pub use sampler::Sampler;
 pub use synthetic::SyntheticSpec;
 pub use tokenizer::Tokenizer;
-pub use weights::{LayerWeights, Model, Tensor, Weights};
+pub use weights::{LayerWeights, Model, Tensor, WeightFormat, Weights};
 
 pub use gguf_model::load_gguf;

@@ -1,17 +1,23 @@
-//! The model's weights in f32, one [`Tensor`] per tensor, matrices row-major `(out, in)` so that
-//! a matrix-vector product `W (out, in) @ x (in,)` reads each row contiguously. A tensor is either
-//! owned (dequantized, generated, or converted) or read in place from the checkpoint's memory map,
-//! as run.c and llama.cpp do: then loading copies nothing and the weights' pages are the file's.
+//! The model's weights, one [`Tensor`] per tensor, matrices row-major `(out, in)` so that a
+//! matrix-vector product `W (out, in) @ x (in,)` reads each row contiguously.
+//!
+//! A tensor holds f32 values (owned, or read in place from the checkpoint's memory map as run.c
+//! and llama.cpp do, so that loading copies nothing), or an **encoded** matrix: rows of ggml
+//! blocks (F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K; layouts in ggml-common.h) kept as the checkpoint
+//! stores them or converted once at load (`--weights bf16|f16`). The CPU engine's kernels read
+//! encoded rows directly ([`Tensor::encoded`]); code that wants f32 dereferences the tensor,
+//! which decodes it once, on first use, with the reference dequantizers of `kvlab-gguf`.
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use kvlab_gguf::GgmlType;
 use memmap2::Mmap;
 
 use crate::Config;
 
-/// One tensor's f32 values; dereferences to `[f32]`.
+/// One tensor's values; dereferences to `[f32]` (decoding an encoded tensor once).
 #[derive(Clone, Default)]
 pub struct Tensor(Storage);
 
@@ -24,6 +30,39 @@ enum Storage {
         byte_offset: usize,
         len: usize,
     },
+    /// `len` elements as whole blocks of `ty`, and their f32 values once someone asked.
+    Encoded {
+        ty: GgmlType,
+        bytes: Bytes,
+        len: usize,
+        decoded: OnceLock<Vec<f32>>,
+    },
+}
+
+/// An encoded tensor's bytes: owned (converted at load) or a range of a read-only map.
+#[derive(Clone)]
+enum Bytes {
+    Owned(Arc<[u8]>),
+    Mapped {
+        map: Arc<Mmap>,
+        byte_offset: usize,
+        n_bytes: usize,
+    },
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Owned(b) => b,
+            Bytes::Mapped {
+                map,
+                byte_offset,
+                n_bytes,
+            } => &map[*byte_offset..*byte_offset + *n_bytes],
+        }
+    }
 }
 
 impl Default for Storage {
@@ -31,6 +70,17 @@ impl Default for Storage {
         Storage::Owned(Vec::new())
     }
 }
+
+/// The encodings a tensor can keep (the others are decoded to f32 at load): the ones the CPU
+/// engine has dot-product kernels for.
+pub const ENCODINGS: [GgmlType; 6] = [
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
 
 impl Tensor {
     /// `len` little-endian f32s at `byte_offset` of `map`: borrowed in place where this host is
@@ -52,9 +102,131 @@ impl Tensor {
         })
     }
 
+    /// `len` elements of type `ty` (one of [`ENCODINGS`]) read in place at `byte_offset` of
+    /// `map`. `None` if `ty` is not kept encoded, `len` is not whole blocks, or the bytes lie
+    /// outside the map.
+    pub fn encoded_from_map(
+        map: &Arc<Mmap>,
+        ty: GgmlType,
+        byte_offset: usize,
+        len: usize,
+    ) -> Option<Tensor> {
+        let n_bytes = usize::try_from(ty.bytes_for(len as u64)?).ok()?;
+        map.get(byte_offset..byte_offset.checked_add(n_bytes)?)?;
+        ENCODINGS.contains(&ty).then(|| {
+            Tensor(Storage::Encoded {
+                ty,
+                bytes: Bytes::Mapped {
+                    map: Arc::clone(map),
+                    byte_offset,
+                    n_bytes,
+                },
+                len,
+                decoded: OnceLock::new(),
+            })
+        })
+    }
+
+    /// `len` elements of type `ty` (one of [`ENCODINGS`]) in owned `bytes`. `None` if `ty` is
+    /// not kept encoded or `bytes` is not exactly `len` elements of it.
+    pub fn encoded_from_bytes(ty: GgmlType, bytes: Vec<u8>, len: usize) -> Option<Tensor> {
+        (ENCODINGS.contains(&ty) && ty.bytes_for(len as u64) == Some(bytes.len() as u64)).then(
+            || {
+                Tensor(Storage::Encoded {
+                    ty,
+                    bytes: Bytes::Owned(bytes.into()),
+                    len,
+                    decoded: OnceLock::new(),
+                })
+            },
+        )
+    }
+
+    /// The f32 values converted to `ty` (`F16` or `BF16`, round to nearest even, through the
+    /// `half` crate); `F32` keeps them as they are (decoding an encoded tensor).
+    ///
+    /// # Panics
+    /// For any other `ty` (quantizing at load is not something kvlab does).
+    pub fn convert(&self, ty: GgmlType) -> Tensor {
+        let bytes: Vec<u8> = match ty {
+            GgmlType::F32 => return Tensor::from(self.to_vec()),
+            GgmlType::F16 => self
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            GgmlType::BF16 => self
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+            other => panic!("Tensor::convert: {other} is not a conversion target"),
+        };
+        Tensor::encoded_from_bytes(ty, bytes, self.len()).expect("2 bytes per element")
+    }
+
+    /// Number of elements (without decoding).
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Storage::Owned(v) => v.len(),
+            Storage::Mapped { len, .. } | Storage::Encoded { len, .. } => *len,
+        }
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The element type as stored: `F32`, or the encoding.
+    pub fn dtype(&self) -> GgmlType {
+        match &self.0 {
+            Storage::Encoded { ty, .. } => *ty,
+            _ => GgmlType::F32,
+        }
+    }
+
+    /// Bytes the values occupy as stored (not counting a decoded copy).
+    pub fn nbytes(&self) -> usize {
+        match &self.0 {
+            Storage::Encoded { bytes, .. } => bytes.len(),
+            _ => 4 * self.len(),
+        }
+    }
+
+    /// An encoded tensor's type and raw bytes (rows of whole blocks); `None` for f32.
+    pub fn encoded(&self) -> Option<(GgmlType, &[u8])> {
+        match &self.0 {
+            Storage::Encoded { ty, bytes, .. } => Some((*ty, bytes)),
+            _ => None,
+        }
+    }
+
+    /// Row `row` of a matrix with `cols` columns, as f32 into `out` (`cols` long), without
+    /// decoding the rest: one token's embedding from a table kept encoded.
+    ///
+    /// # Panics
+    /// If the row is outside the tensor or `out` is not `cols` long.
+    pub fn row_into(&self, row: usize, cols: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), cols, "row_into: out must be one row");
+        match self.encoded() {
+            None => out.copy_from_slice(&self[row * cols..(row + 1) * cols]),
+            Some((ty, bytes)) => {
+                let row_bytes = ty.bytes_for(cols as u64).expect("whole blocks") as usize;
+                kvlab_gguf::dequantize_into(ty, &bytes[row * row_bytes..][..row_bytes], out)
+                    .expect("an encoded tensor holds whole blocks");
+            }
+        }
+    }
+
     /// Whether the values are read in place from a memory map (not copied at load).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.0, Storage::Mapped { .. })
+        matches!(
+            self.0,
+            Storage::Mapped { .. }
+                | Storage::Encoded {
+                    bytes: Bytes::Mapped { .. },
+                    ..
+                }
+        )
     }
 }
 
@@ -81,6 +253,15 @@ impl Deref for Tensor {
                 byte_offset,
                 len,
             } => bytemuck::cast_slice(&map[*byte_offset..*byte_offset + 4 * len]),
+            Storage::Encoded {
+                ty,
+                bytes,
+                len,
+                decoded,
+            } => decoded.get_or_init(|| {
+                // The constructors checked that the bytes are exactly `len` elements of `ty`.
+                kvlab_gguf::dequantize(*ty, bytes, *len).expect("whole blocks of a known type")
+            }),
         }
     }
 }
@@ -95,7 +276,7 @@ impl PartialEq for Tensor {
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let how = if self.is_mapped() { "mapped" } else { "owned" };
-        write!(f, "Tensor({} f32, {how})", self.len())
+        write!(f, "Tensor({} {}, {how})", self.len(), self.dtype())
     }
 }
 
@@ -163,8 +344,22 @@ pub struct Weights {
 
 impl Weights {
     /// The classifier matrix (vocab_size, dim): the unshared one or the embedding.
-    pub fn classifier(&self) -> &[f32] {
-        self.classifier.as_deref().unwrap_or(&self.token_embedding)
+    pub fn classifier(&self) -> &Tensor {
+        self.classifier.as_ref().unwrap_or(&self.token_embedding)
+    }
+
+    /// Every matrix a GEMV reads (the seven per layer, the embedding and an unshared
+    /// classifier), the tensors `--weights` converts; the norm gains stay f32.
+    pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| {
+                [
+                    &mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w1, &mut l.w2, &mut l.w3,
+                ]
+            })
+            .chain([&mut self.token_embedding])
+            .chain(self.classifier.as_mut())
     }
 
     /// Checks that every tensor has the length its config implies; loaders and generators call
@@ -220,7 +415,7 @@ impl Weights {
         Ok(())
     }
 
-    /// Bytes the weights occupy in memory (f32).
+    /// Bytes the weights occupy in memory as stored (f32, or their encoding).
     pub fn bytes(&self) -> usize {
         let layer: usize = self
             .layers
@@ -242,14 +437,71 @@ impl Weights {
                     &l.post_ffn_norm,
                 ]
                 .iter()
-                .map(|t| t.len())
+                .map(|t| t.nbytes())
                 .sum::<usize>()
             })
             .sum();
-        4 * (self.token_embedding.len()
+        self.token_embedding.nbytes()
             + layer
-            + self.final_norm.len()
-            + self.classifier.as_ref().map_or(0, |t| t.len()))
+            + self.final_norm.nbytes()
+            + self.classifier.as_ref().map_or(0, Tensor::nbytes)
+    }
+}
+
+/// How the engines hold the weight matrices (`--weights`): as the checkpoint stores them, or
+/// converted once at load. Norm gains are always f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WeightFormat {
+    /// As stored: f32 for llama2.c files; F16/BF16/Q8_0/Q5_0/Q4_K/Q6_K blocks of a GGUF kept as
+    /// they are (llama.cpp's behaviour), other GGUF types decoded to f32.
+    #[default]
+    Stored,
+    /// Every matrix decoded to f32: the path every other format is measured against.
+    F32,
+    /// Every matrix as bfloat16 (8-bit exponent, 7-bit mantissa): half the bytes of f32.
+    Bf16,
+    /// Every matrix as IEEE half precision (5-bit exponent, 10-bit mantissa).
+    F16,
+}
+
+impl WeightFormat {
+    /// Every format, in the order reports list them.
+    pub const ALL: [WeightFormat; 4] = [
+        WeightFormat::Stored,
+        WeightFormat::F32,
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+    ];
+
+    /// The name `--weights` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::Stored => "stored",
+            WeightFormat::F32 => "f32",
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::F16 => "f16",
+        }
+    }
+}
+
+impl fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WeightFormat {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<WeightFormat> {
+        WeightFormat::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                crate::Error::Config(format!(
+                    "unknown weight format {s:?}; expected one of stored, f32, bf16, f16"
+                ))
+            })
     }
 }
 
@@ -269,5 +521,43 @@ impl Model {
         config.validate()?;
         weights.check_shapes(&config)?;
         Ok(Model { config, weights })
+    }
+
+    /// This model with its matrices held in `format`, converted tensor by tensor (so peak
+    /// memory is the converted weights plus one tensor). `Stored` returns a cheap copy: mapped
+    /// and encoded tensors share their bytes.
+    pub fn with_weight_format(&self, format: WeightFormat) -> Model {
+        let mut m = self.clone();
+        let ty = match format {
+            WeightFormat::Stored => return m,
+            WeightFormat::F32 => GgmlType::F32,
+            WeightFormat::Bf16 => GgmlType::BF16,
+            WeightFormat::F16 => GgmlType::F16,
+        };
+        for t in m.weights.matrices_mut() {
+            if t.dtype() != ty {
+                *t = t.convert(ty);
+            }
+        }
+        m
+    }
+
+    /// The matrices' element types and how many matrices have each, e.g. `[(Q5_0, 72), …]`,
+    /// for `info` and the generate stats line.
+    pub fn matrix_dtypes(&self) -> Vec<(GgmlType, usize)> {
+        let w = &self.weights;
+        let layers = w.layers.iter();
+        let mut counts: Vec<(GgmlType, usize)> = Vec::new();
+        let matrices = layers
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3])
+            .chain([&w.token_embedding])
+            .chain(w.classifier.as_ref());
+        for t in matrices {
+            match counts.iter_mut().find(|(ty, _)| *ty == t.dtype()) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((t.dtype(), 1)),
+            }
+        }
+        counts
     }
 }

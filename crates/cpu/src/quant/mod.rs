@@ -1,0 +1,115 @@
+//! GEMV kernels over **encoded** weight rows: bf16, f16 and ggml's quantized blocks, read as
+//! stored instead of decoded to f32 at load, so each token reads 2–8× fewer bytes of weights.
+//!
+//! One file per format, each with its block layout (from ggml-common.h), its SIMD kernel
+//! (AVX-512 / AVX2 chosen at run time, [`crate::simd::isa`]) and tests against the plain
+//! reference below on random blocks. The kernels keep the activations in f32: a block's values
+//! are decoded in registers and multiplied into f32 accumulators, so a kernel differs from
+//! "decode the row, then dot" only in the order of the additions (llama.cpp instead quantizes
+//! the activations to 8 bits for integer dot products; kvlab trades that speed for accuracy).
+
+pub mod bf16;
+pub mod f16;
+pub mod q4_k;
+pub mod q5_0;
+pub mod q6_k;
+pub mod q8_0;
+
+use kvlab_model::GgmlType;
+
+/// Bytes of one row of `cols` elements of `ty`.
+///
+/// # Panics
+/// If `cols` is not a whole number of `ty`'s blocks (the loader checked this).
+pub fn row_bytes(ty: GgmlType, cols: usize) -> usize {
+    ty.bytes_for(cols as u64).expect("a row is whole blocks") as usize
+}
+
+/// out (rows,) = W (rows, cols) @ x (cols,) for W stored as `ty` (one of
+/// [`kvlab_model::weights::ENCODINGS`]): `w` is `out.len()` rows of [`row_bytes`] each.
+///
+/// # Panics
+/// If `w` is not `out.len()` whole rows, or `ty` has no kernel.
+pub fn gemv_rows(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
+    assert_eq!(
+        w.len(),
+        out.len() * row_bytes(ty, x.len()),
+        "quant::gemv_rows: W must be (rows, cols) of {ty}"
+    );
+    match ty {
+        GgmlType::BF16 => bf16::gemv_rows(out, w, x),
+        GgmlType::F16 => f16::gemv_rows(out, w, x),
+        GgmlType::Q8_0 => q8_0::gemv_rows(out, w, x),
+        GgmlType::Q5_0 => q5_0::gemv_rows(out, w, x),
+        GgmlType::Q4_K => q4_k::gemv_rows(out, w, x),
+        GgmlType::Q6_K => q6_k::gemv_rows(out, w, x),
+        other => panic!("quant::gemv_rows: no kernel for {other}"),
+    }
+}
+
+/// Rows of W decoded to f32 into `out` (`rows × cols`), for the matrix-matrix path (prefill),
+/// which decodes a block of rows once and reuses it for every token.
+pub fn decode_rows(ty: GgmlType, w: &[u8], out: &mut [f32]) {
+    kvlab_gguf::dequantize_into(ty, w, out).expect("whole rows of whole blocks");
+}
+
+/// The plain reference every kernel is tested against: each row decoded by kvlab-gguf's
+/// reference dequantizer (a port of ggml's `dequantize_row_*`), then the scalar dot product.
+pub fn gemv_rows_reference(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
+    let rb = row_bytes(ty, x.len());
+    let mut row = vec![0.0f32; x.len()];
+    for (o, bytes) in out.iter_mut().zip(w.chunks_exact(rb)) {
+        decode_rows(ty, bytes, &mut row);
+        *o = kvlab_model::ops::dot(&row, x);
+    }
+}
+
+/// Shared by the per-format tests: random activations, and the comparison with the reference.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// A seeded generator for the tests' random blocks and activations.
+    pub fn rng(seed: u64) -> rand_chacha::ChaCha8Rng {
+        rand_chacha::ChaCha8Rng::seed_from_u64(seed)
+    }
+
+    /// An f16 scale in `lo..hi`, as ggml stores `d`, little-endian.
+    pub fn f16_bytes(rng: &mut impl Rng, lo: f32, hi: f32) -> [u8; 2] {
+        half::f16::from_f32(rng.random_range(lo..hi)).to_le_bytes()
+    }
+
+    /// Checks `kernel` against [`gemv_rows_reference`] on `w` (`rows` rows of `cols`) and random
+    /// x, within a relative error of 1e-5 of Σ|wᵢxᵢ| per row (the additions' order differs); a
+    /// NaN anywhere fails. Then a NaN in x must come out as NaN in every row.
+    pub fn check(ty: GgmlType, w: &[u8], rows: usize, cols: usize, seed: u64) {
+        let mut r = rng(seed);
+        let x: Vec<f32> = (0..cols).map(|_| r.random_range(-1.0..1.0)).collect();
+        let mut got = vec![f32::NAN; rows];
+        gemv_rows(ty, &mut got, w, &x);
+        let mut want = vec![0.0; rows];
+        gemv_rows_reference(ty, &mut want, w, &x);
+        let mut decoded = vec![0.0; cols];
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            decode_rows(
+                ty,
+                &w[i * row_bytes(ty, cols)..][..row_bytes(ty, cols)],
+                &mut decoded,
+            );
+            let scale: f32 = decoded.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+            let ok = (g - e).abs() <= 1e-5 * scale.max(1e-6);
+            assert!(
+                ok,
+                "{ty} row {i} of {rows}x{cols}: kernel {g} vs reference {e}"
+            );
+        }
+        let mut x_nan = x.clone();
+        x_nan[cols / 2] = f32::NAN;
+        gemv_rows(ty, &mut got, w, &x_nan);
+        assert!(
+            got.iter().all(|v| v.is_nan()),
+            "{ty}: a NaN in x must propagate"
+        );
+    }
+}
