@@ -78,6 +78,17 @@ pub fn run(a: Args) -> Result<()> {
         .tokenizer
         .as_ref()
         .with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
+    let weights = format!(
+        "weights {} {}",
+        loaded
+            .model
+            .matrix_dtypes()
+            .iter()
+            .map(|(ty, n)| format!("{n}×{ty}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        bytes(loaded.model.weights.bytes())
+    );
     let model = Arc::new(loaded.model);
     let config = model.config.clone();
     let context = a.ctx_size.unwrap_or(config.max_seq_len);
@@ -154,6 +165,7 @@ pub fn run(a: Args) -> Result<()> {
             "engine": engine.name(),
             "threads": threads,
             "load_s": load_s,
+            "weights": weights,
             "prompt_tokens": g.prompt.len(),
             "generated_tokens": g.tokens.len(),
             "prefill_s": g.prefill_time.as_secs_f64(),
@@ -169,6 +181,7 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("{stats}");
         return Ok(());
     }
+    eprintln!("{weights}");
     eprintln!(
         "engine {} | {threads} threads | load {load_s:.2} s | prompt {} tokens | prefill {:.1} tok/s | generated {} tokens | decode {} steps at {:.1} tok/s{}",
         engine.name(),

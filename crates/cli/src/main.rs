@@ -42,6 +42,15 @@ pub struct ModelArgs {
     /// Never download; fail if the files are not found locally.
     #[arg(long)]
     pub offline: bool,
+    /// How the weight matrices are held: `stored` keeps the checkpoint's types (f32 for
+    /// llama2.c files; a GGUF's Q8_0/Q5_0/Q4_K/Q6_K/F16/BF16 blocks as they are, like
+    /// llama.cpp), `f32` decodes every matrix, `bf16`/`f16` convert every matrix at load (half
+    /// the bytes of f32). Norm gains stay f32.
+    #[arg(long, default_value_t = kvlab_model::WeightFormat::Stored,
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::builder::PossibleValuesParser::new(kvlab_model::WeightFormat::ALL.map(|f| f.name())),
+              |s| s.parse::<kvlab_model::WeightFormat>().expect("a listed value")))]
+    pub weights: kvlab_model::WeightFormat,
 }
 
 #[derive(Subcommand)]
@@ -110,8 +119,11 @@ fn main() {
 }
 
 /// Loads the model the arguments name.
+/// Loads the model the arguments name, its matrices in the `--weights` format.
 pub fn load(m: &ModelArgs) -> anyhow::Result<kvlab_model::registry::Loaded> {
-    kvlab_cli::fetch::load(&m.model, m.tokenizer.as_deref(), !m.offline)
+    let mut l = kvlab_cli::fetch::load(&m.model, m.tokenizer.as_deref(), !m.offline)?;
+    l.model = l.model.with_weight_format(m.weights);
+    Ok(l)
 }
 
 /// Bytes as a human reads them (binary units), with the exact count.

@@ -524,10 +524,9 @@ impl Model {
     }
 
     /// This model with its matrices held in `format`, converted tensor by tensor (so peak
-    /// memory is the converted weights plus one tensor). `Stored` returns a cheap copy: mapped
-    /// and encoded tensors share their bytes.
-    pub fn with_weight_format(&self, format: WeightFormat) -> Model {
-        let mut m = self.clone();
+    /// memory is the converted weights plus one tensor). `Stored` returns the model unchanged.
+    pub fn with_weight_format(self, format: WeightFormat) -> Model {
+        let mut m = self;
         let ty = match format {
             WeightFormat::Stored => return m,
             WeightFormat::F32 => GgmlType::F32,

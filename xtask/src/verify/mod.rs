@@ -24,7 +24,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvlab_cli::engines::{self, EngineKind};
 use kvlab_model::registry::{self, Located, ModelEntry};
 use kvlab_model::sampler::{argmax, top2_margin};
-use kvlab_model::{Engine, Model, Tolerance, compare_logits, teacher_force};
+use kvlab_model::{Engine, Model, Tolerance, WeightFormat, compare_logits, teacher_force};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -32,6 +32,7 @@ use crate::{prompts, table};
 
 mod batched;
 mod cases;
+mod formats;
 
 use cases::Case;
 
@@ -101,6 +102,9 @@ struct Row {
     min_top2_margin: f32,
     ms: f64,
     note: String,
+    /// Weight formats only: fraction of positions whose top-1 token is the f32 engine's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top1_agreement: Option<f64>,
     /// Batched mode only: what the scheduler did.
     #[serde(skip_serializing_if = "Option::is_none")]
     batch: Option<BatchInfo>,
@@ -119,12 +123,14 @@ struct BatchInfo {
     num_recomputed_tokens: u64,
 }
 
-/// A model ready to verify: its manifest entry, weights, tokenizer and cases.
+/// A model ready to verify: its manifest entry, weights (matrices in f32), tokenizer, cases, and
+/// the model as its checkpoint stores it (for the weight formats' tolerance mode).
 type Loaded<'a> = (
     &'a ModelEntry,
     Arc<Model>,
     kvlab_model::Tokenizer,
     Vec<Case>,
+    Model,
 );
 
 pub fn run(args: &[String]) -> Result<()> {
@@ -140,6 +146,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let loaded = load_models(&o.models, &prompts, &mut rows)?;
     let refs = run_cases(&loaded, &engines, &mut rows);
     run_batched(&loaded, &refs, &engines, &mut rows);
+    if engines.contains(&EngineKind::Cpu) {
+        run_formats(&loaded, &refs, &mut rows);
+    }
     report(&rows, &out)?;
     verdict(&rows, require)
 }
@@ -204,7 +213,10 @@ fn load_models<'a>(
                 .unwrap_or(model.config.max_seq_len)
                 .min(model.config.max_seq_len);
             let cases = cases::for_model(entry, ctx, &tok, prompts)?;
-            Ok(Ok((entry, Arc::new(model), tok, cases)))
+            // The identity suite runs f32 matrices (a GGUF's blocks decoded once); the stored
+            // model is kept for the formats' tolerance mode.
+            let f32_model = model.clone().with_weight_format(WeightFormat::F32);
+            Ok(Ok((entry, Arc::new(f32_model), tok, cases, model)))
         });
         match result {
             Ok(Ok(l)) => loaded.push(l),
@@ -250,7 +262,7 @@ fn run_cases(
     let done: Vec<CaseResult> = work
         .par_iter()
         .map(|&(m, c)| {
-            let (entry, model, _, cases) = &loaded[m];
+            let (entry, model, _, cases, _) = &loaded[m];
             bar.set_message(format!("{} case {c}", entry.name));
             let r = verify_case(entry, model, &cases[c], engines);
             bar.inc(1);
@@ -284,7 +296,7 @@ fn run_batched(
     rows: &mut Vec<Row>,
 ) {
     for &name in engines.iter().filter(|e| e.is_paged()) {
-        for ((entry, model, tok, _), refs) in loaded.iter().zip(refs) {
+        for ((entry, model, tok, ..), refs) in loaded.iter().zip(refs) {
             eprintln!("verify: batched run of {} on {name}", entry.name);
             rows.push(
                 batched::run(entry, model, tok, refs, name).unwrap_or_else(|e| Row {
@@ -294,6 +306,17 @@ fn run_batched(
                     ..Row::empty(&entry.name, name.name())
                 }),
             );
+        }
+    }
+}
+
+/// Weight formats in tolerance mode, for the models with a real checkpoint (a synthetic model's
+/// random weights say nothing about a format's quality).
+fn run_formats(loaded: &[Loaded], refs: &[Vec<Option<Reference>>], rows: &mut Vec<Row>) {
+    for ((entry, .., stored), refs) in loaded.iter().zip(refs) {
+        if entry.model.is_some() {
+            eprintln!("verify: weight formats of {} in tolerance mode", entry.name);
+            rows.extend(formats::run(entry, stored, refs));
         }
     }
 }
@@ -350,9 +373,15 @@ fn passed(rows: &[Row]) -> Result<String> {
         );
     }
     let compared: usize = ok.iter().map(|r| r.tokens_compared).sum();
+    let within = rows.iter().filter(|r| r.status == "within").count();
     Ok(format!(
-        "verify passed: {} engine runs, {compared} tokens identical to the naive reference",
-        ok.len()
+        "verify passed: {} engine runs, {compared} tokens identical to the naive reference{}",
+        ok.len(),
+        if within > 0 {
+            format!("; {within} weight-format runs within their tolerance of f32")
+        } else {
+            String::new()
+        }
     ))
 }
 

@@ -1,0 +1,140 @@
+//! Weight formats in tolerance mode. The token-identity suite runs every engine with f32
+//! matrices; here the cpu engine runs each model's matrices as bf16, as f16, and as the
+//! checkpoint stores them where that is not f32 (Gemma's Q8_0/Q5_0/Q4_K/Q6_K blocks), teacher-
+//! forced on the naive engine's verified tokens, against the same engine in f32. Each format
+//! reports its top-1 agreement and max |Δlogit| and must stay within its stated thresholds.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use kvlab_cli::engines::{self, EngineKind};
+use kvlab_model::registry::ModelEntry;
+use kvlab_model::{Model, Tolerance, WeightFormat, compare_logits, teacher_force};
+
+use super::{Reference, Row};
+
+/// Teacher-forced positions per case (enough to see the formats' error, short enough for CI).
+const POSITIONS: usize = 256;
+/// Cases per model.
+const CASES: usize = 2;
+
+/// What a format must meet against f32, and why.
+struct Threshold {
+    /// Every position's logits within this of the f32 engine's.
+    tolerance: Tolerance,
+    /// Fraction of positions whose top-1 token is the f32 engine's, at least.
+    min_top1: f64,
+    why: &'static str,
+}
+
+fn threshold(format: WeightFormat) -> Threshold {
+    match format {
+        // Quantized blocks decoded in registers, f32 activations: the weights are exactly the
+        // f32 path's (which decodes the same blocks), only the additions' order differs.
+        WeightFormat::Stored => Threshold {
+            tolerance: Tolerance::F32,
+            min_top1: 1.0,
+            why: "same weights as the f32 path (decoded in registers), only the order of additions differs",
+        },
+        // bf16 keeps 8 bits of mantissa: each weight moves by up to 2^-9 of itself.
+        WeightFormat::Bf16 => Threshold {
+            tolerance: Tolerance {
+                abs: 0.5,
+                rel: 0.05,
+            },
+            min_top1: 0.95,
+            why: "each weight rounded to 8 mantissa bits (relative error ≤ 2^-9)",
+        },
+        // f16 keeps 11 bits: 8× finer than bf16 where the weights are in its range.
+        WeightFormat::F16 => Threshold {
+            tolerance: Tolerance {
+                abs: 0.1,
+                rel: 0.01,
+            },
+            min_top1: 0.98,
+            why: "each weight rounded to 11 mantissa bits (relative error ≤ 2^-12)",
+        },
+        WeightFormat::F32 => unreachable!("f32 is the reference"),
+    }
+}
+
+/// The formats a model is checked in: bf16, f16, and its stored one unless every matrix of it
+/// is already f32.
+fn formats(stored: &Model) -> Vec<WeightFormat> {
+    let mut v = Vec::new();
+    if stored
+        .matrix_dtypes()
+        .iter()
+        .any(|(ty, _)| *ty != kvlab_model::GgmlType::F32)
+    {
+        v.push(WeightFormat::Stored);
+    }
+    v.extend([WeightFormat::Bf16, WeightFormat::F16]);
+    v
+}
+
+/// One row per (case, format) for a model with a real checkpoint; `stored` is the model as
+/// loaded, before the suite's conversion to f32.
+pub fn run(entry: &ModelEntry, stored: &Model, refs: &[Option<Reference>]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let f32_model = Arc::new(stored.clone().with_weight_format(WeightFormat::F32));
+    for format in formats(stored) {
+        let model = Arc::new(stored.clone().with_weight_format(format));
+        for (index, r) in refs.iter().enumerate().take(CASES) {
+            let Some(r) = r else { continue };
+            let row = case_row(entry, &f32_model, &model, format, index, r);
+            rows.push(row.unwrap_or_else(|e| Row {
+                prompt_index: index,
+                status: "ERROR".into(),
+                note: format!("{e:#}"),
+                ..Row::empty(&entry.name, &engine_label(format))
+            }));
+        }
+    }
+    rows
+}
+
+fn engine_label(format: WeightFormat) -> String {
+    format!("{} --weights {format}", EngineKind::Cpu.name())
+}
+
+fn case_row(
+    entry: &ModelEntry,
+    f32_model: &Arc<Model>,
+    model: &Arc<Model>,
+    format: WeightFormat,
+    index: usize,
+    r: &Reference,
+) -> Result<Row> {
+    let forced = &r.tokens[..r.tokens.len().min(POSITIONS)];
+    let positions = r.prompt.len() + forced.len();
+    let force = |m: &Arc<Model>| -> Result<Vec<Vec<f32>>> {
+        let mut e = engines::build(EngineKind::Cpu, m.clone())?;
+        Ok(teacher_force(e.as_mut(), &r.prompt, forced, positions)?)
+    };
+    let reference = force(f32_model)?;
+    let t = Instant::now();
+    let got = force(model)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let th = threshold(format);
+    let c = compare_logits(&got, &reference, th.tolerance);
+    let ok = c.within_tolerance && c.top1_agreement >= th.min_top1;
+    let Tolerance { abs, rel } = th.tolerance;
+    Ok(Row {
+        prompt_index: index,
+        prompt: "teacher-forced".into(),
+        prompt_tokens: r.prompt.len(),
+        status: if ok { "within" } else { "MISMATCH" }.into(),
+        tokens_compared: c.positions,
+        identical: c.first_top1_mismatch.is_none(),
+        max_abs_dlogit: c.max_abs_dlogit,
+        top1_agreement: Some(c.top1_agreement),
+        ms,
+        note: format!(
+            "vs cpu f32: top-1 agreement {:.4} (≥ {}), max|Δlogit| {:.2e} (≤ {abs} + {rel}·max|ref| per position): {}",
+            c.top1_agreement, th.min_top1, c.max_abs_dlogit, th.why
+        ),
+        ..Row::empty(&entry.name, &engine_label(format))
+    })
+}
