@@ -560,3 +560,42 @@ impl Model {
         counts
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_encoded_tensor_reports_its_size_without_decoding_and_decodes_once() {
+        let values: Vec<f32> = (0..64).map(|i| i as f32 * 0.25 - 8.0).collect();
+        let t = Tensor::from(values.clone()).convert(GgmlType::BF16);
+        assert_eq!((t.len(), t.nbytes(), t.dtype()), (64, 128, GgmlType::BF16));
+        let Storage::Encoded { decoded, .. } = &t.0 else {
+            panic!("not encoded")
+        };
+        assert!(decoded.get().is_none(), "len and nbytes must not decode");
+        // These values have at most 8 significant bits: bf16 holds them exactly.
+        assert_eq!(&t[..], &values[..]);
+        let mut row = vec![0.0; 16];
+        t.row_into(2, 16, &mut row);
+        assert_eq!(row, values[32..48]);
+    }
+
+    #[test]
+    fn encoded_constructors_refuse_wrong_sizes_and_types() {
+        assert!(Tensor::encoded_from_bytes(GgmlType::Q8_0, vec![0; 34], 32).is_some());
+        assert!(Tensor::encoded_from_bytes(GgmlType::Q8_0, vec![0; 33], 32).is_none());
+        assert!(Tensor::encoded_from_bytes(GgmlType::Q8_0, vec![0; 34], 31).is_none());
+        // Q4_0 has no kernel, so it is decoded at load instead of kept.
+        assert!(Tensor::encoded_from_bytes(GgmlType::Q4_0, vec![0; 18], 32).is_none());
+    }
+
+    #[test]
+    fn weight_formats_round_trip_their_names() {
+        for f in WeightFormat::ALL {
+            assert_eq!(f.name().parse::<WeightFormat>().unwrap(), f);
+        }
+        let e = "q4".parse::<WeightFormat>().unwrap_err().to_string();
+        assert!(e.contains("stored, f32, bf16, f16"), "{e}");
+    }
+}
