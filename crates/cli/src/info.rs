@@ -81,6 +81,7 @@ pub fn run(a: &Args) -> Result<()> {
         c.n_params(),
         bytes(c.n_params().saturating_mul(4))
     );
+    weights_line(c, &files)?;
     println!();
     println!("KV bytes per token = 2 x n_layers x n_kv_heads x head_dim x bytes per element");
     for (name, b) in [("f32", 4), ("f16", 2)] {
@@ -107,5 +108,37 @@ pub fn run(a: &Args) -> Result<()> {
             bytes(c.kv_bytes_windowed(n, 4))
         );
     }
+    Ok(())
+}
+
+/// What the weights take in each `--weights` format: as stored (a GGUF's blocks, read from its
+/// header), f32, and bf16/f16 (matrices at 2 B per parameter, norm gains kept at 4 B).
+fn weights_line(c: &kvlab_model::Config, files: &[std::path::PathBuf]) -> Result<()> {
+    let (d, q, kv, h) = (c.dim, c.q_dim(), c.kv_dim(), c.hidden_dim);
+    let classifiers = if c.shared_classifier { 1 } else { 2 };
+    let matrices =
+        c.n_layers * (2 * q * d + 2 * kv * d + 3 * h * d) + classifiers * c.vocab_size * d;
+    let norms = c.n_params().saturating_sub(matrices);
+    let gguf = files.iter().find(|f| {
+        f.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    });
+    let stored = match gguf {
+        Some(path) => {
+            let s = kvlab_gguf::GgufFile::open(path)?.summary();
+            let types: Vec<String> = s
+                .by_type
+                .iter()
+                .map(|t| format!("{}×{}", t.n_tensors, t.ggml_type))
+                .collect();
+            format!("{} ({})", bytes(s.tensor_bytes as usize), types.join(" "))
+        }
+        None => format!("{} (f32)", bytes(4 * c.n_params())),
+    };
+    println!(
+        "weights      stored {stored} | f32 {} | bf16/f16 {}",
+        bytes(4 * c.n_params()),
+        bytes(2 * matrices + 4 * norms)
+    );
     Ok(())
 }
