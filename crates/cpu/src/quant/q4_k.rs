@@ -1,10 +1,363 @@
-//! Q4_K: super-blocks of 256 in 8 sub-blocks of 32 with 6-bit scales and mins.
+//! Q4_K: super-blocks of 256 weights in 8 sub-blocks of 32, each sub-block with a 6-bit scale
+//! and a 6-bit min.
 //!
-//! For now the plain reference (decode each row, then dot); the SIMD kernel is to come.
+//! # Block layout (`block_q4_K` in ggml-common.h, 144 bytes)
+//!
+//! | bytes    | field        | meaning                                                      |
+//! | -------- | ------------ | ------------------------------------------------------------ |
+//! | 0..2     | `d: f16`     | super-block scale of the scales                              |
+//! | 2..4     | `dmin: f16`  | super-block scale of the mins                                |
+//! | 4..16    | `scales[12]` | 8 six-bit scales `sc_j` and 8 six-bit mins `m_j`, packed     |
+//! | 16..144  | `qs[128]`    | 256 four-bit quants                                          |
+//!
+//! The packing of `scales` (`get_scale_min_k4` in ggml-quants.c): for j < 4, `sc_j` is the
+//! low 6 bits of byte j and `m_j` those of byte j + 4; for j ≥ 4 the low 4 bits of `sc_j` and
+//! `m_j` are the low and high nibble of byte j + 4, and their top 2 bits the spare top bits of
+//! bytes j − 4 and j. Sub-blocks 2c and 2c + 1 share the 32 bytes `qs[32c..32c + 32]`: weight
+//! 64c + l is the low nibble of `qs[32c + l]` and weight 64c + 32 + l its high nibble. A weight
+//! is `d·sc_j·q − dmin·m_j`.
+//!
+//! # The kernel
+//!
+//! Over sub-block j, Σ value·x = d·sc_j·Σ q·x − dmin·m_j·Σ x. The sums Σ x over every 32
+//! weights depend on x alone, so they are computed once per call and shared by every row; the
+//! min term of a super-block is then one 8-lane product (its 8 mins × its 8 sums of x). The
+//! quants are zero-extended from bytes to 32-bit lanes, split into nibbles with an `and` and a
+//! shift, converted to f32 and multiplied with x in f32 (x is never quantized): one vector sum
+//! of q·x per sub-block, scaled by `d·sc_j` into the row's accumulator. Four rows go per pass
+//! so each load of x serves all four. AVX-512 (16 lanes) and AVX2 + FMA (8 lanes) are chosen at
+//! run time ([`crate::simd::isa`]); the scalar level is the reference.
 
 use kvlab_model::GgmlType;
 
+/// Weights per super-block.
+const QK: usize = 256;
+/// Bytes per super-block.
+const BLOCK: usize = 144;
+
 /// out (rows,) = W (rows, cols) @ x (cols,) for W's rows stored as Q4_K.
+///
+/// # Panics
+/// If `x.len()` is not a whole number of super-blocks or `w` is not `out.len()` such rows.
 pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
+    assert_eq!(x.len() % QK, 0, "Q4_K: a row is whole super-blocks of {QK}");
+    assert_eq!(
+        w.len(),
+        out.len() * (x.len() / QK) * BLOCK,
+        "Q4_K: W must be (rows, cols)"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::simd::{Isa, isa};
+        match isa() {
+            Isa::Avx512 if x86::has_avx512() => {
+                // SAFETY: the features the kernel is compiled for were detected just above; the
+                // asserts above make `w` exactly out.len() rows of x.len() / 256 super-blocks,
+                // which is all the kernel reads.
+                unsafe { x86::gemv_avx512(out, w, x) };
+                return;
+            }
+            Isa::Avx512 | Isa::Avx2Fma if x86::has_avx2() => {
+                // SAFETY: as above, for AVX2 + FMA + F16C.
+                unsafe { x86::gemv_avx2(out, w, x) };
+                return;
+            }
+            _ => {}
+        }
+    }
     super::gemv_rows_reference(GgmlType::Q4_K, out, w, x);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{BLOCK, QK};
+    use std::arch::x86_64::*;
+
+    /// Rows per pass.
+    const R: usize = 4;
+
+    /// How far ahead to prefetch, in bytes, at least (rounded to whole passes of rows): far
+    /// enough to cover the memory latency, near enough to stay in L1.
+    const PF_BYTES: usize = 16 << 10;
+
+    /// Asks for the 3 cache lines from `p` (a 144-byte block, whose successor starts 144 bytes
+    /// on) ahead of their use: a pass reads its rows as short
+    /// interleaved streams that the hardware prefetcher alone picks up too late.
+    #[inline(always)]
+    fn prefetch(p: *const u8) {
+        // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p.cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128).cast());
+        }
+    }
+
+    pub fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    pub fn has_avx512() -> bool {
+        is_x86_feature_detected!("avx512f") && has_avx2()
+    }
+
+    /// The 16 bytes `[sc_0..sc_8, m_0..m_8]` of a block's 12 packed scale bytes `p` (ggml's
+    /// `utmp` shuffle of `get_scale_min_k4`, four bytes at a time).
+    #[inline(always)]
+    fn unpack_scales(p: &[u8]) -> [u32; 4] {
+        const K1: u32 = 0x3f3f_3f3f;
+        const K2: u32 = 0x0f0f_0f0f;
+        const K3: u32 = 0x0303_0303;
+        let u = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
+        let (u0, u1, u2) = (u(0), u(4), u(8));
+        [
+            u0 & K1,
+            (u2 & K2) | (((u0 >> 6) & K3) << 4),
+            u1 & K1,
+            ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4),
+        ]
+    }
+
+    /// Σ x over every 32 weights, 16 floats per super-block: 8 zeros, then the 8 sums (so one
+    /// 16-lane product with `[d·sc_j, −dmin·m_j]` yields the min term alone).
+    fn sub_block_sums(x: &[f32], buf: &mut Vec<f32>) {
+        buf.clear();
+        for sb in x.chunks_exact(QK) {
+            buf.extend_from_slice(&[0.0; 8]);
+            buf.extend(sb.chunks_exact(32).map(|s| s.iter().sum::<f32>()));
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2, FMA and F16C; `w` must be `out.len()` rows of
+    /// `x.len() / 256` blocks, and `x.len()` a multiple of 256.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
+        let nsb = x.len() / QK;
+        let rb = nsb * BLOCK;
+        let mut xs = Vec::with_capacity(16 * nsb);
+        sub_block_sums(x, &mut xs);
+        let mut r = 0;
+        while r + R <= out.len() {
+            // SAFETY: rows r..r + R exist in `w` (the caller's contract), xs holds 16 floats
+            // per super-block.
+            let v = unsafe { rows_avx512::<R>(&w[r * rb..(r + R) * rb], rb, x, &xs) };
+            out[r..r + R].copy_from_slice(&v);
+            r += R;
+        }
+        while r < out.len() {
+            // SAFETY: as above, for one row.
+            let v = unsafe { rows_avx512::<1>(&w[r * rb..(r + 1) * rb], rb, x, &xs) };
+            out[r] = v[0];
+            r += 1;
+        }
+    }
+
+    /// N rows (`w` is N rows of `rb` bytes) dotted with x.
+    ///
+    /// # Safety
+    /// As [`gemv_avx512`]; `w.len() == N * rb`, `rb == x.len() / 256 * 144`,
+    /// `xs.len() == x.len() / 16`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn rows_avx512<const N: usize>(w: &[u8], rb: usize, x: &[f32], xs: &[f32]) -> [f32; N] {
+        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK && xs.len() == x.len() / 16);
+        let (pw, px) = (w.as_ptr(), x.as_ptr());
+        let m4 = _mm512_set1_epi32(0x0F);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut scl = [[0.0f32; 16]; N];
+        let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
+        for sb in 0..x.len() / QK {
+            // SAFETY (every raw access below): block `sb` of row q starts at q·rb + 144·sb and
+            // its 144 bytes are inside `w`; x[256·sb..256·sb + 256] and xs[16·sb..16·sb + 16]
+            // are inside x and xs.
+            let xsv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * sb)) };
+            for q in 0..N {
+                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
+                let b = &w[q * rb + sb * BLOCK..][..BLOCK];
+                let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                    b[0], b[1], b[2], b[3],
+                ])));
+                let d = _mm512_broadcastss_ps(dm);
+                let dmin = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+                let coef =
+                    _mm512_mask_blend_ps(0xFF00, d, _mm512_sub_ps(_mm512_setzero_ps(), dmin));
+                let u = unpack_scales(&b[4..16]);
+                let bytes = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
+                // [d·sc_0..d·sc_8, −dmin·m_0..−dmin·m_8]
+                let s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), coef);
+                acc[q] = _mm512_fmadd_ps(s, xsv, acc[q]);
+                // SAFETY: scl[q] is 16 floats.
+                unsafe { _mm512_storeu_ps(scl[q].as_mut_ptr(), s) };
+            }
+            for c in 0..4 {
+                let xp = unsafe { px.add(QK * sb + 64 * c) };
+                let (x0, x1, x2, x3) = unsafe {
+                    (
+                        _mm512_loadu_ps(xp),
+                        _mm512_loadu_ps(xp.add(16)),
+                        _mm512_loadu_ps(xp.add(32)),
+                        _mm512_loadu_ps(xp.add(48)),
+                    )
+                };
+                for q in 0..N {
+                    let qp = unsafe { pw.add(q * rb + sb * BLOCK + 16 + 32 * c) };
+                    let (v0, v1) = unsafe {
+                        (
+                            _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.cast())),
+                            _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add(16).cast())),
+                        )
+                    };
+                    let f = _mm512_cvtepi32_ps;
+                    let lo = _mm512_mul_ps(f(_mm512_and_si512(v0, m4)), x0);
+                    let lo = _mm512_fmadd_ps(f(_mm512_and_si512(v1, m4)), x1, lo);
+                    let hi = _mm512_mul_ps(f(_mm512_srli_epi32::<4>(v0)), x2);
+                    let hi = _mm512_fmadd_ps(f(_mm512_srli_epi32::<4>(v1)), x3, hi);
+                    acc[q] = _mm512_fmadd_ps(lo, _mm512_set1_ps(scl[q][2 * c]), acc[q]);
+                    acc[q] = _mm512_fmadd_ps(hi, _mm512_set1_ps(scl[q][2 * c + 1]), acc[q]);
+                }
+            }
+        }
+        acc.map(|a| _mm512_reduce_add_ps(a))
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; otherwise as [`gemv_avx512`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32]) {
+        let nsb = x.len() / QK;
+        let rb = nsb * BLOCK;
+        let mut xs = Vec::with_capacity(16 * nsb);
+        sub_block_sums(x, &mut xs);
+        let mut r = 0;
+        while r + R <= out.len() {
+            // SAFETY: rows r..r + R exist in `w`; xs holds 16 floats per super-block.
+            let v = unsafe { rows_avx2::<R>(&w[r * rb..(r + R) * rb], rb, x, &xs) };
+            out[r..r + R].copy_from_slice(&v);
+            r += R;
+        }
+        while r < out.len() {
+            // SAFETY: as above, for one row.
+            let v = unsafe { rows_avx2::<1>(&w[r * rb..(r + 1) * rb], rb, x, &xs) };
+            out[r] = v[0];
+            r += 1;
+        }
+    }
+
+    /// [`rows_avx512`] with 8 lanes.
+    ///
+    /// # Safety
+    /// As [`rows_avx512`], for AVX2 + FMA + F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn rows_avx2<const N: usize>(w: &[u8], rb: usize, x: &[f32], xs: &[f32]) -> [f32; N] {
+        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK && xs.len() == x.len() / 16);
+        let (pw, px) = (w.as_ptr(), x.as_ptr());
+        let m4 = _mm256_set1_epi32(0x0F);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut scl = [[0.0f32; 8]; N];
+        let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
+        for sb in 0..x.len() / QK {
+            // SAFETY (every raw access below): as in rows_avx512; the 8 sums of super-block
+            // sb are xs[16·sb + 8..16·sb + 16].
+            let xsv = unsafe { _mm256_loadu_ps(xs.as_ptr().add(16 * sb + 8)) };
+            for q in 0..N {
+                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
+                let b = &w[q * rb + sb * BLOCK..][..BLOCK];
+                let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                    b[0], b[1], b[2], b[3],
+                ])));
+                let d = _mm256_broadcastss_ps(dm);
+                let ndmin = _mm256_sub_ps(
+                    _mm256_setzero_ps(),
+                    _mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                );
+                let u = unpack_scales(&b[4..16]);
+                let sc = _mm_set_epi32(0, 0, u[1] as i32, u[0] as i32);
+                let mn = _mm_set_epi32(0, 0, u[3] as i32, u[2] as i32);
+                let s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), d);
+                let m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)), ndmin);
+                acc[q] = _mm256_fmadd_ps(m, xsv, acc[q]);
+                // SAFETY: scl[q] is 8 floats.
+                unsafe { _mm256_storeu_ps(scl[q].as_mut_ptr(), s) };
+            }
+            for c in 0..4 {
+                let xp = unsafe { px.add(QK * sb + 64 * c) };
+                let xv: [__m256; 8] =
+                    std::array::from_fn(|k| unsafe { _mm256_loadu_ps(xp.add(8 * k)) });
+                for q in 0..N {
+                    let qp = unsafe { pw.add(q * rb + sb * BLOCK + 16 + 32 * c) };
+                    let v: [__m256i; 4] = std::array::from_fn(|k| unsafe {
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(qp.add(8 * k).cast()))
+                    });
+                    let f = _mm256_cvtepi32_ps;
+                    let lo_a = _mm256_mul_ps(f(_mm256_and_si256(v[0], m4)), xv[0]);
+                    let lo_b = _mm256_mul_ps(f(_mm256_and_si256(v[1], m4)), xv[1]);
+                    let lo_a = _mm256_fmadd_ps(f(_mm256_and_si256(v[2], m4)), xv[2], lo_a);
+                    let lo_b = _mm256_fmadd_ps(f(_mm256_and_si256(v[3], m4)), xv[3], lo_b);
+                    let hi_a = _mm256_mul_ps(f(_mm256_srli_epi32::<4>(v[0])), xv[4]);
+                    let hi_b = _mm256_mul_ps(f(_mm256_srli_epi32::<4>(v[1])), xv[5]);
+                    let hi_a = _mm256_fmadd_ps(f(_mm256_srli_epi32::<4>(v[2])), xv[6], hi_a);
+                    let hi_b = _mm256_fmadd_ps(f(_mm256_srli_epi32::<4>(v[3])), xv[7], hi_b);
+                    let lo = _mm256_add_ps(lo_a, lo_b);
+                    let hi = _mm256_add_ps(hi_a, hi_b);
+                    acc[q] = _mm256_fmadd_ps(lo, _mm256_set1_ps(scl[q][2 * c]), acc[q]);
+                    acc[q] = _mm256_fmadd_ps(hi, _mm256_set1_ps(scl[q][2 * c + 1]), acc[q]);
+                }
+            }
+        }
+        acc.map(|a| {
+            let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, f16_bytes, rng};
+    use super::*;
+    use rand::Rng;
+
+    /// `rows × cols` of random valid Q4_K blocks: d and dmin in a typical range, every scale
+    /// byte and quant random.
+    fn random_q4_k(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut r = rng(seed);
+        let mut w = Vec::with_capacity(rows * cols / QK * BLOCK);
+        for _ in 0..rows * cols / QK {
+            w.extend_from_slice(&f16_bytes(&mut r, 1e-4, 2e-2));
+            w.extend_from_slice(&f16_bytes(&mut r, 0.0, 1e-2));
+            w.extend((0..BLOCK - 4).map(|_| r.random::<u8>()));
+        }
+        w
+    }
+
+    #[test]
+    fn matches_the_reference_on_random_blocks() {
+        let mut seed = 40;
+        for rows in [1, 3, 4, 5, 17] {
+            for cols in [256, 512, 1024, 2048] {
+                seed += 1;
+                let w = random_q4_k(rows, cols, seed);
+                check(GgmlType::Q4_K, &w, rows, cols, seed);
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_scales_and_quants() {
+        // Every scale, min and quant at its largest (all bits set), then all zero.
+        for byte in [0xFF, 0x00] {
+            let mut w = Vec::new();
+            for _ in 0..5 * 2 {
+                w.extend_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                w.extend_from_slice(&half::f16::from_f32(0.02).to_le_bytes());
+                w.extend(std::iter::repeat_n(byte, BLOCK - 4));
+            }
+            check(GgmlType::Q4_K, &w, 5, 512, 7);
+        }
+    }
 }

@@ -1,10 +1,345 @@
-//! Q6_K: super-blocks of 256 in 16 sub-blocks of 16 with int8 scales.
+//! Q6_K: super-blocks of 256 weights in 16 sub-blocks of 16, each with an int8 scale.
 //!
-//! For now the plain reference (decode each row, then dot); the SIMD kernel is to come.
+//! # Block layout (`block_q6_K` in ggml-common.h, 210 bytes)
+//!
+//! | bytes    | field            | meaning                                  |
+//! | -------- | ---------------- | ---------------------------------------- |
+//! | 0..128   | `ql[128]`        | low 4 bits of the 256 quants             |
+//! | 128..192 | `qh[64]`         | high 2 bits of the quants, four per byte |
+//! | 192..208 | `scales: [i8; 16]` | one scale per 16 consecutive weights   |
+//! | 208..210 | `d: f16`         | super-block scale (last!)                |
+//!
+//! In half h (weights 128h..128h + 128), weight 128h + 32t + l (t = 0..4, l = 0..32) has its
+//! low 4 bits in `ql[64h + l + 32(t & 1)]` (the low nibble for t < 2, the high one for t ≥ 2)
+//! and its high 2 bits in bits 2t..2t + 2 of `qh[32h + l]`; it is `d·scales[8h + 2t + l/16]·(q −
+//! 32)` (ggml-quants.c `dequantize_row_q6_K`).
+//!
+//! # The kernel
+//!
+//! Sixteen consecutive weights share one scale, which is exactly one 16-lane AVX-512 vector
+//! (two AVX2 vectors). For each such vector the kernel zero-extends the bytes of `ql` and `qh`
+//! to 32-bit lanes, assembles the 6-bit quants with shifts and bitwise selects, converts them to
+//! f32 and computes (q − 32)·x as one FMA, `q·x + (−32·x)`, in f32 (x is never quantized, and
+//! the offset is applied per weight, so nothing large cancels); the product vector is then
+//! scaled by `d·scale` into the row's accumulator. Four rows go per pass so each load of x (and
+//! its −32·x) serves all four. AVX-512 and AVX2 + FMA are chosen at run time
+//! ([`crate::simd::isa`]); the scalar level is the reference.
 
 use kvlab_model::GgmlType;
 
+/// Weights per super-block.
+const QK: usize = 256;
+/// Bytes per super-block.
+const BLOCK: usize = 210;
+
 /// out (rows,) = W (rows, cols) @ x (cols,) for W's rows stored as Q6_K.
+///
+/// # Panics
+/// If `x.len()` is not a whole number of super-blocks or `w` is not `out.len()` such rows.
 pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
+    assert_eq!(x.len() % QK, 0, "Q6_K: a row is whole super-blocks of {QK}");
+    assert_eq!(
+        w.len(),
+        out.len() * (x.len() / QK) * BLOCK,
+        "Q6_K: W must be (rows, cols)"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::simd::{Isa, isa};
+        match isa() {
+            Isa::Avx512 if x86::has_avx512() => {
+                // SAFETY: the features the kernel is compiled for were detected just above; the
+                // asserts above make `w` exactly out.len() rows of x.len() / 256 super-blocks,
+                // which is all the kernel reads.
+                unsafe { x86::gemv_avx512(out, w, x) };
+                return;
+            }
+            Isa::Avx512 | Isa::Avx2Fma if x86::has_avx2() => {
+                // SAFETY: as above, for AVX2 + FMA + F16C.
+                unsafe { x86::gemv_avx2(out, w, x) };
+                return;
+            }
+            _ => {}
+        }
+    }
     super::gemv_rows_reference(GgmlType::Q6_K, out, w, x);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{BLOCK, QK};
+    use std::arch::x86_64::*;
+
+    /// Rows per pass.
+    const R: usize = 4;
+
+    /// How far ahead to prefetch, in bytes, at least (rounded to whole passes of rows): far
+    /// enough to cover the memory latency, near enough to stay in L1.
+    const PF_BYTES: usize = 16 << 10;
+
+    /// Asks for the 4 cache lines from `p` (a 210-byte block, whose successor starts 210 bytes
+    /// on) ahead of their use: a pass reads its rows as short interleaved streams that the
+    /// hardware prefetcher alone picks up too late.
+    #[inline(always)]
+    fn prefetch(p: *const u8) {
+        // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p.cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(192).cast());
+        }
+    }
+
+    pub fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    pub fn has_avx512() -> bool {
+        is_x86_feature_detected!("avx512f") && has_avx2()
+    }
+
+    /// `d` of a block (the f16 in its last two bytes) as f32.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    fn block_d(b: &[u8]) -> __m128 {
+        _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes([
+            b[208], b[209],
+        ]))))
+    }
+
+    /// Rows, 4 per pass then 1, each `rb` bytes, through `f`.
+    #[inline(always)]
+    fn by_rows(
+        out: &mut [f32],
+        w: &[u8],
+        rb: usize,
+        mut four: impl FnMut(&[u8]) -> [f32; R],
+        mut one: impl FnMut(&[u8]) -> [f32; 1],
+    ) {
+        let mut r = 0;
+        while r + R <= out.len() {
+            out[r..r + R].copy_from_slice(&four(&w[r * rb..(r + R) * rb]));
+            r += R;
+        }
+        while r < out.len() {
+            out[r] = one(&w[r * rb..(r + 1) * rb])[0];
+            r += 1;
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2, FMA and F16C; `w` must be `out.len()` rows of
+    /// `x.len() / 256` blocks, and `x.len()` a multiple of 256.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
+        let rb = x.len() / QK * BLOCK;
+        by_rows(
+            out,
+            w,
+            rb,
+            // SAFETY: by_rows passes whole rows of `w`, rb bytes each; the CPU has the features.
+            |w| unsafe { rows_avx512::<R>(w, rb, x) },
+            // SAFETY: as above.
+            |w| unsafe { rows_avx512::<1>(w, rb, x) },
+        );
+    }
+
+    /// N rows (`w` is N rows of `rb` bytes) dotted with x.
+    ///
+    /// # Safety
+    /// As [`gemv_avx512`]; `w.len() == N * rb` and `rb == x.len() / 256 * 210`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn rows_avx512<const N: usize>(w: &[u8], rb: usize, x: &[f32]) -> [f32; N] {
+        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK);
+        let (pw, px) = (w.as_ptr(), x.as_ptr());
+        let (m4, m30) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(0x30));
+        let minus32 = _mm512_set1_ps(-32.0);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut scl = [[0.0f32; 16]; N];
+        let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
+        for sb in 0..x.len() / QK {
+            // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
+            // q·rb + 210·sb, inside `w`; every 16-byte load starts at most at byte 176 of it
+            // (qh at 128 + 32h + l0 ≤ 176); x[256·sb..256·sb + 256] is inside x.
+            for q in 0..N {
+                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
+                let b = &w[q * rb + sb * BLOCK..][..BLOCK];
+                let d = _mm512_broadcastss_ps(block_d(b));
+                let sc = unsafe { _mm_loadu_si128(b.as_ptr().add(192).cast()) };
+                let s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), d);
+                // SAFETY: scl[q] is 16 floats.
+                unsafe { _mm512_storeu_ps(scl[q].as_mut_ptr(), s) };
+            }
+            for h in 0..2 {
+                for l0 in [0, 16] {
+                    // x and −32·x of weights 128h + 32t + l0 .. +16, t = 0..4.
+                    let xp = unsafe { px.add(QK * sb + 128 * h + l0) };
+                    let xv: [__m512; 4] =
+                        std::array::from_fn(|t| unsafe { _mm512_loadu_ps(xp.add(32 * t)) });
+                    let xm = xv.map(|v| _mm512_mul_ps(v, minus32));
+                    let is = 8 * h + l0 / 16;
+                    for q in 0..N {
+                        let bp = unsafe { pw.add(q * rb + sb * BLOCK) };
+                        let ld = |o: usize| unsafe {
+                            _mm512_cvtepu8_epi32(_mm_loadu_si128(bp.add(o).cast()))
+                        };
+                        let la = ld(64 * h + l0);
+                        let lb = ld(64 * h + 32 + l0);
+                        let qh = ld(128 + 32 * h + l0);
+                        // A | (B & C): 0xF0 | (0xCC & 0xAA) = 0xF8.
+                        let sel = |a, b| _mm512_ternarylogic_epi32::<0xF8>(a, b, m30);
+                        let q6 = [
+                            sel(_mm512_and_si512(la, m4), _mm512_slli_epi32::<4>(qh)),
+                            sel(_mm512_and_si512(lb, m4), _mm512_slli_epi32::<2>(qh)),
+                            sel(_mm512_srli_epi32::<4>(la), qh),
+                            sel(_mm512_srli_epi32::<4>(lb), _mm512_srli_epi32::<2>(qh)),
+                        ];
+                        for t in 0..4 {
+                            // (q − 32)·x, then × d·scale.
+                            let p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q6[t]), xv[t], xm[t]);
+                            let s = _mm512_set1_ps(scl[q][is + 2 * t]);
+                            acc[q] = _mm512_fmadd_ps(p, s, acc[q]);
+                        }
+                    }
+                }
+            }
+        }
+        acc.map(|a| _mm512_reduce_add_ps(a))
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; otherwise as [`gemv_avx512`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32]) {
+        let rb = x.len() / QK * BLOCK;
+        by_rows(
+            out,
+            w,
+            rb,
+            // SAFETY: by_rows passes whole rows of `w`, rb bytes each; the CPU has the features.
+            |w| unsafe { rows_avx2::<R>(w, rb, x) },
+            // SAFETY: as above.
+            |w| unsafe { rows_avx2::<1>(w, rb, x) },
+        );
+    }
+
+    /// [`rows_avx512`] with 8 lanes: each sub-block of 16 is two vectors.
+    ///
+    /// # Safety
+    /// As [`rows_avx512`], for AVX2 + FMA + F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn rows_avx2<const N: usize>(w: &[u8], rb: usize, x: &[f32]) -> [f32; N] {
+        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK);
+        let (pw, px) = (w.as_ptr(), x.as_ptr());
+        let (m4, m30) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(0x30));
+        let minus32 = _mm256_set1_ps(-32.0);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut scl = [[0.0f32; 16]; N];
+        let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
+        for sb in 0..x.len() / QK {
+            // SAFETY (every raw access below): as in rows_avx512; every 8-byte load starts at
+            // most at byte 184 of the block.
+            for q in 0..N {
+                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
+                let b = &w[q * rb + sb * BLOCK..][..BLOCK];
+                let d = _mm256_broadcastss_ps(block_d(b));
+                let sc = unsafe { _mm_loadu_si128(b.as_ptr().add(192).cast()) };
+                let s0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d);
+                let s1 = _mm256_mul_ps(
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc))),
+                    d,
+                );
+                // SAFETY: scl[q] is 16 floats.
+                unsafe {
+                    _mm256_storeu_ps(scl[q].as_mut_ptr(), s0);
+                    _mm256_storeu_ps(scl[q].as_mut_ptr().add(8), s1);
+                }
+            }
+            for h in 0..2 {
+                for l0 in [0, 8, 16, 24] {
+                    let xp = unsafe { px.add(QK * sb + 128 * h + l0) };
+                    let xv: [__m256; 4] =
+                        std::array::from_fn(|t| unsafe { _mm256_loadu_ps(xp.add(32 * t)) });
+                    let xm = xv.map(|v| _mm256_mul_ps(v, minus32));
+                    let is = 8 * h + l0 / 16;
+                    for q in 0..N {
+                        let bp = unsafe { pw.add(q * rb + sb * BLOCK) };
+                        let ld = |o: usize| unsafe {
+                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(bp.add(o).cast()))
+                        };
+                        let la = ld(64 * h + l0);
+                        let lb = ld(64 * h + 32 + l0);
+                        let qh = ld(128 + 32 * h + l0);
+                        let sel = |a, b| _mm256_or_si256(a, _mm256_and_si256(b, m30));
+                        let q6 = [
+                            sel(_mm256_and_si256(la, m4), _mm256_slli_epi32::<4>(qh)),
+                            sel(_mm256_and_si256(lb, m4), _mm256_slli_epi32::<2>(qh)),
+                            sel(_mm256_srli_epi32::<4>(la), qh),
+                            sel(_mm256_srli_epi32::<4>(lb), _mm256_srli_epi32::<2>(qh)),
+                        ];
+                        for t in 0..4 {
+                            let p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q6[t]), xv[t], xm[t]);
+                            let s = _mm256_set1_ps(scl[q][is + 2 * t]);
+                            acc[q] = _mm256_fmadd_ps(p, s, acc[q]);
+                        }
+                    }
+                }
+            }
+        }
+        acc.map(|a| {
+            let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{check, f16_bytes, rng};
+    use super::*;
+    use rand::Rng;
+
+    /// `rows × cols` of random valid Q6_K blocks: every quant and int8 scale random, d in a
+    /// typical range.
+    fn random_q6_k(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut r = rng(seed);
+        let mut w = Vec::with_capacity(rows * cols / QK * BLOCK);
+        for _ in 0..rows * cols / QK {
+            w.extend((0..BLOCK - 2).map(|_| r.random::<u8>()));
+            w.extend_from_slice(&f16_bytes(&mut r, 1e-4, 2e-3));
+        }
+        w
+    }
+
+    #[test]
+    fn matches_the_reference_on_random_blocks() {
+        let mut seed = 60;
+        for rows in [1, 3, 4, 5, 17] {
+            for cols in [256, 512, 1024, 2048] {
+                seed += 1;
+                let w = random_q6_k(rows, cols, seed);
+                check(GgmlType::Q6_K, &w, rows, cols, seed);
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_scales_and_quants() {
+        // All bits set (quants 63, scales −1), 0x80 (scales −128, quants 8 + 32·2 = 40 and
+        // 32), and all zero (quants 0: x·(−32)).
+        for byte in [0xFF, 0x80, 0x00] {
+            let mut w = Vec::new();
+            for _ in 0..5 * 2 {
+                w.extend(std::iter::repeat_n(byte, BLOCK - 2));
+                w.extend_from_slice(&half::f16::from_f32(0.001).to_le_bytes());
+            }
+            check(GgmlType::Q6_K, &w, 5, 512, 9);
+        }
+    }
 }
