@@ -1,0 +1,169 @@
+//! GEMV over encoded weights, out (rows,) = W (rows, cols) @ x (cols,) with W stored as one of
+//! [`kvlab_model::weights::ENCODINGS`] (F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K), one thread.
+//! Throughput: weight bytes read, so a format that reads fewer bytes per weight shows it.
+//!
+//! * `quant/<TYPE>/kernel` and `quant/<TYPE>/reference`: `kvlab_cpu::quant::gemv_rows` (the
+//!   SIMD kernel) beside `gemv_rows_reference` (decode each row, then the scalar dot), at
+//!   (2048, 2048), random valid blocks;
+//! * `quant/F32/simd`: the f32 `kvlab_cpu::simd::gemv_rows` of the same shape, the baseline;
+//! * `quant/halves/<shape>`: the bf16 and f16 kernels beside the f32 GEMV at the stories15M and
+//!   stories42M matrix shapes (the f32 one reads twice the bytes: compare times, not GiB/s).
+//!
+//! Every kernel is checked against the reference before it is timed. Run:
+//! `cargo bench -p kvlab-benches --bench quant`.
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kvlab_benches::{assert_close, data};
+use kvlab_cpu::quant;
+use kvlab_model::GgmlType;
+use kvlab_model::weights::ENCODINGS;
+
+/// Deterministic pseudo-random bytes (splitmix64).
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..n.div_ceil(8))
+        .flat_map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            (z ^ (z >> 31)).to_le_bytes()
+        })
+        .take(n)
+        .collect()
+}
+
+/// A (rows, cols) matrix of `ty`, valid blocks: f16/bf16 from random f32s in [−1, 1); quantized
+/// blocks are random bytes with their f16 scale fields set to small finite values (Q8_0 and
+/// Q5_0: `d` at offset 0; Q4_K: `d` and `dmin` at 0 and 2; Q6_K: `d` at 208).
+fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        GgmlType::F16 => data(n, seed)
+            .into_iter()
+            .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => data(n, seed)
+            .into_iter()
+            .flat_map(|v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => {
+            let mut w = bytes(quant::row_bytes(ty, cols) * rows, seed);
+            let offsets: &[usize] = match ty {
+                GgmlType::Q8_0 | GgmlType::Q5_0 => &[0],
+                GgmlType::Q4_K => &[0, 2],
+                GgmlType::Q6_K => &[208],
+                other => panic!("no block layout for {other}"),
+            };
+            let scales = data(w.len() / ty.type_size() * offsets.len(), seed + 1);
+            let mut scales = scales.into_iter();
+            for block in w.chunks_exact_mut(ty.type_size()) {
+                for &o in offsets {
+                    let d = 0.001 + 0.01 * scales.next().expect("one per field").abs();
+                    block[o..o + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                }
+            }
+            w
+        }
+    }
+}
+
+/// Max over rows of |got − want| / Σ|wᵢxᵢ| (the row's scale), W decoded by the reference.
+fn rel_err(ty: GgmlType, w: &[u8], x: &[f32], got: &[f32], want: &[f32]) -> f32 {
+    let rb = quant::row_bytes(ty, x.len());
+    let mut row = vec![0.0; x.len()];
+    let mut worst = 0.0f32;
+    for (i, (g, e)) in got.iter().zip(want).enumerate() {
+        quant::decode_rows(ty, &w[i * rb..][..rb], &mut row);
+        let scale: f32 = row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
+        worst = worst.max((g - e).abs() / scale);
+    }
+    worst
+}
+
+fn encodings(c: &mut Criterion) {
+    let (rows, cols) = (2048, 2048);
+    let x = data(cols, 12);
+    let mut out = vec![0.0; rows];
+    let mut want = vec![0.0; rows];
+    for (k, ty) in ENCODINGS.into_iter().enumerate() {
+        let w = matrix(ty, rows, cols, 100 + k as u64);
+        quant::gemv_rows(ty, &mut out, &w, &x);
+        quant::gemv_rows_reference(ty, &mut want, &w, &x);
+        let err = rel_err(ty, &w, &x, &out, &want);
+        assert!(
+            err <= 1e-5,
+            "{ty}: kernel vs reference, relative error {err:e}"
+        );
+        let mut g = c.benchmark_group(format!("quant/{ty}"));
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        g.bench_function(BenchmarkId::new("kernel", "2048x2048"), |b| {
+            b.iter(|| quant::gemv_rows(ty, &mut out, &w, &x))
+        });
+        g.bench_function(BenchmarkId::new("reference", "2048x2048"), |b| {
+            b.iter(|| quant::gemv_rows_reference(ty, &mut out, &w, &x))
+        });
+        g.finish();
+    }
+    let w = data(rows * cols, 11);
+    kvlab_model::ops::matvec(&mut want, &w, &x);
+    kvlab_cpu::simd::gemv_rows(&mut out, &w, &x);
+    assert_close("simd::gemv_rows", &out, &want, 1e-4);
+    let mut g = c.benchmark_group("quant/F32");
+    g.throughput(Throughput::Bytes((rows * cols * 4) as u64));
+    g.bench_function(BenchmarkId::new("simd", "2048x2048"), |b| {
+        b.iter(|| kvlab_cpu::simd::gemv_rows(&mut out, &w, &x))
+    });
+    g.finish();
+}
+
+/// (label, rows, cols): stories15M (dim 288, hidden 768, vocab 32000) and stories42M (dim 512,
+/// hidden 1376) matrices.
+const SHAPES: [(&str, usize, usize); 5] = [
+    ("15M_w1_768x288", 768, 288),
+    ("15M_w2_288x768", 288, 768),
+    ("15M_cls_32000x288", 32000, 288),
+    ("42M_w1_1376x512", 1376, 512),
+    ("42M_cls_32000x512", 32000, 512),
+];
+
+fn halves(c: &mut Criterion) {
+    for (label, rows, cols) in SHAPES {
+        let x = data(cols, 22);
+        let wf = data(rows * cols, 21);
+        let wb = matrix(GgmlType::BF16, rows, cols, 21);
+        let wh = matrix(GgmlType::F16, rows, cols, 21);
+        let mut out = vec![0.0; rows];
+        let mut want = vec![0.0; rows];
+        for (ty, w) in [(GgmlType::BF16, &wb), (GgmlType::F16, &wh)] {
+            quant::gemv_rows(ty, &mut out, w, &x);
+            quant::gemv_rows_reference(ty, &mut want, w, &x);
+            let err = rel_err(ty, w, &x, &out, &want);
+            assert!(err <= 1e-5, "{ty} {label}: relative error {err:e}");
+        }
+
+        let mut g = c.benchmark_group(format!("quant/halves/{label}"));
+        g.throughput(Throughput::Bytes((rows * cols * 4) as u64));
+        g.bench_function("f32_simd", |b| {
+            b.iter(|| kvlab_cpu::simd::gemv_rows(&mut out, &wf, &x))
+        });
+        g.throughput(Throughput::Bytes((rows * cols * 2) as u64));
+        g.bench_function("bf16", |b| {
+            b.iter(|| quant::gemv_rows(GgmlType::BF16, &mut out, &wb, &x))
+        });
+        g.bench_function("f16", |b| {
+            b.iter(|| quant::gemv_rows(GgmlType::F16, &mut out, &wh, &x))
+        });
+        g.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(std::time::Duration::from_millis(200))
+        .measurement_time(std::time::Duration::from_millis(700));
+    targets = encodings, halves
+}
+criterion_main!(benches);
