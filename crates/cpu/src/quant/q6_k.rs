@@ -17,13 +17,17 @@
 //! # The kernel
 //!
 //! Sixteen consecutive weights share one scale, which is exactly one 16-lane AVX-512 vector
-//! (two AVX2 vectors). For each such vector the kernel zero-extends the bytes of `ql` and `qh`
-//! to 32-bit lanes, assembles the 6-bit quants with shifts and bitwise selects, converts them to
-//! f32 and computes (q − 32)·x as one FMA, `q·x + (−32·x)`, in f32 (x is never quantized, and
-//! the offset is applied per weight, so nothing large cancels); the product vector is then
-//! scaled by `d·scale` into the row's accumulator. Four rows go per pass so each load of x (and
-//! its −32·x) serves all four. AVX-512 and AVX2 + FMA are chosen at run time
-//! ([`crate::simd::isa`]); the scalar level is the reference.
+//! (two AVX2 vectors), so each vector of products is scaled once, by `d·scale`, into the row's
+//! accumulator; x stays f32 (it is never quantized). AVX-512 first assembles a half block's
+//! 128 quants as bytes with a few 512-bit bitwise operations (nibbles of `ql` and bit pairs of
+//! `qh` brought into place by whole-register shifts and merged by `vpternlogd`), stored as
+//! `4·(q − 32)` (the 6-bit quant shifted to the top of the byte with its sign bit flipped), then
+//! sign-extends 16 of them at a time to 32-bit lanes, converts and multiplies with x; the 1/4
+//! is folded into the scale (exact). AVX2 assembles each 8-lane vector of quants from
+//! zero-extended `ql` and `qh` bytes and computes (q − 32)·x as one FMA, `q·x + (−32·x)`.
+//! Four rows go per pass so each load of x serves all four, and blocks are prefetched ~16 KiB
+//! ahead. AVX-512 and AVX2 + FMA are chosen at run time ([`crate::simd::isa`]); the scalar
+//! level is the reference.
 
 use kvlab_model::GgmlType;
 
@@ -156,54 +160,72 @@ mod x86 {
     unsafe fn rows_avx512<const N: usize>(w: &[u8], rb: usize, x: &[f32]) -> [f32; N] {
         debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK);
         let (pw, px) = (w.as_ptr(), x.as_ptr());
-        let (m4, m30) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(0x30));
-        let minus32 = _mm512_set1_ps(-32.0);
+        let lo_nibble = _mm512_set1_epi8(0x0F);
+        let (keep, flip) = (
+            _mm512_set1_epi8(0xFCu8 as i8),
+            _mm512_set1_epi8(0x80u8 as i8),
+        );
+        // qh broadcast to both 256-bit halves; per 64-bit lane, the shift that brings the high
+        // bits of t = 0 | 1 (resp. t = 2 | 3) to bits 4..6 of each byte.
+        let (shl, shr) = (
+            _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4),
+            _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0),
+        );
         let mut acc = [_mm512_setzero_ps(); N];
         let mut scl = [[0.0f32; 16]; N];
+        let mut q8 = [[0u8; 128]; N];
         let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
-            // q·rb + 210·sb, inside `w`; every 16-byte load starts at most at byte 176 of it
-            // (qh at 128 + 32h + l0 ≤ 176); x[256·sb..256·sb + 256] is inside x.
+            // q·rb + 210·sb, inside `w`; the loads read ql[64h..64h + 64], qh[32h..32h + 32]
+            // and the scales at 192..208 of it; x[256·sb..256·sb + 256] is inside x; each row's q8 is
+            // 128 bytes and scl[q] 16 floats.
             for q in 0..N {
                 prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
-                let d = _mm512_broadcastss_ps(block_d(b));
+                // d·scale / 4: the quants below come out as 4·(q − 32).
+                let d = _mm512_mul_ps(_mm512_broadcastss_ps(block_d(b)), _mm512_set1_ps(0.25));
                 let sc = unsafe { _mm_loadu_si128(b.as_ptr().add(192).cast()) };
                 let s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), d);
-                // SAFETY: scl[q] is 16 floats.
                 unsafe { _mm512_storeu_ps(scl[q].as_mut_ptr(), s) };
             }
             for h in 0..2 {
-                for l0 in [0, 16] {
-                    // x and −32·x of weights 128h + 32t + l0 .. +16, t = 0..4.
-                    let xp = unsafe { px.add(QK * sb + 128 * h + l0) };
-                    let xv: [__m512; 4] =
-                        std::array::from_fn(|t| unsafe { _mm512_loadu_ps(xp.add(32 * t)) });
-                    let xm = xv.map(|v| _mm512_mul_ps(v, minus32));
-                    let is = 8 * h + l0 / 16;
+                // Each row's 128 quants of this half as bytes 4·(q − 32), in weight order: the
+                // 64 bytes of ql hold the low nibbles of t = 0, 1 (low nibble, l = 0..32 each)
+                // and of t = 2, 3 (high nibble), qh their 2 high bits. Shifts of whole 64-bit
+                // lanes carry bits across bytes; the masks drop them.
+                for (q, q8) in q8.iter_mut().enumerate() {
+                    let bp = unsafe { pw.add(q * rb + sb * BLOCK) };
+                    let ql = unsafe { _mm512_loadu_si512(bp.add(64 * h).cast()) };
+                    let qh = unsafe {
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(bp.add(128 + 32 * h).cast()))
+                    };
+                    let halves = [
+                        (ql, _mm512_sllv_epi64(qh, shl)),
+                        (_mm512_srli_epi64::<4>(ql), _mm512_srlv_epi64(qh, shr)),
+                    ];
+                    for (k, (l4, h2)) in halves.into_iter().enumerate() {
+                        // Bits 0..4 from the nibble, 4..6 the high bits (6..8 junk): (A & C) |
+                        // (B & !C) = (0xF0 & 0xAA) | (0xCC & 0x55) = 0xE4.
+                        let q6 = _mm512_ternarylogic_epi32::<0xE4>(l4, h2, lo_nibble);
+                        // q << 2 with bit 7 (q's bit 5) flipped: the byte, read as i8, is
+                        // 4·(q − 32). (A & B) ^ C = (0xF0 & 0xCC) ^ 0xAA = 0x6A.
+                        let v = _mm512_ternarylogic_epi32::<0x6A>(
+                            _mm512_slli_epi64::<2>(q6),
+                            keep,
+                            flip,
+                        );
+                        unsafe { _mm512_storeu_si512(q8.as_mut_ptr().add(64 * k).cast(), v) };
+                    }
+                }
+                for k in 0..8 {
+                    // Weights 128h + 16k .. +16: one sub-block, one scale.
+                    let xv = unsafe { _mm512_loadu_ps(px.add(QK * sb + 128 * h + 16 * k)) };
                     for q in 0..N {
-                        let bp = unsafe { pw.add(q * rb + sb * BLOCK) };
-                        let ld = |o: usize| unsafe {
-                            _mm512_cvtepu8_epi32(_mm_loadu_si128(bp.add(o).cast()))
-                        };
-                        let la = ld(64 * h + l0);
-                        let lb = ld(64 * h + 32 + l0);
-                        let qh = ld(128 + 32 * h + l0);
-                        // A | (B & C): 0xF0 | (0xCC & 0xAA) = 0xF8.
-                        let sel = |a, b| _mm512_ternarylogic_epi32::<0xF8>(a, b, m30);
-                        let q6 = [
-                            sel(_mm512_and_si512(la, m4), _mm512_slli_epi32::<4>(qh)),
-                            sel(_mm512_and_si512(lb, m4), _mm512_slli_epi32::<2>(qh)),
-                            sel(_mm512_srli_epi32::<4>(la), qh),
-                            sel(_mm512_srli_epi32::<4>(lb), _mm512_srli_epi32::<2>(qh)),
-                        ];
-                        for t in 0..4 {
-                            // (q − 32)·x, then × d·scale.
-                            let p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q6[t]), xv[t], xm[t]);
-                            let s = _mm512_set1_ps(scl[q][is + 2 * t]);
-                            acc[q] = _mm512_fmadd_ps(p, s, acc[q]);
-                        }
+                        let v = unsafe { _mm_loadu_si128(q8[q].as_ptr().add(16 * k).cast()) };
+                        let p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), xv);
+                        let s = _mm512_set1_ps(scl[q][8 * h + k]);
+                        acc[q] = _mm512_fmadd_ps(p, s, acc[q]);
                     }
                 }
             }
