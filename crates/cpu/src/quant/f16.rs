@@ -34,6 +34,12 @@ pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
         out.len() * 2 * x.len(),
         "f16: W must be (rows, cols)"
     );
+    if x.is_empty() {
+        // No columns: every dot product is the empty sum (and the kernels' chunking needs rows
+        // of at least one byte).
+        out.fill(0.0);
+        return;
+    }
     match isa() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
@@ -228,6 +234,14 @@ mod tests {
     use super::*;
     use crate::quant::testing::{check, rng};
     use rand::Rng;
+
+    #[test]
+    fn no_rows_or_no_columns() {
+        gemv_rows(&mut [], &[], &[1.0; 5]);
+        let mut out = [f32::NAN; 3];
+        gemv_rows(&mut out, &[], &[]);
+        assert_eq!(out, [0.0; 3]);
+    }
 
     #[test]
     fn kernel_matches_the_reference_on_random_rows() {
