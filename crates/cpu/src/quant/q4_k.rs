@@ -19,14 +19,18 @@
 //!
 //! # The kernel
 //!
-//! Over sub-block j, Σ value·x = d·sc_j·Σ q·x − dmin·m_j·Σ x. The sums Σ x over every 32
-//! weights depend on x alone, so they are computed once per call and shared by every row; the
-//! min term of a super-block is then one 8-lane product (its 8 mins × its 8 sums of x). The
-//! quants are zero-extended from bytes to 32-bit lanes, split into nibbles with an `and` and a
-//! shift, converted to f32 and multiplied with x in f32 (x is never quantized): one vector sum
-//! of q·x per sub-block, scaled by `d·sc_j` into the row's accumulator. Four rows go per pass
-//! so each load of x serves all four. AVX-512 (16 lanes) and AVX2 + FMA (8 lanes) are chosen at
-//! run time ([`crate::simd::isa`]); the scalar level is the reference.
+//! x stays f32 (it is never quantized); the quants are zero-extended from bytes to 32-bit lanes
+//! and turned into f32 in registers. AVX-512 (16 lanes): a sub-block's 16 possible weights
+//! `d·sc_j·q − dmin·m_j` (q = 0..16) fit one register, built with one FMA, and `vpermps`,
+//! which reads only the low 4 bits of each index lane, looks the low nibbles up in it directly
+//! (a shift by 4 first for the high nibbles); each lookup is FMA'd with x. AVX2 (8 lanes,
+//! where `vpermps` has only 8 entries) uses Σ value·x = d·sc_j·Σ q·x − dmin·m_j·Σ x instead:
+//! nibbles by `and` and shift, converted and multiplied with x into one sum per sub-block,
+//! scaled by `d·sc_j`; the sums Σ x over every 32 weights depend on x alone, so they are
+//! computed once per call and shared by every row, and a super-block's min term is one 8-lane
+//! product (its 8 mins × its 8 sums of x). Both go four rows per pass, so each load of x serves
+//! all four, and prefetch blocks ~16 KiB ahead. AVX-512 and AVX2 + FMA are chosen at run time
+//! ([`crate::simd::isa`]); the scalar level is the reference.
 
 use kvlab_model::GgmlType;
 
@@ -120,14 +124,9 @@ mod x86 {
         ]
     }
 
-    /// Σ x over every 32 weights, 16 floats per super-block: 8 zeros, then the 8 sums (so one
-    /// 16-lane product with `[d·sc_j, −dmin·m_j]` yields the min term alone).
-    fn sub_block_sums(x: &[f32], buf: &mut Vec<f32>) {
-        buf.clear();
-        for sb in x.chunks_exact(QK) {
-            buf.extend_from_slice(&[0.0; 8]);
-            buf.extend(sb.chunks_exact(32).map(|s| s.iter().sum::<f32>()));
-        }
+    /// Σ x over every 32 weights: 8 floats per super-block.
+    fn sub_block_sums(x: &[f32]) -> Vec<f32> {
+        x.chunks_exact(32).map(|s| s.iter().sum()).collect()
     }
 
     /// # Safety
@@ -135,45 +134,43 @@ mod x86 {
     /// `x.len() / 256` blocks, and `x.len()` a multiple of 256.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
-        let nsb = x.len() / QK;
-        let rb = nsb * BLOCK;
-        let mut xs = Vec::with_capacity(16 * nsb);
-        sub_block_sums(x, &mut xs);
+        let rb = x.len() / QK * BLOCK;
         let mut r = 0;
         while r + R <= out.len() {
-            // SAFETY: rows r..r + R exist in `w` (the caller's contract), xs holds 16 floats
-            // per super-block.
-            let v = unsafe { rows_avx512::<R>(&w[r * rb..(r + R) * rb], rb, x, &xs) };
+            // SAFETY: rows r..r + R exist in `w` (the caller's contract).
+            let v = unsafe { rows_avx512::<R>(&w[r * rb..(r + R) * rb], rb, x) };
             out[r..r + R].copy_from_slice(&v);
             r += R;
         }
         while r < out.len() {
             // SAFETY: as above, for one row.
-            let v = unsafe { rows_avx512::<1>(&w[r * rb..(r + 1) * rb], rb, x, &xs) };
+            let v = unsafe { rows_avx512::<1>(&w[r * rb..(r + 1) * rb], rb, x) };
             out[r] = v[0];
             r += 1;
         }
     }
 
-    /// N rows (`w` is N rows of `rb` bytes) dotted with x.
+    /// N rows (`w` is N rows of `rb` bytes) dotted with x: each sub-block's 16 possible
+    /// values `d·sc_j·q − dmin·m_j` (q = 0..16) are one register, and `vpermps`, which reads
+    /// only the low 4 bits of each index lane, looks the nibbles up in it.
     ///
     /// # Safety
-    /// As [`gemv_avx512`]; `w.len() == N * rb`, `rb == x.len() / 256 * 144`,
-    /// `xs.len() == x.len() / 16`.
+    /// As [`gemv_avx512`]; `w.len() == N * rb` and `rb == x.len() / 256 * 144`.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    unsafe fn rows_avx512<const N: usize>(w: &[u8], rb: usize, x: &[f32], xs: &[f32]) -> [f32; N] {
-        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK && xs.len() == x.len() / 16);
+    unsafe fn rows_avx512<const N: usize>(w: &[u8], rb: usize, x: &[f32]) -> [f32; N] {
+        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK);
         let (pw, px) = (w.as_ptr(), x.as_ptr());
-        let m4 = _mm512_set1_epi32(0x0F);
-        let mut acc = [_mm512_setzero_ps(); N];
+        let iota = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        let mut acc = [[_mm512_setzero_ps(); 2]; N];
         let mut scl = [[0.0f32; 16]; N];
         let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): block `sb` of row q starts at q·rb + 144·sb and
-            // its 144 bytes are inside `w`; x[256·sb..256·sb + 256] and xs[16·sb..16·sb + 16]
-            // are inside x and xs.
-            let xsv = unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * sb)) };
+            // its 144 bytes are inside `w`; x[256·sb..256·sb + 256] is inside x; scl[q] is 16
+            // floats.
             for q in 0..N {
                 prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
@@ -188,8 +185,6 @@ mod x86 {
                 let bytes = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
                 // [d·sc_0..d·sc_8, −dmin·m_0..−dmin·m_8]
                 let s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), coef);
-                acc[q] = _mm512_fmadd_ps(s, xsv, acc[q]);
-                // SAFETY: scl[q] is 16 floats.
                 unsafe { _mm512_storeu_ps(scl[q].as_mut_ptr(), s) };
             }
             for c in 0..4 {
@@ -202,7 +197,12 @@ mod x86 {
                         _mm512_loadu_ps(xp.add(48)),
                     )
                 };
-                for q in 0..N {
+                for (q, acc) in acc.iter_mut().enumerate() {
+                    let table = |j: usize| {
+                        let (s, m) = (scl[q][j], scl[q][8 + j]);
+                        _mm512_fmadd_ps(iota, _mm512_set1_ps(s), _mm512_set1_ps(m))
+                    };
+                    let (t_lo, t_hi) = (table(2 * c), table(2 * c + 1));
                     let qp = unsafe { pw.add(q * rb + sb * BLOCK + 16 + 32 * c) };
                     let (v0, v1) = unsafe {
                         (
@@ -210,17 +210,15 @@ mod x86 {
                             _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add(16).cast())),
                         )
                     };
-                    let f = _mm512_cvtepi32_ps;
-                    let lo = _mm512_mul_ps(f(_mm512_and_si512(v0, m4)), x0);
-                    let lo = _mm512_fmadd_ps(f(_mm512_and_si512(v1, m4)), x1, lo);
-                    let hi = _mm512_mul_ps(f(_mm512_srli_epi32::<4>(v0)), x2);
-                    let hi = _mm512_fmadd_ps(f(_mm512_srli_epi32::<4>(v1)), x3, hi);
-                    acc[q] = _mm512_fmadd_ps(lo, _mm512_set1_ps(scl[q][2 * c]), acc[q]);
-                    acc[q] = _mm512_fmadd_ps(hi, _mm512_set1_ps(scl[q][2 * c + 1]), acc[q]);
+                    let look = |v, t| _mm512_permutexvar_ps(v, t);
+                    acc[0] = _mm512_fmadd_ps(look(v0, t_lo), x0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(look(v1, t_lo), x1, acc[1]);
+                    acc[0] = _mm512_fmadd_ps(look(_mm512_srli_epi32::<4>(v0), t_hi), x2, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(look(_mm512_srli_epi32::<4>(v1), t_hi), x3, acc[1]);
                 }
             }
         }
-        acc.map(|a| _mm512_reduce_add_ps(a))
+        acc.map(|[a, b]| _mm512_reduce_add_ps(_mm512_add_ps(a, b)))
     }
 
     /// # Safety
@@ -229,11 +227,10 @@ mod x86 {
     pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32]) {
         let nsb = x.len() / QK;
         let rb = nsb * BLOCK;
-        let mut xs = Vec::with_capacity(16 * nsb);
-        sub_block_sums(x, &mut xs);
+        let xs = sub_block_sums(x);
         let mut r = 0;
         while r + R <= out.len() {
-            // SAFETY: rows r..r + R exist in `w`; xs holds 16 floats per super-block.
+            // SAFETY: rows r..r + R exist in `w`; xs holds 8 floats per super-block.
             let v = unsafe { rows_avx2::<R>(&w[r * rb..(r + R) * rb], rb, x, &xs) };
             out[r..r + R].copy_from_slice(&v);
             r += R;
@@ -246,14 +243,15 @@ mod x86 {
         }
     }
 
-    /// [`rows_avx512`] with 8 lanes.
+    /// N rows dotted with x, 8 lanes: one vector of q·x per sub-block scaled by `d·sc_j`, and
+    /// each super-block's min term from the sums of x, `xs` ([`sub_block_sums`]).
     ///
     /// # Safety
-    /// As [`rows_avx512`], for AVX2 + FMA + F16C.
+    /// As [`rows_avx512`], for AVX2 + FMA + F16C; `xs.len() == x.len() / 32`.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn rows_avx2<const N: usize>(w: &[u8], rb: usize, x: &[f32], xs: &[f32]) -> [f32; N] {
-        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK && xs.len() == x.len() / 16);
+        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK && xs.len() == x.len() / 32);
         let (pw, px) = (w.as_ptr(), x.as_ptr());
         let m4 = _mm256_set1_epi32(0x0F);
         let mut acc = [_mm256_setzero_ps(); N];
@@ -261,8 +259,8 @@ mod x86 {
         let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): as in rows_avx512; the 8 sums of super-block
-            // sb are xs[16·sb + 8..16·sb + 16].
-            let xsv = unsafe { _mm256_loadu_ps(xs.as_ptr().add(16 * sb + 8)) };
+            // sb are xs[8·sb..8·sb + 8].
+            let xsv = unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * sb)) };
             for q in 0..N {
                 prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];

@@ -178,8 +178,8 @@ mod x86 {
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
             // q·rb + 210·sb, inside `w`; the loads read ql[64h..64h + 64], qh[32h..32h + 32]
-            // and the scales at 192..208 of it; x[256·sb..256·sb + 256] is inside x; each row's q8 is
-            // 128 bytes and scl[q] 16 floats.
+            // and the scales at 192..208 of it; x[256·sb..256·sb + 256] is inside x; each
+            // row's q8 is 128 bytes and scl[q] 16 floats.
             for q in 0..N {
                 prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
