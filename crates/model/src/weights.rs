@@ -149,7 +149,16 @@ impl Tensor {
     /// For any other `ty` (quantizing at load is not something kvlab does).
     pub fn convert(&self, ty: GgmlType) -> Tensor {
         let bytes: Vec<u8> = match ty {
-            GgmlType::F32 => return Tensor::from(self.to_vec()),
+            GgmlType::F32 => {
+                return match self.encoded() {
+                    // Decoded straight into the new tensor (not through this one's cache).
+                    Some((ty, bytes)) => Tensor::from(
+                        kvlab_gguf::dequantize(ty, bytes, self.len())
+                            .expect("whole blocks of a known type"),
+                    ),
+                    None => self.clone(),
+                };
+            }
             GgmlType::F16 => self
                 .iter()
                 .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())

@@ -77,22 +77,47 @@ fn formats(stored: &Model) -> Vec<WeightFormat> {
 /// One row per (case, format) for a model with a real checkpoint; `stored` is the model as
 /// loaded, before the suite's conversion to f32.
 pub fn run(entry: &ModelEntry, stored: &Model, refs: &[Option<Reference>]) -> Vec<Row> {
-    let mut rows = Vec::new();
+    let error = |index: usize, format: WeightFormat, e: anyhow::Error| Row {
+        prompt_index: index,
+        status: "ERROR".into(),
+        note: format!("{e:#}"),
+        ..Row::empty(&entry.name, &engine_label(format))
+    };
+    let cases: Vec<(usize, &Reference)> = refs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r.as_ref()?)))
+        .take(CASES)
+        .collect();
+    // The f32 engine's logits, once per case: what every format is compared with.
     let f32_model = Arc::new(stored.clone().with_weight_format(WeightFormat::F32));
+    let references: Vec<Result<Vec<Vec<f32>>>> =
+        cases.iter().map(|(_, r)| force(&f32_model, r)).collect();
+    let mut rows = Vec::new();
     for format in formats(stored) {
         let model = Arc::new(stored.clone().with_weight_format(format));
-        for (index, r) in refs.iter().enumerate().take(CASES) {
-            let Some(r) = r else { continue };
-            let row = case_row(entry, &f32_model, &model, format, index, r);
-            rows.push(row.unwrap_or_else(|e| Row {
-                prompt_index: index,
-                status: "ERROR".into(),
-                note: format!("{e:#}"),
-                ..Row::empty(&entry.name, &engine_label(format))
-            }));
+        for ((index, r), reference) in cases.iter().zip(&references) {
+            let row = match reference {
+                Ok(reference) => case_row(entry, &model, format, *index, r, reference),
+                Err(e) => Err(anyhow::anyhow!("the f32 reference failed: {e:#}")),
+            };
+            rows.push(row.unwrap_or_else(|e| error(*index, format, e)));
         }
     }
     rows
+}
+
+/// The cpu engine's logits at every position of the case, teacher-forced (at most
+/// [`POSITIONS`] of its tokens).
+fn force(model: &Arc<Model>, r: &Reference) -> Result<Vec<Vec<f32>>> {
+    let forced = &r.tokens[..r.tokens.len().min(POSITIONS)];
+    let mut e = engines::build(EngineKind::Cpu, model.clone())?;
+    Ok(teacher_force(
+        e.as_mut(),
+        &r.prompt,
+        forced,
+        r.prompt.len() + forced.len(),
+    )?)
 }
 
 fn engine_label(format: WeightFormat) -> String {
@@ -101,24 +126,17 @@ fn engine_label(format: WeightFormat) -> String {
 
 fn case_row(
     entry: &ModelEntry,
-    f32_model: &Arc<Model>,
     model: &Arc<Model>,
     format: WeightFormat,
     index: usize,
     r: &Reference,
+    reference: &[Vec<f32>],
 ) -> Result<Row> {
-    let forced = &r.tokens[..r.tokens.len().min(POSITIONS)];
-    let positions = r.prompt.len() + forced.len();
-    let force = |m: &Arc<Model>| -> Result<Vec<Vec<f32>>> {
-        let mut e = engines::build(EngineKind::Cpu, m.clone())?;
-        Ok(teacher_force(e.as_mut(), &r.prompt, forced, positions)?)
-    };
-    let reference = force(f32_model)?;
     let t = Instant::now();
-    let got = force(model)?;
+    let got = force(model, r)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let th = threshold(format);
-    let c = compare_logits(&got, &reference, th.tolerance);
+    let c = compare_logits(&got, reference, th.tolerance);
     let ok = c.within_tolerance && c.top1_agreement >= th.min_top1;
     let Tolerance { abs, rel } = th.tolerance;
     Ok(Row {
