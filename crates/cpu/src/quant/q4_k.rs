@@ -50,6 +50,11 @@ pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
         out.len() * (x.len() / QK) * BLOCK,
         "Q4_K: W must be (rows, cols)"
     );
+    if x.is_empty() {
+        // An empty dot product (the reference's chunking cannot take rows of 0 bytes).
+        out.fill(0.0);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         use crate::simd::{Isa, isa};
@@ -166,7 +171,7 @@ mod x86 {
         );
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
         let mut scl = [[0.0f32; 16]; N];
-        let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
+        let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): block `sb` of row q starts at q·rb + 144·sb and
             // its 144 bytes are inside `w`; x[256·sb..256·sb + 256] is inside x; scl[q] is 16
@@ -256,7 +261,7 @@ mod x86 {
         let m4 = _mm256_set1_epi32(0x0F);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut scl = [[0.0f32; 8]; N];
-        let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
+        let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): as in rows_avx512; the 8 sums of super-block
             // sb are xs[8·sb..8·sb + 8].
@@ -357,5 +362,12 @@ mod tests {
             }
             check(GgmlType::Q4_K, &w, 5, 512, 7);
         }
+    }
+
+    #[test]
+    fn no_columns_give_zeros() {
+        let mut out = vec![f32::NAN; 3];
+        gemv_rows(&mut out, &[], &[]);
+        assert_eq!(out, [0.0; 3]);
     }
 }

@@ -47,6 +47,11 @@ pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
         out.len() * (x.len() / QK) * BLOCK,
         "Q6_K: W must be (rows, cols)"
     );
+    if x.is_empty() {
+        // An empty dot product (the reference's chunking cannot take rows of 0 bytes).
+        out.fill(0.0);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         use crate::simd::{Isa, isa};
@@ -174,7 +179,7 @@ mod x86 {
         let mut acc = [_mm512_setzero_ps(); N];
         let mut scl = [[0.0f32; 16]; N];
         let mut q8 = [[0u8; 128]; N];
-        let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
+        let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
             // q·rb + 210·sb, inside `w`; the loads read ql[64h..64h + 64], qh[32h..32h + 32]
@@ -262,7 +267,7 @@ mod x86 {
         let minus32 = _mm256_set1_ps(-32.0);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut scl = [[0.0f32; 16]; N];
-        let pf = N * rb * (PF_BYTES / (N * rb)).max(1);
+        let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): as in rows_avx512; every 8-byte load starts at
             // most at byte 184 of the block.
@@ -363,5 +368,12 @@ mod tests {
             }
             check(GgmlType::Q6_K, &w, 5, 512, 9);
         }
+    }
+
+    #[test]
+    fn no_columns_give_zeros() {
+        let mut out = vec![f32::NAN; 3];
+        gemv_rows(&mut out, &[], &[]);
+        assert_eq!(out, [0.0; 3]);
     }
 }
