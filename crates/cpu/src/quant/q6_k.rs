@@ -23,8 +23,8 @@
 //! `qh` brought into place by whole-register shifts and merged by `vpternlogd`), stored as
 //! `4·(q − 32)` (the 6-bit quant shifted to the top of the byte with its sign bit flipped), then
 //! sign-extends 16 of them at a time to 32-bit lanes, converts and multiplies with x; the 1/4
-//! is folded into the scale (exact). AVX2 assembles each 8-lane vector of quants from
-//! zero-extended `ql` and `qh` bytes and computes (q − 32)·x as one FMA, `q·x + (−32·x)`.
+//! is folded into the scale (exact). AVX2 does the same with 256-bit byte operations (no
+//! `vpternlogd`: `and`/`or`, then a byte subtraction of 32), 8 lanes at a time.
 //! Four rows go per pass so each load of x serves all four, and blocks are prefetched ~16 KiB
 //! ahead. AVX-512 and AVX2 + FMA are chosen at run time ([`crate::simd::isa`]); the scalar
 //! level is the reference.
@@ -254,7 +254,8 @@ mod x86 {
         );
     }
 
-    /// [`rows_avx512`] with 8 lanes: each sub-block of 16 is two vectors.
+    /// [`rows_avx512`] with 8 lanes (each sub-block of 16 is two vectors): the 128 quants of
+    /// a half block are assembled as bytes `q − 32` with 256-bit byte operations.
     ///
     /// # Safety
     /// As [`rows_avx512`], for AVX2 + FMA + F16C.
@@ -263,14 +264,17 @@ mod x86 {
     unsafe fn rows_avx2<const N: usize>(w: &[u8], rb: usize, x: &[f32]) -> [f32; N] {
         debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK);
         let (pw, px) = (w.as_ptr(), x.as_ptr());
-        let (m4, m30) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(0x30));
-        let minus32 = _mm256_set1_ps(-32.0);
+        let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let m32 = _mm256_set1_epi8(32);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut scl = [[0.0f32; 16]; N];
+        let mut q8 = [[0u8; 128]; N];
         let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
         for sb in 0..x.len() / QK {
-            // SAFETY (every raw access below): as in rows_avx512; every 8-byte load starts at
-            // most at byte 184 of the block.
+            // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
+            // q·rb + 210·sb, inside `w`; the loads read ql[64h..64h + 64], qh[32h..32h + 32]
+            // and the scales at 192..208 of it; x[256·sb..256·sb + 256] is inside x; each
+            // row's q8 is 128 bytes and scl[q] 16 floats.
             for q in 0..N {
                 prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
@@ -281,39 +285,47 @@ mod x86 {
                     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc))),
                     d,
                 );
-                // SAFETY: scl[q] is 16 floats.
                 unsafe {
                     _mm256_storeu_ps(scl[q].as_mut_ptr(), s0);
                     _mm256_storeu_ps(scl[q].as_mut_ptr().add(8), s1);
                 }
             }
             for h in 0..2 {
-                for l0 in [0, 8, 16, 24] {
-                    let xp = unsafe { px.add(QK * sb + 128 * h + l0) };
-                    let xv: [__m256; 4] =
-                        std::array::from_fn(|t| unsafe { _mm256_loadu_ps(xp.add(32 * t)) });
-                    let xm = xv.map(|v| _mm256_mul_ps(v, minus32));
-                    let is = 8 * h + l0 / 16;
+                // Each row's 128 quants of this half as bytes q − 32, in weight order t = 0..4
+                // (32 each). 16-bit shifts carry bits across bytes; the masks drop them.
+                for (q, q8) in q8.iter_mut().enumerate() {
+                    let bp = unsafe { pw.add(q * rb + sb * BLOCK) };
+                    let (la, lb, qh) = unsafe {
+                        (
+                            _mm256_loadu_si256(bp.add(64 * h).cast()),
+                            _mm256_loadu_si256(bp.add(64 * h + 32).cast()),
+                            _mm256_loadu_si256(bp.add(128 + 32 * h).cast()),
+                        )
+                    };
+                    let nib = |v| _mm256_and_si256(v, m0f);
+                    let hi2 = |v| _mm256_and_si256(v, m30);
+                    let q6 = [
+                        (nib(la), hi2(_mm256_slli_epi16::<4>(qh))),
+                        (nib(lb), hi2(_mm256_slli_epi16::<2>(qh))),
+                        (nib(_mm256_srli_epi16::<4>(la)), hi2(qh)),
+                        (
+                            nib(_mm256_srli_epi16::<4>(lb)),
+                            hi2(_mm256_srli_epi16::<2>(qh)),
+                        ),
+                    ];
+                    for (t, (l4, h2)) in q6.into_iter().enumerate() {
+                        let v = _mm256_sub_epi8(_mm256_or_si256(l4, h2), m32);
+                        unsafe { _mm256_storeu_si256(q8.as_mut_ptr().add(32 * t).cast(), v) };
+                    }
+                }
+                for k in 0..16 {
+                    // Weights 128h + 8k .. +8, of sub-block 8h + k/2.
+                    let xv = unsafe { _mm256_loadu_ps(px.add(QK * sb + 128 * h + 8 * k)) };
                     for q in 0..N {
-                        let bp = unsafe { pw.add(q * rb + sb * BLOCK) };
-                        let ld = |o: usize| unsafe {
-                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(bp.add(o).cast()))
-                        };
-                        let la = ld(64 * h + l0);
-                        let lb = ld(64 * h + 32 + l0);
-                        let qh = ld(128 + 32 * h + l0);
-                        let sel = |a, b| _mm256_or_si256(a, _mm256_and_si256(b, m30));
-                        let q6 = [
-                            sel(_mm256_and_si256(la, m4), _mm256_slli_epi32::<4>(qh)),
-                            sel(_mm256_and_si256(lb, m4), _mm256_slli_epi32::<2>(qh)),
-                            sel(_mm256_srli_epi32::<4>(la), qh),
-                            sel(_mm256_srli_epi32::<4>(lb), _mm256_srli_epi32::<2>(qh)),
-                        ];
-                        for t in 0..4 {
-                            let p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q6[t]), xv[t], xm[t]);
-                            let s = _mm256_set1_ps(scl[q][is + 2 * t]);
-                            acc[q] = _mm256_fmadd_ps(p, s, acc[q]);
-                        }
+                        let v = unsafe { _mm_loadl_epi64(q8[q].as_ptr().add(8 * k).cast()) };
+                        let p = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), xv);
+                        let s = _mm256_set1_ps(scl[q][8 * h + k / 2]);
+                        acc[q] = _mm256_fmadd_ps(p, s, acc[q]);
                     }
                 }
             }
