@@ -29,7 +29,9 @@ fn bench(c: &mut Criterion) {
         let mut want = vec![0.0; rows];
         kvlab_model::ops::matvec(&mut want, &w, &x);
         let mut out = vec![0.0; rows];
-        kvlab_cpu::linear::gemv(&mut out, &w, &x);
+        // `linear` with one row of x is the engine's GEMV.
+        let wt = kvlab_model::Tensor::from(w.clone());
+        kvlab_cpu::linear::linear(&mut out, &x, &wt, 1, cols, rows);
         assert_close("cpu/gemv", &out, &want, 1e-4);
         let bytes = (rows * cols * 4) as u64;
         for (name, simd) in [("scalar/gemv", false), ("cpu/gemv", true)] {
@@ -38,7 +40,7 @@ fn bench(c: &mut Criterion) {
             g.bench_function(BenchmarkId::from_parameter(label), |b| {
                 b.iter(|| {
                     if simd {
-                        kvlab_cpu::linear::gemv(&mut out, &w, &x)
+                        kvlab_cpu::linear::linear(&mut out, &x, &wt, 1, cols, rows)
                     } else {
                         kvlab_model::ops::matvec(&mut out, &w, &x)
                     }
