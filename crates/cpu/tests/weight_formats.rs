@@ -60,10 +60,10 @@ fn bf16_and_f16_weights_agree_with_the_naive_engine() {
     }
 }
 
-/// Random valid blocks of `ty` for a (rows, cols) matrix whose values lie within about ±`a`.
-fn random_blocks(ty: GgmlType, rows: usize, cols: usize, a: f32, seed: u64) -> Vec<u8> {
+/// Random valid blocks of `ty` for `n` elements whose values lie within about ±`a`.
+fn random_blocks(ty: GgmlType, n: usize, a: f32, seed: u64) -> Vec<u8> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let n_blocks = rows * cols / ty.block_size();
+    let n_blocks = n / ty.block_size();
     let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
     let mut out = Vec::with_capacity(n_blocks * ty.type_size());
     for _ in 0..n_blocks {
@@ -97,24 +97,13 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, a: f32, seed: u64) -> V
     out
 }
 
-/// `model` with every matrix replaced by random blocks of `ty` of about the same amplitude.
+/// `model` with every matrix replaced by random blocks of `ty` of about the same amplitude. A
+/// matrix is a run of blocks whatever its row length (rows are whole blocks), so the blocks are
+/// generated for the whole tensor at once.
 fn quantized(mut model: Model, ty: GgmlType) -> Model {
-    let cols_of = |len: usize, model_dim: usize, hidden: usize, q: usize| {
-        // Every matrix here is (out, in) with in = dim, q_dim or hidden_dim.
-        [model_dim, q, hidden]
-            .into_iter()
-            .find(|&c| len % c == 0)
-            .unwrap_or(model_dim)
-    };
-    let (d, h, q) = (
-        model.config.dim,
-        model.config.hidden_dim,
-        model.config.q_dim(),
-    );
     for (i, t) in model.weights.matrices_mut().enumerate() {
         let a = t.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let cols = cols_of(t.len(), d, h, q);
-        let bytes = random_blocks(ty, t.len() / cols, cols, a, i as u64);
+        let bytes = random_blocks(ty, t.len(), a, i as u64);
         *t = Tensor::encoded_from_bytes(ty, bytes, t.len()).expect("whole blocks");
     }
     model
