@@ -57,6 +57,10 @@ pub fn decode_rows(ty: GgmlType, w: &[u8], out: &mut [f32]) {
 /// reference dequantizer (a port of ggml's `dequantize_row_*`), then the scalar dot product.
 pub fn gemv_rows_reference(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
     let rb = row_bytes(ty, x.len());
+    if rb == 0 {
+        out.fill(0.0); // no columns: every dot product is empty
+        return;
+    }
     let mut row = vec![0.0f32; x.len()];
     for (o, bytes) in out.iter_mut().zip(w.chunks_exact(rb)) {
         decode_rows(ty, bytes, &mut row);
