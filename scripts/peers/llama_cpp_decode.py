@@ -13,6 +13,17 @@ import json
 import time
 
 import llama_cpp
+import numpy as np
+
+
+def last_argmax(llm):
+    """Greedy id from the last evaluated position's logits (ties to the lowest id, as kvlab).
+
+    Read from the context: with logits_all=False, llama-cpp-python 0.3.x no longer copies logits
+    into `llm.scores` (it stays all zeros, whose argmax is always 0).
+    """
+    logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
+    return int(logits.argmax())
 
 
 def main():
@@ -39,8 +50,7 @@ def main():
     eos = llm.token_eos()
     decode_start = None
     while len(prompt) + len(ids) < a.steps:
-        logits = llm.scores[llm.n_tokens - 1]
-        tok = int(logits.argmax())
+        tok = last_argmax(llm)
         ids.append(tok)
         if tok == eos or len(prompt) + len(ids) >= a.steps:
             break

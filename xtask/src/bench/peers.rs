@@ -6,10 +6,16 @@
 //!   Not shipped: build llama2.c's `run.c` yourself and point `KVLAB_RUNC` at the binary.
 //! * llama.cpp: GGUF checkpoints (Gemma 3 270M), through llama-cpp-python from PyPI
 //!   (`scripts/peers/llama_cpp_decode.py`); `KVLAB_PYTHON` names the interpreter (default python3).
+//! * llama.cpp prefill: the stories15M and stories42M shapes in f32, the same weights for both
+//!   (`kvlab export` writes the llama2.c checkpoint, `scripts/peers/llama2c_to_gguf.py` the same
+//!   tensors and tokenizer as a GGUF of architecture `llama`), a ~100-token prompt, and the
+//!   prompt's evaluation alone timed (`scripts/peers/llama_cpp_prefill.py`; kvlab's
+//!   `prefill_tokens_per_s`). The prompt ids and the greedy ids after it must be the same.
 //!
 //! A peer that is missing is reported as missing, with how to install it; nothing is skipped
-//! silently. Both sides time decode only: run.c's "achieved tok/s" starts after the first
-//! forward pass, kvlab's "decode ... tok/s" counts the steps after prefill.
+//! silently. Decode rows time decode only: run.c's "achieved tok/s" starts after the first
+//! forward pass, kvlab's "decode ... tok/s" counts the steps after prefill. Prefill rows time the
+//! prompt's forward pass only (the first after loading, on both sides).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,15 +31,21 @@ use crate::verify::{target_dir, workspace_root};
 pub struct PeerRow {
     pub model: String,
     pub peer: String,
+    /// What is timed: "decode" (tokens/s of the steps after prefill) or "prefill" (prompt
+    /// tokens/s of the prompt's forward pass).
+    pub phase: String,
     pub threads: usize,
     /// Positions generated per run (prompt included).
     pub steps: usize,
-    /// Decode tokens/s of every rep, kvlab and the peer, in run order.
+    /// Prompt tokens (BOS included).
+    pub prompt_tokens: Option<usize>,
+    /// Tokens/s of `phase` in every rep, kvlab and the peer, in run order.
     pub kvlab_tok_s: Vec<f64>,
     pub peer_tok_s: Vec<f64>,
     /// Median of the per-rep ratios kvlab / peer (each pair measured back to back).
     pub ratio_median: f64,
-    /// Same generated text as the peer (run.c); `None` where it is not compared (llama.cpp).
+    /// Same generated text (run.c) or ids (llama.cpp prefill) as the peer; `None` where it is
+    /// not compared (llama.cpp on the quantized Gemma).
     pub same_tokens: Option<bool>,
     pub note: String,
 }
@@ -60,12 +72,36 @@ pub struct PeerOpts {
     pub reps: usize,
 }
 
-/// The models a peer can run: (name, which peer).
-const MODELS: [(&str, &str); 3] = [
-    ("stories260K", "run.c"),
-    ("stories15M-shape", "run.c"),
-    ("gemma-3-270m", "llama.cpp"),
+/// Which comparison a row is.
+#[derive(Clone, Copy)]
+enum Peer {
+    /// Decode against run.c on a llama2.c checkpoint.
+    RunC,
+    /// Decode against llama.cpp on a GGUF of the manifest.
+    LlamaCppDecode,
+    /// Prefill against llama.cpp on an f32 GGUF written from kvlab's llama2.c export.
+    LlamaCppPrefill,
+}
+
+/// The models a peer can run.
+const MODELS: [(&str, Peer); 5] = [
+    ("stories260K", Peer::RunC),
+    ("stories15M-shape", Peer::RunC),
+    ("gemma-3-270m", Peer::LlamaCppDecode),
+    ("stories15M-shape", Peer::LlamaCppPrefill),
+    ("stories42M-shape", Peer::LlamaCppPrefill),
 ];
+
+/// The prefill rows' prompt: 102 tokens with the Llama 2 tokenizer (BOS included).
+const PREFILL_PROMPT: &str = "Once upon a time, in a small village at the edge of a great \
+    forest, there lived a little girl named Lily. Every morning she walked to the river with her \
+    dog Max to watch the fish jump in the sun. One day she found a shiny red stone near the \
+    water. She picked it up and showed it to her mom. Her mom smiled and said that the stone was \
+    very special, because it could make wishes come true. Lily thought very hard about what to \
+    wish for.";
+
+/// Greedy ids compared after the prompt in the prefill rows.
+const PREFILL_NEW: usize = 8;
 
 pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
     let kvlab = build_kvlab()?;
@@ -80,15 +116,19 @@ pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
         if !o.models.is_empty() && !o.models.iter().any(|m| m.eq_ignore_ascii_case(model)) {
             continue;
         }
-        let result = match peer {
-            "run.c" => vs_runc(&kvlab, &dir, model, o),
-            _ => vs_llama_cpp(&kvlab, model, o),
+        let (result, name) = match peer {
+            Peer::RunC => (vs_runc(&kvlab, &dir, model, o), "run.c"),
+            Peer::LlamaCppDecode => (vs_llama_cpp(&kvlab, model, o), "llama.cpp"),
+            Peer::LlamaCppPrefill => (
+                vs_llama_cpp_prefill(&kvlab, &dir, model, o),
+                "llama.cpp prefill",
+            ),
         };
         match result {
             Ok(row) => report.rows.push(row),
             Err(e) => report.missing.push(Missing {
                 model: model.into(),
-                peer: peer.into(),
+                peer: name.into(),
                 why: format!("{e:#}"),
             }),
         }
@@ -173,8 +213,10 @@ fn paired(
     Ok(PeerRow {
         model: model.into(),
         peer: peer.into(),
+        phase: "decode".into(),
         threads: o.threads,
         steps: o.steps,
+        prompt_tokens: None,
         kvlab_tok_s: ours,
         peer_tok_s: theirs,
         ratio_median: Summary::of(&ratios).median,
@@ -183,12 +225,9 @@ fn paired(
     })
 }
 
-/// kvlab against run.c on one llama2.c checkpoint, from BOS alone, `steps` positions.
-fn vs_runc(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
-    let runc = std::env::var_os("KVLAB_RUNC").map(PathBuf::from).context(
-        "run.c not found: build llama2.c's run.c (in a checkout of github.com/karpathy/llama2.c: \
-         gcc -Ofast -march=native -fopenmp run.c -lm -o runomp) and set KVLAB_RUNC=/path/to/runomp",
-    )?;
+/// Writes `model` as a llama2.c checkpoint in `dir` with `kvlab export`; returns its path and
+/// its llama2.c tokenizer's.
+fn export_llama2c(kvlab: &Path, dir: &Path, model: &str) -> Result<(PathBuf, PathBuf)> {
     let entry = kvlab_model::registry::entry(model)
         .with_context(|| format!("{model} is not in fixtures/models.json"))?;
     let tok_ref = entry
@@ -210,6 +249,16 @@ fn vs_runc(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRo
             .arg(&bin),
         "kvlab export",
     )?;
+    Ok((bin, tokenizer))
+}
+
+/// kvlab against run.c on one llama2.c checkpoint, from BOS alone, `steps` positions.
+fn vs_runc(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
+    let runc = std::env::var_os("KVLAB_RUNC").map(PathBuf::from).context(
+        "run.c not found: build llama2.c's run.c (in a checkout of github.com/karpathy/llama2.c: \
+         gcc -Ofast -march=native -fopenmp run.c -lm -o runomp) and set KVLAB_RUNC=/path/to/runomp",
+    )?;
+    let (bin, tokenizer) = export_llama2c(kvlab, dir, model)?;
     let steps = o.steps.to_string();
     let mut same = true;
     let row = paired(o, model, "run.c", || {
@@ -249,18 +298,8 @@ fn vs_runc(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRo
 /// kvlab against llama.cpp (llama-cpp-python) on a GGUF checkpoint: the same prompt and the
 /// same number of positions (`steps`, prompt included, run.c's meaning).
 fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
-    let python = std::env::var("KVLAB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let (python, version) = llama_cpp_python()?;
     let script = workspace_root().join("scripts/peers/llama_cpp_decode.py");
-    let probe = Command::new(&python)
-        .args(["-c", "import llama_cpp; print(llama_cpp.__version__)"])
-        .output();
-    let version = match probe {
-        Ok(p) if p.status.success() => String::from_utf8_lossy(&p.stdout).trim().to_string(),
-        _ => bail!(
-            "llama-cpp-python is not installed for {python}: pip install llama-cpp-python==0.3.36 \
-             (builds llama.cpp from source, about 10 minutes on 2 cores), or set KVLAB_PYTHON"
-        ),
-    };
     let gguf = match kvlab_model::registry::locate(model)? {
         kvlab_model::registry::Located::Ready {
             model: Some(path), ..
@@ -303,9 +342,142 @@ fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
     })
 }
 
+/// The python of `KVLAB_PYTHON` (default python3) and its llama-cpp-python's version.
+fn llama_cpp_python() -> Result<(String, String)> {
+    let python = std::env::var("KVLAB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = Command::new(&python)
+        .args(["-c", "import llama_cpp; print(llama_cpp.__version__)"])
+        .output();
+    match probe {
+        Ok(p) if p.status.success() => {
+            let version = String::from_utf8_lossy(&p.stdout).trim().to_string();
+            Ok((python, version))
+        }
+        _ => bail!(
+            "llama-cpp-python is not installed for {python}: pip install llama-cpp-python==0.3.36 \
+             (builds llama.cpp from source, about 10 minutes on 2 cores), or set KVLAB_PYTHON"
+        ),
+    }
+}
+
+/// The ids of the `[trace] pos … fed [ids] …` lines of `kvlab generate --trace`, in order: the
+/// prompt's, then each sampled id fed back.
+fn kvlab_fed_ids(stderr: &str) -> Vec<Vec<u32>> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("[trace] pos"))
+        .filter_map(|l| {
+            let list = l.split_once(" fed [")?.1.split_once(']')?.0;
+            list.split(',')
+                .map(|x| x.trim())
+                .filter(|x| !x.is_empty())
+                .map(|x| x.parse().ok())
+                .collect()
+        })
+        .collect()
+}
+
+/// kvlab against llama.cpp's f32 prefill on the same weights: `kvlab export` writes the model as
+/// a llama2.c checkpoint, `scripts/peers/llama2c_to_gguf.py` writes that checkpoint and its
+/// tokenizer as a GGUF; both evaluate [`PREFILL_PROMPT`] in one batch, then [`PREFILL_NEW`]
+/// greedy ids, which must be the same, as must the prompt's ids.
+fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
+    let (python, version) = llama_cpp_python()?;
+    let root = workspace_root();
+    let ok = Command::new(&python)
+        .args(["-c", "import gguf"])
+        .output()
+        .is_ok_and(|p| p.status.success());
+    if !ok {
+        bail!(
+            "the gguf package (to write the f32 GGUF) is not installed for {python}: \
+             {python} -m pip install gguf"
+        );
+    }
+    let (bin, tokenizer) = export_llama2c(kvlab, dir, model)?;
+    let gguf = dir.join(format!("{model}.f32.gguf"));
+    output(
+        Command::new(&python)
+            .arg(root.join("scripts/peers/llama2c_to_gguf.py"))
+            .arg(&bin)
+            .arg(&tokenizer)
+            .arg(&gguf),
+        "scripts/peers/llama2c_to_gguf.py",
+    )?;
+    let prompt_file = dir.join("prefill_prompt.txt");
+    std::fs::write(&prompt_file, PREFILL_PROMPT)?;
+    let new = PREFILL_NEW.to_string();
+    let (mut same, mut prompt_tokens, mut steps) = (true, 0, 0);
+    // libgomp's default active wait spins idle OpenMP threads; on a 2-core machine with any other
+    // load that made llama.cpp's prefill up to 25x slower and erratic (64 to 3200 tok/s for the
+    // same run), so its threads sleep instead (one graph per prefill: no cost when idle).
+    // Setting OMP_WAIT_POLICY yourself overrides this.
+    let omp_wait = std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "passive".into());
+    let row = paired(o, model, "llama.cpp", || {
+        let (p_out, _) = output(
+            Command::new(&python)
+                .env("OMP_WAIT_POLICY", &omp_wait)
+                .arg(root.join("scripts/peers/llama_cpp_prefill.py"))
+                .arg(&gguf)
+                .args(["--threads", &o.threads.to_string(), "--prompt-file"])
+                .arg(&prompt_file)
+                .args(["--new", &new]),
+            "scripts/peers/llama_cpp_prefill.py",
+        )?;
+        let v: serde_json::Value = serde_json::from_str(p_out.trim())
+            .with_context(|| format!("llama_cpp_prefill.py printed {p_out:?}"))?;
+        let r = v["prefill_tok_s"].as_f64().context("no prefill_tok_s")?;
+        let ids = |key: &str| -> Result<Vec<u32>> {
+            serde_json::from_value(v[key].clone()).with_context(|| format!("no {key}"))
+        };
+        let (p_prompt, p_ids) = (ids("prompt_ids")?, ids("ids")?);
+        // -n PREFILL_NEW + 1: the trace lists the ids fed, so the last of PREFILL_NEW is fed too.
+        let (_, k_err) = output(
+            kvlab_cmd(kvlab, o.threads)
+                .args(["generate", "-m"])
+                .arg(&bin)
+                .arg("--tokenizer")
+                .arg(&tokenizer)
+                .args(["--temp", "0", "-p", PREFILL_PROMPT, "-n"])
+                .arg((PREFILL_NEW + 1).to_string())
+                .args(["--trace", "--json"]),
+            "kvlab generate",
+        )?;
+        let stats = k_err
+            .lines()
+            .rev()
+            .find(|l| l.trim_start().starts_with('{'))
+            .with_context(|| format!("no JSON stats in kvlab's stderr: {k_err}"))?;
+        let stats: serde_json::Value = serde_json::from_str(stats)?;
+        let k = stats["prefill_tokens_per_s"]
+            .as_f64()
+            .context("no prefill_tokens_per_s in kvlab's stats")?;
+        let fed = kvlab_fed_ids(&k_err);
+        let k_ids: Vec<u32> = fed.iter().skip(1).flatten().copied().collect();
+        same &= fed.first() == Some(&p_prompt) && k_ids.starts_with(&p_ids) && !p_ids.is_empty();
+        prompt_tokens = p_prompt.len();
+        steps = p_prompt.len() + p_ids.len();
+        Ok((k, r))
+    })?;
+    Ok(PeerRow {
+        phase: "prefill".into(),
+        steps,
+        prompt_tokens: Some(prompt_tokens),
+        same_tokens: Some(same),
+        note: format!(
+            "llama-cpp-python {version}; f32 GGUF {} written from kvlab's llama2.c export by \
+             scripts/peers/llama2c_to_gguf.py; the prompt in one batch, first evaluation after \
+             loading on both sides, OMP_WAIT_POLICY={omp_wait} for llama.cpp; same text = same \
+             prompt ids and {PREFILL_NEW} greedy ids",
+            gguf.display()
+        ),
+        ..row
+    })
+}
+
 /// Prints the comparison, ratios first.
 pub fn print(r: &PeersReport) {
-    println!("== peers: same weights, same threads, interleaved (decode tok/s) ==");
+    println!("== peers: same weights, same threads, interleaved (tok/s of the phase) ==");
     let fmt = |v: &[f64]| {
         let v: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
         v.join(" ")
@@ -315,11 +487,16 @@ pub fn print(r: &PeersReport) {
         &[
             ("model", &|p| p.model.clone()),
             ("peer", &|p| p.peer.clone()),
+            ("phase", &|p| p.phase.clone()),
             ("kvlab/peer", &|p| format!("{:.2}x", p.ratio_median)),
             ("kvlab tok/s", &|p| fmt(&p.kvlab_tok_s)),
             ("peer tok/s", &|p| fmt(&p.peer_tok_s)),
             ("threads", &|p| p.threads.to_string()),
             ("steps", &|p| p.steps.to_string()),
+            ("prompt", &|p| {
+                p.prompt_tokens
+                    .map_or_else(|| "-".into(), |n| n.to_string())
+            }),
             ("same text", &|p| {
                 let same = match p.same_tokens {
                     Some(true) => "yes",
@@ -334,4 +511,22 @@ pub fn print(r: &PeersReport) {
         println!("missing: {} / {}: {}", m.model, m.peer, m.why);
     }
     println!("machine: {}", r.machine);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fed_ids_come_from_trace_lines_only() {
+        let err = "[trace] pos     0 fed [1, 403, 407] len 3\n[trace]   layer  0 K,V (3, 32)\n\
+                   [trace] pos     3 fed [432] len 4\n{\"prefill_tokens_per_s\": 1.0}\n";
+        assert_eq!(kvlab_fed_ids(err), vec![vec![1, 403, 407], vec![432]]);
+    }
+
+    #[test]
+    fn number_after_takes_the_last_match() {
+        let t = "achieved tok/s: 12.5\nachieved tok/s: 400.25 done";
+        assert_eq!(number_after(t, "achieved tok/s: "), Some(400.25));
+    }
 }
