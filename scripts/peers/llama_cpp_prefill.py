@@ -9,6 +9,10 @@ Loads the model, tokenizes the prompt (BOS added, as kvlab and llama2.c do), tim
 times its prefill: both map the weights and touch them there), then greedily generates `--new`
 ids for the identity check. Prints one JSON line: prompt ids, generated ids, prefill seconds and
 tokens/s. Install: pip install llama-cpp-python==0.3.36 (built from source).
+
+OpenMP's wait policy matters on a small machine: unset (libgomp spins, then sleeps), as
+llama.cpp ships, was fastest when the machine was otherwise idle; with other load, spinning
+threads made the same run 64 to 3200 tok/s, and OMP_WAIT_POLICY=passive keeps it steady.
 """
 import argparse
 import json

@@ -408,15 +408,15 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
     std::fs::write(&prompt_file, PREFILL_PROMPT)?;
     let new = PREFILL_NEW.to_string();
     let (mut same, mut prompt_tokens, mut steps) = (true, 0, 0);
-    // libgomp's default active wait spins idle OpenMP threads; on a 2-core machine with any other
-    // load that made llama.cpp's prefill up to 25x slower and erratic (64 to 3200 tok/s for the
-    // same run), so its threads sleep instead (one graph per prefill: no cost when idle).
-    // Setting OMP_WAIT_POLICY yourself overrides this.
-    let omp_wait = std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "passive".into());
+    // llama.cpp runs with the OpenMP wait policy it is given: unset (libgomp spins, then sleeps)
+    // is how it ships, and on an idle 2-core machine it was the fastest (42M shape: ~2050 tok/s
+    // unset, ~1550 with OMP_WAIT_POLICY=passive). Under other load the spinning collapses
+    // (64 to 3200 tok/s for the same run at load 4-5); OMP_WAIT_POLICY=passive then keeps it
+    // steady, at that cost. The note records which one ran.
+    let omp_wait = std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "unset".into());
     let row = paired(o, model, "llama.cpp", || {
         let (p_out, _) = output(
             Command::new(&python)
-                .env("OMP_WAIT_POLICY", &omp_wait)
                 .arg(root.join("scripts/peers/llama_cpp_prefill.py"))
                 .arg(&gguf)
                 .args(["--threads", &o.threads.to_string(), "--prompt-file"])
