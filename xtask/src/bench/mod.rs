@@ -76,8 +76,9 @@ struct Opts {
     /// A note to store in bench.json (repeatable), e.g. how busy the machine was
     #[arg(long = "note", value_name = "TEXT")]
     notes: Vec<String>,
-    /// Instead: kvlab generate against llama2.c's run.c (stories260K, the stories15M shape) and
-    /// llama.cpp (Gemma 3 270M GGUF) on the same weights, interleaved; writes peers.json
+    /// Instead: kvlab generate against llama2.c's run.c (decode: stories260K, the stories15M
+    /// and 42M shapes, kvlab in f32 and bf16) and llama.cpp (decode: Gemma 3 270M GGUF; prefill:
+    /// the 15M and 42M shapes in f32) on the same weights, interleaved; writes peers.json
     #[arg(long)]
     peers: bool,
     /// --peers: threads of both sides [default: physical cores]
