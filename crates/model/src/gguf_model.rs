@@ -84,6 +84,7 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
         classifier: None,
     };
     let model = Model::new(c, weights)?;
+    model.weights.prefault();
     Ok((model, tok))
 }
 

@@ -118,8 +118,10 @@ pub fn load(path: &Path) -> Result<Model> {
     let (config, file) = open_checked(path)?;
     // The tensors are used in place from a read-only map of the file, as run.c and llama.cpp do:
     // loading copies nothing, and the weights' resident pages are the file's own (shared with
-    // the page cache). Pages are read on first touch, so rows a run never reads (embeddings of
-    // unused tokens, the unused RoPE tables) never become resident, as in run.c.
+    // the page cache). Every tensor a step reads is mapped in at load (`Weights::prefault`, as
+    // llama.cpp's MAP_POPULATE), so the first forward pass pays no page faults; rows a run may
+    // never read (embeddings of unused tokens, the unused RoPE tables) become resident only when
+    // read, as in run.c.
     // SAFETY: the map is read-only and kvlab never writes the file; like every mmap-based loader
     // it assumes no other process truncates or rewrites the checkpoint while the model lives.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
@@ -152,7 +154,7 @@ pub fn load(path: &Path) -> Result<Model> {
     let layers = (0..l)
         .map(|i| LayerWeights::llama(std::array::from_fn(|t| per_tensor[t][i].clone())))
         .collect();
-    Model::new(
+    let model = Model::new(
         config,
         Weights {
             token_embedding,
@@ -160,7 +162,9 @@ pub fn load(path: &Path) -> Result<Model> {
             final_norm,
             classifier,
         },
-    )
+    )?;
+    model.weights.prefault();
+    Ok(model)
 }
 
 /// Walks a mapped checkpoint tensor by tensor.

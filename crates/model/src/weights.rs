@@ -226,6 +226,34 @@ impl Tensor {
         }
     }
 
+    /// Asks the kernel to map this tensor's pages now (`MADV_POPULATE_READ`, Linux), when it is
+    /// read in place from a memory map: llama.cpp maps its weights with `MAP_POPULATE`, so
+    /// without this kvlab's first forward pass (the prefill) would pay every page fault that
+    /// llama.cpp paid at load. A hint: where the kernel does not support it, nothing happens.
+    pub fn prefault(&self) {
+        let (map, offset, len) = match &self.0 {
+            Storage::Mapped {
+                map,
+                byte_offset,
+                len,
+            } => (map, *byte_offset, 4 * len),
+            Storage::Encoded {
+                bytes:
+                    Bytes::Mapped {
+                        map,
+                        byte_offset,
+                        n_bytes,
+                    },
+                ..
+            } => (map, *byte_offset, *n_bytes),
+            _ => return,
+        };
+        #[cfg(target_os = "linux")]
+        let _ = map.advise_range(memmap2::Advice::PopulateRead, offset, len);
+        #[cfg(not(target_os = "linux"))]
+        let _ = (map, offset, len);
+    }
+
     /// Whether the values are read in place from a memory map (not copied at load).
     pub fn is_mapped(&self) -> bool {
         matches!(
@@ -320,6 +348,25 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
+    /// All thirteen tensors of the layer, in field order (unused ones are empty).
+    pub fn tensors(&self) -> [&Tensor; 13] {
+        [
+            &self.attn_norm,
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.q_norm,
+            &self.k_norm,
+            &self.post_attn_norm,
+            &self.ffn_norm,
+            &self.w1,
+            &self.w2,
+            &self.w3,
+            &self.post_ffn_norm,
+        ]
+    }
+
     /// A plain Llama layer (no QK-norm, no post-norms) from its nine tensors in llama2.c's file
     /// order, the order synthetic models generate them in too.
     pub fn llama([attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3]: [Tensor; 9]) -> LayerWeights {
@@ -424,31 +471,24 @@ impl Weights {
         Ok(())
     }
 
+    /// Maps now the pages of every tensor a forward step reads (all but the embedding table,
+    /// unless it is also the classifier): see [`Tensor::prefault`]. Embedding rows of tokens a
+    /// run never sees stay out of memory, as in run.c.
+    pub fn prefault(&self) {
+        for t in self.layers.iter().flat_map(LayerWeights::tensors) {
+            t.prefault();
+        }
+        self.final_norm.prefault();
+        self.classifier().prefault();
+    }
+
     /// Bytes the weights occupy in memory as stored (f32, or their encoding).
     pub fn bytes(&self) -> usize {
         let layer: usize = self
             .layers
             .iter()
-            .map(|l| {
-                [
-                    &l.attn_norm,
-                    &l.wq,
-                    &l.wk,
-                    &l.wv,
-                    &l.wo,
-                    &l.q_norm,
-                    &l.k_norm,
-                    &l.post_attn_norm,
-                    &l.ffn_norm,
-                    &l.w1,
-                    &l.w2,
-                    &l.w3,
-                    &l.post_ffn_norm,
-                ]
-                .iter()
-                .map(|t| t.nbytes())
-                .sum::<usize>()
-            })
+            .flat_map(LayerWeights::tensors)
+            .map(Tensor::nbytes)
             .sum();
         self.token_embedding.nbytes()
             + layer
