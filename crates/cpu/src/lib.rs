@@ -2,7 +2,7 @@
 //!
 //! Per sequence a KV cache for K and V of shape `(n_layers, max_seq_len, kv_dim)` (ring buffers
 //! for sliding-window layers) is allocated once, when the sequence starts, and written in place at
-//! `pos`. Prefill runs the whole prompt as matrix-matrix products (matrixmultiply's sgemm) and
+//! `pos`. Prefill runs the whole prompt as matrix-matrix products (the `gemm` crate) and
 //! fills the cache; decode computes one position with SIMD GEMVs and attends over the cache, its
 //! parallel loops shared statically by a fixed team of threads ([`threads`]).
 //!

@@ -2,7 +2,9 @@
 //! (bf16, f16, ggml quantized blocks: [`crate::quant`]).
 //!
 //! One token (decode): a GEMV, each output row a SIMD dot product, rows split across threads.
-//! Many tokens (prefill, large batches): matrix-matrix products through matrixmultiply's sgemm,
+//! Many tokens (prefill, large batches): matrix-matrix products through the `gemm` crate (candle's
+//! GEMM, AVX-512 kernels; measured faster than matrixmultiply's sgemm at these shapes, which stays
+//! the reference GEMM of the tests and of `benches/benches/sgemm.rs`),
 //! one block of output columns per worker thread, so the prompt is not processed token by token;
 //! an encoded W is decoded one block of rows at a time into a scratch buffer for it.
 
@@ -116,9 +118,9 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out
 /// micro-kernel).
 const SGEMM_MIN_COLS: usize = 64;
 
-/// y (t, out) = x (t, in) @ Wᵀ by matrixmultiply's sgemm, the output's columns (W's rows) split
+/// y (t, out) = x (t, in) @ Wᵀ by `gemm` (single-threaded calls), the output's columns (W's rows) split
 /// into one contiguous block per worker thread: the engine's own threads do the work, so a
-/// prefill step starts no other pool (matrixmultiply's `threading` feature is off).
+/// prefill step starts no other pool (`gemm::Parallelism::None`).
 fn sgemm_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_out: usize) {
     thread_local! {
         /// One block of W's rows decoded to f32, when W is encoded; reused across calls.
@@ -140,21 +142,29 @@ fn sgemm_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_o
             // rows c0..c0+n (n·in floats); this task writes only columns c0..c0+n of y's t rows,
             // which no other task writes (the blocks are disjoint), and `linear` holds `&mut y`.
             unsafe {
-                matrixmultiply::sgemm(
+                // gemm computes dst := alpha·dst + beta·lhs·rhs, and with read_dst = false it
+                // never reads dst. lhs = x (t, in): column stride 1, row stride in; rhs = B (in, n):
+                // column stride in, row stride 1; dst = y's columns c0.., row stride out.
+                gemm::gemm(
                     t,
-                    d_in,
                     n,
-                    1.0,
-                    x.as_ptr(),
-                    d_in as isize,
-                    1,
-                    w.as_ptr(),
-                    1,
-                    d_in as isize,
-                    0.0,
+                    d_in,
                     y_ptr.get().add(c0),
-                    d_out as isize,
                     1,
+                    d_out as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    d_in as isize,
+                    w.as_ptr(),
+                    d_in as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
                 );
             }
         })
@@ -265,6 +275,45 @@ mod tests {
                         "t={t} row {r} col {i}: {a} vs {b}"
                     );
                 }
+            }
+        }
+    }
+    #[test]
+    fn the_gemm_path_matches_matrixmultiply() {
+        // matrixmultiply's sgemm is the reference GEMM for the crate the engine uses.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+        for (t, d_in, d_out) in [(17, 288, 768), (40, 96, 1000), (100, 64, 33)] {
+            let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let w: Tensor = (0..d_out * d_in)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let mut y = vec![f32::NAN; t * d_out];
+            linear(&mut y, &x, &w, t, d_in, d_out);
+            let mut want = vec![0.0f32; t * d_out];
+            // SAFETY: x is (t, in), W (out, in) read as Wᵀ by strides, want (t, out).
+            unsafe {
+                matrixmultiply::sgemm(
+                    t,
+                    d_in,
+                    d_out,
+                    1.0,
+                    x.as_ptr(),
+                    d_in as isize,
+                    1,
+                    w.as_ptr(),
+                    1,
+                    d_in as isize,
+                    0.0,
+                    want.as_mut_ptr(),
+                    d_out as isize,
+                    1,
+                );
+            }
+            for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "t={t} {i}: {a} vs {b}"
+                );
             }
         }
     }
