@@ -42,7 +42,23 @@ impl Heads {
 pub trait KvRows: Sync {
     fn key(&self, j: usize) -> &[f32];
     fn value(&self, j: usize) -> &[f32];
+    /// The keys of positions `j..j + c` for some `1 ≤ c ≤ end − j`, stored one after another:
+    /// a slice of c·kv_dim floats (the cache up to its ring wrap, a block up to its end). The
+    /// default is one row.
+    fn keys(&self, j: usize, end: usize) -> &[f32] {
+        debug_assert!(j < end);
+        self.key(j)
+    }
+    /// The values of a run of positions, as [`KvRows::keys`].
+    fn values(&self, j: usize, end: usize) -> &[f32] {
+        debug_assert!(j < end);
+        self.value(j)
+    }
 }
+
+/// Most positions attention takes from one run of [`KvRows::keys`] (or values): the kv_mul query
+/// heads of a KV head each read the run, and the second reads it from L1 if it is short.
+const RUN: usize = 64;
 
 /// Below this many multiply-adds a step's attention runs on the calling thread: handing tasks
 /// to other threads costs microseconds, more than a short context takes.
@@ -110,7 +126,7 @@ pub fn attend_group<R: KvRows>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2 + FMA.
         simd::Isa::Avx2Fma => unsafe { attend_group_avx2(o, q, g, pos, kv, heads, scores) },
-        _ => attend_group_body::<R, simd::PlainDot4>(o, q, g, pos, kv, heads, scores),
+        _ => attend_group_body::<R, simd::PlainHeads>(o, q, g, pos, kv, heads, scores),
     }
 }
 
@@ -125,7 +141,7 @@ unsafe fn attend_group_avx512<R: KvRows>(
     heads: &Heads,
     scores: &mut Vec<f32>,
 ) {
-    attend_group_body::<R, simd::Avx2Dot4>(o, q, g, pos, kv, heads, scores)
+    attend_group_body::<R, simd::Avx2Heads>(o, q, g, pos, kv, heads, scores)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -139,12 +155,12 @@ unsafe fn attend_group_avx2<R: KvRows>(
     heads: &Heads,
     scores: &mut Vec<f32>,
 ) {
-    attend_group_body::<R, simd::Avx2Dot4>(o, q, g, pos, kv, heads, scores)
+    attend_group_body::<R, simd::Avx2Heads>(o, q, g, pos, kv, heads, scores)
 }
 
 // ANCHOR: attend_group
 #[inline(always)]
-fn attend_group_body<R: KvRows, D: simd::Dot4>(
+fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     o: &mut [f32],
     q: &[f32],
     g: usize,
@@ -154,51 +170,40 @@ fn attend_group_body<R: KvRows, D: simd::Dot4>(
     scores: &mut Vec<f32>,
 ) {
     let hd = heads.head_dim;
+    let kv_dim = heads.n_kv_heads * hd; // the stride from one position's row to the next
     let lo = heads.first_visible(pos);
     let n = pos + 1 - lo; // keys visible to this query
     // scores (kv_mul, n): s[m][j − lo] = (q_m · k_j) · scale, each key row read once.
-    // Four keys per pass, so the horizontal sums of four dot products share their shuffles.
+    // Keys come in runs stored one after another (`KvRows::keys`), so the kernel walks them at
+    // stride kv_dim, eight keys per pass summed into one vector of eight scores.
     scores.resize(heads.kv_mul() * n, 0.0);
     let mut j = lo;
-    while j + 4 <= pos + 1 {
-        let row = |b: usize| &kv.key(j + b)[g * hd..][..hd];
-        let k = [row(0), row(1), row(2), row(3)];
+    while j <= pos {
+        let run = kv.keys(j, (j + RUN).min(pos + 1));
+        let c = run.len() / kv_dim; // positions j..j + c
+        let k = &run[g * hd..]; // key b of the run (this KV head) at k[b·kv_dim..][..hd]
         for (m, q_m) in q.chunks_exact(hd).enumerate() {
-            let s = D::dot4(q_m, k);
-            let out = &mut scores[m * n + j - lo..][..4];
-            for b in 0..4 {
-                out[b] = s[b] * heads.scale;
-            }
+            let s = &mut scores[m * n + j - lo..][..c];
+            K::dot_rows(s, q_m, k, kv_dim);
+            s.iter_mut().for_each(|s| *s *= heads.scale);
         }
-        j += 4;
-    }
-    for j in j..=pos {
-        let k = &kv.key(j)[g * hd..][..hd];
-        for (m, q_m) in q.chunks_exact(hd).enumerate() {
-            scores[m * n + j - lo] = simd::dot_head(q_m, k) * heads.scale;
-        }
+        j += c;
     }
     for s in scores.chunks_exact_mut(n) {
         crate::softmax::softmax(s);
     }
-    // o_m = Σ_j a[m][j] v_j, each value row read once. Four keys per pass: o_m is loaded and
-    // stored once per four value rows, so the sum is not one long chain through memory.
+    // o_m = Σ_j a[m][j] v_j, each run of value rows read once per query head while o_m stays
+    // in registers.
     o.fill(0.0);
     let mut j = lo;
-    while j + 4 <= pos + 1 {
-        let row = |b: usize| &kv.value(j + b)[g * hd..][..hd];
-        let v = [row(0), row(1), row(2), row(3)];
+    while j <= pos {
+        let run = kv.values(j, (j + RUN).min(pos + 1));
+        let c = run.len() / kv_dim;
+        let v = &run[g * hd..];
         for (m, o_m) in o.chunks_exact_mut(hd).enumerate() {
-            let a = &scores[m * n + j - lo..][..4];
-            D::axpy4(o_m, [a[0], a[1], a[2], a[3]], v);
+            K::axpy_rows(o_m, &scores[m * n + j - lo..][..c], v, kv_dim);
         }
-        j += 4;
-    }
-    for j in j..=pos {
-        let v = &kv.value(j)[g * hd..][..hd];
-        for (m, o_m) in o.chunks_exact_mut(hd).enumerate() {
-            simd::axpy_head(o_m, scores[m * n + j - lo], v);
-        }
+        j += c;
     }
 }
 // ANCHOR_END: attend_group

@@ -184,4 +184,24 @@ impl KvRows for Slots<'_> {
         let s = if j < self.cap { j } else { j % self.cap };
         &self.v[s * self.kv_dim..(s + 1) * self.kv_dim]
     }
+    /// Slots run on from j's up to the end of the buffer, where a ring wraps to slot 0.
+    #[inline(always)]
+    fn keys(&self, j: usize, end: usize) -> &[f32] {
+        let (s, c) = self.run(j, end);
+        &self.k[s * self.kv_dim..(s + c) * self.kv_dim]
+    }
+    #[inline(always)]
+    fn values(&self, j: usize, end: usize) -> &[f32] {
+        let (s, c) = self.run(j, end);
+        &self.v[s * self.kv_dim..(s + c) * self.kv_dim]
+    }
+}
+
+impl Slots<'_> {
+    /// (slot of j, positions from j on stored in consecutive slots, at most end − j).
+    #[inline(always)]
+    fn run(&self, j: usize, end: usize) -> (usize, usize) {
+        let s = if j < self.cap { j } else { j % self.cap };
+        (s, (end - j).min(self.cap - s))
+    }
 }

@@ -98,50 +98,68 @@ pub fn dot_head(a: &[f32], b: &[f32]) -> f32 {
     (h2[0] + h2[1]) + tail
 }
 
-/// The two per-head kernels of attention, four key (value) rows at a time: scores q · k_b, and
-/// y += Σ_b a_b v_b.
-pub trait Dot4 {
-    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4];
-    fn axpy4(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]);
+/// The two per-head kernels of attention over a run of rows stored at a fixed stride (row b of
+/// the run at `x[b·stride..][..head_dim]`, one KV head of consecutive positions in the cache):
+/// the scores q · x_b, and y += Σ_b a_b x_b.
+pub trait HeadKernels {
+    /// s[b] = q · x_b for b in 0..s.len(), x_b = x[b·stride..][..q.len()].
+    fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize);
+    /// y ← y + Σ_b a[b] x_b for b in 0..a.len(), x_b = x[b·stride..][..y.len()].
+    fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize);
 }
 
-/// [`Dot4`] as four [`dot_head`]s: the reference, and the kernel where AVX2 is missing.
-pub struct PlainDot4;
+/// [`HeadKernels`] as one [`dot_head`] per row and [`axpy4_head`] per four rows: the reference,
+/// and the kernel where AVX2 is missing.
+pub struct PlainHeads;
 
-impl Dot4 for PlainDot4 {
+impl HeadKernels for PlainHeads {
     #[inline(always)]
-    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
-        [
-            dot_head(q, k[0]),
-            dot_head(q, k[1]),
-            dot_head(q, k[2]),
-            dot_head(q, k[3]),
-        ]
+    fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize) {
+        let hd = q.len();
+        for (b, s) in s.iter_mut().enumerate() {
+            *s = dot_head(q, &x[b * stride..][..hd]);
+        }
     }
     #[inline(always)]
-    fn axpy4(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]) {
-        axpy4_head(y, a, x)
+    fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) {
+        let hd = y.len();
+        let row = |b: usize| &x[b * stride..][..hd];
+        let mut quads = a.chunks_exact(4);
+        for (i, a4) in (&mut quads).enumerate() {
+            let b = 4 * i;
+            axpy4_head(
+                y,
+                [a4[0], a4[1], a4[2], a4[3]],
+                [row(b), row(b + 1), row(b + 2), row(b + 3)],
+            );
+        }
+        let b0 = a.len() - quads.remainder().len();
+        for (i, &a) in quads.remainder().iter().enumerate() {
+            axpy_head(y, a, row(b0 + i));
+        }
     }
 }
 
-/// [`Dot4`] with AVX2 + FMA: 8 lanes per row, and the four horizontal sums done together by
-/// three `hadd`s. Only for code that runs after [`isa`] reported AVX2 or AVX-512.
+/// [`HeadKernels`] with AVX2 + FMA: eight rows per pass, their eight dot products reduced
+/// together by one transposing `hadd` tree into one vector of eight scores; the weighted sum
+/// keeps y in registers over the whole run. Only for code that runs after [`isa`] reported AVX2
+/// or AVX-512.
 #[cfg(target_arch = "x86_64")]
-pub(crate) struct Avx2Dot4;
+pub(crate) struct Avx2Heads;
 
 #[cfg(target_arch = "x86_64")]
-impl Dot4 for Avx2Dot4 {
+impl HeadKernels for Avx2Heads {
     #[inline(always)]
-    fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize) {
         debug_assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
-        // SAFETY: Avx2Dot4 is used only by the attention kernels compiled for AVX2/AVX-512,
+        // SAFETY: Avx2Heads is used only by the attention kernels compiled for AVX2/AVX-512,
         // which run only where isa() found those features; the kernel checks lengths itself.
-        unsafe { x86::dot4_avx2(q, k) }
+        unsafe { x86::dot_rows_avx2(s, q, x, stride) }
     }
     #[inline(always)]
-    fn axpy4(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]) {
-        // SAFETY: as for dot4.
-        unsafe { x86::axpy4_avx2(y, a, x) }
+    fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) {
+        // SAFETY: as for dot_rows.
+        unsafe { x86::axpy_rows_avx2(y, a, x, stride) }
     }
 }
 
@@ -297,33 +315,130 @@ mod x86 {
         out
     }
 
-    /// y ← y + (a₀x₀ + a₁x₁) + (a₂x₂ + a₃x₃) over y's length (every x_b at least as long).
+    /// s[b] = q · x[b·stride..][..q.len()] for b in 0..s.len().
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy4_avx2(y: &mut [f32], a: [f32; 4], x: [&[f32]; 4]) {
-        let n = y.len();
-        assert!(x.iter().all(|x| x.len() >= n), "axpy4: rows shorter than y");
-        let av = a.map(|a| _mm256_set1_ps(a));
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 ≤ n ≤ every row's length (asserted above).
-            unsafe {
-                let p = |b: usize| _mm256_loadu_ps(x[b].as_ptr().add(i));
-                let t0 = _mm256_fmadd_ps(av[1], p(1), _mm256_mul_ps(av[0], p(0)));
-                let t1 = _mm256_fmadd_ps(av[3], p(3), _mm256_mul_ps(av[2], p(2)));
-                let yv = _mm256_loadu_ps(y.as_ptr().add(i));
-                _mm256_storeu_ps(
-                    y.as_mut_ptr().add(i),
-                    _mm256_add_ps(yv, _mm256_add_ps(t0, t1)),
-                );
-            }
-            i += 8;
+    pub unsafe fn dot_rows_avx2(s: &mut [f32], q: &[f32], x: &[f32], stride: usize) {
+        let (hd, nb) = (q.len(), s.len());
+        if nb == 0 {
+            return;
         }
-        for t in i..n {
-            y[t] += (a[0] * x[0][t] + a[1] * x[1][t]) + (a[2] * x[2][t] + a[3] * x[3][t]);
+        assert!(
+            x.len() >= (nb - 1) * stride + hd,
+            "dot_rows: x holds fewer rows than s"
+        );
+        let full = hd - hd % 8;
+        let (pq, px) = (q.as_ptr(), x.as_ptr());
+        let mut b = 0;
+        while b + 8 <= nb {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut c = 0;
+            while c < full {
+                // SAFETY: c + 8 ≤ full ≤ hd = q.len(), and row b + r < nb starts at
+                // (b + r)·stride with (nb − 1)·stride + hd ≤ x.len() (asserted above).
+                unsafe {
+                    let qv = _mm256_loadu_ps(pq.add(c));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let kv = _mm256_loadu_ps(px.add((b + r) * stride + c));
+                        *acc = _mm256_fmadd_ps(kv, qv, *acc);
+                    }
+                }
+                c += 8;
+            }
+            // Transpose and add: hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5,
+            // b6+b7]; after two levels u0 = [Σlo r0..r3 | Σhi r0..r3] (lo: lanes 0-3, hi: 4-7)
+            // and u1 the same for rows 4..8, so lo + hi of the two gives rows 0..8 in order.
+            let t0 = _mm256_hadd_ps(acc[0], acc[1]);
+            let t1 = _mm256_hadd_ps(acc[2], acc[3]);
+            let t2 = _mm256_hadd_ps(acc[4], acc[5]);
+            let t3 = _mm256_hadd_ps(acc[6], acc[7]);
+            let u0 = _mm256_hadd_ps(t0, t1);
+            let u1 = _mm256_hadd_ps(t2, t3);
+            let lo = _mm256_permute2f128_ps::<0x20>(u0, u1);
+            let hi = _mm256_permute2f128_ps::<0x31>(u0, u1);
+            let out = &mut s[b..b + 8];
+            // SAFETY: `out` holds 8 floats.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(lo, hi)) };
+            if full < hd {
+                for (r, o) in out.iter_mut().enumerate() {
+                    let row = &x[(b + r) * stride..][..hd];
+                    *o += q[full..]
+                        .iter()
+                        .zip(&row[full..])
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>();
+                }
+            }
+            b += 8;
+        }
+        while b + 4 <= nb {
+            let row = |r: usize| &x[(b + r) * stride..][..hd];
+            // SAFETY: the caller's AVX2 + FMA requirement is this function's.
+            let d = unsafe { dot4_avx2(q, [row(0), row(1), row(2), row(3)]) };
+            s[b..b + 4].copy_from_slice(&d);
+            b += 4;
+        }
+        for (r, o) in s.iter_mut().enumerate().skip(b) {
+            *o = super::dot_head(q, &x[r * stride..][..hd]);
+        }
+    }
+
+    /// y ← y + Σ_b a[b] x[b·stride..][..y.len()] for b in 0..a.len(): each 8-lane chunk of y
+    /// stays in registers (four accumulators) over all the rows.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_rows_avx2(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) {
+        let (hd, nb) = (y.len(), a.len());
+        if nb == 0 {
+            return;
+        }
+        assert!(
+            x.len() >= (nb - 1) * stride + hd,
+            "axpy_rows: x holds fewer rows than a"
+        );
+        let full = hd - hd % 8;
+        let px = x.as_ptr();
+        let mut c = 0;
+        while c < full {
+            // SAFETY (all loads and the store below): c + 8 ≤ full ≤ hd = y.len(), and row
+            // b < nb starts at b·stride with (nb − 1)·stride + hd ≤ x.len() (asserted above).
+            unsafe {
+                let p = |b: usize| _mm256_loadu_ps(px.add(b * stride + c));
+                let mut acc = [
+                    _mm256_loadu_ps(y.as_ptr().add(c)),
+                    _mm256_setzero_ps(),
+                    _mm256_setzero_ps(),
+                    _mm256_setzero_ps(),
+                ];
+                let mut b = 0;
+                while b + 4 <= nb {
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm256_fmadd_ps(_mm256_set1_ps(a[b + r]), p(b + r), *acc);
+                    }
+                    b += 4;
+                }
+                while b < nb {
+                    acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(a[b]), p(b), acc[0]);
+                    b += 1;
+                }
+                let sum =
+                    _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+                _mm256_storeu_ps(y.as_mut_ptr().add(c), sum);
+            }
+            c += 8;
+        }
+        for (t, y) in y.iter_mut().enumerate().skip(full) {
+            *y += a
+                .iter()
+                .enumerate()
+                .map(|(b, a)| a * x[b * stride + t])
+                .sum::<f32>();
         }
     }
 
@@ -678,34 +793,11 @@ mod tests {
             kvlab_model::ops::axpy(&mut y_ref, 0.37, &a);
             assert_eq!(y, y_ref, "axpy n={n}");
         }
-        for n in [1, 7, 8, 9, 48, 64, 256, 259] {
-            let q = rand_vec(&mut rng, n);
-            let k: Vec<Vec<f32>> = (0..4).map(|_| rand_vec(&mut rng, n)).collect();
-            let rows = [&k[0][..], &k[1][..], &k[2][..], &k[3][..]];
-            let want = PlainDot4::dot4(&q, rows);
-            let mut got = vec![PlainDot4::dot4(&q, rows)];
-            #[cfg(target_arch = "x86_64")]
-            if Isa::available().contains(&Isa::Avx2Fma) {
-                got.push(Avx2Dot4::dot4(&q, rows));
-            }
-            for g in got {
-                for b in 0..4 {
-                    let scale: f32 = q.iter().zip(&k[b]).map(|(x, y)| (x * y).abs()).sum();
-                    assert!((g[b] - want[b]).abs() <= 1e-6 * scale, "dot4 n={n} row {b}");
-                    let exact = kvlab_model::ops::dot(&q, &k[b]);
-                    assert!(
-                        (g[b] - exact).abs() <= 1e-6 * scale,
-                        "dot4 vs ops::dot n={n}"
-                    );
-                }
-            }
-        }
         for n in [1, 8, 9, 48, 256] {
             let x: Vec<Vec<f32>> = (0..4).map(|_| rand_vec(&mut rng, n)).collect();
             let mut y = rand_vec(&mut rng, n);
             let mut y_ref = y.clone();
             let a = [0.1, -0.7, 0.33, 1.5];
-            let y0 = y.clone();
             axpy4_head(&mut y, a, [&x[0], &x[1], &x[2], &x[3]]);
             for (ai, xi) in a.iter().zip(&x) {
                 kvlab_model::ops::axpy(&mut y_ref, *ai, xi);
@@ -716,17 +808,83 @@ mod tests {
                     "axpy4 n={n}: {p} vs {q}"
                 );
             }
-            #[cfg(target_arch = "x86_64")]
-            if Isa::available().contains(&Isa::Avx2Fma) {
-                let mut y2 = y0.clone();
-                Avx2Dot4::axpy4(&mut y2, a, [&x[0], &x[1], &x[2], &x[3]]);
-                for (p, q) in y2.iter().zip(&y_ref) {
-                    assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "axpy4 avx2 n={n}");
-                }
-            }
         }
         let mut a = vec![1.0f32; 48];
         a[40] = f32::NAN;
         assert!(dot_head(&a, &a).is_nan());
+    }
+
+    /// Every [`HeadKernels`] this CPU runs, by name.
+    fn head_kernels() -> Vec<(&'static str, HeadFns)> {
+        #[allow(unused_mut)]
+        let mut v: Vec<(&'static str, HeadFns)> =
+            vec![("plain", (PlainHeads::dot_rows, PlainHeads::axpy_rows))];
+        #[cfg(target_arch = "x86_64")]
+        if Isa::available().contains(&Isa::Avx2Fma) {
+            v.push(("avx2", (Avx2Heads::dot_rows, Avx2Heads::axpy_rows)));
+        }
+        v
+    }
+    type HeadFns = (
+        fn(&mut [f32], &[f32], &[f32], usize),
+        fn(&mut [f32], &[f32], &[f32], usize),
+    );
+
+    #[test]
+    fn row_kernels_match_the_scalar_reference() {
+        let mut rng = ChaCha8Rng::seed_from_u64(22);
+        for (name, (dot_rows, axpy_rows)) in head_kernels() {
+            for hd in [1, 7, 8, 9, 16, 48, 64, 259] {
+                for nb in [0usize, 1, 3, 4, 7, 8, 9, 16, 17, 37] {
+                    for stride in [hd, 4 * hd + 3] {
+                        let q = rand_vec(&mut rng, hd);
+                        // Exactly as long as nb rows need: the last row ends at the slice's end.
+                        let x = rand_vec(&mut rng, nb.saturating_sub(1) * stride + hd);
+                        let row = |b: usize| &x[b * stride..][..hd];
+                        let mut s = vec![f32::NAN; nb];
+                        dot_rows(&mut s, &q, &x, stride);
+                        for (b, s) in s.iter().enumerate() {
+                            let want = kvlab_model::ops::dot(&q, row(b));
+                            let scale: f32 = q.iter().zip(row(b)).map(|(x, y)| (x * y).abs()).sum();
+                            assert!(
+                                (s - want).abs() <= 1e-6 * scale,
+                                "{name} dot_rows hd={hd} nb={nb} stride={stride} row {b}: {s} vs {want}"
+                            );
+                        }
+                        let a = rand_vec(&mut rng, nb);
+                        let y0 = rand_vec(&mut rng, hd);
+                        let mut y = y0.clone();
+                        axpy_rows(&mut y, &a, &x, stride);
+                        for t in 0..hd {
+                            let terms = (0..nb).map(|b| a[b] as f64 * row(b)[t] as f64);
+                            let want = y0[t] as f64 + terms.clone().sum::<f64>();
+                            let scale = y0[t].abs() as f64 + terms.map(f64::abs).sum::<f64>();
+                            assert!(
+                                (y[t] as f64 - want).abs() <= 1e-6 * scale,
+                                "{name} axpy_rows hd={hd} nb={nb} stride={stride} lane {t}"
+                            );
+                        }
+                    }
+                }
+            }
+            // A NaN in one key makes its score NaN and no other; in one value, every output lane
+            // it reaches.
+            for hd in [8, 9, 48] {
+                let (nb, stride) = (11, 2 * hd);
+                let q = vec![1.0f32; hd];
+                let mut x = vec![1.0f32; (nb - 1) * stride + hd];
+                x[5 * stride + hd - 1] = f32::NAN;
+                let mut s = vec![0.0; nb];
+                dot_rows(&mut s, &q, &x, stride);
+                for (b, s) in s.iter().enumerate() {
+                    assert_eq!(s.is_nan(), b == 5, "{name} hd={hd} row {b}: {s}");
+                }
+                let mut y = vec![0.0; hd];
+                axpy_rows(&mut y, &[0.5; 11], &x, stride);
+                for (t, y) in y.iter().enumerate() {
+                    assert_eq!(y.is_nan(), t == hd - 1, "{name} hd={hd} lane {t}: {y}");
+                }
+            }
+        }
     }
 }

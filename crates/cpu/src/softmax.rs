@@ -19,14 +19,20 @@ const ROUND: f32 = 12_582_912.0;
 pub fn exp_nonpositive(x: f32) -> f32 {
     // Comparisons, not f32::max, so a NaN passes through.
     let x = if x < -87.0 { -87.0 } else { x };
-    let n = (x * LOG2E + ROUND) - ROUND;
+    // t = 1.5·2²³ + round(x / ln 2): its low mantissa bits are n (two's complement), which is
+    // how 2ⁿ is built below without a float → int conversion (Rust's saturating `as` does not
+    // vectorize).
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
         + 0.5;
     let e_r = p * r * r + r + 1.0;
-    let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n ∈ [−126, 0] here, so n + 127 is a normal exponent; a NaN x makes e_r NaN whatever
+    // these bits are.
+    let two_n = f32::from_bits((t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127)) << 23);
     e_r * two_n
 }
 

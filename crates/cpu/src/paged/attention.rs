@@ -74,6 +74,44 @@ impl KvRows for BlockRows<'_> {
             (false, off) => &self.layer.pool_v[off..off + kvd],
         }
     }
+    /// A run ends at the end of j's block or where the step's own rows begin; the step's rows
+    /// of one sequence are consecutive.
+    #[inline(always)]
+    fn keys(&self, j: usize, end: usize) -> &[f32] {
+        let (new, off, c) = self.run(j, end);
+        let k = if new {
+            self.layer.k_new
+        } else {
+            self.layer.pool_k
+        };
+        &k[off..off + c * self.layer.kv_dim]
+    }
+    #[inline(always)]
+    fn values(&self, j: usize, end: usize) -> &[f32] {
+        let (new, off, c) = self.run(j, end);
+        let v = if new {
+            self.layer.v_new
+        } else {
+            self.layer.pool_v
+        };
+        &v[off..off + c * self.layer.kv_dim]
+    }
+}
+
+impl BlockRows<'_> {
+    /// Where the run from j lives: (in the step's rows?, float offset, positions in the run, at
+    /// most end − j).
+    #[inline(always)]
+    fn run(&self, j: usize, end: usize) -> (bool, usize, usize) {
+        let (new, off) = self.at(j);
+        let (pos0, bs) = (self.seq.pos0, self.layer.block_size);
+        let c = if new {
+            end - j
+        } else {
+            (end.min(pos0) - j).min(bs - j % bs)
+        };
+        (new, off, c)
+    }
 }
 
 // ANCHOR: paged_attention
