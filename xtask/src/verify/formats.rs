@@ -43,7 +43,9 @@ fn threshold(format: WeightFormat) -> Threshold {
                 abs: 0.5,
                 rel: 0.05,
             },
-            min_top1: 0.95,
+            // Measured: 0.97 (one near-tie flip in Gemma's 32-position case) to 1.0; a case
+            // of 32 positions moves in steps of 0.03, so this allows three flips there.
+            min_top1: 0.90,
             why: "each weight rounded to 8 mantissa bits (relative error ≤ 2^-9)",
         },
         // f16 keeps 11 bits: 8× finer than bf16 where the weights are in its range.
@@ -52,7 +54,8 @@ fn threshold(format: WeightFormat) -> Threshold {
                 abs: 0.1,
                 rel: 0.01,
             },
-            min_top1: 0.98,
+            // Measured: 1.0 everywhere; allows one flip in a 32-position case.
+            min_top1: 0.96,
             why: "each weight rounded to 11 mantissa bits (relative error ≤ 2^-12)",
         },
         WeightFormat::F32 => unreachable!("f32 is the reference"),
