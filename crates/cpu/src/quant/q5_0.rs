@@ -13,7 +13,7 @@
 //! once; for each of the four rows it decodes the 32 quants as i32 lanes q − 16, converts them
 //! to f32, multiplies them into x lane by lane (`Σ (q − 16)·x` still as a vector), and adds that
 //! vector times the block's `d` (f16 → f32 by a load from Q8_0's 64 Ki-entry table,
-//! `q8_0::f16_table`) into the row's f32 accumulator; one horizontal sum per row at the
+//! `quant::f16_table`) into the row's f32 accumulator; one horizontal sum per row at the
 //! end, rows left over (rows mod 4) one at a time, and a software prefetch a few rows ahead.
 //! The decode, AVX-512: widen the 16 bytes of `qs` to i32 lanes once; `& 15` gives weights
 //! 0..16 and `>> 4` weights 16..32; a masked OR of 0xFFFF_FFF0 (that is, − 16), with the
@@ -49,13 +49,13 @@ pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
             // SAFETY: isa() reports AVX-512 only where the CPU has AVX-512F, the one feature the
             // kernel enables; the asserts above make `w` exactly out.len() rows of x.len() / 32
             // blocks, which is all the kernel reads.
-            unsafe { x86::gemv_avx512(out, w, x, super::q8_0::f16_table()) }
+            unsafe { x86::gemv_avx512(out, w, x, super::f16_table()) }
         }
         #[cfg(target_arch = "x86_64")]
         crate::simd::Isa::Avx2Fma => {
             // SAFETY: isa() reports AVX2 + FMA only where the CPU has both; `w`'s shape is
             // asserted above.
-            unsafe { x86::gemv_avx2(out, w, x, super::q8_0::f16_table()) }
+            unsafe { x86::gemv_avx2(out, w, x, super::f16_table()) }
         }
         _ => super::gemv_rows_reference(GgmlType::Q5_0, out, w, x),
     }

@@ -12,13 +12,12 @@
 //! rows it widens the block's 32 int8 quants to i32 lanes (`vpmovsxbd`), converts them to f32,
 //! multiplies them into x lane by lane (`Σ q·x` still as a vector, no horizontal add), and adds
 //! that vector times the block's `d` (f16 → f32 by a load from a 64 Ki-entry table,
-//! `f16_table`) into the row's f32 accumulator. One horizontal sum per row at the end; rows
+//! `quant::f16_table`) into the row's f32 accumulator. One horizontal sum per row at the end; rows
 //! left over (rows mod 4) go one at a time. A software prefetch a few rows ahead keeps the loads
 //! streaming (W is read once and is far larger than the caches). The activations never leave
 //! f32: the result differs from "decode the row, then dot" only in the order of the additions.
 
 use kvlab_model::GgmlType;
-use std::sync::OnceLock;
 
 /// Weights per block.
 const BLOCK: usize = 32;
@@ -44,52 +43,15 @@ pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
             // SAFETY: isa() reports AVX-512 only where the CPU has AVX-512F, the one feature the
             // kernel enables; the asserts above make `w` exactly out.len() rows of x.len() / 32
             // blocks, which is all the kernel reads.
-            unsafe { x86::gemv_avx512(out, w, x, f16_table()) }
+            unsafe { x86::gemv_avx512(out, w, x, super::f16_table()) }
         }
         #[cfg(target_arch = "x86_64")]
         crate::simd::Isa::Avx2Fma => {
             // SAFETY: isa() reports AVX2 + FMA only where the CPU has both; `w`'s shape is
             // asserted above.
-            unsafe { x86::gemv_avx2(out, w, x, f16_table()) }
+            unsafe { x86::gemv_avx2(out, w, x, super::f16_table()) }
         }
         _ => super::gemv_rows_reference(GgmlType::Q8_0, out, w, x),
-    }
-}
-
-/// Every f16 bit pattern's f32 value, built on first use (256 KiB), shared with Q5_0's kernel.
-///
-/// A block's scale is then one table load broadcast to all lanes, which costs the kernel no
-/// shuffle-port work (`vpbroadcastw` + `vcvtph2ps` cost three shuffle/FP uops per block and row,
-/// a quarter of the loop). Real weights' scales span a few binades, so a few KiB of it stay hot.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) fn f16_table() -> &'static [f32; 1 << 16] {
-    static TABLE: OnceLock<Box<[f32; 1 << 16]>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut t = Box::new([0.0f32; 1 << 16]);
-        for (h, v) in t.iter_mut().enumerate() {
-            *v = f16_to_f32(h as u16);
-        }
-        t
-    })
-}
-
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-/// IEEE binary16 → binary32, exactly (subnormals and infinities included; NaNs keep their payload
-/// and come out quiet).
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h & 0x8000) << 16;
-    let exp = u32::from(h >> 10) & 0x1F;
-    let man = u32::from(h & 0x3FF);
-    match exp {
-        // Zero or subnormal: man · 2⁻²⁴, exact in f32.
-        0 => {
-            let v = man as f32 * (1.0 / 16_777_216.0);
-            if sign != 0 { -v } else { v }
-        }
-        // Infinity, or NaN with its payload, quieted as `vcvtph2ps` and the `half` crate do.
-        0x1F if man == 0 => f32::from_bits(sign | 0x7F80_0000),
-        0x1F => f32::from_bits(sign | 0x7FC0_0000 | man << 13),
-        _ => f32::from_bits(sign | (exp + 127 - 15) << 23 | man << 13),
     }
 }
 
@@ -273,19 +235,6 @@ mod tests {
                 let w = random_q8_0(rows, cols, seed);
                 testing::check(GgmlType::Q8_0, &w, rows, cols, seed + 1000);
             }
-        }
-    }
-
-    #[test]
-    fn f16_table_is_exact() {
-        let t = f16_table();
-        for h in 0..=u16::MAX {
-            let want = half::f16::from_bits(h).to_f32();
-            assert_eq!(
-                t[usize::from(h)].to_bits(),
-                want.to_bits(),
-                "f16 bits {h:#06x}"
-            );
         }
     }
 
