@@ -406,6 +406,15 @@ impl Weights {
 
     /// Every matrix a GEMV reads (the seven per layer, the embedding and an unshared
     /// classifier), the tensors `--weights` converts; the norm gains stay f32.
+    pub fn matrices(&self) -> impl Iterator<Item = &Tensor> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3])
+            .chain([&self.token_embedding])
+            .chain(self.classifier.as_ref())
+    }
+
+    /// [`Weights::matrices`], mutably (the same tensors in the same order).
     pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut Tensor> {
         self.layers
             .iter_mut()
@@ -593,14 +602,8 @@ impl Model {
     /// The matrices' element types and how many matrices have each, e.g. `[(Q5_0, 72), …]`,
     /// for `info` and the generate stats line.
     pub fn matrix_dtypes(&self) -> Vec<(GgmlType, usize)> {
-        let w = &self.weights;
-        let layers = w.layers.iter();
         let mut counts: Vec<(GgmlType, usize)> = Vec::new();
-        let matrices = layers
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3])
-            .chain([&w.token_embedding])
-            .chain(w.classifier.as_ref());
-        for t in matrices {
+        for t in self.weights.matrices() {
             match counts.iter_mut().find(|(ty, _)| *ty == t.dtype()) {
                 Some((_, n)) => *n += 1,
                 None => counts.push((t.dtype(), 1)),

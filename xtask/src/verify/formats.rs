@@ -67,9 +67,9 @@ fn threshold(format: WeightFormat) -> Threshold {
 fn formats(stored: &Model) -> Vec<WeightFormat> {
     let mut v = Vec::new();
     if stored
-        .matrix_dtypes()
-        .iter()
-        .any(|(ty, _)| *ty != kvlab_model::GgmlType::F32)
+        .weights
+        .matrices()
+        .any(|t| t.dtype() != kvlab_model::GgmlType::F32)
     {
         v.push(WeightFormat::Stored);
     }
