@@ -78,8 +78,13 @@ fn formats(stored: &Model) -> Vec<WeightFormat> {
 }
 
 /// One row per (case, format) for a model with a real checkpoint; `stored` is the model as
-/// loaded, before the suite's conversion to f32.
-pub fn run(entry: &ModelEntry, stored: &Model, refs: &[Option<Reference>]) -> Vec<Row> {
+/// loaded, `f32_model` the identity suite's conversion of it to f32 (the reference here too).
+pub fn run(
+    entry: &ModelEntry,
+    f32_model: &Arc<Model>,
+    stored: &Model,
+    refs: &[Option<Reference>],
+) -> Vec<Row> {
     let error = |index: usize, format: WeightFormat, e: anyhow::Error| Row {
         prompt_index: index,
         status: "ERROR".into(),
@@ -95,9 +100,8 @@ pub fn run(entry: &ModelEntry, stored: &Model, refs: &[Option<Reference>]) -> Ve
     cases.sort_by_key(|(i, r)| (std::cmp::Reverse(r.tokens.len().min(POSITIONS)), *i));
     cases.truncate(CASES);
     // The f32 engine's logits, once per case: what every format is compared with.
-    let f32_model = Arc::new(stored.clone().with_weight_format(WeightFormat::F32));
     let references: Vec<Result<Vec<Vec<f32>>>> =
-        cases.iter().map(|(_, r)| force(&f32_model, r)).collect();
+        cases.iter().map(|(_, r)| force(f32_model, r)).collect();
     let mut rows = Vec::new();
     for format in formats(stored) {
         let model = Arc::new(stored.clone().with_weight_format(format));

@@ -313,10 +313,10 @@ fn run_batched(
 /// Weight formats in tolerance mode, for the models with a real checkpoint (a synthetic model's
 /// random weights say nothing about a format's quality).
 fn run_formats(loaded: &[Loaded], refs: &[Vec<Option<Reference>>], rows: &mut Vec<Row>) {
-    for ((entry, .., stored), refs) in loaded.iter().zip(refs) {
+    for ((entry, f32_model, .., stored), refs) in loaded.iter().zip(refs) {
         if entry.model.is_some() {
             eprintln!("verify: weight formats of {} in tolerance mode", entry.name);
-            rows.extend(formats::run(entry, stored, refs));
+            rows.extend(formats::run(entry, f32_model, stored, refs));
         }
     }
 }
