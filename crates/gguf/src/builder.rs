@@ -132,7 +132,7 @@ fn put_value(out: &mut Vec<u8>, v: &MetadataValue, with_type: bool) {
                 MetadataArray::F32(v) => v.iter().map(|&x| MetadataValue::F32(x)).collect(),
                 MetadataArray::Bool(v) => v.iter().map(|&x| MetadataValue::Bool(x)).collect(),
                 MetadataArray::String(v) => {
-                    v.iter().map(|x| MetadataValue::String(x.clone())).collect()
+                    v.iter().map(|x| MetadataValue::String(x.into())).collect()
                 }
                 MetadataArray::U64(v) => v.iter().map(|&x| MetadataValue::U64(x)).collect(),
                 MetadataArray::I64(v) => v.iter().map(|&x| MetadataValue::I64(x)).collect(),

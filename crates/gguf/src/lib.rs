@@ -1,13 +1,14 @@
 //! kvlab-gguf: reads llama.cpp's GGUF files (v2 and v3) and dequantizes their tensors to f32.
 //!
 //! ```no_run
-//! use kvlab_gguf::GgufFile;
+//! use kvlab_gguf::{GgufFile, StringArray};
 //! # fn main() -> kvlab_gguf::Result<()> {
 //! let f = GgufFile::open("gemma-3-270m-q4_k_m.gguf")?;
 //! let md = f.metadata();
 //! let n_layers = md.get_u32("gemma3.block_count")?; // 18
 //! let eps = md.get_f32("gemma3.attention.layer_norm_rms_epsilon")?; // 1e-6
-//! let tokens: &[String] = md.get_str_array("tokenizer.ggml.tokens")?; // (vocab,)
+//! let tokens: &StringArray = md.get_str_array("tokenizer.ggml.tokens")?; // (vocab,)
+//! assert_eq!(&tokens[2], "<bos>");
 //! let scores: &[f32] = md.get_f32_array("tokenizer.ggml.scores")?; // (vocab,)
 //! // ne = [640, 1024] in GGUF order (ne[0] = in, fastest-varying) ...
 //! let info = f.tensor_info("blk.0.attn_q.weight")?;
@@ -67,7 +68,7 @@ pub use builder::GgufBuilder;
 pub use dequant::{dequantize, dequantize_into};
 pub use error::{GgufError, Result};
 pub use file::{DEFAULT_ALIGNMENT, GgufFile};
-pub use metadata::{Metadata, MetadataArray, MetadataValue};
+pub use metadata::{Metadata, MetadataArray, MetadataValue, StringArray};
 pub use summary::{Summary, TypeCount};
 pub use tensor::{MAX_DIMS, TensorInfo};
 pub use types::{GgmlType, QK_K};

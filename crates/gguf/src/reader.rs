@@ -5,6 +5,7 @@
 
 use crate::error::{GgufError, Result};
 
+#[derive(Clone)]
 pub(crate) struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,

@@ -68,11 +68,14 @@ fn metadata_matches_the_model_card() {
         (tokens.len(), scores.len(), types.len()),
         (262144, 262144, 262144)
     );
-    assert_eq!(&tokens[..4], ["<pad>", "<eos>", "<bos>", "<unk>"]);
-    assert_eq!(tokens[106], "<end_of_turn>");
+    assert_eq!(
+        tokens.iter().take(4).collect::<Vec<_>>(),
+        ["<pad>", "<eos>", "<bos>", "<unk>"]
+    );
+    assert_eq!(&tokens[106], "<end_of_turn>");
     // Byte-fallback tokens <0x00>..<0xFF> have type 6 (BYTE).
     let b0 = tokens.iter().position(|t| t == "<0x00>").unwrap();
-    assert_eq!(tokens[b0 + 0x41], "<0x41>");
+    assert_eq!(&tokens[b0 + 0x41], "<0x41>");
     assert!((b0..b0 + 256).all(|i| types[i] == 6));
 }
 
@@ -265,7 +268,7 @@ fn token_fixture_pieces_are_this_vocabulary() {
         let pieces = c["pieces"].as_array().unwrap();
         for (id, piece) in ids.iter().zip(pieces) {
             let id = id.as_u64().unwrap() as usize;
-            assert_eq!(tokens[id], piece.as_str().unwrap(), "case {}", c["text"]);
+            assert_eq!(&tokens[id], piece.as_str().unwrap(), "case {}", c["text"]);
         }
     }
 }

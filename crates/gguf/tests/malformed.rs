@@ -51,7 +51,7 @@ fn good_file_round_trips() {
     let md = f.metadata();
     assert_eq!(md.architecture().unwrap(), "gemma3");
     assert_eq!(md.get_u32("gemma3.block_count").unwrap(), 2);
-    assert_eq!(md.get_str_array("tokenizer.ggml.tokens").unwrap()[1], "▁a");
+    assert_eq!(&md.get_str_array("tokenizer.ggml.tokens").unwrap()[1], "▁a");
     assert_eq!(
         md.get_f32_array("tokenizer.ggml.scores").unwrap(),
         [0.0, -1.5]
@@ -110,7 +110,7 @@ fn every_metadata_type_round_trips() {
         MetadataValue::Array(MetadataArray::I32(vec![])),
         MetadataValue::Array(MetadataArray::F32(vec![0.5])),
         MetadataValue::Array(MetadataArray::Bool(vec![true, false])),
-        MetadataValue::Array(MetadataArray::String(vec!["".into(), "<0x0A>".into()])),
+        MetadataValue::Array(MetadataArray::String(vec!["", "<0x0A>"].into())),
         MetadataValue::Array(MetadataArray::U64(vec![9])),
         MetadataValue::Array(MetadataArray::I64(vec![-9])),
         MetadataValue::Array(MetadataArray::F64(vec![2.5])),
@@ -236,6 +236,26 @@ fn huge_counts_are_rejected_before_allocating() {
     let remaining = (g.len() - p - 8) as u64;
     let e = error_with(p, &(remaining / 2).to_le_bytes());
     assert!(matches!(e, GgufError::Truncated { .. }));
+}
+
+#[test]
+fn string_array_elements_are_bounds_and_utf8_checked() {
+    let g = good().build();
+    // tokenizer.ggml.tokens: after its key, value type 9 (4 bytes), element type 8 (4), count
+    // (8), then each element's u64 length and bytes.
+    let first = after_string(&g, "tokenizer.ggml.tokens") + 4 + 4 + 8;
+    // The first element's length: absurd, or one byte more than the file holds after it. The
+    // array's text buffer is sized from these lengths, so they must fail before allocating.
+    for len in [u64::MAX, 1 << 40, (g.len() - first - 8 + 1) as u64] {
+        let e = error_with(first, &len.to_le_bytes());
+        assert!(
+            matches!(e, GgufError::Truncated { .. }),
+            "length {len}: {e}"
+        );
+    }
+    // Invalid UTF-8 in the second element ("▁a"), after a valid first one.
+    let e = error_with(after_string(&g, "<pad>") + 8, &[0xFF]);
+    assert!(matches!(e, GgufError::InvalidUtf8 { .. }), "{e}");
 }
 
 #[test]

@@ -20,7 +20,7 @@ pub fn good() -> GgufBuilder {
         )
         .kv(
             "tokenizer.ggml.tokens",
-            MetadataValue::Array(MetadataArray::String(vec!["<pad>".into(), "▁a".into()])),
+            MetadataValue::Array(MetadataArray::String(vec!["<pad>", "▁a"].into())),
         )
         .kv(
             "tokenizer.ggml.scores",
