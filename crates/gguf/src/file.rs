@@ -77,7 +77,13 @@ impl GgufFile {
     /// Opens and memory-maps `path`, then parses and validates the header and tensor table.
     ///
     /// The map is read-only; like every mmap-based loader it assumes the file is not modified
-    /// while open (model files are read-only inputs).
+    /// while open (model files are read-only inputs). The header is parsed into owned values
+    /// through a map that is then dropped, so of the file only the tensor pages that are read
+    /// stay resident in this process.
+    ///
+    /// # Errors
+    /// [`GgufError::NotFound`] or [`GgufError::Io`] (also if the file changes size while it is
+    /// being opened), then every parse and validation error of the header and tensor table.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let io = |source: std::io::Error| {
@@ -94,17 +100,23 @@ impl GgufFile {
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
-        let bytes = if len == 0 {
+        if len == 0 {
             // Mapping an empty file fails on some platforms; an empty buffer parses to the
             // same "truncated" error.
-            Bytes::Owned(Vec::new())
-        } else {
-            // SAFETY: the map is read-only and private to this value; the file is a model
-            // input that nothing writes while it is open. All reads go through bounds-checked
-            // slices of the map.
-            Bytes::Mapped(Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?))
-        };
-        let mut f = Self::parse(bytes)?;
+            return Self::parse(Bytes::Owned(Vec::new()));
+        }
+        let mut f = Self::parse(Bytes::Mapped(Arc::new(map_file(&file).map_err(io)?)))?;
+        // Parsing read the header through that map (Gemma 3's: 6.5 MB of tokenizer strings,
+        // scores and types), and a map keeps the pages it has read resident for as long as it
+        // lives. Everything parsed is owned now, so the map kept for tensor data is a fresh one
+        // whose header pages are never read: only tensor pages count in the process's RSS.
+        let fresh = map_file(&file).map_err(io)?;
+        if fresh.len() != f.bytes.len() {
+            return Err(io(std::io::Error::other(
+                "the file changed size while it was being opened",
+            )));
+        }
+        f.bytes = Bytes::Mapped(Arc::new(fresh));
         f.path = Some(path.to_path_buf());
         Ok(f)
     }
@@ -329,6 +341,14 @@ impl GgufFile {
     pub fn summary(&self) -> Summary {
         Summary::of(self)
     }
+}
+
+/// A read-only map of the whole of `file`.
+fn map_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: the map is read-only and private to the `GgufFile` that holds it; the file is a
+    // model input that nothing writes while it is open. All reads go through bounds-checked
+    // slices of the map.
+    unsafe { memmap2::Mmap::map(file) }
 }
 
 /// Checks one tensor's shape, type and data range and builds its [`TensorInfo`].
