@@ -41,9 +41,11 @@ fn gguf_err(path: &Path) -> impl Fn(kvlab_gguf::GgufError) -> Error + '_ {
 /// [`crate::weights::ENCODINGS`]) stay encoded, read in place from the file's memory map; F32
 /// tensors are mapped too; any other type is dequantized to f32 here.
 ///
-/// Memory: Gemma 3 270M Q4_K_M kept as stored is its 253 MB of blocks, mapped; dequantized (by an
-/// engine that reads f32, or `--weights f32`) it is 268M f32 parameters ≈ 1.07 GB, the 671 MB
-/// embedding (262,144 × 640) most of it.
+/// Memory: Gemma 3 270M Q4_K_M kept as stored is its 247 MB of blocks (the 253 MB file less its
+/// header), mapped; dequantized (by an engine that reads f32, or `--weights f32`) it is 268M f32
+/// parameters ≈ 1.07 GB, the 671 MB embedding (262,144 × 640) most of it. The header's pages are
+/// not kept resident, and the tokenizer is ~7 MB of heap (see [`Tokenizer`]); the parsed metadata
+/// is dropped on return.
 ///
 /// # Errors
 /// [`Error::Format`] for an unreadable file, another architecture, a missing key or tensor;
@@ -248,7 +250,6 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
             tokens.len()
         )));
     }
-    let pieces: Vec<Vec<u8>> = tokens.iter().map(|t| t.as_bytes().to_vec()).collect();
     let bos = md.get_u32("tokenizer.ggml.bos_token_id").map_err(&e)?;
     let eos = md.get_u32("tokenizer.ggml.eos_token_id").map_err(&e)?;
     let prefix = md
@@ -261,6 +262,7 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
         .enumerate()
         .filter(|(_, t)| **t == USER_DEFINED)
         .map(|(i, _)| i as u32);
+    let pieces = tokens.iter().map(str::as_bytes);
     Ok(Tokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
         .with_escaped_spaces()
         .with_verbatim(verbatim))
