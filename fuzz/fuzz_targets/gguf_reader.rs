@@ -68,12 +68,9 @@ fn gemma3() -> &'static [u8] {
             )
             .kv(
                 "tokenizer.ggml.tokens",
-                MetadataValue::Array(MetadataArray::String(vec![
-                    "<pad>".into(),
-                    "<eos>".into(),
-                    "<bos>".into(),
-                    "▁a".into(),
-                ])),
+                MetadataValue::Array(MetadataArray::String(
+                    vec!["<pad>", "<eos>", "<bos>", "▁a"].into(),
+                )),
             )
             .kv(
                 "tokenizer.ggml.scores",
