@@ -6,6 +6,9 @@
 //! * `cpu/attention_decode`: kvlab-cpu's SIMD kernel over a contiguous (ctx, head_dim) cache;
 //! * `cpu-paged/attention_decode/bs16`: the paged kernel reading the same keys through a block
 //!   table whose 16-token blocks are scattered over a pool: the paged gather's cost.
+//! * `cpu/attention_decode/stories260K`: one decode query of all heads of stories260K's shape
+//!   (8 query heads sharing 4 KV heads, head_dim 8): tiny heads, where the per-key overheads
+//!   (reductions, exp, loads) rather than the multiply-adds set the cost.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvlab_benches::{assert_close, data};
@@ -123,12 +126,98 @@ fn bench(c: &mut Criterion) {
     }
 }
 
+/// A contiguous `(ctx, kv_dim)` cache whose keys come in one run, as the cpu engine's do.
+#[derive(Clone, Copy)]
+struct Runs<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    kv_dim: usize,
+}
+
+impl KvRows for Runs<'_> {
+    fn key(&self, j: usize) -> &[f32] {
+        &self.k[j * self.kv_dim..][..self.kv_dim]
+    }
+    fn value(&self, j: usize) -> &[f32] {
+        &self.v[j * self.kv_dim..][..self.kv_dim]
+    }
+    fn keys(&self, j: usize, end: usize) -> &[f32] {
+        &self.k[j * self.kv_dim..end * self.kv_dim]
+    }
+    fn values(&self, j: usize, end: usize) -> &[f32] {
+        &self.v[j * self.kv_dim..end * self.kv_dim]
+    }
+}
+
+fn bench_small_heads(c: &mut Criterion) {
+    let heads = Heads {
+        n_heads: 8,
+        n_kv_heads: 4,
+        head_dim: 8,
+        scale: 1.0 / 8f32.sqrt(),
+        window: usize::MAX,
+    };
+    let (hd, kv_dim) = (heads.head_dim, heads.n_kv_heads * heads.head_dim);
+    let mut g = c.benchmark_group("cpu/attention_decode/stories260K");
+    for ctx in [64, 256, 512] {
+        let q = data(heads.n_heads * hd, 4); // (n_heads, head_dim)
+        let k = data(ctx * kv_dim, 5); // (ctx, kv_dim)
+        let v = data(ctx * kv_dim, 6); // (ctx, kv_dim)
+        let rows = Runs {
+            k: &k,
+            v: &v,
+            kv_dim,
+        };
+        let mut out = vec![0.0; heads.n_heads * hd];
+        // Validate against the reference, head by head, before timing.
+        for h in 0..heads.n_heads {
+            let g = h / heads.kv_mul();
+            let kh: Vec<f32> = k
+                .chunks_exact(kv_dim)
+                .flat_map(|r| r[g * hd..][..hd].to_vec())
+                .collect();
+            let vh: Vec<f32> = v
+                .chunks_exact(kv_dim)
+                .flat_map(|r| r[g * hd..][..hd].to_vec())
+                .collect();
+            let mut want = vec![0.0; hd];
+            scalar_hd(&mut want, &q[h * hd..][..hd], &kh, &vh, heads.scale);
+            attention(&mut out, &q, &heads, |_| ctx - 1, |_| rows);
+            assert_close(
+                "cpu/attention_decode/stories260K",
+                &out[h * hd..][..hd],
+                &want,
+                1e-4,
+            );
+        }
+        g.throughput(Throughput::Elements(ctx as u64));
+        g.bench_function(BenchmarkId::new("ctx", ctx), |b| {
+            b.iter(|| attention(&mut out, &q, &heads, |_| ctx - 1, |_| rows))
+        });
+    }
+    g.finish();
+}
+
+/// [`scalar`] for any head_dim.
+fn scalar_hd(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scale: f32) {
+    let hd = q.len();
+    let mut s: Vec<f32> = k
+        .chunks_exact(hd)
+        .map(|kj| ops::dot(q, kj) * scale)
+        .collect();
+    ops::softmax(&mut s);
+    out.fill(0.0);
+    for (w, vj) in s.iter().zip(v.chunks_exact(hd)) {
+        ops::axpy(out, *w, vj);
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(std::time::Duration::from_millis(300))
         .measurement_time(std::time::Duration::from_secs(1));
-    targets = bench
+    targets = bench, bench_small_heads
 }
 criterion_main!(benches);

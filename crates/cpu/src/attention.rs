@@ -82,31 +82,31 @@ pub fn attention<R: KvRows>(
         * 2
         * heads.n_heads
         * hd;
-    let task = |(i, o): (usize, &mut [f32]), scores: &mut Vec<f32>| {
+    thread_local! {
+        /// Each thread's scratch for [`attend_group`], reused from step to step.
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let task = |(i, o): (usize, &mut [f32])| {
         let (r, g) = (i / heads.n_kv_heads, i % heads.n_kv_heads);
         let q = &q[r * heads.n_heads * hd + g * group..][..group];
-        attend_group(o, q, g, pos_of(r), &rows_of(r), heads, scores);
+        SCRATCH.with_borrow_mut(|s| attend_group(o, q, g, pos_of(r), &rows_of(r), heads, s));
     };
     if work < PAR_MIN_WORK {
-        let mut scores = Vec::new();
-        out.chunks_exact_mut(group)
-            .enumerate()
-            .for_each(|t| task(t, &mut scores));
+        out.chunks_exact_mut(group).enumerate().for_each(task);
     } else {
-        // One block of (row, KV head) tasks per thread, each with its own scratch.
+        // One block of (row, KV head) tasks per thread.
         let n_tasks = out.len() / group;
         let per = n_tasks.div_ceil(threads::num_threads()) * group;
         threads::for_each_chunk_mut(out, per, |b, block| {
-            let mut scores = Vec::new();
             for (i, o) in block.chunks_exact_mut(group).enumerate() {
-                task((b * per / group + i, o), &mut scores);
+                task((b * per / group + i, o));
             }
         });
     }
 }
 
 /// o (kv_mul, head_dim) ← attention of the kv_mul queries q (kv_mul, head_dim) at position `pos`
-/// that share KV head `g`, over keys `first_visible(pos)..=pos`. `scores` is scratch.
+/// that share KV head `g`, over keys `first_visible(pos)..=pos`. `scratch` is reused between calls.
 ///
 /// The body is compiled once per instruction set and chosen at run time ([`simd::isa`]), so its
 /// small per-key loops vectorize with the widest registers the CPU has.
@@ -117,16 +117,16 @@ pub fn attend_group<R: KvRows>(
     pos: usize,
     kv: &R,
     heads: &Heads,
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
     match simd::isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: isa() returns only levels the CPU supports; the body is safe code.
-        simd::Isa::Avx512 => unsafe { attend_group_avx512(o, q, g, pos, kv, heads, scores) },
+        simd::Isa::Avx512 => unsafe { attend_group_avx512(o, q, g, pos, kv, heads, scratch) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2 + FMA.
-        simd::Isa::Avx2Fma => unsafe { attend_group_avx2(o, q, g, pos, kv, heads, scores) },
-        _ => attend_group_body::<R, simd::PlainHeads>(o, q, g, pos, kv, heads, scores),
+        simd::Isa::Avx2Fma => unsafe { attend_group_avx2(o, q, g, pos, kv, heads, scratch) },
+        _ => attend_group_body::<R, simd::PlainHeads>(o, q, g, pos, kv, heads, scratch),
     }
 }
 
@@ -139,9 +139,9 @@ unsafe fn attend_group_avx512<R: KvRows>(
     pos: usize,
     kv: &R,
     heads: &Heads,
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
-    attend_group_body::<R, simd::Avx2Heads>(o, q, g, pos, kv, heads, scores)
+    attend_group_body::<R, simd::Avx512Heads>(o, q, g, pos, kv, heads, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -153,9 +153,9 @@ unsafe fn attend_group_avx2<R: KvRows>(
     pos: usize,
     kv: &R,
     heads: &Heads,
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
-    attend_group_body::<R, simd::Avx2Heads>(o, q, g, pos, kv, heads, scores)
+    attend_group_body::<R, simd::Avx2Heads>(o, q, g, pos, kv, heads, scratch)
 }
 
 // ANCHOR: attend_group
@@ -167,43 +167,52 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     pos: usize,
     kv: &R,
     heads: &Heads,
-    scores: &mut Vec<f32>,
+    scratch: &mut Vec<f32>,
 ) {
     let hd = heads.head_dim;
     let kv_dim = heads.n_kv_heads * hd; // the stride from one position's row to the next
     let lo = heads.first_visible(pos);
     let n = pos + 1 - lo; // keys visible to this query
-    // scores (kv_mul, n): s[m][j − lo] = (q_m · k_j) · scale, each key row read once.
-    // Keys come in runs stored one after another (`KvRows::keys`), so the kernel walks them at
-    // stride kv_dim, eight keys per pass summed into one vector of eight scores.
-    scores.resize(heads.kv_mul() * n, 0.0);
+    // scratch: the queries times the scale (kv_mul, head_dim), 1 / Σ_j e[m][j] (kv_mul,), then
+    // the scores (kv_mul, n).
+    let (group, kv_mul) = (q.len(), heads.kv_mul());
+    scratch.resize(group + kv_mul + kv_mul * n, 0.0);
+    let (q_scaled, rest) = scratch.split_at_mut(group);
+    let (inv_sum, scores) = rest.split_at_mut(kv_mul);
+    q_scaled
+        .iter_mut()
+        .zip(q)
+        .for_each(|(s, q)| *s = q * heads.scale);
+    // s[m][j − lo] = (q_m · scale) · k_j, each key row read once for all kv_mul heads. Keys come
+    // in runs stored one after another (`KvRows::keys`), so the kernel walks them at stride
+    // kv_dim, eight keys per pass summed into one vector of eight scores (of two heads, where a
+    // head is 8 wide and the CPU has AVX-512).
     let mut j = lo;
     while j <= pos {
         let run = kv.keys(j, (j + RUN).min(pos + 1));
         let c = run.len() / kv_dim; // positions j..j + c
         let k = &run[g * hd..]; // key b of the run (this KV head) at k[b·kv_dim..][..hd]
-        for (m, q_m) in q.chunks_exact(hd).enumerate() {
-            let s = &mut scores[m * n + j - lo..][..c];
-            K::dot_rows(s, q_m, k, kv_dim);
-            s.iter_mut().for_each(|s| *s *= heads.scale);
-        }
+        K::dot_heads(scores, n, j - lo..j - lo + c, q_scaled, hd, k, kv_dim);
         j += c;
     }
-    for s in scores.chunks_exact_mut(n) {
-        crate::softmax::softmax(s);
+    // e[m][j] = exp(s[m][j] − max_j s[m][j]); softmax divides by their sum, which is done
+    // below on the head_dim outputs instead of on the n weights.
+    for (s, inv) in scores.chunks_exact_mut(n).zip(inv_sum.iter_mut()) {
+        *inv = 1.0 / crate::softmax::exp_shifted::<K::MulAdd>(s);
     }
-    // o_m = Σ_j a[m][j] v_j, each run of value rows read once per query head while o_m stays
-    // in registers.
+    // o_m = Σ_j e[m][j] v_j / Σ_j e[m][j], each run of value rows read once for all kv_mul heads
+    // while the o_m stay in registers.
     o.fill(0.0);
     let mut j = lo;
     while j <= pos {
         let run = kv.values(j, (j + RUN).min(pos + 1));
         let c = run.len() / kv_dim;
         let v = &run[g * hd..];
-        for (m, o_m) in o.chunks_exact_mut(hd).enumerate() {
-            K::axpy_rows(o_m, &scores[m * n + j - lo..][..c], v, kv_dim);
-        }
+        K::axpy_heads(o, hd, scores, n, j - lo..j - lo + c, v, kv_dim);
         j += c;
+    }
+    for (o_m, inv) in o.chunks_exact_mut(hd).zip(inv_sum.iter()) {
+        o_m.iter_mut().for_each(|o| *o *= inv);
     }
 }
 // ANCHOR_END: attend_group

@@ -12,6 +12,7 @@
 
 pub mod attention;
 pub mod forward;
+pub mod head8;
 pub mod kv_cache;
 pub mod linear;
 pub mod paged;

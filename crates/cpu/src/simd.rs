@@ -4,6 +4,7 @@
 //!
 //! Each kernel is tested against the scalar reference in `kvlab_model::ops` on random inputs.
 
+use std::ops::Range;
 use std::sync::OnceLock;
 
 /// An instruction-set level.
@@ -102,10 +103,83 @@ pub fn dot_head(a: &[f32], b: &[f32]) -> f32 {
 /// the run at `x[b·stride..][..head_dim]`, one KV head of consecutive positions in the cache):
 /// the scores q · x_b, and y += Σ_b a_b x_b.
 pub trait HeadKernels {
+    /// How softmax's exp multiplies and adds in the kernel these run in.
+    type MulAdd: crate::softmax::MulAdd;
     /// s[b] = q · x_b for b in 0..s.len(), x_b = x[b·stride..][..q.len()].
     fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize);
     /// y ← y + Σ_b a[b] x_b for b in 0..a.len(), x_b = x[b·stride..][..y.len()].
     fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize);
+    /// [`HeadKernels::dot_rows`] for two query heads that share the rows (GQA/MQA).
+    #[inline(always)]
+    fn dot_rows2(s: [&mut [f32]; 2], q: [&[f32]; 2], x: &[f32], stride: usize) {
+        let [s0, s1] = s;
+        Self::dot_rows(s0, q[0], x, stride);
+        Self::dot_rows(s1, q[1], x, stride);
+    }
+    /// [`HeadKernels::axpy_rows`] for two query heads that share the rows.
+    #[inline(always)]
+    fn axpy_rows2(y: [&mut [f32]; 2], a: [&[f32]; 2], x: &[f32], stride: usize) {
+        let [y0, y1] = y;
+        Self::axpy_rows(y0, a[0], x, stride);
+        Self::axpy_rows(y1, a[1], x, stride);
+    }
+
+    /// Scores of all the query heads q (kv_mul, hd) that share the rows of x: s[m·n + at + b] =
+    /// q_m · x_b for at + b in `cols`, s being (kv_mul, n). Heads go in pairs
+    /// ([`HeadKernels::dot_rows2`]), the last one alone when kv_mul is odd.
+    #[inline(always)]
+    fn dot_heads(
+        s: &mut [f32],
+        n: usize,
+        cols: Range<usize>,
+        q: &[f32],
+        hd: usize,
+        x: &[f32],
+        stride: usize,
+    ) {
+        let mut s_pairs = s.chunks_exact_mut(2 * n);
+        let mut q_pairs = q.chunks_exact(2 * hd);
+        for (s, q) in (&mut s_pairs).zip(&mut q_pairs) {
+            let (s0, s1) = s.split_at_mut(n);
+            let (q0, q1) = q.split_at(hd);
+            Self::dot_rows2(
+                [&mut s0[cols.clone()], &mut s1[cols.clone()]],
+                [q0, q1],
+                x,
+                stride,
+            );
+        }
+        let (s, q) = (s_pairs.into_remainder(), q_pairs.remainder());
+        if !q.is_empty() {
+            Self::dot_rows(&mut s[cols], q, x, stride);
+        }
+    }
+
+    /// The weighted sums of all the query heads that share the rows of x: for each head m,
+    /// y_m ← y_m + Σ_b a[m·n + at + b] x_b for at + b in `cols`, y being (kv_mul, hd) and a
+    /// (kv_mul, n). Pairs as [`HeadKernels::dot_heads`].
+    #[inline(always)]
+    fn axpy_heads(
+        y: &mut [f32],
+        hd: usize,
+        a: &[f32],
+        n: usize,
+        cols: Range<usize>,
+        x: &[f32],
+        stride: usize,
+    ) {
+        let mut y_pairs = y.chunks_exact_mut(2 * hd);
+        let mut a_pairs = a.chunks_exact(2 * n);
+        for (y, a) in (&mut y_pairs).zip(&mut a_pairs) {
+            let (y0, y1) = y.split_at_mut(hd);
+            let (a0, a1) = a.split_at(n);
+            Self::axpy_rows2([y0, y1], [&a0[cols.clone()], &a1[cols.clone()]], x, stride);
+        }
+        let (y, a) = (y_pairs.into_remainder(), a_pairs.remainder());
+        if !y.is_empty() {
+            Self::axpy_rows(y, &a[cols], x, stride);
+        }
+    }
 }
 
 /// [`HeadKernels`] as one [`dot_head`] per row and [`axpy4_head`] per four rows: the reference,
@@ -113,6 +187,7 @@ pub trait HeadKernels {
 pub struct PlainHeads;
 
 impl HeadKernels for PlainHeads {
+    type MulAdd = crate::softmax::Unfused;
     #[inline(always)]
     fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize) {
         let hd = q.len();
@@ -149,6 +224,7 @@ pub(crate) struct Avx2Heads;
 
 #[cfg(target_arch = "x86_64")]
 impl HeadKernels for Avx2Heads {
+    type MulAdd = crate::softmax::Fused;
     #[inline(always)]
     fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize) {
         debug_assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
@@ -160,6 +236,49 @@ impl HeadKernels for Avx2Heads {
     fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) {
         // SAFETY: as for dot_rows.
         unsafe { x86::axpy_rows_avx2(y, a, x, stride) }
+    }
+}
+
+/// [`HeadKernels`] on AVX-512: [`Avx2Heads`] for one head; two heads of 8 dimensions in one
+/// register ([`crate::head8`]), the same bits as two AVX2 calls. Only for code that runs after
+/// [`isa`] reported AVX-512.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx512Heads;
+
+#[cfg(target_arch = "x86_64")]
+impl HeadKernels for Avx512Heads {
+    type MulAdd = crate::softmax::Fused;
+    #[inline(always)]
+    fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize) {
+        Avx2Heads::dot_rows(s, q, x, stride)
+    }
+    #[inline(always)]
+    fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) {
+        Avx2Heads::axpy_rows(y, a, x, stride)
+    }
+    #[inline(always)]
+    fn dot_rows2(s: [&mut [f32]; 2], q: [&[f32]; 2], x: &[f32], stride: usize) {
+        debug_assert!(is_x86_feature_detected!("avx512f"));
+        if q[0].len() == crate::head8::HEAD_DIM {
+            // SAFETY: Avx512Heads is used only by the attention kernel compiled for AVX-512,
+            // which runs only where isa() found AVX-512F; the kernel checks lengths itself.
+            unsafe { crate::head8::dot_rows2(s, q, x, stride) }
+        } else {
+            let [s0, s1] = s;
+            Self::dot_rows(s0, q[0], x, stride);
+            Self::dot_rows(s1, q[1], x, stride);
+        }
+    }
+    #[inline(always)]
+    fn axpy_rows2(y: [&mut [f32]; 2], a: [&[f32]; 2], x: &[f32], stride: usize) {
+        if y[0].len() == crate::head8::HEAD_DIM {
+            // SAFETY: as for dot_rows2.
+            unsafe { crate::head8::axpy_rows2(y, a, x, stride) }
+        } else {
+            let [y0, y1] = y;
+            Self::axpy_rows(y0, a[0], x, stride);
+            Self::axpy_rows(y1, a[1], x, stride);
+        }
     }
 }
 

@@ -32,10 +32,11 @@ fn check_parity(model: Model, prompt: &[u32], forced: &[u32]) {
 }
 
 fn arb_case() -> impl Strategy<Value = (SyntheticSpec, Vec<u32>, Vec<u32>, Option<usize>)> {
-    // (n_kv_heads, group): MHA, GQA and MQA.
+    // (n_kv_heads, group): MHA, GQA (an odd group too: heads that pair up and one left over) and
+    // MQA.
     (
         1usize..=2,
-        prop_oneof![Just(1usize), Just(2), Just(4)],
+        prop_oneof![Just(1usize), Just(2), Just(3), Just(4)],
         1usize..=3,
         any::<u64>(),
         1usize..=3,
