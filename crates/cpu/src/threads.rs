@@ -8,7 +8,7 @@
 //! [`set_num_threads`]; the default is the machine's physical cores (`RAYON_NUM_THREADS` is read
 //! too, for programs that set it for every pool).
 
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -50,17 +50,26 @@ fn spin_until(done: impl Fn() -> bool) -> bool {
 /// One parallel loop: `f(task)` for every task in `0..n_tasks`.
 #[derive(Clone, Copy)]
 struct Job {
-    /// The loop body, its lifetime erased; valid until `remaining` reaches 0 (see `Team::run`).
+    /// The loop body, its lifetime erased; valid until every helper has reported this epoch
+    /// done (see `Team::run`).
     f: *const (dyn Fn(usize) + Sync + 'static),
     n_tasks: usize,
 }
 
+/// A value alone on its cache line(s): the lines the caller writes (epoch, job) and each
+/// helper writes (its `done`) are never the same, so a parallel loop moves two cache lines
+/// between cores, one each way, and no lock.
+#[repr(align(128))]
+struct Padded<T>(T);
+
 struct Shared {
     /// Incremented once per job; a helper runs each epoch's job once.
-    epoch: AtomicU64,
-    job: Mutex<Option<Job>>,
-    /// Helpers that have not finished the current job.
-    remaining: AtomicUsize,
+    epoch: Padded<AtomicU64>,
+    /// The current epoch's job. Written by the caller of `Team::run` only while no helper is
+    /// between seeing a new epoch and reporting it done; read by helpers only in that window.
+    job: Padded<UnsafeCell<Option<Job>>>,
+    /// done[k − 1]: the last epoch helper k finished.
+    done: Box<[Padded<AtomicU64>]>,
     /// Helpers parked on `wake`.
     sleeping: AtomicUsize,
     park: Mutex<()>,
@@ -72,8 +81,13 @@ struct Shared {
 
 // SAFETY: `Job::f` points to a `dyn Fn + Sync`, which may be called from any thread; the pointer
 // is only dereferenced while the caller of `Team::run` keeps the closure alive (it waits for
-// `remaining == 0` before returning).
+// every helper's `done` to reach the epoch before returning).
 unsafe impl Send for Job {}
+// SAFETY: every field but `job` is Sync; `job` is written only by the one caller of `Team::run`
+// (it holds `Team::entry`) before it publishes a new epoch, when every helper has reported the
+// previous epoch done, and read by helpers only after they see the new epoch (SeqCst: the
+// write happens-before the read) and before they report it done.
+unsafe impl Sync for Shared {}
 
 struct Team {
     shared: Arc<Shared>,
@@ -105,9 +119,9 @@ fn default_threads() -> usize {
 impl Team {
     fn start(n_threads: usize) -> Result<Team, ThreadsError> {
         let shared = Arc::new(Shared {
-            epoch: AtomicU64::new(0),
-            job: Mutex::new(None),
-            remaining: AtomicUsize::new(0),
+            epoch: Padded(AtomicU64::new(0)),
+            job: Padded(UnsafeCell::new(None)),
+            done: (1..n_threads).map(|_| Padded(AtomicU64::new(0))).collect(),
             sleeping: AtomicUsize::new(0),
             park: Mutex::new(()),
             wake: Condvar::new(),
@@ -137,15 +151,18 @@ impl Team {
         let _turn = self.entry.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the lifetime is erased only for the helpers, which call `f` for this epoch
         // only; this function does not return (nor unwind: the caller's share runs under
-        // catch_unwind) before `remaining` is 0, i.e. before every helper is done with `f`.
+        // catch_unwind) before every helper has reported this epoch done.
         let f_static: *const (dyn Fn(usize) + Sync + 'static) =
             unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
-        *s.job.lock().unwrap_or_else(|p| p.into_inner()) = Some(Job {
-            f: f_static,
-            n_tasks,
-        });
-        s.remaining.store(s.n_threads - 1, SeqCst);
-        s.epoch.fetch_add(1, SeqCst);
+        // SAFETY: we hold `entry`, and every helper reported the previous epoch done before the
+        // previous `run` returned, so no helper reads `job` now (see `Shared`).
+        unsafe {
+            *s.job.0.get() = Some(Job {
+                f: f_static,
+                n_tasks,
+            })
+        };
+        let epoch = s.epoch.0.fetch_add(1, SeqCst) + 1;
         if s.sleeping.load(SeqCst) > 0 {
             let _g = s.park.lock().unwrap_or_else(|p| p.into_inner());
             s.wake.notify_all();
@@ -153,7 +170,8 @@ impl Team {
         let mine = catch_unwind(AssertUnwindSafe(|| {
             run_share(f, 0, s.n_threads, n_tasks);
         }));
-        while !spin_until(|| s.remaining.load(SeqCst) == 0) {
+        let all_done = || s.done.iter().all(|d| d.0.load(SeqCst) == epoch);
+        while !spin_until(all_done) {
             // A helper was descheduled: let it run.
             std::thread::yield_now();
         }
@@ -186,16 +204,18 @@ fn run_share(f: &(dyn Fn(usize) + Sync), k: usize, n: usize, n_tasks: usize) {
 fn helper(s: &Shared, k: usize) {
     let mut seen = 0u64;
     loop {
-        if !spin_until(|| s.epoch.load(SeqCst) != seen) {
+        if !spin_until(|| s.epoch.0.load(SeqCst) != seen) {
             let mut g = s.park.lock().unwrap_or_else(|p| p.into_inner());
             s.sleeping.fetch_add(1, SeqCst);
-            while s.epoch.load(SeqCst) == seen {
+            while s.epoch.0.load(SeqCst) == seen {
                 g = s.wake.wait(g).unwrap_or_else(|p| p.into_inner());
             }
             s.sleeping.fetch_sub(1, SeqCst);
         }
-        seen = s.epoch.load(SeqCst);
-        let job = *s.job.lock().unwrap_or_else(|p| p.into_inner());
+        seen = s.epoch.0.load(SeqCst);
+        // SAFETY: a new epoch is published only after its job was written, and the next job is
+        // written only after this helper reports `seen` done below (see `Shared`).
+        let job = unsafe { *s.job.0.get() };
         if let Some(job) = job {
             // SAFETY: see `Job::f`: the caller of `run` waits for this helper's report below
             // before the closure can go away.
@@ -208,7 +228,7 @@ fn helper(s: &Shared, k: usize) {
                 s.panicked.store(true, SeqCst);
             }
         }
-        s.remaining.fetch_sub(1, SeqCst);
+        s.done[k - 1].0.store(seen, SeqCst);
     }
 }
 
