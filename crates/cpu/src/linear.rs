@@ -123,8 +123,28 @@ const SGEMM_MIN_COLS: usize = 64;
 /// prefill step starts no other pool (`gemm::Parallelism::None`).
 fn sgemm_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_out: usize) {
     thread_local! {
+        /// xᵀ (in, t) of the caller's current call; reused across calls.
+        static X_T: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    // gemm's micro-kernel works down columns (16 rows of C per vector): it copies a row-major
+    // lhs into column panels and stores a row-major C element by element, and those scalar
+    // copies took about a fifth of a 100-token prefill. So it gets x transposed once here and
+    // writes each task's block of C column-major into scratch, which the task transposes
+    // into y in L1-sized tiles.
+    X_T.with_borrow_mut(|x_t| {
+        x_t.resize(d_in * t, 0.0);
+        transpose(&x[..t * d_in], t, d_in, x_t);
+        sgemm_columns_t(y, x_t, w, t, d_in, d_out)
+    })
+}
+
+/// [`sgemm_columns`] with x given transposed: x_t (in, t).
+fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize, d_out: usize) {
+    thread_local! {
         /// One block of W's rows decoded to f32, when W is encoded; reused across calls.
         static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// This task's block of yᵀ (n, t); reused across calls.
+        static Y_T: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let threads = threads::num_threads();
     let per = d_out
@@ -134,45 +154,73 @@ fn sgemm_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_o
     let y_ptr = threads::SendPtr(y.as_mut_ptr());
     let block = |c0: usize| {
         DECODED.with_borrow_mut(|scratch| {
-            let n = per.min(d_out - c0);
-            let w = w.rows_f32(c0, n, d_in, scratch);
-            // C (m=t, n) = A (m, k=in) · B (k, n) where B = W[c0..c0+n]ᵀ: B[k][j] = W[c0 + j][k],
-            // row stride 1 and column stride `in`; C starts at column c0 of y, row stride `out`.
-            // SAFETY: linear's assert guarantees A spans t·in floats and y t·out, and `w` is the n
-            // rows c0..c0+n (n·in floats); this task writes only columns c0..c0+n of y's t rows,
-            // which no other task writes (the blocks are disjoint), and `linear` holds `&mut y`.
-            unsafe {
-                // gemm computes dst := alpha·dst + beta·lhs·rhs, and with read_dst = false it
-                // never reads dst. lhs = x (t, in): column stride 1, row stride in; rhs = B (in, n):
-                // column stride in, row stride 1; dst = y's columns c0.., row stride out.
-                gemm::gemm(
-                    t,
-                    n,
-                    d_in,
-                    y_ptr.get().add(c0),
-                    1,
-                    d_out as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    d_in as isize,
-                    w.as_ptr(),
-                    d_in as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
+            Y_T.with_borrow_mut(|y_t| {
+                let n = per.min(d_out - c0);
+                let w = w.rows_f32(c0, n, d_in, scratch);
+                y_t.resize(n * t, 0.0);
+                // C (m=t, n) = A (m, k=in) · B (k, n) where B = W[c0..c0+n]ᵀ: B[k][j] = W[c0 + j][k],
+                // row stride 1 and column stride `in`; C starts at column c0 of y, row stride `out`.
+                // SAFETY: x_t holds in·t floats, linear's assert guarantees y spans t·out, and `w` is the n
+                // rows c0..c0+n (n·in floats); this task writes only columns c0..c0+n of y's t rows,
+                // which no other task writes (the blocks are disjoint), and `linear` holds `&mut y`.
+                unsafe {
+                    // gemm computes dst := alpha·dst + beta·lhs·rhs, and with read_dst = false it
+                    // never reads dst. lhs = x (t, in) from x_t: column stride t, row stride 1;
+                    // rhs = B (in, n): column stride in, row stride 1; dst = y's columns c0.., row
+                    // stride out.
+                    gemm::gemm(
+                        t,
+                        n,
+                        d_in,
+                        y_t.as_mut_ptr(),
+                        t as isize,
+                        1,
+                        false,
+                        x_t.as_ptr(),
+                        t as isize,
+                        1,
+                        w.as_ptr(),
+                        d_in as isize,
+                        1,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
+                    // y[i][c0 + j] = y_t[j][i], 16 columns at a time so both sides stay in L1.
+                    for j0 in (0..n).step_by(16) {
+                        let j1 = (j0 + 16).min(n);
+                        for i in 0..t {
+                            let row = y_ptr.get().add(i * d_out + c0);
+                            for j in j0..j1 {
+                                *row.add(j) = y_t[j * t + i];
+                            }
+                        }
+                    }
+                }
+            })
         })
     };
     if threads == 1 || d_out <= per {
         block(0);
     } else {
         threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
+    }
+}
+
+/// x_t (cols, rows) ← xᵀ for x (rows, cols), in 16 × 16 tiles that stay in L1.
+fn transpose(x: &[f32], rows: usize, cols: usize, x_t: &mut [f32]) {
+    const TILE: usize = 16;
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for c in c0..(c0 + TILE).min(cols) {
+                for r in r0..(r0 + TILE).min(rows) {
+                    x_t[c * rows + r] = x[r * cols + c];
+                }
+            }
+        }
     }
 }
 
