@@ -20,6 +20,7 @@ pub mod quant;
 pub mod simd;
 pub mod softmax;
 pub mod threads;
+pub mod transpose;
 
 use std::sync::Arc;
 

@@ -11,6 +11,7 @@
 use kvlab_model::{GgmlType, Tensor};
 
 use crate::threads;
+use crate::transpose::transpose;
 use crate::{quant, simd};
 
 /// A weight matrix (out, in) as the kernels see it.
@@ -130,10 +131,12 @@ fn sgemm_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_o
     // lhs into column panels and stores a row-major C element by element, and those scalar
     // copies took about a fifth of a 100-token prefill. So it gets x transposed once here and
     // writes each task's block of C column-major into scratch, which the task transposes
-    // into y in L1-sized tiles.
+    // into y (8 × 8 tiles in registers: crate::transpose).
     X_T.with_borrow_mut(|x_t| {
         x_t.resize(d_in * t, 0.0);
-        transpose(&x[..t * d_in], t, d_in, x_t);
+        assert!(x.len() >= t * d_in);
+        // SAFETY: x holds t rows of d_in floats (asserted), x_t d_in rows of t.
+        unsafe { transpose(x.as_ptr(), d_in, x_t.as_mut_ptr(), t, t, d_in) };
         sgemm_columns_t(y, x_t, w, t, d_in, d_out)
     })
 }
@@ -159,8 +162,9 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
                 let w = w.rows_f32(c0, n, d_in, scratch);
                 y_t.resize(n * t, 0.0);
                 // C (m=t, n) = A (m, k=in) · B (k, n) where B = W[c0..c0+n]ᵀ: B[k][j] = W[c0 + j][k],
-                // row stride 1 and column stride `in`; C starts at column c0 of y, row stride `out`.
-                // SAFETY: x_t holds in·t floats, linear's assert guarantees y spans t·out, and `w` is the n
+                // row stride 1 and column stride `in`; C goes to y_t (n, t), then to columns
+                // c0..c0+n of y.
+                // SAFETY: x_t holds in·t floats, y_t n·t, linear's assert guarantees y spans t·out, and `w` is the n
                 // rows c0..c0+n (n·in floats); this task writes only columns c0..c0+n of y's t rows,
                 // which no other task writes (the blocks are disjoint), and `linear` holds `&mut y`.
                 unsafe {
@@ -189,16 +193,9 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
                         false,
                         gemm::Parallelism::None,
                     );
-                    // y[i][c0 + j] = y_t[j][i], 16 columns at a time so both sides stay in L1.
-                    for j0 in (0..n).step_by(16) {
-                        let j1 = (j0 + 16).min(n);
-                        for i in 0..t {
-                            let row = y_ptr.get().add(i * d_out + c0);
-                            for j in j0..j1 {
-                                *row.add(j) = y_t[j * t + i];
-                            }
-                        }
-                    }
+                    // y[i][c0 + j] = y_t[j][i]: this task's columns of y, which no other task
+                    // writes.
+                    transpose(y_t.as_ptr(), t, y_ptr.get().add(c0), d_out, n, t);
                 }
             })
         })
@@ -207,20 +204,6 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
         block(0);
     } else {
         threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
-    }
-}
-
-/// x_t (cols, rows) ← xᵀ for x (rows, cols), in 16 × 16 tiles that stay in L1.
-fn transpose(x: &[f32], rows: usize, cols: usize, x_t: &mut [f32]) {
-    const TILE: usize = 16;
-    for r0 in (0..rows).step_by(TILE) {
-        for c0 in (0..cols).step_by(TILE) {
-            for c in c0..(c0 + TILE).min(cols) {
-                for r in r0..(r0 + TILE).min(rows) {
-                    x_t[c * rows + r] = x[r * cols + c];
-                }
-            }
-        }
     }
 }
 
