@@ -11,6 +11,7 @@ use kvlab_model::rope::RopeTables;
 use kvlab_model::{LayerKind, Model, ops};
 
 use crate::attention::Heads;
+use crate::elementwise;
 use crate::kv_cache::KvCache;
 use crate::linear::linear;
 
@@ -90,7 +91,7 @@ pub fn forward(
         rmsnorm_rows(&mut xn, &x, &lw.ffn_norm, d, c.norm_eps);
         linear(&mut gate, &xn, &lw.w1, t, d, hid);
         linear(&mut up, &xn, &lw.w3, t, d, hid);
-        ops::glu(&mut gate, &up, c.activation);
+        elementwise::glu(&mut gate, &up, c.activation);
         linear(&mut o, &gate, &lw.w2, t, hid, d);
         if c.post_norms {
             o.chunks_exact_mut(d)

@@ -11,6 +11,7 @@
 //! cached step), [`threads`]; [`paged`] is the same step over a block pool.
 
 pub mod attention;
+pub mod elementwise;
 pub mod forward;
 pub mod head8;
 pub mod kv_cache;
