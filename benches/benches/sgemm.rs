@@ -1,11 +1,14 @@
 //! Prefill as GEMM: y (t, out) = x (t, in) @ Wᵀ at t = 100 prompt rows, for the weight shapes of
 //! the stories15M (dim 288, hidden 768, vocab 32000) and stories42M (dim 512, hidden 1376)
 //! models, in kvlab's layout: W stored (out, in) row-major, so B = Wᵀ is read with row stride 1
-//! and column stride `in` (no transposed copy), x and y row-major.
+//! and column stride `in` (no transposed copy of W), x and y row-major.
 //!
 //! * `sgemm/matrixmultiply`: `matrixmultiply::sgemm`, kvlab-cpu's GEMM (the reference);
 //! * `sgemm/gemm`: the `gemm` crate (the GEMM candle uses), f32, `Parallelism::None`, with its
-//!   AVX-512 kernels (`x86-v4` feature) where the CPU has them.
+//!   AVX-512 kernels (`x86-v4` feature) where the CPU has them;
+//! * `sgemm/gemm_transposed`: the same crate called as kvlab-cpu's `linear` calls it: x
+//!   transposed first and C written column-major, then transposed into y
+//!   (`kvlab_cpu::transpose`), so gemm's own copies are vector copies (see `linear.rs`).
 //!
 //! Both on one thread (kvlab splits W's rows across its own threads around the call).
 //! Throughput is in elements = multiply-adds (t × in × out), so criterion's "Melem/s" ÷ 500
@@ -84,7 +87,40 @@ fn gemm_crate(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out:
     }
 }
 
-/// The plain triple loop (f64 accumulation) both are checked against.
+/// y = x @ Wᵀ by the gemm crate on xᵀ, into a column-major C, then into y: kvlab-cpu's way.
+fn gemm_transposed(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+    let mut x_t = vec![0.0f32; d_in * t]; // (in, t)
+    let mut y_t = vec![0.0f32; d_out * t]; // (out, t)
+    // SAFETY: x is (t, d_in), x_t (d_in, t), y_t (d_out, t), y (t, d_out); the strides address
+    // only inside them; gemm never reads dst with read_dst = false.
+    unsafe {
+        kvlab_cpu::transpose::transpose(x.as_ptr(), d_in, x_t.as_mut_ptr(), t, t, d_in);
+        gemm::gemm(
+            t,
+            d_out,
+            d_in,
+            y_t.as_mut_ptr(),
+            t as isize,
+            1,
+            false,
+            x_t.as_ptr(),
+            t as isize,
+            1,
+            w.as_ptr(),
+            d_in as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+        kvlab_cpu::transpose::transpose(y_t.as_ptr(), t, y.as_mut_ptr(), d_out, d_out, t);
+    }
+}
+
+/// The plain triple loop (f64 accumulation) all are checked against.
 fn reference(x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) -> Vec<f32> {
     let mut y = vec![0.0; t * d_out];
     for r in 0..t {
@@ -103,7 +139,11 @@ fn reference(x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) -> Vec<f
 type Gemm = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
 
 fn bench(c: &mut Criterion) {
-    let kernels: [(&str, Gemm); 2] = [("sgemm/matrixmultiply", mm), ("sgemm/gemm", gemm_crate)];
+    let kernels: [(&str, Gemm); 3] = [
+        ("sgemm/matrixmultiply", mm),
+        ("sgemm/gemm", gemm_crate),
+        ("sgemm/gemm_transposed", gemm_transposed),
+    ];
     for (label, d_in, d_out) in SHAPES {
         let x = data(T * d_in, 21);
         let w = data(d_out * d_in, 22);
