@@ -6,6 +6,9 @@
 //! * `cpu/attention_decode`: kvlab-cpu's SIMD kernel over a contiguous (ctx, head_dim) cache;
 //! * `cpu-paged/attention_decode/bs16`: the paged kernel reading the same keys through a block
 //!   table whose 16-token blocks are scattered over a pool: the paged gather's cost.
+//! * `cpu/attention_decode/stories15M_6_layers`: one decode token's attention over all 6 layers
+//!   of the stories15M shape (6 heads of 48, 14 MB of keys and values at 1,024 positions): the
+//!   cache outgrows L2, as it does in a real decode step;
 //! * `cpu/attention_decode/stories260K`: one decode query of all heads of stories260K's shape
 //!   (8 query heads sharing 4 KV heads, head_dim 8): tiny heads, where the per-key overheads
 //!   (reductions, exp, loads) rather than the multiply-adds set the cost.
@@ -198,6 +201,67 @@ fn bench_small_heads(c: &mut Criterion) {
     g.finish();
 }
 
+fn bench_layers(c: &mut Criterion) {
+    const LAYERS: usize = 6;
+    let heads = Heads {
+        n_heads: 6,
+        n_kv_heads: 6,
+        head_dim: 48,
+        scale: 1.0 / 48f32.sqrt(),
+        window: usize::MAX,
+    };
+    let (hd, kv_dim) = (heads.head_dim, heads.n_kv_heads * heads.head_dim);
+    let mut g = c.benchmark_group("cpu/attention_decode/stories15M_6_layers");
+    for ctx in [256, 1024] {
+        let q = data(heads.n_heads * hd, 7); // (n_heads, head_dim)
+        // (n_layers, ctx, kv_dim) each
+        let k: Vec<Vec<f32>> = (0..LAYERS)
+            .map(|l| data(ctx * kv_dim, 8 + l as u64))
+            .collect();
+        let v: Vec<Vec<f32>> = (0..LAYERS)
+            .map(|l| data(ctx * kv_dim, 20 + l as u64))
+            .collect();
+        let mut out = vec![0.0; heads.n_heads * hd];
+        // Validate one head of one layer against the reference before timing.
+        let rows = Runs {
+            k: &k[0],
+            v: &v[0],
+            kv_dim,
+        };
+        attention(&mut out, &q, &heads, |_| ctx - 1, |_| rows);
+        let kh: Vec<f32> = k[0]
+            .chunks_exact(kv_dim)
+            .flat_map(|r| r[..hd].to_vec())
+            .collect();
+        let vh: Vec<f32> = v[0]
+            .chunks_exact(kv_dim)
+            .flat_map(|r| r[..hd].to_vec())
+            .collect();
+        let mut want = vec![0.0; hd];
+        scalar_hd(&mut want, &q[..hd], &kh, &vh, heads.scale);
+        assert_close(
+            "cpu/attention_decode/stories15M_6_layers",
+            &out[..hd],
+            &want,
+            1e-4,
+        );
+        g.throughput(Throughput::Bytes((LAYERS * 2 * ctx * kv_dim * 4) as u64));
+        g.bench_function(BenchmarkId::new("ctx", ctx), |b| {
+            b.iter(|| {
+                for l in 0..LAYERS {
+                    let rows = Runs {
+                        k: &k[l],
+                        v: &v[l],
+                        kv_dim,
+                    };
+                    attention(&mut out, &q, &heads, |_| ctx - 1, |_| rows);
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
 /// [`scalar`] for any head_dim.
 fn scalar_hd(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scale: f32) {
     let hd = q.len();
@@ -218,6 +282,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(std::time::Duration::from_millis(300))
         .measurement_time(std::time::Duration::from_secs(1));
-    targets = bench, bench_small_heads
+    targets = bench, bench_small_heads, bench_layers
 }
 criterion_main!(benches);

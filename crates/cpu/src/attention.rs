@@ -7,8 +7,12 @@
 //!   a   = softmax(s)
 //!   o_h = Σ_j a_j v_{g,j}
 //! The kv_mul query heads of one KV head are computed together, so each key and value row is read
-//! once per KV head, not once per query head. One task is one (query row, KV head) pair; tasks run
-//! on the calling thread when the step is small and across the engine's threads when it is not.
+//! once per KV head, not once per query head. The work is (query row, KV head) tasks: on the
+//! calling thread when the step is small, else one block of consecutive tasks per thread, each
+//! row's KV heads of a block attended together run by run of positions (their keys are
+//! neighbours in the cache).
+
+use std::ops::Range;
 
 use crate::simd;
 use crate::threads;
@@ -86,34 +90,47 @@ pub fn attention<R: KvRows>(
         /// Each thread's scratch for [`attend_group`], reused from step to step.
         static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let task = |(i, o): (usize, &mut [f32])| {
-        let (r, g) = (i / heads.n_kv_heads, i % heads.n_kv_heads);
-        let q = &q[r * heads.n_heads * hd + g * group..][..group];
-        SCRATCH.with_borrow_mut(|s| attend_group(o, q, g, pos_of(r), &rows_of(r), heads, s));
+    // Attention of row r's KV heads gs, written to o (its slice of out).
+    let run = |r: usize, gs: Range<usize>, o: &mut [f32]| {
+        let q = &q[r * heads.n_heads * hd + gs.start * group..][..gs.len() * group];
+        SCRATCH.with_borrow_mut(|s| attend_group(o, q, gs, pos_of(r), &rows_of(r), heads, s));
     };
+    let per_row = heads.n_kv_heads * group;
     if work < PAR_MIN_WORK {
-        out.chunks_exact_mut(group).enumerate().for_each(task);
+        for (r, o) in out.chunks_exact_mut(per_row).enumerate() {
+            run(r, 0..heads.n_kv_heads, o);
+        }
     } else {
-        // One block of (row, KV head) tasks per thread.
+        // One block of consecutive (row, KV head) tasks per thread, each row's part of a block in
+        // one call: its KV heads' keys sit side by side in a row of the cache, so a thread that
+        // takes them together reads whole stretches of cache lines.
         let n_tasks = out.len() / group;
-        let per = n_tasks.div_ceil(threads::num_threads()) * group;
-        threads::for_each_chunk_mut(out, per, |b, block| {
-            for (i, o) in block.chunks_exact_mut(group).enumerate() {
-                task((b * per / group + i, o));
+        let per = n_tasks.div_ceil(threads::num_threads());
+        threads::for_each_chunk_mut(out, per * group, |b, block| {
+            let (mut t, end) = (b * per, b * per + block.len() / group);
+            let mut block = block;
+            while t < end {
+                let (r, g) = (t / heads.n_kv_heads, t % heads.n_kv_heads);
+                let g_end = heads.n_kv_heads.min(g + end - t);
+                let (o, rest) = block.split_at_mut((g_end - g) * group);
+                run(r, g..g_end, o);
+                block = rest;
+                t += g_end - g;
             }
         });
     }
 }
 
-/// o (kv_mul, head_dim) ← attention of the kv_mul queries q (kv_mul, head_dim) at position `pos`
-/// that share KV head `g`, over keys `first_visible(pos)..=pos`. `scratch` is reused between calls.
+/// o (|gs|, kv_mul, head_dim) ← attention of the queries q (|gs|, kv_mul, head_dim) at position
+/// `pos` of KV heads `gs` (kv_mul query heads share each), over keys `first_visible(pos)..=pos`.
+/// `scratch` is reused between calls.
 ///
 /// The body is compiled once per instruction set and chosen at run time ([`simd::isa`]), so its
 /// small per-key loops vectorize with the widest registers the CPU has.
 pub fn attend_group<R: KvRows>(
     o: &mut [f32],
     q: &[f32],
-    g: usize,
+    gs: Range<usize>,
     pos: usize,
     kv: &R,
     heads: &Heads,
@@ -122,11 +139,11 @@ pub fn attend_group<R: KvRows>(
     match simd::isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: isa() returns only levels the CPU supports; the body is safe code.
-        simd::Isa::Avx512 => unsafe { attend_group_avx512(o, q, g, pos, kv, heads, scratch) },
+        simd::Isa::Avx512 => unsafe { attend_group_avx512(o, q, gs, pos, kv, heads, scratch) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, for AVX2 + FMA.
-        simd::Isa::Avx2Fma => unsafe { attend_group_avx2(o, q, g, pos, kv, heads, scratch) },
-        _ => attend_group_body::<R, simd::PlainHeads>(o, q, g, pos, kv, heads, scratch),
+        simd::Isa::Avx2Fma => unsafe { attend_group_avx2(o, q, gs, pos, kv, heads, scratch) },
+        _ => attend_group_body::<R, simd::PlainHeads>(o, q, gs, pos, kv, heads, scratch),
     }
 }
 
@@ -135,13 +152,13 @@ pub fn attend_group<R: KvRows>(
 unsafe fn attend_group_avx512<R: KvRows>(
     o: &mut [f32],
     q: &[f32],
-    g: usize,
+    gs: Range<usize>,
     pos: usize,
     kv: &R,
     heads: &Heads,
     scratch: &mut Vec<f32>,
 ) {
-    attend_group_body::<R, simd::Avx512Heads>(o, q, g, pos, kv, heads, scratch)
+    attend_group_body::<R, simd::Avx512Heads>(o, q, gs, pos, kv, heads, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -149,13 +166,13 @@ unsafe fn attend_group_avx512<R: KvRows>(
 unsafe fn attend_group_avx2<R: KvRows>(
     o: &mut [f32],
     q: &[f32],
-    g: usize,
+    gs: Range<usize>,
     pos: usize,
     kv: &R,
     heads: &Heads,
     scratch: &mut Vec<f32>,
 ) {
-    attend_group_body::<R, simd::Avx2Heads>(o, q, g, pos, kv, heads, scratch)
+    attend_group_body::<R, simd::Avx2Heads>(o, q, gs, pos, kv, heads, scratch)
 }
 
 // ANCHOR: attend_group
@@ -163,7 +180,7 @@ unsafe fn attend_group_avx2<R: KvRows>(
 fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     o: &mut [f32],
     q: &[f32],
-    g: usize,
+    gs: Range<usize>,
     pos: usize,
     kv: &R,
     heads: &Heads,
@@ -173,26 +190,38 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     let kv_dim = heads.n_kv_heads * hd; // the stride from one position's row to the next
     let lo = heads.first_visible(pos);
     let n = pos + 1 - lo; // keys visible to this query
-    // scratch: the queries times the scale (kv_mul, head_dim), 1 / Σ_j e[m][j] (kv_mul,), then
-    // the scores (kv_mul, n).
-    let (group, kv_mul) = (q.len(), heads.kv_mul());
-    scratch.resize(group + kv_mul + kv_mul * n, 0.0);
-    let (q_scaled, rest) = scratch.split_at_mut(group);
-    let (inv_sum, scores) = rest.split_at_mut(kv_mul);
+    // scratch: the queries times the scale (|gs|·kv_mul, head_dim), 1 / Σ_j e[m][j] (|gs|·kv_mul,),
+    // then the scores (|gs|·kv_mul, n); m counts the query heads of gs.
+    let (kv_mul, group) = (heads.kv_mul(), heads.kv_mul() * hd);
+    let heads_here = gs.len() * kv_mul;
+    scratch.resize(q.len() + heads_here + heads_here * n, 0.0);
+    let (q_scaled, rest) = scratch.split_at_mut(q.len());
+    let (inv_sum, scores) = rest.split_at_mut(heads_here);
     q_scaled
         .iter_mut()
         .zip(q)
         .for_each(|(s, q)| *s = q * heads.scale);
-    // s[m][j − lo] = (q_m · scale) · k_j, each key row read once for all kv_mul heads. Keys come
-    // in runs stored one after another (`KvRows::keys`), so the kernel walks them at stride
-    // kv_dim, eight keys per pass summed into one vector of eight scores (of two heads, where a
-    // head is 8 wide and the CPU has AVX-512).
+    // s[m][j − lo] = (q_m · scale) · k_{g,j}, each key row read once for the kv_mul heads of its KV
+    // head g. Keys come in runs stored one after another (`KvRows::keys`), so the kernel walks
+    // them at stride kv_dim, eight keys per pass summed into one vector of eight scores (of two
+    // heads, where a head is 8 wide and the CPU has AVX-512).
     let mut j = lo;
     while j <= pos {
         let run = kv.keys(j, (j + RUN).min(pos + 1));
         let c = run.len() / kv_dim; // positions j..j + c
-        let k = &run[g * hd..]; // key b of the run (this KV head) at k[b·kv_dim..][..hd]
-        K::dot_heads(scores, n, j - lo..j - lo + c, q_scaled, hd, k, kv_dim);
+        for (i, g) in gs.clone().enumerate() {
+            let k = &run[g * hd..]; // key b of the run for KV head g at k[b·kv_dim..][..hd]
+            let s = &mut scores[i * kv_mul * n..][..kv_mul * n];
+            K::dot_heads(
+                s,
+                n,
+                j - lo..j - lo + c,
+                &q_scaled[i * group..][..group],
+                hd,
+                k,
+                kv_dim,
+            );
+        }
         j += c;
     }
     // e[m][j] = exp(s[m][j] − max_j s[m][j]); softmax divides by their sum, which is done
@@ -200,15 +229,25 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     for (s, inv) in scores.chunks_exact_mut(n).zip(inv_sum.iter_mut()) {
         *inv = 1.0 / crate::softmax::exp_shifted::<K::MulAdd>(s);
     }
-    // o_m = Σ_j e[m][j] v_j / Σ_j e[m][j], each run of value rows read once for all kv_mul heads
-    // while the o_m stay in registers.
+    // o_m = Σ_j e[m][j] v_{g,j} / Σ_j e[m][j], each run of value rows read once for the kv_mul
+    // heads of a KV head while their o_m stay in registers.
     o.fill(0.0);
     let mut j = lo;
     while j <= pos {
         let run = kv.values(j, (j + RUN).min(pos + 1));
         let c = run.len() / kv_dim;
-        let v = &run[g * hd..];
-        K::axpy_heads(o, hd, scores, n, j - lo..j - lo + c, v, kv_dim);
+        for (i, g) in gs.clone().enumerate() {
+            let (v, s) = (&run[g * hd..], &scores[i * kv_mul * n..][..kv_mul * n]);
+            K::axpy_heads(
+                &mut o[i * group..][..group],
+                hd,
+                s,
+                n,
+                j - lo..j - lo + c,
+                v,
+                kv_dim,
+            );
+        }
         j += c;
     }
     for (o_m, inv) in o.chunks_exact_mut(hd).zip(inv_sum.iter()) {
