@@ -71,15 +71,15 @@ pub fn exp_nonpositive<M: MulAdd>(x: f32) -> f32 {
 /// x ← softmax(x) = e^(x_i − max) / Σ_j e^(x_j − max). A NaN anywhere makes every output NaN.
 #[inline(always)]
 pub fn softmax<M: MulAdd>(x: &mut [f32]) {
-    let inv = 1.0 / exp_shifted::<M>(x);
+    let inv = 1.0 / exp_shifted::<M>(x).1;
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// x ← e^(x_i − max), returning Σ_i e^(x_i − max): softmax without its division, for a caller
-/// that divides something shorter instead (attention divides its head_dim outputs, not its
-/// scores). A NaN anywhere makes the sum NaN.
+/// x ← e^(x_i − max), returning (max, Σ_i e^(x_i − max)): softmax without its division, for a
+/// caller that divides something shorter instead (attention divides its head_dim outputs, not
+/// its scores) or merges softmaxes over parts of the scores. A NaN anywhere makes the sum NaN.
 #[inline(always)]
-pub fn exp_shifted<M: MulAdd>(x: &mut [f32]) -> f32 {
+pub fn exp_shifted<M: MulAdd>(x: &mut [f32]) -> (f32, f32) {
     // Lanes: independent accumulators the compiler keeps in one AVX-512 register (two AVX2 ones).
     const L: usize = 16;
     let mut m = [f32::NEG_INFINITY; L];
@@ -105,7 +105,7 @@ pub fn exp_shifted<M: MulAdd>(x: &mut [f32]) -> f32 {
         *v = exp_nonpositive::<M>(*v - max);
         s[0] += *v;
     }
-    reduce(s, |a, b| a + b)
+    (max, reduce(s, |a, b| a + b))
 }
 
 /// Folds 16 lanes pairwise, halves onto halves (four vector steps, not fifteen dependent
