@@ -15,7 +15,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvlab_benches::{assert_close, data};
-use kvlab_cpu::attention::{Heads, KvRows, attention};
+use kvlab_cpu::attention::{Contiguous, Heads, KvRows, attention};
 use kvlab_cpu::paged::attention::{PagedLayer, SeqView, paged_attention};
 use kvlab_model::ops;
 
@@ -129,29 +129,6 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-/// A contiguous `(ctx, kv_dim)` cache whose keys come in one run, as the cpu engine's do.
-#[derive(Clone, Copy)]
-struct Runs<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
-    kv_dim: usize,
-}
-
-impl KvRows for Runs<'_> {
-    fn key(&self, j: usize) -> &[f32] {
-        &self.k[j * self.kv_dim..][..self.kv_dim]
-    }
-    fn value(&self, j: usize) -> &[f32] {
-        &self.v[j * self.kv_dim..][..self.kv_dim]
-    }
-    fn keys(&self, j: usize, end: usize) -> &[f32] {
-        &self.k[j * self.kv_dim..end * self.kv_dim]
-    }
-    fn values(&self, j: usize, end: usize) -> &[f32] {
-        &self.v[j * self.kv_dim..end * self.kv_dim]
-    }
-}
-
 fn bench_small_heads(c: &mut Criterion) {
     let heads = Heads {
         n_heads: 8,
@@ -166,7 +143,7 @@ fn bench_small_heads(c: &mut Criterion) {
         let q = data(heads.n_heads * hd, 4); // (n_heads, head_dim)
         let k = data(ctx * kv_dim, 5); // (ctx, kv_dim)
         let v = data(ctx * kv_dim, 6); // (ctx, kv_dim)
-        let rows = Runs {
+        let rows = Contiguous {
             k: &k,
             v: &v,
             kv_dim,
@@ -223,7 +200,7 @@ fn bench_layers(c: &mut Criterion) {
             .collect();
         let mut out = vec![0.0; heads.n_heads * hd];
         // Validate one head of one layer against the reference before timing.
-        let rows = Runs {
+        let rows = Contiguous {
             k: &k[0],
             v: &v[0],
             kv_dim,
@@ -249,7 +226,7 @@ fn bench_layers(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("ctx", ctx), |b| {
             b.iter(|| {
                 for l in 0..LAYERS {
-                    let rows = Runs {
+                    let rows = Contiguous {
                         k: &k[l],
                         v: &v[l],
                         kv_dim,

@@ -6,9 +6,9 @@
 //! * `sgemm/matrixmultiply`: `matrixmultiply::sgemm`, kvlab-cpu's GEMM (the reference);
 //! * `sgemm/gemm`: the `gemm` crate (the GEMM candle uses), f32, `Parallelism::None`, with its
 //!   AVX-512 kernels (`x86-v4` feature) where the CPU has them;
-//! * `sgemm/gemm_transposed`: the same crate called as kvlab-cpu's `linear` calls it: x
-//!   transposed first and C written column-major, then transposed into y
-//!   (`kvlab_cpu::transpose`), so gemm's own copies are vector copies (see `linear.rs`).
+//! * `sgemm/kvlab_linear`: kvlab-cpu's `linear`, which calls the same crate on x transposed and
+//!   writes C column-major, then transposes it into y (`kvlab_cpu::transpose`), so gemm's own
+//!   copies are vector copies (see `linear.rs`).
 //!
 //! Both on one thread (kvlab splits W's rows across its own threads around the call).
 //! Throughput is in elements = multiply-adds (t × in × out), so criterion's "Melem/s" ÷ 500
@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvlab_benches::{assert_close, data};
+use kvlab_model::Tensor;
 
 /// Prompt rows of a prefill.
 const T: usize = 100;
@@ -35,7 +36,7 @@ const SHAPES: [(&str, usize, usize); 5] = [
 ];
 
 /// y = x @ Wᵀ by matrixmultiply.
-fn mm(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+fn mm(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out: usize) {
     // SAFETY: x is (t, d_in), w (d_out, d_in), y (t, d_out), all row-major and of those lengths
     // (checked by the caller's slicing below); the strides address only inside them.
     unsafe {
@@ -59,7 +60,7 @@ fn mm(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) 
 }
 
 /// y = x @ Wᵀ by the gemm crate, one thread.
-fn gemm_crate(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
+fn gemm_crate(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out: usize) {
     // SAFETY: as in `mm`; gemm computes dst := alpha·dst + beta·lhs·rhs and, with
     // read_dst = false, never reads dst.
     unsafe {
@@ -87,37 +88,10 @@ fn gemm_crate(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out:
     }
 }
 
-/// y = x @ Wᵀ by the gemm crate on xᵀ, into a column-major C, then into y: kvlab-cpu's way.
-fn gemm_transposed(y: &mut [f32], x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) {
-    let mut x_t = vec![0.0f32; d_in * t]; // (in, t)
-    let mut y_t = vec![0.0f32; d_out * t]; // (out, t)
-    // SAFETY: x is (t, d_in), x_t (d_in, t), y_t (d_out, t), y (t, d_out); the strides address
-    // only inside them; gemm never reads dst with read_dst = false.
-    unsafe {
-        kvlab_cpu::transpose::transpose(x.as_ptr(), d_in, x_t.as_mut_ptr(), t, t, d_in);
-        gemm::gemm(
-            t,
-            d_out,
-            d_in,
-            y_t.as_mut_ptr(),
-            t as isize,
-            1,
-            false,
-            x_t.as_ptr(),
-            t as isize,
-            1,
-            w.as_ptr(),
-            d_in as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-        kvlab_cpu::transpose::transpose(y_t.as_ptr(), t, y.as_mut_ptr(), d_out, d_out, t);
-    }
+/// y = x @ Wᵀ by kvlab-cpu's `linear` (gemm on x transposed, C column-major, transposed into y),
+/// on one thread like the others.
+fn kvlab_linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out: usize) {
+    kvlab_cpu::linear::linear(y, x, w, t, d_in, d_out)
 }
 
 /// The plain triple loop (f64 accumulation) all are checked against.
@@ -136,17 +110,18 @@ fn reference(x: &[f32], w: &[f32], t: usize, d_in: usize, d_out: usize) -> Vec<f
     y
 }
 
-type Gemm = fn(&mut [f32], &[f32], &[f32], usize, usize, usize);
+type Gemm = fn(&mut [f32], &[f32], &Tensor, usize, usize, usize);
 
 fn bench(c: &mut Criterion) {
+    kvlab_cpu::set_num_threads(1).expect("the first use of kvlab-cpu's threads");
     let kernels: [(&str, Gemm); 3] = [
         ("sgemm/matrixmultiply", mm),
         ("sgemm/gemm", gemm_crate),
-        ("sgemm/gemm_transposed", gemm_transposed),
+        ("sgemm/kvlab_linear", kvlab_linear),
     ];
     for (label, d_in, d_out) in SHAPES {
         let x = data(T * d_in, 21);
-        let w = data(d_out * d_in, 22);
+        let w: Tensor = data(d_out * d_in, 22).into_iter().collect();
         let want = reference(&x, &w, T, d_in, d_out);
         let mut y = vec![0.0; T * d_out];
         for (name, f) in kernels {

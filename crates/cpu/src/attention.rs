@@ -60,6 +60,30 @@ pub trait KvRows: Sync {
     }
 }
 
+/// Keys and values stored row after row, position j at row j, without a ring: one sequence's
+/// cache as the tests and benchmarks build it. k and v are (positions, kv_dim).
+#[derive(Clone, Copy, Debug)]
+pub struct Contiguous<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub kv_dim: usize,
+}
+
+impl KvRows for Contiguous<'_> {
+    fn key(&self, j: usize) -> &[f32] {
+        &self.k[j * self.kv_dim..][..self.kv_dim]
+    }
+    fn value(&self, j: usize) -> &[f32] {
+        &self.v[j * self.kv_dim..][..self.kv_dim]
+    }
+    fn keys(&self, j: usize, end: usize) -> &[f32] {
+        &self.k[j * self.kv_dim..end * self.kv_dim]
+    }
+    fn values(&self, j: usize, end: usize) -> &[f32] {
+        &self.v[j * self.kv_dim..end * self.kv_dim]
+    }
+}
+
 /// Most positions attention takes from one run of [`KvRows::keys`] (or values): the kv_mul query
 /// heads of a KV head each read the run, and the second reads it from L1 if it is short.
 const RUN: usize = 64;
@@ -352,31 +376,8 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// A contiguous (ctx, kv_dim) cache, keys in runs as the cpu engine's.
-    #[derive(Clone, Copy)]
-    struct Cache<'a> {
-        k: &'a [f32],
-        v: &'a [f32],
-        kv_dim: usize,
-    }
-
-    impl KvRows for Cache<'_> {
-        fn key(&self, j: usize) -> &[f32] {
-            &self.k[j * self.kv_dim..][..self.kv_dim]
-        }
-        fn value(&self, j: usize) -> &[f32] {
-            &self.v[j * self.kv_dim..][..self.kv_dim]
-        }
-        fn keys(&self, j: usize, end: usize) -> &[f32] {
-            &self.k[j * self.kv_dim..end * self.kv_dim]
-        }
-        fn values(&self, j: usize, end: usize) -> &[f32] {
-            &self.v[j * self.kv_dim..end * self.kv_dim]
-        }
-    }
-
     /// The definition, head by head, in f64.
-    fn reference(q: &[f32], c: Cache, heads: &Heads, pos: usize) -> Vec<f32> {
+    fn reference(q: &[f32], c: Contiguous, heads: &Heads, pos: usize) -> Vec<f32> {
         let hd = heads.head_dim;
         let mut out = vec![0.0f32; heads.n_heads * hd];
         for h in 0..heads.n_heads {
@@ -435,7 +436,7 @@ mod tests {
                 draw(ctx * kv_dim),
                 draw(ctx * kv_dim),
             );
-            let c = Cache {
+            let c = Contiguous {
                 k: &k,
                 v: &v,
                 kv_dim,
@@ -452,7 +453,7 @@ mod tests {
             }
             let mut v_nan = v.clone();
             v_nan[(pos / 2) * kv_dim] = f32::NAN; // KV head 0, one position every query sees
-            let c = Cache {
+            let c = Contiguous {
                 k: &k,
                 v: &v_nan,
                 kv_dim,
