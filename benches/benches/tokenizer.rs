@@ -1,8 +1,9 @@
 //! Tokenizer encode at 1k, 10k and 100k characters: BPE merges through a priority queue
 //! (kvlab-model's `Tokenizer::encode`), so time grows near-linearly with the text. Throughput:
 //! tokens produced per second (criterion's elements/s); the ids are checked against a second
-//! encode of the same text before anything is timed. Measured on the shared 2-core machine:
-//! 100k characters in about 30 ms (tok512) and 65 ms (Gemma 3), where issue 13 measured the
+//! encode of the same text before anything is timed. Measured on the shared 2-core machine
+//! (2026-11-23, pieces in one arena with a table of ids): 100k characters in about 19 ms
+//! (tok512) and 40 ms (Gemma 3; 30 and 65 ms with a map of owned pieces), where issue 13 measured the
 //! rescanning BPE at 7.6 s for 25k characters.
 //!
 //! * `tok512/encode`: llama2.c's 512-token vocabulary (shipped in fixtures/models/);

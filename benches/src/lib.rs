@@ -3,12 +3,19 @@
 //! * `attention.rs`: one decode query of one head over a context of 128 … 4,096 keys:
 //!   `scalar/attention_decode` (the reference maths), `cpu/attention_decode` (SIMD, contiguous
 //!   cache) and `cpu-paged/attention_decode` (the same through a shuffled block table: the
-//!   paged gather's cost); throughput in bytes of K and V read.
+//!   paged gather's cost); throughput in bytes of K and V read. Also all heads of stories260K's
+//!   shape (head_dim 8) and a token's attention over the 6 layers of the stories15M shape.
 //! * `gemv.rs`: `W (rows, cols) @ x` at the stories15M and Llama-3.2-1B shapes, scalar and
 //!   SIMD (threaded), and `simd/dot` per instruction-set level; throughput in weight bytes read,
 //!   comparable with `cargo xtask bench`'s measured memory bandwidth.
 //! * `elementwise.rs`: RoPE (on-the-fly angles vs the precomputed table) and RMSNorm;
 //!   throughput in elements.
+//! * `quant.rs`: GEMV rows over encoded weights (bf16, f16, Q8_0, Q5_0, Q4_K, Q6_K) beside the
+//!   f32 kernel and the decode-then-dot reference.
+//! * `sgemm.rs`: prefill as GEMM at 100 rows: matrixmultiply, the `gemm` crate on row-major
+//!   operands, and kvlab-cpu's `linear`; throughput in multiply-adds.
+//! * `tokenizer.rs`: encoding 1k to 100k characters (tok512 and Gemma 3's vocabulary).
+//! * `threads.rs`: the worker team's cost per parallel loop.
 //!
 //! Run: `cargo bench -p kvlab-benches` (all), `cargo bench -p kvlab-benches --bench gemv`, or a
 //! filter such as `cargo bench -p kvlab-benches -- cpu/attention`. Every kernel is checked
