@@ -30,7 +30,13 @@ mod tests {
 
     #[test]
     fn equals_the_reference_bit_for_bit_at_every_size() {
-        for n in [1, 100, PAR_MIN_ELEMENTS - 1, PAR_MIN_ELEMENTS, 3 * PAR_MIN_ELEMENTS + 5] {
+        for n in [
+            1,
+            100,
+            PAR_MIN_ELEMENTS - 1,
+            PAR_MIN_ELEMENTS,
+            3 * PAR_MIN_ELEMENTS + 5,
+        ] {
             let gate: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 4.0).collect();
             let up: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
             for act in [Activation::Silu, Activation::GeluTanh] {
