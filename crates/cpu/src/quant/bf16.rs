@@ -81,33 +81,20 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v)))
     }
 
-    /// Runs `rows::<R>` over every group of R rows of `w` (rows of `rb` bytes), then
-    /// `rows::<1>` over the rest.
-    macro_rules! by_groups {
-        ($rows:ident, $out:expr, $w:expr, $x:expr, $rb:expr) => {{
-            let mut outs = $out.chunks_exact_mut(R);
-            let mut ws = $w.chunks_exact(R * $rb);
-            for (o, w) in (&mut outs).zip(&mut ws) {
-                // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for
-                // the CPU features.
-                unsafe { $rows::<R>(o, w, $x) };
-            }
-            for (o, w) in outs
-                .into_remainder()
-                .iter_mut()
-                .zip(ws.remainder().chunks_exact($rb))
-            {
-                // SAFETY: `w` is one row of rb bytes.
-                unsafe { $rows::<1>(std::slice::from_mut(o), w, $x) };
-            }
-        }};
-    }
-
     /// # Safety
     /// The CPU must support AVX-512F; `w` must be `out.len()` rows of `2·x.len()` bytes.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
-        by_groups!(rows_avx512, out, w, x, 2 * x.len());
+        crate::quant::row_groups::<R>(
+            out,
+            w,
+            2 * x.len(),
+            // SAFETY: `w` is R rows of 2·x.len() bytes and `o` R outputs; the caller vouched for
+            // the CPU features.
+            |o, w| unsafe { rows_avx512::<R>(o, w, x) },
+            // SAFETY: as above, one row.
+            |o, w| unsafe { rows_avx512::<1>(o, w, x) },
+        );
     }
 
     /// One step of 32 columns: `px` points at 32 floats of x, `pw[q]` at 32 bf16 of row q.
@@ -180,7 +167,16 @@ mod x86 {
     /// The CPU must support AVX2 and FMA; `w` must be `out.len()` rows of `2·x.len()` bytes.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32]) {
-        by_groups!(rows_avx2, out, w, x, 2 * x.len());
+        crate::quant::row_groups::<R>(
+            out,
+            w,
+            2 * x.len(),
+            // SAFETY: `w` is R rows of 2·x.len() bytes and `o` R outputs; the caller vouched for
+            // the CPU features.
+            |o, w| unsafe { rows_avx2::<R>(o, w, x) },
+            // SAFETY: as above, one row.
+            |o, w| unsafe { rows_avx2::<1>(o, w, x) },
+        );
     }
 
     /// One step of 16 columns: `px` points at 16 floats of x, `pw[q]` at 16 bf16 of row q.

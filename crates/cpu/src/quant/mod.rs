@@ -86,6 +86,28 @@ pub fn gemv_rows_reference(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
     }
 }
 
+/// The row loop of every format's kernel: `group(out, w)` on R rows at a time (`out` R outputs,
+/// `w` R rows of `row_bytes`), so each load of x serves R rows, then `one` on each remaining
+/// row. `row_bytes` must not be 0 (the kernels return early on empty rows).
+#[inline(always)]
+pub(crate) fn row_groups<const R: usize>(
+    out: &mut [f32],
+    w: &[u8],
+    row_bytes: usize,
+    mut group: impl FnMut(&mut [f32], &[u8]),
+    mut one: impl FnMut(&mut [f32], &[u8]),
+) {
+    let mut outs = out.chunks_exact_mut(R);
+    let mut ws = w.chunks_exact(R * row_bytes);
+    for (o, w) in (&mut outs).zip(&mut ws) {
+        group(o, w);
+    }
+    let rest = outs.into_remainder().chunks_exact_mut(1);
+    for (o, w) in rest.zip(ws.remainder().chunks_exact(row_bytes)) {
+        one(o, w);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -140,19 +140,15 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
         let rb = x.len() / QK * BLOCK;
-        let mut r = 0;
-        while r + R <= out.len() {
-            // SAFETY: rows r..r + R exist in `w` (the caller's contract).
-            let v = unsafe { rows_avx512::<R>(&w[r * rb..(r + R) * rb], rb, x) };
-            out[r..r + R].copy_from_slice(&v);
-            r += R;
-        }
-        while r < out.len() {
-            // SAFETY: as above, for one row.
-            let v = unsafe { rows_avx512::<1>(&w[r * rb..(r + 1) * rb], rb, x) };
-            out[r] = v[0];
-            r += 1;
-        }
+        crate::quant::row_groups::<R>(
+            out,
+            w,
+            rb,
+            // SAFETY: `w` is whole rows of rb bytes; the caller vouched for the CPU features.
+            |o, w| o.copy_from_slice(&unsafe { rows_avx512::<R>(w, rb, x) }),
+            // SAFETY: as above.
+            |o, w| o.copy_from_slice(&unsafe { rows_avx512::<1>(w, rb, x) }),
+        );
     }
 
     /// N rows (`w` is N rows of `rb` bytes) dotted with x: each sub-block's 16 possible
@@ -233,19 +229,16 @@ mod x86 {
         let nsb = x.len() / QK;
         let rb = nsb * BLOCK;
         let xs = sub_block_sums(x);
-        let mut r = 0;
-        while r + R <= out.len() {
-            // SAFETY: rows r..r + R exist in `w`; xs holds 8 floats per super-block.
-            let v = unsafe { rows_avx2::<R>(&w[r * rb..(r + R) * rb], rb, x, &xs) };
-            out[r..r + R].copy_from_slice(&v);
-            r += R;
-        }
-        while r < out.len() {
-            // SAFETY: as above, for one row.
-            let v = unsafe { rows_avx2::<1>(&w[r * rb..(r + 1) * rb], rb, x, &xs) };
-            out[r] = v[0];
-            r += 1;
-        }
+        crate::quant::row_groups::<R>(
+            out,
+            w,
+            rb,
+            // SAFETY: `w` is whole rows of rb bytes; xs holds 8 floats per super-block; the
+            // caller vouched for the CPU features.
+            |o, w| o.copy_from_slice(&unsafe { rows_avx2::<R>(w, rb, x, &xs) }),
+            // SAFETY: as above.
+            |o, w| o.copy_from_slice(&unsafe { rows_avx2::<1>(w, rb, x, &xs) }),
+        );
     }
 
     /// N rows dotted with x, 8 lanes: one vector of q·x per sub-block scaled by `d·sc_j`, and

@@ -119,40 +119,20 @@ mod x86 {
         ]))))
     }
 
-    /// Rows, 4 per pass then 1, each `rb` bytes, through `f`.
-    #[inline(always)]
-    fn by_rows(
-        out: &mut [f32],
-        w: &[u8],
-        rb: usize,
-        mut four: impl FnMut(&[u8]) -> [f32; R],
-        mut one: impl FnMut(&[u8]) -> [f32; 1],
-    ) {
-        let mut r = 0;
-        while r + R <= out.len() {
-            out[r..r + R].copy_from_slice(&four(&w[r * rb..(r + R) * rb]));
-            r += R;
-        }
-        while r < out.len() {
-            out[r] = one(&w[r * rb..(r + 1) * rb])[0];
-            r += 1;
-        }
-    }
-
     /// # Safety
     /// The CPU must support AVX-512F, AVX2, FMA and F16C; `w` must be `out.len()` rows of
     /// `x.len() / 256` blocks, and `x.len()` a multiple of 256.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
         let rb = x.len() / QK * BLOCK;
-        by_rows(
+        crate::quant::row_groups::<R>(
             out,
             w,
             rb,
-            // SAFETY: by_rows passes whole rows of `w`, rb bytes each; the CPU has the features.
-            |w| unsafe { rows_avx512::<R>(w, rb, x) },
+            // SAFETY: row_groups passes whole rows of `w`, rb bytes each; the CPU has the features.
+            |o, w| o.copy_from_slice(&unsafe { rows_avx512::<R>(w, rb, x) }),
             // SAFETY: as above.
-            |w| unsafe { rows_avx512::<1>(w, rb, x) },
+            |o, w| o.copy_from_slice(&unsafe { rows_avx512::<1>(w, rb, x) }),
         );
     }
 
@@ -243,14 +223,14 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32]) {
         let rb = x.len() / QK * BLOCK;
-        by_rows(
+        crate::quant::row_groups::<R>(
             out,
             w,
             rb,
-            // SAFETY: by_rows passes whole rows of `w`, rb bytes each; the CPU has the features.
-            |w| unsafe { rows_avx2::<R>(w, rb, x) },
+            // SAFETY: row_groups passes whole rows of `w`, rb bytes each; the CPU has the features.
+            |o, w| o.copy_from_slice(&unsafe { rows_avx2::<R>(w, rb, x) }),
             // SAFETY: as above.
-            |w| unsafe { rows_avx2::<1>(w, rb, x) },
+            |o, w| o.copy_from_slice(&unsafe { rows_avx2::<1>(w, rb, x) }),
         );
     }
 

@@ -72,20 +72,16 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32], f16: &[f32; 1 << 16]) {
         let rb = x.len() / BLOCK * BLOCK_BYTES;
-        let mut outs = out.chunks_exact_mut(R);
-        let mut ws = w.chunks_exact(R * rb);
-        for (o, w) in (&mut outs).zip(&mut ws) {
-            // SAFETY: `w` is R rows of rb bytes; the caller vouched for AVX-512F.
-            unsafe { rows_avx512::<R>(o, w, x, f16) };
-        }
-        for (o, w) in outs
-            .into_remainder()
-            .iter_mut()
-            .zip(ws.remainder().chunks_exact(rb))
-        {
-            // SAFETY: `w` is one row of rb bytes.
-            unsafe { rows_avx512::<1>(std::slice::from_mut(o), w, x, f16) };
-        }
+        crate::quant::row_groups::<R>(
+            out,
+            w,
+            rb,
+            // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for the
+            // CPU features.
+            |o, w| unsafe { rows_avx512::<R>(o, w, x, f16) },
+            // SAFETY: as above, one row.
+            |o, w| unsafe { rows_avx512::<1>(o, w, x, f16) },
+        );
     }
 
     /// out[..N] for the N rows in `w` (N·rb bytes, rb = x.len() / 32 · 34).
@@ -143,20 +139,16 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32], f16: &[f32; 1 << 16]) {
         let rb = x.len() / BLOCK * BLOCK_BYTES;
-        let mut outs = out.chunks_exact_mut(R);
-        let mut ws = w.chunks_exact(R * rb);
-        for (o, w) in (&mut outs).zip(&mut ws) {
-            // SAFETY: `w` is R rows of rb bytes; the caller vouched for the features.
-            unsafe { rows_avx2::<R>(o, w, x, f16) };
-        }
-        for (o, w) in outs
-            .into_remainder()
-            .iter_mut()
-            .zip(ws.remainder().chunks_exact(rb))
-        {
-            // SAFETY: `w` is one row of rb bytes.
-            unsafe { rows_avx2::<1>(std::slice::from_mut(o), w, x, f16) };
-        }
+        crate::quant::row_groups::<R>(
+            out,
+            w,
+            rb,
+            // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for the
+            // CPU features.
+            |o, w| unsafe { rows_avx2::<R>(o, w, x, f16) },
+            // SAFETY: as above, one row.
+            |o, w| unsafe { rows_avx2::<1>(o, w, x, f16) },
+        );
     }
 
     /// The AVX2 twin of [`rows_avx512`]: 8 lanes, so four widenings per block.
