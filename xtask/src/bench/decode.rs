@@ -84,6 +84,36 @@ pub struct DecodeRun {
     pub tokens_head: Vec<u32>,
     /// FNV-1a of all generated tokens, to see at a glance that engines agree.
     pub tokens_fnv: u64,
+    /// How the step time grows with the position (absent in records older than the field).
+    #[serde(default)]
+    pub growth: Option<Growth>,
+}
+
+/// How a cached engine's decode step grows with the position: attention reads every cached
+/// position, the rest of the step does not depend on it. From the median step times.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Growth {
+    /// Mean step over the last 32 positions ÷ mean step over positions 16..48.
+    pub last_vs_16: f64,
+    /// Mean step over the whole generation ÷ mean over its first 64 positions: the average
+    /// token's time of a `positions`-token run against a 64-token one.
+    pub run_avg_vs_64: f64,
+}
+
+impl Growth {
+    /// From the median step times (index 0 the BOS prefill, left out); `None` for runs too
+    /// short to have positions 16..48 and a last 32 apart from them.
+    fn of(step_ms: &[f64]) -> Option<Growth> {
+        let n = step_ms.len();
+        if n < 80 {
+            return None;
+        }
+        let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+        Some(Growth {
+            last_vs_16: mean(&step_ms[n - 32..]) / mean(&step_ms[16..48]),
+            run_avg_vs_64: mean(&step_ms[1..]) / mean(&step_ms[1..64]),
+        })
+    }
 }
 
 /// Summarises the repetitions of one (model, engine).
@@ -121,6 +151,7 @@ pub fn summarize(model: &str, engine: &str, gens: &[Generation]) -> DecodeRun {
         .map(|g| (positions - 1) as f64 / g.step_s[1..].iter().sum::<f64>())
         .collect();
     let tokens = &gens[0].tokens;
+    let growth = Growth::of(&step_ms.median);
     DecodeRun {
         model: model.into(),
         engine: engine.into(),
@@ -131,6 +162,7 @@ pub fn summarize(model: &str, engine: &str, gens: &[Generation]) -> DecodeRun {
         decode_tok_per_s: Summary::of(&tps),
         tokens_head: tokens.iter().take(16).copied().collect(),
         tokens_fnv: fnv1a(tokens),
+        growth,
     }
 }
 

@@ -271,6 +271,16 @@ fn decode(r: &Report) {
                 d.cumulative.last().map_or("-".into(), |c| mmm(&c.total_ms))
             }),
             ("decode tok/s", &|d| mmm(&d.decode_tok_per_s)),
+            ("growth last/16", &|d| {
+                d.growth
+                    .as_ref()
+                    .map_or("-".into(), |g| format!("{}×", f(g.last_vs_16)))
+            }),
+            ("avg/avg64", &|d| {
+                d.growth
+                    .as_ref()
+                    .map_or("-".into(), |g| format!("{}×", f(g.run_avg_vs_64)))
+            }),
             ("tokens fnv", &|d| format!("{:016x}", d.tokens_fnv)),
         ],
     );
