@@ -7,6 +7,7 @@ mod generate;
 mod info;
 mod mem;
 mod models;
+mod serve;
 mod waste;
 
 use std::path::PathBuf;
@@ -77,6 +78,8 @@ enum Command {
     /// The models kvlab knows (fixtures/models.json): what each is, where its files were found
     /// or how to get them.
     Models(models::Args),
+    /// An OpenAI-compatible HTTP server (/v1/completions, streaming) over a paged engine.
+    Serve(serve::Args),
 }
 
 fn main() {
@@ -111,6 +114,7 @@ fn main() {
         Command::Batch(args) => batch::run(args),
         Command::Waste(args) => waste::run(args),
         Command::Models(args) => models::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

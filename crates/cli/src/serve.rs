@@ -1,0 +1,106 @@
+//! `kvlab serve`: an OpenAI-compatible HTTP server over a paged engine (`kvlab-serve`). One
+//! engine thread steps the continuous batch; requests arrive over HTTP and stream back.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args as ClapArgs;
+use kvlab_cli::args::{MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, usize_in};
+use kvlab_cli::engines::{self, EngineKind, PagedEngine, PoolOptions, build_paged};
+use kvlab_paged::{ScheduledBatch, StepExecutor};
+use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor};
+
+use crate::ModelArgs;
+
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Paged engine.
+    #[arg(long, short = 'e', default_value_t = EngineKind::CpuPaged,
+          value_parser = engines::value_parser(&EngineKind::paged()))]
+    engine: EngineKind,
+    /// Address to listen on (loopback by default: nothing outside this machine can reach it).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// TCP port (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Requests waiting for their first token before new ones get 429 with Retry-After.
+    #[arg(long, default_value_t = 64, value_parser = usize_in(1, 1_000_000))]
+    max_waiting: usize,
+    /// Blocks in the pool (default: four sequences of the whole context).
+    #[arg(long, value_parser = usize_in(1, MAX_NUM_BLOCKS))]
+    num_blocks: Option<usize>,
+    /// Token slots per block.
+    #[arg(long, default_value_t = kvlab_paged::DEFAULT_BLOCK_SIZE, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
+    block_size: usize,
+}
+
+/// Most positions of one sequence: the model's context, capped like the other paged commands.
+const MAX_MODEL_LEN: usize = 8192;
+
+/// A paged engine as the server's engine thread takes it.
+struct PagedExecutor(Box<dyn PagedEngine>);
+
+impl StepExecutor for PagedExecutor {
+    type Error = kvlab_model::Error;
+
+    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error> {
+        self.0.execute(batch)
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let loaded = crate::load(&a.model)?;
+    let tokenizer = loaded
+        .tokenizer
+        .with_context(|| format!("{} has no tokenizer", loaded.name))?;
+    let model = Arc::new(loaded.model);
+    let max_model_len = model.config.max_seq_len.min(MAX_MODEL_LEN);
+    let pool = PoolOptions {
+        num_blocks: a
+            .num_blocks
+            .unwrap_or_else(|| 4 * max_model_len.div_ceil(a.block_size)),
+        block_size: a.block_size,
+    };
+    let stop_ids = model.config.stop_ids.clone();
+    let kind = a.engine;
+    let engine = kvlab_serve::spawn_engine(
+        move || {
+            let e = build_paged(kind, model, pool).map_err(|e| format!("{e:#}"))?;
+            let kv = e.kv_cache().clone();
+            Ok((Box::new(PagedExecutor(e)) as Executor, kv))
+        },
+        max_model_len,
+        stop_ids,
+    )?;
+    let state = Arc::new(AppState::new(
+        engine,
+        Arc::new(tokenizer),
+        loaded.name.clone(),
+        a.max_waiting,
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("binding {}:{}", a.host, a.port))?;
+        eprintln!(
+            "kvlab serve: {} on {} ({} blocks x {} tokens, {} positions per sequence) at http://{}",
+            loaded.name,
+            kind.name(),
+            pool.num_blocks,
+            pool.block_size,
+            max_model_len,
+            listener.local_addr()?
+        );
+        kvlab_serve::serve(listener, kvlab_serve::router(state, DEFAULT_BODY_LIMIT))
+            .await
+            .context("serving")
+    })
+}

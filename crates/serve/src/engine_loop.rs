@@ -1,0 +1,375 @@
+//! The one engine thread: it owns the paged engine and the [`Scheduler`], and steps the batch
+//! while any request is live.
+//!
+//! Handlers talk to it through two kinds of channel:
+//!
+//! * one `std::sync::mpsc` channel of [`GenerationRequest`]s into the thread (the thread blocks
+//!   on it when idle, and drains it without blocking before every step);
+//! * one `tokio::sync::mpsc` unbounded channel per request back out, carrying
+//!   [`TokenEvent`]s: one `Token` per sampled token, then `Finished` (or `Failed`).
+//!
+//! A client that goes away drops its receiver; before every step the thread aborts every
+//! sequence whose receiver is closed (`Scheduler::abort`), which frees its blocks at once. The
+//! sequence's token of a step already in flight is ignored by `update`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use kvlab_model::Sampler;
+use kvlab_paged::{
+    FinishReason, KvCacheConfig, Metrics, Scheduler, SchedulerConfig, SeqId, StepExecutor,
+    StopConditions,
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::ServeError;
+
+/// A paged engine as the engine thread runs it (boxed so the CPU and CUDA engines fit).
+pub type Executor = Box<dyn StepExecutor<Error = kvlab_model::Error>>;
+
+/// One completion for the engine thread: a tokenized prompt, how many tokens to generate, its
+/// own sampler, and where its tokens go.
+pub struct GenerationRequest {
+    /// Prompt token ids, BOS included (at least one).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (at least 1).
+    pub max_tokens: usize,
+    pub sampler: Sampler,
+    pub events: UnboundedSender<TokenEvent>,
+}
+
+/// What the engine thread sends back for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenEvent {
+    /// A newly sampled token id (stop tokens included: the handler decides what to print).
+    Token(u32),
+    /// The sequence ended and its blocks are free.
+    Finished(FinishReason),
+    /// The request could not be served (the scheduler refused it, the engine failed); its
+    /// blocks are free.
+    Failed(String),
+}
+
+/// What the engine thread shares with the handlers: admission counts and the last metrics.
+#[derive(Debug)]
+pub struct SharedState {
+    /// Requests accepted by a handler that have not produced their first token yet (in the
+    /// channel or the scheduler's waiting queue): the admission bound is checked against it.
+    pending: AtomicUsize,
+    /// Sequences aborted because their receiver closed: the client went away, or a `stop`
+    /// string ended the text before the scheduler's own stop conditions did.
+    aborted: AtomicU64,
+    /// The scheduler's metrics after the last step (or when the thread went idle).
+    metrics: Mutex<Metrics>,
+}
+
+impl SharedState {
+    /// Requests accepted but not yet started.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Sequences aborted so far because their receiver closed (client gone, stop string).
+    pub fn aborted(&self) -> u64 {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// The scheduler's metrics as of the last step or idle moment.
+    pub fn metrics(&self) -> Metrics {
+        self.metrics
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+}
+
+/// The handlers' end of the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    requests: Sender<GenerationRequest>,
+    shared: Arc<SharedState>,
+    /// Most positions of one sequence (prompt plus generated tokens).
+    max_model_len: usize,
+    /// Tokens that end a sequence (EOS).
+    stop_token_ids: Arc<[u32]>,
+}
+
+/// Why [`EngineHandle::try_submit`] refused a request.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SubmitError {
+    #[error("{pending} requests are already waiting (the bound is {max_waiting}); retry later")]
+    QueueFull { pending: usize, max_waiting: usize },
+    #[error("the engine thread has stopped")]
+    EngineGone,
+}
+
+impl EngineHandle {
+    /// Most positions of one sequence, prompt included.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    /// The shared counters and metrics.
+    pub fn shared(&self) -> &SharedState {
+        &self.shared
+    }
+
+    /// Tokens that end a sequence.
+    pub fn stop_token_ids(&self) -> &[u32] {
+        &self.stop_token_ids
+    }
+
+    /// Queues `request` unless `max_waiting` requests are already waiting.
+    ///
+    /// # Errors
+    /// [`SubmitError::QueueFull`] past the bound; [`SubmitError::EngineGone`] if the engine
+    /// thread has exited.
+    pub fn try_submit(
+        &self,
+        request: GenerationRequest,
+        max_waiting: usize,
+    ) -> Result<(), SubmitError> {
+        let before = self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        if before >= max_waiting {
+            self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::QueueFull {
+                pending: before,
+                max_waiting,
+            });
+        }
+        self.requests.send(request).map_err(|_| {
+            self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+            SubmitError::EngineGone
+        })
+    }
+}
+
+/// Starts the engine thread. `build` runs on that thread (so an engine bound to its thread,
+/// such as a CUDA context, stays there) and returns the engine and the pool shape it was built
+/// with; the scheduler gets `max_model_len` positions per sequence.
+///
+/// # Errors
+/// [`ServeError::Engine`] with `build`'s error, [`ServeError::Scheduler`] for a pool the
+/// scheduler refuses, [`ServeError::Thread`] if the thread cannot start.
+pub fn spawn_engine<F>(
+    build: F,
+    max_model_len: usize,
+    stop_token_ids: Vec<u32>,
+) -> Result<EngineHandle, ServeError>
+where
+    F: FnOnce() -> Result<(Executor, KvCacheConfig), String> + Send + 'static,
+{
+    let (requests, receiver) = std::sync::mpsc::channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Metrics, ServeError>>();
+    let stops = stop_token_ids.clone();
+    let shared = Arc::new(SharedState {
+        pending: AtomicUsize::new(0),
+        aborted: AtomicU64::new(0),
+        metrics: Mutex::new(Metrics::of_pools(&[])),
+    });
+    let thread_shared = shared.clone();
+    std::thread::Builder::new()
+        .name("kvlab-engine".into())
+        .spawn(move || {
+            let started = build()
+                .map_err(ServeError::Engine)
+                .and_then(|(engine, kv)| {
+                    let sched = Scheduler::new(SchedulerConfig::new(kv, max_model_len))
+                        .map_err(|e| ServeError::Scheduler(e.to_string()))?;
+                    Ok((engine, sched))
+                });
+            match started {
+                Ok((engine, sched)) => {
+                    let _ = ready_tx.send(Ok(sched.metrics()));
+                    EngineLoop {
+                        engine,
+                        sched,
+                        live: HashMap::new(),
+                        shared: thread_shared,
+                        stop_token_ids: stops,
+                    }
+                    .run(&receiver);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(|e| ServeError::Thread(e.to_string()))?;
+    let metrics = ready_rx
+        .recv()
+        .map_err(|_| ServeError::Thread("the engine thread exited while starting".into()))??;
+    *shared.metrics.lock().unwrap_or_else(|e| e.into_inner()) = metrics;
+    Ok(EngineHandle {
+        requests,
+        shared,
+        max_model_len,
+        stop_token_ids: stop_token_ids.into(),
+    })
+}
+
+/// A request the scheduler holds.
+struct LiveRequest {
+    sampler: Sampler,
+    events: UnboundedSender<TokenEvent>,
+    /// Whether it has produced a token (it no longer counts as pending).
+    started: bool,
+}
+
+struct EngineLoop {
+    engine: Executor,
+    sched: Scheduler,
+    live: HashMap<SeqId, LiveRequest>,
+    shared: Arc<SharedState>,
+    stop_token_ids: Vec<u32>,
+}
+
+impl EngineLoop {
+    /// Steps until every handle is dropped and no request is live.
+    fn run(mut self, receiver: &Receiver<GenerationRequest>) {
+        loop {
+            if self.live.is_empty() {
+                self.publish();
+                match receiver.recv() {
+                    Ok(r) => self.admit(r),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(r) = receiver.try_recv() {
+                self.admit(r);
+            }
+            self.abort_disconnected();
+            if self.live.is_empty() {
+                continue;
+            }
+            self.step();
+            self.publish();
+        }
+    }
+
+    fn admit(&mut self, r: GenerationRequest) {
+        let stop = StopConditions::max_tokens(r.max_tokens)
+            .with_stop_tokens(self.stop_token_ids.iter().copied());
+        match self.sched.add_request(r.prompt, stop) {
+            Ok(id) => {
+                self.live.insert(
+                    id,
+                    LiveRequest {
+                        sampler: r.sampler,
+                        events: r.events,
+                        started: false,
+                    },
+                );
+            }
+            Err(e) => {
+                self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+                let _ = r.events.send(TokenEvent::Failed(e.to_string()));
+            }
+        }
+    }
+
+    /// Forgets `id` (its sequence already ended in the scheduler), releasing its pending count.
+    fn remove(&mut self, id: SeqId) -> Option<LiveRequest> {
+        let r = self.live.remove(&id)?;
+        if !r.started {
+            self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(r)
+    }
+
+    /// Aborts every sequence whose client dropped its receiver: its blocks are free now.
+    fn abort_disconnected(&mut self) {
+        let gone: Vec<SeqId> = self
+            .live
+            .iter()
+            .filter(|(_, r)| r.events.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            let _ = self.sched.abort(id);
+            self.remove(id);
+            self.shared.aborted.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Ends every live request with `message` and leaves the scheduler with no step in flight.
+    fn fail_all(&mut self, message: &str) {
+        tracing::error!("{message}");
+        let ids: Vec<SeqId> = self.live.keys().copied().collect();
+        for id in ids {
+            let _ = self.sched.abort(id);
+            if let Some(r) = self.remove(id) {
+                let _ = r.events.send(TokenEvent::Failed(message.to_string()));
+            }
+        }
+        // Closes a step left in flight (every sequence of it is aborted, so no token is due).
+        let _ = self.sched.update(&[]);
+    }
+
+    /// One scheduler step: schedule, execute, sample each sequence with its own sampler,
+    /// update, and send the tokens and ends out.
+    fn step(&mut self) {
+        let batch = match self.sched.schedule() {
+            Ok(b) => b,
+            Err(e) => return self.fail_all(&format!("scheduler: {e}")),
+        };
+        if batch.is_empty() {
+            return self.fail_all(
+                "the scheduler made no progress: the KV pool is too small for the live requests",
+            );
+        }
+        let logits = match self.engine.execute(&batch) {
+            Ok(l) => l,
+            Err(e) => return self.fail_all(&format!("engine: {e}")),
+        };
+        let mut sampled = Vec::with_capacity(batch.seqs.len());
+        for (s, row) in batch.seqs.iter().zip(logits) {
+            let Some(r) = self.live.get_mut(&s.seq_id) else {
+                continue;
+            };
+            let mut row = row;
+            match r.sampler.sample(&mut row) {
+                Ok(token) => sampled.push((s.seq_id, token)),
+                Err(bad) => {
+                    let _ = self.sched.abort(s.seq_id);
+                    if let Some(r) = self.remove(s.seq_id) {
+                        let _ = r.events.send(TokenEvent::Failed(format!(
+                            "the model produced a non-finite logit ({} at token {})",
+                            bad.value, bad.index
+                        )));
+                    }
+                }
+            }
+        }
+        let finished = match self.sched.update(&sampled) {
+            Ok(f) => f,
+            Err(e) => return self.fail_all(&format!("scheduler update: {e}")),
+        };
+        for (id, token) in &sampled {
+            if let Some(r) = self.live.get_mut(id) {
+                r.sampler.accept(*token);
+                if !r.started {
+                    r.started = true;
+                    self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+                }
+                let _ = r.events.send(TokenEvent::Token(*token));
+            }
+        }
+        for f in finished {
+            if let Some(r) = self.remove(f.seq_id) {
+                let _ = r.events.send(TokenEvent::Finished(f.reason));
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let m = self.sched.metrics();
+        *self
+            .shared
+            .metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = m;
+    }
+}

@@ -1,0 +1,489 @@
+//! The routes: `GET /health`, `GET /v1/models`, `POST /v1/completions` (JSON or SSE), and
+//! OpenAI's error shape `{"error": {"message", "type", "param", "code"}}` for every failure.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use futures_util::stream::{self, Stream};
+use kvlab_model::{Sampler, Tokenizer};
+use kvlab_paged::FinishReason;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::{Detokenizer, EngineHandle, GenerationRequest, SubmitError, TokenEvent};
+
+/// Largest request body accepted, in bytes (1 MiB): far more than any prompt that fits a
+/// context kvlab runs.
+pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+/// `max_tokens` when a request leaves it out (OpenAI's default).
+const DEFAULT_MAX_TOKENS: usize = 16;
+/// Seconds a refused client is told to wait (`Retry-After`).
+const RETRY_AFTER_S: &str = "1";
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    /// The name `/v1/models` lists and requests must use (or leave out).
+    pub model_name: String,
+    /// Most requests waiting for their first token before new ones get 429.
+    pub max_waiting: usize,
+    /// Completion ids are `cmpl-<n>`; also the default seed's source.
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    /// Handler state over a started engine.
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Arc<Tokenizer>,
+        model_name: String,
+        max_waiting: usize,
+    ) -> AppState {
+        AppState {
+            engine,
+            tokenizer,
+            model_name,
+            max_waiting,
+            next_id: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The router over `state`, with a body limit of `body_limit` bytes.
+pub fn router(state: Arc<AppState>, body_limit: usize) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such route")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method not allowed on this route",
+            )
+        })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// Serves `router` on `listener` until the process ends.
+///
+/// # Errors
+/// The listener's I/O errors.
+pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
+    axum::serve(listener, router).await
+}
+
+/// An error in OpenAI's shape, with its status code.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<&'static str>,
+    retry_after: bool,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            retry_after: false,
+        }
+    }
+
+    fn invalid(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
+        ApiError {
+            param,
+            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.status.as_u16(),
+        }});
+        let mut r = (self.status, Json(body)).into_response();
+        if self.retry_after {
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from_static(RETRY_AFTER_S),
+            );
+        }
+        r
+    }
+}
+
+/// Liveness plus the pool's state (`num_blocks_used == 0` when idle: no block leaked).
+async fn health(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let m = s.engine.shared().metrics();
+    Json(json!({
+        "status": "ok",
+        "num_blocks_total": m.num_blocks_total,
+        "num_blocks_used": m.num_blocks_used,
+        "num_blocks_free": m.num_blocks_free,
+        "num_requests_running": m.num_running,
+        "num_requests_waiting": m.num_waiting,
+        "num_requests_pending": s.engine.shared().pending(),
+        "num_requests_aborted": s.engine.shared().aborted(),
+    }))
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": s.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "kvlab",
+        "max_model_len": s.engine.max_model_len(),
+    }]}))
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The fields of OpenAI's completion request kvlab implements; any other field is refused.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompletionRequest {
+    model: Option<String>,
+    prompt: String,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<StopField>,
+    #[serde(default)]
+    stream: bool,
+    n: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    total_tokens: usize,
+}
+
+/// A checked request, ready for the engine.
+struct Prepared {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    sampler: Sampler,
+    stop: Vec<String>,
+    stream: bool,
+}
+
+fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
+    let body =
+        body.map_err(|e| ApiError::new(e.status(), "invalid_request_error", e.body_text()))?;
+    let req: CompletionRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("invalid request body: {e}"), None))?;
+    if let Some(m) = &req.model
+        && m != &s.model_name
+    {
+        return Err(ApiError {
+            param: Some("model"),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                format!(
+                    "model {m:?} does not exist; this server serves {:?}",
+                    s.model_name
+                ),
+            )
+        });
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+    }
+    let max_model_len = s.engine.max_model_len();
+    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    if max_tokens == 0 {
+        return Err(ApiError::invalid(
+            "max_tokens must be at least 1",
+            Some("max_tokens"),
+        ));
+    }
+    // A cheap lower bound first, so a huge prompt is refused before it is encoded.
+    if s.tokenizer.min_tokens(&req.prompt) + 1 > max_model_len {
+        return Err(ApiError::invalid(
+            format!("the prompt is longer than the context of {max_model_len} tokens"),
+            Some("prompt"),
+        ));
+    }
+    let prompt = s.tokenizer.encode(&req.prompt, true, false);
+    if prompt.len() >= max_model_len {
+        return Err(ApiError::invalid(
+            format!(
+                "the prompt has {} tokens; the context holds {max_model_len}, leaving no room to generate",
+                prompt.len()
+            ),
+            Some("prompt"),
+        ));
+    }
+    if prompt.len() + max_tokens > max_model_len {
+        return Err(ApiError::invalid(
+            format!(
+                "max_tokens {max_tokens} plus the prompt's {} tokens is beyond the context of {max_model_len} tokens",
+                prompt.len()
+            ),
+            Some("max_tokens"),
+        ));
+    }
+    let seed = req
+        .seed
+        .unwrap_or_else(|| s.next_id.load(Ordering::Relaxed) ^ now_s());
+    let sampler = Sampler::new(
+        req.temperature.unwrap_or(1.0),
+        req.top_p.unwrap_or(1.0),
+        seed,
+    )
+    .map_err(|e| {
+        let param = if req
+            .temperature
+            .is_some_and(|t| kvlab_model::sampler::check_temperature(t).is_err())
+        {
+            "temperature"
+        } else {
+            "top_p"
+        };
+        ApiError::invalid(e.to_string(), Some(param))
+    })?;
+    let stop = match req.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s],
+        Some(StopField::Many(v)) if v.len() <= 4 => v,
+        Some(StopField::Many(_)) => {
+            return Err(ApiError::invalid("at most 4 stop strings", Some("stop")));
+        }
+    };
+    Ok(Prepared {
+        prompt,
+        max_tokens,
+        sampler,
+        stop,
+        stream: req.stream,
+    })
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// OpenAI's finish reason for the scheduler's.
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::MaxSeqLen => "length",
+        FinishReason::Aborted => "abort",
+    }
+}
+
+/// One completion in progress: its token channel and its text so far.
+struct Completion {
+    events: UnboundedReceiver<TokenEvent>,
+    detokenizer: Detokenizer,
+    completion_tokens: usize,
+    /// Set once the completion has ended (the receiver is closed then, which aborts the
+    /// sequence at the engine's next step if it is still running).
+    end: Option<&'static str>,
+}
+
+/// What [`Completion::next`] yields.
+enum Piece {
+    Text(String),
+    Done(&'static str),
+    Failed(String),
+}
+
+impl Completion {
+    fn new(events: UnboundedReceiver<TokenEvent>, detokenizer: Detokenizer) -> Completion {
+        Completion {
+            events,
+            detokenizer,
+            completion_tokens: 0,
+            end: None,
+        }
+    }
+
+    /// The next piece of text, or the end (after which it keeps returning the end).
+    async fn next(&mut self) -> Piece {
+        if let Some(end) = self.end {
+            return Piece::Done(end);
+        }
+        let (text, end) = match self.events.recv().await {
+            Some(TokenEvent::Token(t)) => {
+                self.completion_tokens += 1;
+                let (text, stopped) = self.detokenizer.push(t);
+                (text, stopped.then_some("stop"))
+            }
+            Some(TokenEvent::Finished(r)) => (self.detokenizer.finish(), Some(finish_reason(r))),
+            Some(TokenEvent::Failed(m)) => {
+                self.events.close();
+                self.end = Some("abort");
+                return Piece::Failed(m);
+            }
+            None => (String::new(), Some("abort")),
+        };
+        if end.is_some() {
+            self.events.close();
+            self.end = end;
+        }
+        match (text.is_empty(), end) {
+            (true, Some(end)) => Piece::Done(end),
+            _ => Piece::Text(text),
+        }
+    }
+}
+
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Usage {
+    Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+    }
+}
+
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let p = prepare(&s, body)?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let prompt_tokens = p.prompt.len();
+    let last = p.prompt[prompt_tokens - 1];
+    s.engine
+        .try_submit(
+            GenerationRequest {
+                prompt: p.prompt,
+                max_tokens: p.max_tokens,
+                sampler: p.sampler,
+                events: tx,
+            },
+            s.max_waiting,
+        )
+        .map_err(|e| match e {
+            SubmitError::QueueFull { .. } => ApiError {
+                retry_after: true,
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    e.to_string(),
+                )
+            },
+            SubmitError::EngineGone => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                e.to_string(),
+            ),
+        })?;
+    let detokenizer = Detokenizer::new(
+        s.tokenizer.clone(),
+        last,
+        p.stop,
+        s.engine.stop_token_ids().to_vec(),
+    );
+    let mut completion = Completion::new(rx, detokenizer);
+    let id = format!("cmpl-{}", s.next_id.fetch_add(1, Ordering::Relaxed));
+    let created = now_s();
+    if p.stream {
+        return Ok(
+            Sse::new(sse_chunks(completion, id, created, s.model_name.clone())).into_response(),
+        );
+    }
+    let mut text = String::new();
+    let reason = loop {
+        match completion.next().await {
+            Piece::Text(t) => text.push_str(&t),
+            Piece::Done(r) => break r,
+            Piece::Failed(m) => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    m,
+                ));
+            }
+        }
+    };
+    Ok(Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": s.model_name,
+        "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": reason}],
+        "usage": usage(prompt_tokens, completion.completion_tokens),
+    }))
+    .into_response())
+}
+
+/// The SSE body of a streamed completion: one chunk per piece of text, a last chunk with the
+/// finish reason (or an error object), then `data: [DONE]`.
+fn sse_chunks(
+    completion: Completion,
+    id: String,
+    created: u64,
+    model: String,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let chunk = move |text: &str, reason: Option<&str>| {
+        json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": reason}],
+        })
+        .to_string()
+    };
+    stream::unfold(Some(completion), move |state| {
+        let chunk = chunk.clone();
+        async move {
+            let mut c = state?;
+            let event = match c.next().await {
+                Piece::Text(t) => {
+                    return Some((Ok(Event::default().data(chunk(&t, None))), Some(c)));
+                }
+                Piece::Done(r) => Event::default().data(chunk("", Some(r))),
+                Piece::Failed(m) => Event::default().data(
+                    json!({"error": {"message": m, "type": "server_error", "param": null, "code": 500}})
+                        .to_string(),
+                ),
+            };
+            drop(c);
+            Some((Ok(event), None))
+        }
+    })
+    .chain(stream::once(async { Ok(Event::default().data("[DONE]")) }))
+}

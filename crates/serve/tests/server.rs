@@ -1,0 +1,277 @@
+//! The server on an ephemeral loopback port over stories260K on the cpu-paged engine, driven by
+//! an HTTP client: greedy text equals the cpu engine's, streaming equals non-streaming, bad
+//! input gets OpenAI's error shape, and the pool is fully free once every request is done.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use kvlab_cpu::CpuEngine;
+use kvlab_cpu::paged::PagedCpuEngine;
+use kvlab_model::tokenizer::Utf8Stream;
+use kvlab_model::{GenerateOptions, Model, Sampler, Tokenizer, generate_tokens};
+use kvlab_paged::{KvCacheConfig, ScheduledBatch, StepExecutor};
+use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor, router, spawn_engine};
+use serde_json::{Value, json};
+
+const PROMPT: &str = "Once upon a time, there was a little girl";
+
+fn stories260k() -> Option<(Arc<Model>, Arc<Tokenizer>)> {
+    let file = kvlab_model::registry::test_model_file;
+    let (Some(bin), Some(tok)) = (file("stories260K.bin"), file("tok512.bin")) else {
+        return None;
+    };
+    let (model, tok) = kvlab_model::registry::load_llama2c(&bin, Some(&tok)).unwrap();
+    Some((Arc::new(model), Arc::new(tok.unwrap())))
+}
+
+/// The paged engine, slowed to at least 2 ms a step: stories260K is so fast that a 300-token
+/// story could end before a disconnecting client is noticed.
+struct Slowed(PagedCpuEngine);
+
+impl StepExecutor for Slowed {
+    type Error = kvlab_model::Error;
+
+    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error> {
+        std::thread::sleep(Duration::from_millis(2));
+        self.0.execute(batch)
+    }
+}
+
+/// Starts a server; returns its base URL.
+async fn start(model: &Arc<Model>, tok: &Arc<Tokenizer>, max_waiting: usize) -> String {
+    let max_model_len = model.config.max_seq_len;
+    let m = model.clone();
+    let engine = spawn_engine(
+        move || {
+            let kv = KvCacheConfig::new(m.config.kv_cache_groups(), 4 * max_model_len / 16, 16);
+            let e = PagedCpuEngine::new(m, kv.clone()).map_err(|e| e.to_string())?;
+            Ok((Box::new(Slowed(e)) as Executor, kv))
+        },
+        max_model_len,
+        model.config.stop_ids.clone(),
+    )
+    .unwrap();
+    let state = Arc::new(AppState::new(
+        engine,
+        tok.clone(),
+        "stories260K".into(),
+        max_waiting,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(kvlab_serve::serve(
+        listener,
+        router(state, DEFAULT_BODY_LIMIT),
+    ));
+    format!("http://{addr}")
+}
+
+/// The cpu engine's greedy continuation of `prompt`, as text.
+fn cpu_greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &str, max_tokens: usize) -> String {
+    let ids = tok.encode(prompt, true, false);
+    let mut engine = CpuEngine::new(model.clone());
+    // run.c's count: positions computed, prompt included; the last position's token is
+    // emitted without being computed, so `max_tokens` new tokens need one position fewer.
+    let opts = GenerateOptions {
+        steps: ids.len() + max_tokens - 1,
+        max_seq_len: 0,
+        trace: false,
+    };
+    let g = generate_tokens(&mut engine, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
+    assert_eq!(g.tokens.len(), max_tokens);
+    let mut utf8 = Utf8Stream::default();
+    let mut prev = *ids.last().unwrap();
+    let mut text = String::new();
+    for &t in &g.tokens {
+        if !model.config.stop_ids.contains(&t) {
+            text.push_str(&utf8.push(&tok.decode(prev, t)));
+        }
+        prev = t;
+    }
+    text + &utf8.finish()
+}
+
+async fn post(url: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// Polls `/health` until no block is in use (the engine thread publishes after its step) and
+/// `aborted` sequences were aborted because their receiver closed (a client gone, a stop string).
+async fn assert_pool_free(url: &str, aborted: u64) {
+    let mut h = Value::Null;
+    for _ in 0..200 {
+        h = reqwest::get(format!("{url}/health"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if h["num_blocks_used"] == 0
+            && h["num_requests_running"] == 0
+            && h["num_requests_aborted"] == aborted
+        {
+            assert_eq!(h["num_blocks_free"], h["num_blocks_total"]);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the pool is not free, or not after {aborted} aborts, once every request ended: {h}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_match_the_cpu_engine_stream_and_free_the_pool() {
+    let Some((model, tok)) = stories260k() else {
+        return;
+    };
+    let url = start(&model, &tok, 64).await;
+    let expected = cpu_greedy(&model, &tok, PROMPT, 40);
+    assert!(!expected.is_empty());
+
+    let (status, v) = post(
+        &url,
+        json!({"model": "stories260K", "prompt": PROMPT, "max_tokens": 40, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], expected.as_str());
+    assert_eq!(v["usage"]["completion_tokens"], 40);
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        tok.encode(PROMPT, true, false).len()
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    // Streaming: the chunks' text joined equals the whole, and the stream ends with [DONE].
+    let body = reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let data: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"));
+    let mut streamed = String::new();
+    for d in &data[..data.len() - 1] {
+        let c: Value = serde_json::from_str(d).unwrap();
+        streamed.push_str(c["choices"][0]["text"].as_str().unwrap());
+    }
+    assert_eq!(streamed, expected);
+
+    // A stop string cuts the text just before it (and aborts the sequence, which would run on
+    // for 300 more tokens).
+    let cut = &expected[..expected.len() / 2];
+    let stop = expected[cut.len()..].chars().take(3).collect::<String>();
+    let (status, v) = post(
+        &url,
+        json!({"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stop": [stop]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        expected.starts_with(text) && text.len() <= cut.len(),
+        "{text:?}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // A client that disconnects mid-stream: its sequence is aborted and its blocks freed. (The
+    // greedy story goes on for over 300 tokens before its EOS, so it is still running when the
+    // client leaves after the first chunk.)
+    let mut chunks = reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"prompt": PROMPT, "max_tokens": 450, "temperature": 0, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    chunks.next().await.unwrap().unwrap();
+    drop(chunks);
+    // Two aborts: the stop-string request's (its handler closed its receiver) and this one.
+    assert_pool_free(&url, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_openai_errors() {
+    let Some((model, tok)) = stories260k() else {
+        return;
+    };
+    let url = start(&model, &tok, 64).await;
+    let client = reqwest::Client::new();
+    let check = |status: u16, v: &Value, want: u16| {
+        assert_eq!(status, want, "{v}");
+        let e = &v["error"];
+        assert!(e["message"].is_string() && e["type"].is_string(), "{v}");
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+    };
+    let r = client
+        .post(format!("{url}/v1/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    check(s, &r.json().await.unwrap(), 400);
+    let (s, v) = post(&url, json!({"prompt": "x", "bogus": 1})).await;
+    check(s, &v, 400);
+    let (s, v) = post(&url, json!({"prompt": "x", "max_tokens": 0})).await;
+    check(s, &v, 400);
+    let (s, v) = post(&url, json!({"prompt": "x", "max_tokens": 100_000})).await;
+    check(s, &v, 400);
+    let (s, v) = post(&url, json!({"prompt": "a b c d ".repeat(400)})).await;
+    check(s, &v, 400);
+    let (s, v) = post(&url, json!({"prompt": "x", "n": 2})).await;
+    check(s, &v, 400);
+    let (s, v) = post(&url, json!({"prompt": "x", "temperature": -1})).await;
+    check(s, &v, 400);
+    let r = client.get(format!("{url}/nope")).send().await.unwrap();
+    let s = r.status().as_u16();
+    check(s, &r.json().await.unwrap(), 404);
+    let r = client
+        .post(format!("{url}/v1/completions"))
+        .body(vec![b'x'; DEFAULT_BODY_LIMIT + 1])
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    check(s, &r.json().await.unwrap(), 413);
+    let models: Value = reqwest::get(format!("{url}/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "stories260K");
+    let r = client
+        .get(format!("{url}/v1/completions"))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    check(s, &r.json().await.unwrap(), 405);
+    assert_pool_free(&url, 0).await;
+
+    // A bound of 0 waiting requests refuses every request with 429 and Retry-After.
+    let full = start(&model, &tok, 0).await;
+    let r = client
+        .post(format!("{full}/v1/completions"))
+        .json(&json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r.headers().get("retry-after").is_some());
+}
