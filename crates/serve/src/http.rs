@@ -1,5 +1,7 @@
-//! The routes: `GET /health`, `GET /v1/models`, `POST /v1/completions` (JSON or SSE), and
-//! OpenAI's error shape `{"error": {"message", "type", "param", "code"}}` for every failure.
+//! The routes: `GET /health`, `GET /v1/models`, `POST /v1/completions` (JSON or SSE),
+//! `POST /v1/chat/completions` (a 400 while no kvlab model has a chat template), `GET /metrics`
+//! (Prometheus text), and OpenAI's error shape `{"error": {"message", "type", "param", "code"}}`
+//! for every failure.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -68,6 +70,8 @@ pub fn router(state: Arc<AppState>, body_limit: usize) -> Router {
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/metrics", get(metrics))
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such route")
         })
@@ -161,6 +165,110 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
         "owned_by": "kvlab",
         "max_model_len": s.engine.max_model_len(),
     }]}))
+}
+
+/// No kvlab model carries a chat template yet (llama2.c checkpoints have none, and the GGUF
+/// reader does not keep `tokenizer.chat_template`), so a chat request is refused clearly.
+async fn chat_completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiError {
+    if let Err(e) = body {
+        return ApiError::new(e.status(), "invalid_request_error", e.body_text());
+    }
+    ApiError::invalid(
+        format!(
+            "model {:?} has no chat template, so chat messages cannot be turned into a prompt; send a prompt to /v1/completions",
+            s.model_name
+        ),
+        Some("messages"),
+    )
+}
+
+/// The scheduler's gauges and counters in Prometheus' text format, with vLLM's names where
+/// vLLM has one and `kvlab:` for kvlab's own. Values are as of the engine's last step.
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    let m = s.engine.shared().metrics();
+    let label = format!(
+        "{{model_name=\"{}\"}}",
+        s.model_name.replace(['\\', '"', '\n'], "_")
+    );
+    let rows: [(&str, &str, &str, String); 10] = [
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Sequences in the running queue.",
+            m.num_running.to_string(),
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Sequences in the scheduler's waiting queue.",
+            m.num_waiting.to_string(),
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "Fraction of KV blocks in use (1 = full).",
+            m.kv_cache_usage_perc.to_string(),
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+            m.prefix_cache_queries.to_string(),
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens served by the prefix cache.",
+            m.prefix_cache_hits.to_string(),
+        ),
+        (
+            "vllm:num_preemptions_total",
+            "counter",
+            "Sequences preempted by recompute.",
+            m.num_preemptions.to_string(),
+        ),
+        (
+            "kvlab:num_blocks_free",
+            "gauge",
+            "KV blocks that can be handed out, over all groups.",
+            m.num_blocks_free.to_string(),
+        ),
+        (
+            "kvlab:num_blocks_total",
+            "gauge",
+            "KV blocks in all pools.",
+            m.num_blocks_total.to_string(),
+        ),
+        (
+            "kvlab:cow_copies_total",
+            "counter",
+            "Copy-on-write block copies.",
+            m.num_cow_copies.to_string(),
+        ),
+        (
+            "kvlab:recomputed_tokens_total",
+            "counter",
+            "Tokens prefilled again after preemption.",
+            m.num_recomputed_tokens.to_string(),
+        ),
+    ];
+    let mut text = String::new();
+    for (name, kind, help, value) in rows {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{label} {value}\n"
+        ));
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// `stop`: one string or a list of them.

@@ -1,6 +1,8 @@
 //! The server on an ephemeral loopback port over stories260K on the cpu-paged engine, driven by
-//! an HTTP client: greedy text equals the cpu engine's, streaming equals non-streaming, bad
-//! input gets OpenAI's error shape, and the pool is fully free once every request is done.
+//! an HTTP client: greedy text equals the cpu engine's, streaming equals non-streaming, stop
+//! strings cut the text, bad input gets OpenAI's error shape (and 429 past the waiting bound),
+//! `/metrics` speaks Prometheus with vLLM's names, and the pool is fully free once every request
+//! is done, a client that disconnected mid-stream included.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -201,6 +203,25 @@ async fn completions_match_the_cpu_engine_stream_and_free_the_pool() {
     drop(chunks);
     // Two aborts: the stop-string request's (its handler closed its receiver) and this one.
     assert_pool_free(&url, 2).await;
+
+    // Prometheus text with vLLM's names, idle now.
+    let metrics = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "vllm:num_requests_running{model_name=\"stories260K\"} 0",
+        "vllm:num_requests_waiting{model_name=\"stories260K\"} 0",
+        "vllm:kv_cache_usage_perc{model_name=\"stories260K\"} 0",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line:?} not in\n{metrics}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,6 +276,21 @@ async fn bad_input_gets_openai_errors() {
         .await
         .unwrap();
     assert_eq!(models["data"][0]["id"], "stories260K");
+    let r = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    check(s, &v, 400);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("chat template")
+    );
     let r = client
         .get(format!("{url}/v1/completions"))
         .send()
