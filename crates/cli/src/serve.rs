@@ -35,6 +35,9 @@ pub struct Args {
     /// Token slots per block.
     #[arg(long, default_value_t = kvlab_paged::DEFAULT_BLOCK_SIZE, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
     block_size: usize,
+    /// Require `Authorization: Bearer KEY` on every route (401 otherwise).
+    #[arg(long, env = "KVLAB_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 /// Most positions of one sequence: the model's context, capped like the other paged commands.
@@ -75,12 +78,15 @@ pub fn run(a: Args) -> Result<()> {
         max_model_len,
         stop_ids,
     )?;
-    let state = Arc::new(AppState::new(
-        engine,
-        Arc::new(tokenizer),
-        loaded.name.clone(),
-        a.max_waiting,
-    ));
+    let state = Arc::new(
+        AppState::new(
+            engine,
+            Arc::new(tokenizer),
+            loaded.name.clone(),
+            a.max_waiting,
+        )
+        .with_api_key(a.api_key.clone()),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -99,8 +105,40 @@ pub fn run(a: Args) -> Result<()> {
             max_model_len,
             listener.local_addr()?
         );
-        kvlab_serve::serve(listener, kvlab_serve::router(state, DEFAULT_BODY_LIMIT))
-            .await
-            .context("serving")
+        kvlab_serve::serve(
+            listener,
+            kvlab_serve::router(state, DEFAULT_BODY_LIMIT),
+            shutdown_signal(),
+        )
+        .await
+        .context("serving")?;
+        eprintln!("kvlab serve: stopped (every open request finished)");
+        Ok(())
     })
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM: the server then stops accepting and lets the open
+/// requests finish.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+    eprintln!("kvlab serve: shutting down, finishing open requests");
 }

@@ -44,6 +44,8 @@ pub struct AppState {
     pub max_waiting: usize,
     /// Completion ids are `cmpl-<n>`; also the default seed's source.
     next_id: AtomicU64,
+    /// When set, every route wants `Authorization: Bearer <key>` (OpenAI's scheme).
+    api_key: Option<String>,
 }
 
 impl AppState {
@@ -60,7 +62,14 @@ impl AppState {
             model_name,
             max_waiting,
             next_id: AtomicU64::new(0),
+            api_key: None,
         }
+    }
+
+    /// Requires `Authorization: Bearer <key>` on every route (401 otherwise).
+    pub fn with_api_key(mut self, key: Option<String>) -> AppState {
+        self.api_key = key;
+        self
     }
 }
 
@@ -83,15 +92,55 @@ pub fn router(state: Arc<AppState>, body_limit: usize) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ))
         .with_state(state)
 }
 
-/// Serves `router` on `listener` until the process ends.
+/// 401 in OpenAI's shape unless the request carries the server's API key (when it has one).
+async fn require_api_key(
+    State(s): State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(key) = &s.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| same_bytes(g.as_bytes(), key.as_bytes())) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or incorrect API key: send `Authorization: Bearer <key>`",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// a == b, in a time that depends on the lengths only (not on where they first differ).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then stops accepting connections
+/// and returns once the open ones have finished (in-flight completions run to their end).
 ///
 /// # Errors
 /// The listener's I/O errors.
-pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
-    axum::serve(listener, router).await
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// An error in OpenAI's shape, with its status code.

@@ -2,7 +2,8 @@
 //! an HTTP client: greedy text equals the cpu engine's, streaming equals non-streaming, stop
 //! strings cut the text, bad input gets OpenAI's error shape (and 429 past the waiting bound),
 //! `/metrics` speaks Prometheus with vLLM's names, and the pool is fully free once every request
-//! is done, a client that disconnected mid-stream included.
+//! is done, a client that disconnected mid-stream included; an API key guards every route, and
+//! a shutdown lets the open requests finish.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,20 @@ impl StepExecutor for Slowed {
 
 /// Starts a server; returns its base URL.
 async fn start(model: &Arc<Model>, tok: &Arc<Tokenizer>, max_waiting: usize) -> String {
+    start_with(model, tok, max_waiting, None, std::future::pending())
+        .await
+        .0
+}
+
+/// Starts a server with an optional API key that stops when `shutdown` completes; returns its
+/// base URL and the serving task.
+async fn start_with(
+    model: &Arc<Model>,
+    tok: &Arc<Tokenizer>,
+    max_waiting: usize,
+    api_key: Option<&str>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
     let max_model_len = model.config.max_seq_len;
     let m = model.clone();
     let engine = spawn_engine(
@@ -54,19 +69,18 @@ async fn start(model: &Arc<Model>, tok: &Arc<Tokenizer>, max_waiting: usize) -> 
         model.config.stop_ids.clone(),
     )
     .unwrap();
-    let state = Arc::new(AppState::new(
-        engine,
-        tok.clone(),
-        "stories260K".into(),
-        max_waiting,
-    ));
+    let state = Arc::new(
+        AppState::new(engine, tok.clone(), "stories260K".into(), max_waiting)
+            .with_api_key(api_key.map(String::from)),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(kvlab_serve::serve(
+    let task = tokio::spawn(kvlab_serve::serve(
         listener,
         router(state, DEFAULT_BODY_LIMIT),
+        shutdown,
     ));
-    format!("http://{addr}")
+    (format!("http://{addr}"), task)
 }
 
 /// The cpu engine's greedy continuation of `prompt`, as text.
@@ -310,4 +324,62 @@ async fn bad_input_gets_openai_errors() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 429);
     assert!(r.headers().get("retry-after").is_some());
+}
+
+/// With `--api-key`, every route wants `Authorization: Bearer <key>` (401 in OpenAI's shape
+/// otherwise); on shutdown the server stops accepting but a completion in flight streams to its
+/// end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_and_graceful_shutdown() {
+    let Some((model, tok)) = stories260k() else {
+        return;
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    let (url, task) = start_with(&model, &tok, 64, Some("sekrit"), shutdown).await;
+    let client = reqwest::Client::new();
+    for auth in [None, Some("Bearer wrong"), Some("sekrit")] {
+        let mut r = client.get(format!("{url}/health"));
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 401, "{auth:?}");
+        let v: Value = r.json().await.unwrap();
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
+    let r = client
+        .get(format!("{url}/health"))
+        .bearer_auth("sekrit")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+
+    // A stream in flight when the shutdown comes still runs to its [DONE].
+    let mut chunks = client
+        .post(format!("{url}/v1/completions"))
+        .bearer_auth("sekrit")
+        .json(&json!({"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    let mut body = String::from_utf8(chunks.next().await.unwrap().unwrap().to_vec()).unwrap();
+    stop.send(()).unwrap();
+    while let Some(c) = chunks.next().await {
+        body.push_str(std::str::from_utf8(&c.unwrap()).unwrap());
+    }
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    let served = tokio::time::timeout(Duration::from_secs(10), task).await;
+    assert!(
+        matches!(served, Ok(Ok(Ok(())))),
+        "the server did not stop: {served:?}"
+    );
+    assert!(
+        client.get(format!("{url}/health")).send().await.is_err(),
+        "a stopped server still answers"
+    );
 }
