@@ -88,6 +88,13 @@ impl KvRows for Contiguous<'_> {
 /// heads of a KV head each read the run, and the second reads it from L1 if it is short.
 const RUN: usize = 64;
 
+thread_local! {
+    /// Each thread's scratch for [`attend_group`] and a buffer for the stats it returns (where
+    /// the caller has nowhere else to put them), reused from step to step.
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// Below this many multiply-adds a step's attention runs on the calling thread: handing tasks
 /// to other threads costs microseconds, more than a short context takes.
 const PAR_MIN_WORK: usize = 1 << 15;
@@ -110,12 +117,6 @@ pub fn attention<R: KvRows>(
         * 2
         * heads.n_heads
         * hd;
-    thread_local! {
-        /// Each thread's scratch for [`attend_group`] and the stats it returns, reused from step
-        /// to step.
-        static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-    }
     let keys_of = |r: usize| heads.first_visible(pos_of(r))..pos_of(r) + 1;
     // Attention of row r's KV heads gs over all its visible keys, written to o (its slice of out).
     let run = |r: usize, gs: Range<usize>, o: &mut [f32]| {
@@ -195,10 +196,7 @@ fn split_keys<R: KvRows>(
             kv_heads: 0..heads.n_kv_heads,
             keys: start..(start + per).min(keys.end),
         };
-        thread_local! {
-            static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        SCRATCH.with_borrow_mut(|s| attend_group(o, stats, q, span, kv, heads, s));
+        SCRATCH.with_borrow_mut(|(s, _)| attend_group(o, stats, q, span, kv, heads, s));
     });
     merge_spans(out, &parts, n_heads, hd);
 }
@@ -300,13 +298,11 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     let kv_dim = heads.n_kv_heads * hd; // the stride from one position's row to the next
     let (gs, Range { start: lo, end }) = (span.kv_heads, span.keys);
     let n = end - lo; // keys this call attends to
-    // scratch: the queries times the scale (|gs|·kv_mul, head_dim), 1 / Σ_j e[m][j] (|gs|·kv_mul,),
-    // then the scores (|gs|·kv_mul, n); m counts the query heads of gs.
+    // scratch: the queries times the scale (|gs|·kv_mul, head_dim), then the scores
+    // (|gs|·kv_mul, n); m counts the query heads of gs.
     let (kv_mul, group) = (heads.kv_mul(), heads.kv_mul() * hd);
-    let heads_here = gs.len() * kv_mul;
-    scratch.resize(q.len() + heads_here + heads_here * n, 0.0);
-    let (q_scaled, rest) = scratch.split_at_mut(q.len());
-    let (inv_sum, scores) = rest.split_at_mut(heads_here);
+    scratch.resize(q.len() + gs.len() * kv_mul * n, 0.0);
+    let (q_scaled, scores) = scratch.split_at_mut(q.len());
     q_scaled
         .iter_mut()
         .zip(q)
@@ -336,13 +332,9 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     }
     // e[m][j] = exp(s[m][j] − max_j s[m][j]); softmax divides by their sum, which is done
     // below on the head_dim outputs instead of on the n weights.
-    for ((s, inv), st) in scores
-        .chunks_exact_mut(n)
-        .zip(inv_sum.iter_mut())
-        .zip(stats.chunks_exact_mut(2))
-    {
+    for (s, st) in scores.chunks_exact_mut(n).zip(stats.chunks_exact_mut(2)) {
         let (max, sum) = crate::softmax::exp_shifted::<K::MulAdd>(s);
-        (*inv, st[0], st[1]) = (1.0 / sum, max, sum);
+        (st[0], st[1]) = (max, sum);
     }
     // o_m = Σ_j e[m][j] v_{g,j} / Σ_j e[m][j], each run of value rows read once for the kv_mul
     // heads of a KV head while their o_m stay in registers.
@@ -365,7 +357,8 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
         }
         j += c;
     }
-    for (o_m, inv) in o.chunks_exact_mut(hd).zip(inv_sum.iter()) {
+    for (o_m, st) in o.chunks_exact_mut(hd).zip(stats.chunks_exact(2)) {
+        let inv = 1.0 / st[1];
         o_m.iter_mut().for_each(|o| *o *= inv);
     }
 }

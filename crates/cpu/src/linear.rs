@@ -170,8 +170,8 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
                 unsafe {
                     // gemm computes dst := alpha·dst + beta·lhs·rhs, and with read_dst = false it
                     // never reads dst. lhs = x (t, in) from x_t: column stride t, row stride 1;
-                    // rhs = B (in, n): column stride in, row stride 1; dst = y's columns c0.., row
-                    // stride out.
+                    // rhs = B (in, n): column stride in, row stride 1; dst = C (t, n) in y_t:
+                    // column stride t, row stride 1.
                     gemm::gemm(
                         t,
                         n,
