@@ -175,8 +175,12 @@ impl PoolOptions {
     }
 }
 
+/// Most positions of one sequence the paged engines' pools are sized for by default: the model's
+/// context, capped here.
+pub const MAX_MODEL_LEN: usize = 8192;
+
 /// Builds `engine` over `model` (paged engines get a pool for two sequences of the model's whole
-/// context, capped at 8,192 positions).
+/// context, capped at [`MAX_MODEL_LEN`] positions).
 ///
 /// # Errors
 /// The engine's own (a missing GPU, a pool larger than the machine).
@@ -188,7 +192,7 @@ pub fn build(engine: EngineKind, model: Arc<Model>) -> Result<Box<dyn Engine>> {
             // Room for two sequences of the whole context (at most 8,192 positions each).
             let pool = PoolOptions::for_sequences(
                 2,
-                model.config.max_seq_len.min(8192),
+                model.config.max_seq_len.min(MAX_MODEL_LEN),
                 kvlab_paged::DEFAULT_BLOCK_SIZE,
             );
             build_paged(engine, model, pool)?

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, usize_in};
-use kvlab_cli::engines::{self, EngineKind, PagedEngine, PoolOptions, build_paged};
+use kvlab_cli::engines::{self, EngineKind, MAX_MODEL_LEN, PagedEngine, PoolOptions, build_paged};
 use kvlab_paged::{ScheduledBatch, StepExecutor};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor};
 
@@ -40,9 +40,6 @@ pub struct Args {
     api_key: Option<String>,
 }
 
-/// Most positions of one sequence: the model's context, capped like the other paged commands.
-const MAX_MODEL_LEN: usize = 8192;
-
 /// A paged engine as the server's engine thread takes it.
 struct PagedExecutor(Box<dyn PagedEngine>);
 
@@ -61,11 +58,12 @@ pub fn run(a: Args) -> Result<()> {
         .with_context(|| format!("{} has no tokenizer", loaded.name))?;
     let model = Arc::new(loaded.model);
     let max_model_len = model.config.max_seq_len.min(MAX_MODEL_LEN);
-    let pool = PoolOptions {
-        num_blocks: a
-            .num_blocks
-            .unwrap_or_else(|| 4 * max_model_len.div_ceil(a.block_size)),
-        block_size: a.block_size,
+    let pool = match a.num_blocks {
+        Some(num_blocks) => PoolOptions {
+            num_blocks,
+            block_size: a.block_size,
+        },
+        None => PoolOptions::for_sequences(4, max_model_len, a.block_size),
     };
     let stop_ids = model.config.stop_ids.clone();
     let kind = a.engine;
