@@ -2,7 +2,6 @@
 //! engine. `--trace` prints every step's batch (positions, slot_mapping, block tables); `--svg`
 //! draws which sequence owns which block of the pool at a chosen step.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +12,8 @@ use kvlab_cli::args::{MAX_ARRIVAL_GAP, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_POSIT
 use kvlab_cli::engines::{self, EngineKind, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
 use kvlab_paged::{
-    Request, ScheduledBatch, Scheduler, SchedulerConfig, StepKind, StopConditions, drive,
+    BlockState, PoolView, Request, ScheduledBatch, Scheduler, SchedulerConfig, StepKind,
+    StopConditions, drive,
 };
 
 use crate::{ModelArgs, bytes};
@@ -220,16 +220,9 @@ fn print_step(step: usize, batch: &ScheduledBatch) {
 /// by several sequences (a shared prefix) are outlined and labelled with their ref count; free
 /// blocks that keep cached content are grey.
 fn block_svg(step: usize, s: &Scheduler) -> String {
-    let alloc = &s.allocators()[0];
-    let n = alloc.num_blocks();
-    let mut owners: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    for id in s.running() {
-        if let Some(seq) = s.sequence(*id) {
-            for b in seq.block_tables()[0].blocks().iter().flatten() {
-                owners.entry(*b).or_default().push(id.0);
-            }
-        }
-    }
+    let view = PoolView::of(s);
+    let group = &view.groups[0];
+    let n = group.blocks.len();
     const PALETTE: [&str; 8] = [
         "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
     ];
@@ -242,23 +235,23 @@ fn block_svg(step: usize, s: &Scheduler) -> String {
     let _ = writeln!(
         svg,
         "<text x=\"10\" y=\"18\" font-size=\"14\">KV block pool at step {step}: {n} blocks of {} tokens; colour = owning sequence</text>",
-        alloc.block_size()
+        group.block_size
     );
-    for b in 0..n {
+    for (b, state) in group.blocks.iter().enumerate() {
         let (x, y) = (10 + (b % cols) * cell, 30 + (b / cols) * cell);
-        let (fill, label, stroke) = match owners.get(&(b as u32)) {
-            Some(o) if o.len() > 1 => (
-                PALETTE[o[0] as usize % PALETTE.len()],
-                format!("x{}", o.len()),
+        let (fill, label, stroke) = match state {
+            BlockState::Held { seqs } if seqs.len() > 1 => (
+                PALETTE[seqs[0] as usize % PALETTE.len()],
+                format!("x{}", seqs.len()),
                 "#000",
             ),
-            Some(o) => (
-                PALETTE[o[0] as usize % PALETTE.len()],
-                format!("s{}", o[0]),
+            BlockState::Held { seqs } => (
+                PALETTE[seqs[0] as usize % PALETTE.len()],
+                format!("s{}", seqs[0]),
                 "#fff",
             ),
-            None if alloc.is_evictable(b as u32) => ("#cccccc", "cached".into(), "#fff"),
-            None => ("#f4f4f4", String::new(), "#fff"),
+            BlockState::Cached => ("#cccccc", "cached".into(), "#fff"),
+            BlockState::Free => ("#f4f4f4", String::new(), "#fff"),
         };
         let width = if stroke == "#000" { 3 } else { 1 };
         let _ = writeln!(

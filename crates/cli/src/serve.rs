@@ -73,6 +73,7 @@ pub fn run(a: Args) -> Result<()> {
             let kv = e.kv_cache().clone();
             Ok((Box::new(PagedExecutor(e)) as Executor, kv))
         },
+        &loaded.name,
         max_model_len,
         stop_ids,
     )?;

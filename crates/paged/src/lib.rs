@@ -48,7 +48,8 @@
 //! * `unscheduled.rs`: [`UnscheduledPools`], sequences driven one at a time through the `Engine`
 //!   API without the scheduler, reserving slots as the scheduler does.
 //! * [`driver`]: the [`drive`] loop and the [`StepExecutor`] an engine implements; [`metrics`]:
-//!   [`Metrics`] named like vLLM's; [`waste`], [`workload`]: the memory-waste calculator and
+//!   [`Metrics`] named like vLLM's; `pool_view.rs`: [`PoolView`], who holds which block (the
+//!   block-table picture as data, for `kvlab batch --svg` and `kvlab serve`'s live page); [`waste`], [`workload`]: the memory-waste calculator and
 //!   seeded request-length generators.
 //!
 //! **Size against the references.** nano-vllm does the same two jobs in `block_manager.py` (120
@@ -79,6 +80,7 @@ pub mod workload;
 mod allocator;
 mod config;
 mod error;
+mod pool_view;
 mod prefix_cache;
 mod scheduled_batch;
 mod scheduler;
@@ -94,6 +96,7 @@ pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, driv
 pub use error::{PagedError, Result};
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a_block_hash};
 pub use metrics::Metrics;
+pub use pool_view::{BlockState, GroupView, PoolView, SeqView};
 pub use prefix_cache::PrefixMatch;
 pub use scheduled_batch::{
     FinishedSeq, GroupInput, GroupStep, ModelInput, ScheduledBatch, ScheduledSeq, StepKind,

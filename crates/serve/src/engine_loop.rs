@@ -11,20 +11,29 @@
 //! A client that goes away drops its receiver; before every step the thread aborts every
 //! sequence whose receiver is closed (`Scheduler::abort`), which frees its blocks at once. The
 //! sequence's token of a step already in flight is ignored by `update`.
+//!
+//! After every step the thread also copies the scheduler's state out for the handlers: the
+//! Prometheus metrics ([`ServerMetrics`]) and, at most every [`VIEW_INTERVAL`] and whenever it
+//! goes idle, the [`PoolView`] that `/health` and the live page read.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kvlab_model::Sampler;
 use kvlab_paged::{
-    FinishReason, KvCacheConfig, Metrics, Scheduler, SchedulerConfig, SeqId, StepExecutor,
-    StopConditions,
+    FinishReason, KvCacheConfig, Metrics, PoolView, Scheduler, SchedulerConfig, SeqId,
+    StepExecutor, StopConditions,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::ServeError;
+use crate::{ServeError, ServerMetrics};
+
+/// How stale the published [`PoolView`] may get while the engine runs (it is refreshed after a
+/// step once this much time has passed, and always when the engine goes idle).
+pub const VIEW_INTERVAL: Duration = Duration::from_millis(20);
 
 /// A paged engine as the engine thread runs it (boxed so the CPU and CUDA engines fit).
 pub type Executor = Box<dyn StepExecutor<Error = kvlab_model::Error>>;
@@ -38,6 +47,8 @@ pub struct GenerationRequest {
     pub max_tokens: usize,
     pub sampler: Sampler,
     pub events: UnboundedSender<TokenEvent>,
+    /// When the request reached the server (its latencies are measured from here).
+    pub arrival: Instant,
 }
 
 /// What the engine thread sends back for one request.
@@ -52,17 +63,16 @@ pub enum TokenEvent {
     Failed(String),
 }
 
-/// What the engine thread shares with the handlers: admission counts and the last metrics.
-#[derive(Debug)]
+/// What the engine thread shares with the handlers: the admission count, the Prometheus
+/// metrics and the last pool view.
 pub struct SharedState {
     /// Requests accepted by a handler that have not produced their first token yet (in the
     /// channel or the scheduler's waiting queue): the admission bound is checked against it.
     pending: AtomicUsize,
-    /// Sequences aborted because their receiver closed: the client went away, or a `stop`
-    /// string ended the text before the scheduler's own stop conditions did.
-    aborted: AtomicU64,
-    /// The scheduler's metrics after the last step (or when the thread went idle).
-    metrics: Mutex<Metrics>,
+    /// The Prometheus registry the engine thread writes and `/metrics` renders.
+    prometheus: ServerMetrics,
+    /// The pool and its sequences as of the last publication (see [`VIEW_INTERVAL`]).
+    view: Mutex<PoolView>,
 }
 
 impl SharedState {
@@ -73,15 +83,29 @@ impl SharedState {
 
     /// Sequences aborted so far because their receiver closed (client gone, stop string).
     pub fn aborted(&self) -> u64 {
-        self.aborted.load(Ordering::Acquire)
+        self.prometheus.num_cancelled()
     }
 
-    /// The scheduler's metrics as of the last step or idle moment.
-    pub fn metrics(&self) -> Metrics {
-        self.metrics
+    /// The Prometheus metrics.
+    pub fn prometheus(&self) -> &ServerMetrics {
+        &self.prometheus
+    }
+
+    /// The pool view as of the last publication: at most [`VIEW_INTERVAL`] old while the
+    /// engine runs, current when it is idle.
+    pub fn view(&self) -> PoolView {
+        self.view
             .lock()
-            .map(|m| m.clone())
+            .map(|v| v.clone())
             .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    /// The scheduler's metrics of [`SharedState::view`].
+    pub fn metrics(&self) -> Metrics {
+        self.view
+            .lock()
+            .map(|v| v.metrics.clone())
+            .unwrap_or_else(|e| e.into_inner().metrics.clone())
     }
 }
 
@@ -148,13 +172,16 @@ impl EngineHandle {
 
 /// Starts the engine thread. `build` runs on that thread (so an engine bound to its thread,
 /// such as a CUDA context, stays there) and returns the engine and the pool shape it was built
-/// with; the scheduler gets `max_model_len` positions per sequence.
+/// with; the scheduler gets `max_model_len` positions per sequence. `model_name` labels the
+/// metrics.
 ///
 /// # Errors
 /// [`ServeError::Engine`] with `build`'s error, [`ServeError::Scheduler`] for a pool the
-/// scheduler refuses, [`ServeError::Thread`] if the thread cannot start.
+/// scheduler refuses, [`ServeError::Thread`] if the thread cannot start,
+/// [`ServeError::Metrics`] if the metrics registry cannot be built.
 pub fn spawn_engine<F>(
     build: F,
+    model_name: &str,
     max_model_len: usize,
     stop_token_ids: Vec<u32>,
 ) -> Result<EngineHandle, ServeError>
@@ -162,12 +189,17 @@ where
     F: FnOnce() -> Result<(Executor, KvCacheConfig), String> + Send + 'static,
 {
     let (requests, receiver) = std::sync::mpsc::channel();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Metrics, ServeError>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<PoolView, ServeError>>();
     let stops = stop_token_ids.clone();
     let shared = Arc::new(SharedState {
         pending: AtomicUsize::new(0),
-        aborted: AtomicU64::new(0),
-        metrics: Mutex::new(Metrics::of_pools(&[])),
+        prometheus: ServerMetrics::new(model_name)
+            .map_err(|e| ServeError::Metrics(e.to_string()))?,
+        view: Mutex::new(PoolView {
+            groups: Vec::new(),
+            sequences: Vec::new(),
+            metrics: Metrics::of_pools(&[]),
+        }),
     });
     let thread_shared = shared.clone();
     std::thread::Builder::new()
@@ -182,13 +214,14 @@ where
                 });
             match started {
                 Ok((engine, sched)) => {
-                    let _ = ready_tx.send(Ok(sched.metrics()));
+                    let _ = ready_tx.send(Ok(PoolView::of(&sched)));
                     EngineLoop {
                         engine,
                         sched,
                         live: HashMap::new(),
                         shared: thread_shared,
                         stop_token_ids: stops,
+                        last_view: Instant::now(),
                     }
                     .run(&receiver);
                 }
@@ -198,10 +231,10 @@ where
             }
         })
         .map_err(|e| ServeError::Thread(e.to_string()))?;
-    let metrics = ready_rx
+    let view = ready_rx
         .recv()
         .map_err(|_| ServeError::Thread("the engine thread exited while starting".into()))??;
-    *shared.metrics.lock().unwrap_or_else(|e| e.into_inner()) = metrics;
+    *shared.view.lock().unwrap_or_else(|e| e.into_inner()) = view;
     Ok(EngineHandle {
         requests,
         shared,
@@ -214,8 +247,10 @@ where
 struct LiveRequest {
     sampler: Sampler,
     events: UnboundedSender<TokenEvent>,
-    /// Whether it has produced a token (it no longer counts as pending).
-    started: bool,
+    arrival: Instant,
+    num_prompt_tokens: usize,
+    /// When it produced its last token (`None` before the first: it still counts as pending).
+    last_token: Option<Instant>,
 }
 
 struct EngineLoop {
@@ -224,6 +259,8 @@ struct EngineLoop {
     live: HashMap<SeqId, LiveRequest>,
     shared: Arc<SharedState>,
     stop_token_ids: Vec<u32>,
+    /// When the pool view was last published.
+    last_view: Instant,
 }
 
 impl EngineLoop {
@@ -231,7 +268,7 @@ impl EngineLoop {
     fn run(mut self, receiver: &Receiver<GenerationRequest>) {
         loop {
             if self.live.is_empty() {
-                self.publish();
+                self.publish(true);
                 match receiver.recv() {
                     Ok(r) => self.admit(r),
                     Err(_) => return,
@@ -245,13 +282,14 @@ impl EngineLoop {
                 continue;
             }
             self.step();
-            self.publish();
+            self.publish(false);
         }
     }
 
     fn admit(&mut self, r: GenerationRequest) {
         let stop = StopConditions::max_tokens(r.max_tokens)
             .with_stop_tokens(self.stop_token_ids.iter().copied());
+        let num_prompt_tokens = r.prompt.len();
         match self.sched.add_request(r.prompt, stop) {
             Ok(id) => {
                 self.live.insert(
@@ -259,7 +297,9 @@ impl EngineLoop {
                     LiveRequest {
                         sampler: r.sampler,
                         events: r.events,
-                        started: false,
+                        arrival: r.arrival,
+                        num_prompt_tokens,
+                        last_token: None,
                     },
                 );
             }
@@ -273,7 +313,7 @@ impl EngineLoop {
     /// Forgets `id` (its sequence already ended in the scheduler), releasing its pending count.
     fn remove(&mut self, id: SeqId) -> Option<LiveRequest> {
         let r = self.live.remove(&id)?;
-        if !r.started {
+        if r.last_token.is_none() {
             self.shared.pending.fetch_sub(1, Ordering::AcqRel);
         }
         Some(r)
@@ -290,7 +330,7 @@ impl EngineLoop {
         for id in gone {
             let _ = self.sched.abort(id);
             self.remove(id);
-            self.shared.aborted.fetch_add(1, Ordering::AcqRel);
+            self.shared.prometheus.cancelled();
         }
     }
 
@@ -347,29 +387,39 @@ impl EngineLoop {
             Ok(f) => f,
             Err(e) => return self.fail_all(&format!("scheduler update: {e}")),
         };
+        let now = Instant::now();
+        let shared = self.shared.clone();
+        let metrics = &shared.prometheus;
         for (id, token) in &sampled {
             if let Some(r) = self.live.get_mut(id) {
                 r.sampler.accept(*token);
-                if !r.started {
-                    r.started = true;
-                    self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+                match r.last_token {
+                    None => {
+                        self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+                        metrics.first_token(now - r.arrival);
+                    }
+                    Some(last) => metrics.next_token(now - last),
                 }
+                r.last_token = Some(now);
                 let _ = r.events.send(TokenEvent::Token(*token));
             }
         }
         for f in finished {
             if let Some(r) = self.remove(f.seq_id) {
+                metrics.finished(f.reason, r.num_prompt_tokens, now - r.arrival);
                 let _ = r.events.send(TokenEvent::Finished(f.reason));
             }
         }
     }
 
-    fn publish(&self) {
-        let m = self.sched.metrics();
-        *self
-            .shared
-            .metrics
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = m;
+    /// Copies the scheduler's state out: the Prometheus metrics every time, the pool view when
+    /// `now` is set or [`VIEW_INTERVAL`] has passed since the last one.
+    fn publish(&mut self, now: bool) {
+        self.shared.prometheus.observe_scheduler(&self.sched);
+        if now || self.last_view.elapsed() >= VIEW_INTERVAL {
+            let view = PoolView::of(&self.sched);
+            *self.shared.view.lock().unwrap_or_else(|e| e.into_inner()) = view;
+            self.last_view = Instant::now();
+        }
     }
 }

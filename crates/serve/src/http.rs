@@ -1,12 +1,13 @@
 //! The routes: `GET /health`, `GET /v1/models`, `POST /v1/completions` (JSON or SSE),
 //! `POST /v1/chat/completions` (a 400 while no kvlab model has a chat template), `GET /metrics`
-//! (Prometheus text), and OpenAI's error shape `{"error": {"message", "type", "param", "code"}}`
+//! (Prometheus text), the live pool page (`GET /`, data at `GET /pool`, in `page.rs`), and
+//! OpenAI's error shape `{"error": {"message", "type", "param", "code"}}`
 //! for every failure.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -81,6 +82,8 @@ pub fn router(state: Arc<AppState>, body_limit: usize) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/metrics", get(metrics))
+        .route("/", get(crate::page::index))
+        .route("/pool", get(crate::page::pool))
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such route")
         })
@@ -234,88 +237,17 @@ async fn chat_completions(
     )
 }
 
-/// The scheduler's gauges and counters in Prometheus' text format, with vLLM's names where
-/// vLLM has one and `kvlab:` for kvlab's own. Values are as of the engine's last step.
+/// Prometheus' text format: the scheduler's gauges and counters as of the engine's last step,
+/// and the requests' latency histograms (see `metrics.rs` for the names).
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
-    let m = s.engine.shared().metrics();
-    let label = format!(
-        "{{model_name=\"{}\"}}",
-        s.model_name.replace(['\\', '"', '\n'], "_")
-    );
-    let rows: [(&str, &str, &str, String); 10] = [
-        (
-            "vllm:num_requests_running",
-            "gauge",
-            "Sequences in the running queue.",
-            m.num_running.to_string(),
-        ),
-        (
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Sequences in the scheduler's waiting queue.",
-            m.num_waiting.to_string(),
-        ),
-        (
-            "vllm:kv_cache_usage_perc",
-            "gauge",
-            "Fraction of KV blocks in use (1 = full).",
-            m.kv_cache_usage_perc.to_string(),
-        ),
-        (
-            "vllm:prefix_cache_queries_total",
-            "counter",
-            "Prompt tokens looked up in the prefix cache.",
-            m.prefix_cache_queries.to_string(),
-        ),
-        (
-            "vllm:prefix_cache_hits_total",
-            "counter",
-            "Prompt tokens served by the prefix cache.",
-            m.prefix_cache_hits.to_string(),
-        ),
-        (
-            "vllm:num_preemptions_total",
-            "counter",
-            "Sequences preempted by recompute.",
-            m.num_preemptions.to_string(),
-        ),
-        (
-            "kvlab:num_blocks_free",
-            "gauge",
-            "KV blocks that can be handed out, over all groups.",
-            m.num_blocks_free.to_string(),
-        ),
-        (
-            "kvlab:num_blocks_total",
-            "gauge",
-            "KV blocks in all pools.",
-            m.num_blocks_total.to_string(),
-        ),
-        (
-            "kvlab:cow_copies_total",
-            "counter",
-            "Copy-on-write block copies.",
-            m.num_cow_copies.to_string(),
-        ),
-        (
-            "kvlab:recomputed_tokens_total",
-            "counter",
-            "Tokens prefilled again after preemption.",
-            m.num_recomputed_tokens.to_string(),
-        ),
-    ];
-    let mut text = String::new();
-    for (name, kind, help, value) in rows {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{label} {value}\n"
-        ));
-    }
+    let shared = s.engine.shared();
+    shared.prometheus().set_pending(shared.pending());
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        text,
+        shared.prometheus().render(),
     )
         .into_response()
 }
@@ -538,6 +470,7 @@ async fn completions(
     State(s): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
     let p = prepare(&s, body)?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = p.prompt.len();
@@ -549,6 +482,7 @@ async fn completions(
                 max_tokens: p.max_tokens,
                 sampler: p.sampler,
                 events: tx,
+                arrival,
             },
             s.max_waiting,
         )

@@ -8,17 +8,21 @@
 //!
 //! `engine_loop.rs` is the engine thread (admission, steps, aborts of disconnected clients);
 //! `http.rs` the routes, the OpenAI request and response shapes and their errors;
-//! `detokenize.rs` token ids to text with `stop` strings.
+//! `detokenize.rs` token ids to text with `stop` strings; `metrics.rs` the Prometheus registry
+//! behind `/metrics`; `page.rs` the live block-pool page at `/` and its data at `/pool`.
 
 mod detokenize;
 pub mod engine_loop;
 pub mod http;
+pub mod metrics;
+mod page;
 
 pub use detokenize::Detokenizer;
 pub use engine_loop::{
     EngineHandle, Executor, GenerationRequest, SubmitError, TokenEvent, spawn_engine,
 };
 pub use http::{AppState, DEFAULT_BODY_LIMIT, router, serve};
+pub use metrics::ServerMetrics;
 
 /// Errors of starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +36,9 @@ pub enum ServeError {
     /// The engine thread could not start.
     #[error("engine thread: {0}")]
     Thread(String),
+    /// The metrics registry could not be built.
+    #[error("metrics: {0}")]
+    Metrics(String),
     /// Binding or serving the socket failed.
     #[error("http: {0}")]
     Io(#[from] std::io::Error),

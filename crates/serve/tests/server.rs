@@ -3,7 +3,8 @@
 //! strings cut the text, bad input gets OpenAI's error shape (and 429 past the waiting bound),
 //! `/metrics` speaks Prometheus with vLLM's names, and the pool is fully free once every request
 //! is done, a client that disconnected mid-stream included; an API key guards every route, and
-//! a shutdown lets the open requests finish.
+//! a shutdown lets the open requests finish; the live page's `/pool` shows who holds which block
+//! while requests run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +66,7 @@ async fn start_with(
             let e = PagedCpuEngine::new(m, kv.clone()).map_err(|e| e.to_string())?;
             Ok((Box::new(Slowed(e)) as Executor, kv))
         },
+        "stories260K",
         max_model_len,
         model.config.stop_ids.clone(),
     )
@@ -230,6 +232,12 @@ async fn completions_match_the_cpu_engine_stream_and_free_the_pool() {
         "vllm:num_requests_waiting{model_name=\"stories260K\"} 0",
         "vllm:kv_cache_usage_perc{model_name=\"stories260K\"} 0",
         "# TYPE vllm:prefix_cache_hits_total counter",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        // The two requests that ran to their end (the 40-token ones; the other two were
+        // cancelled by their handlers).
+        "vllm:request_success_total{finished_reason=\"length\",model_name=\"stories260K\"} 2",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} 2",
+        "kvlab:requests_cancelled_total{model_name=\"stories260K\"} 2",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),
@@ -381,5 +389,97 @@ async fn api_key_and_graceful_shutdown() {
     assert!(
         client.get(format!("{url}/health")).send().await.is_err(),
         "a stopped server still answers"
+    );
+}
+
+/// Reads `/pool` until `ok` holds for it (the engine publishes its view at most every 20 ms).
+async fn pool_until(url: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let mut v = Value::Null;
+    for _ in 0..500 {
+        v = reqwest::get(format!("{url}/pool"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if ok(&v) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("/pool never showed {what}: {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_page_shows_the_pool_and_shared_prefix_blocks() {
+    let Some((model, tok)) = stories260k() else {
+        return;
+    };
+    let url = start(&model, &tok, 64).await;
+    let page = reqwest::get(format!("{url}/")).await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("fetch(\"pool\")"));
+
+    // Idle: every block free, no sequence.
+    let idle = pool_until(&url, "an idle pool", |v| {
+        v["metrics"]["num_blocks_total"] != 0
+    })
+    .await;
+    let blocks = idle["groups"][0]["blocks"].as_array().unwrap();
+    assert_eq!(blocks.len(), idle["metrics"]["num_blocks_total"]);
+    assert!(blocks.iter().all(|b| b["state"] == "free"), "{idle}");
+    assert_eq!(idle["sequences"], json!([]));
+    assert_eq!(idle["model"], "stories260K");
+
+    // Two long streams whose prompts share more than two full blocks of 16 tokens: while they
+    // run, the view shows both sequences and blocks held by both (the prefix cache), each
+    // block's holders matching the sequences' block tables.
+    let opening = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends and her dog";
+    assert!(tok.encode(opening, true, false).len() > 32);
+    let mut streams = Vec::new();
+    for end in [" Max.", " Spot."] {
+        let mut s = reqwest::Client::new()
+            .post(format!("{url}/v1/completions"))
+            .json(&json!({"prompt": format!("{opening}{end}"), "max_tokens": 200, "temperature": 0, "stream": true}))
+            .send()
+            .await
+            .unwrap()
+            .bytes_stream();
+        s.next().await.unwrap().unwrap();
+        streams.push(s);
+    }
+    let busy = pool_until(&url, "two running sequences sharing blocks", |v| {
+        v["sequences"].as_array().unwrap().len() == 2
+            && v["groups"][0]["blocks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b["seqs"].as_array().is_some_and(|s| s.len() == 2))
+                .count()
+                >= 2
+    })
+    .await;
+    for seq in busy["sequences"].as_array().unwrap() {
+        assert_eq!(seq["status"], "running");
+        for b in seq["block_tables"][0].as_array().unwrap() {
+            let holders = &busy["groups"][0]["blocks"][b.as_u64().unwrap() as usize]["seqs"];
+            assert!(
+                holders.as_array().unwrap().contains(&seq["id"]),
+                "block {b} of {} not held by it: {busy}",
+                seq["id"]
+            );
+        }
+    }
+    assert!(busy["metrics"]["prefix_cache_hits"].as_u64().unwrap() >= 32);
+    drop(streams);
+    assert_pool_free(&url, 2).await;
+    let after = pool_until(&url, "no sequence", |v| v["sequences"] == json!([])).await;
+    assert!(
+        after["groups"][0]["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["state"] == "cached"),
+        "the shared prefix stays cached after both ended: {after}"
     );
 }
