@@ -2,8 +2,9 @@
 //! engine thread steps the continuous batch; requests arrive over HTTP and stream back.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, usize_in};
 use kvlab_cli::engines::{self, EngineKind, MAX_MODEL_LEN, PagedEngine, PoolOptions, build_paged};
@@ -29,6 +30,10 @@ pub struct Args {
     /// Requests waiting for their first token before new ones get 429 with Retry-After.
     #[arg(long, default_value_t = 64, value_parser = usize_in(1, 1_000_000))]
     max_waiting: usize,
+    /// Most positions of one sequence, prompt included (llama.cpp's -c; default: the model's
+    /// context). The pool must hold at least one sequence of this length.
+    #[arg(long = "ctx-size", short = 'c', value_parser = usize_in(1, MAX_MODEL_LEN as u64))]
+    ctx_size: Option<usize>,
     /// Blocks in the pool (default: four sequences of the whole context).
     #[arg(long, value_parser = usize_in(1, MAX_NUM_BLOCKS))]
     num_blocks: Option<usize>,
@@ -38,16 +43,27 @@ pub struct Args {
     /// Require `Authorization: Bearer KEY` on every route (401 otherwise).
     #[arg(long, env = "KVLAB_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Sleep this many milliseconds after every engine step, so that the live page at `/` can
+    /// be followed by eye (teaching only; 0: full speed).
+    #[arg(long, default_value_t = 0, value_parser = usize_in(0, 10_000))]
+    step_delay_ms: usize,
 }
 
-/// A paged engine as the server's engine thread takes it.
-struct PagedExecutor(Box<dyn PagedEngine>);
+/// A paged engine as the server's engine thread takes it, with an optional pause per step.
+struct PagedExecutor {
+    engine: Box<dyn PagedEngine>,
+    step_delay: Duration,
+}
 
 impl StepExecutor for PagedExecutor {
     type Error = kvlab_model::Error;
 
     fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error> {
-        self.0.execute(batch)
+        let logits = self.engine.execute(batch);
+        if !self.step_delay.is_zero() {
+            std::thread::sleep(self.step_delay);
+        }
+        logits
     }
 }
 
@@ -57,7 +73,15 @@ pub fn run(a: Args) -> Result<()> {
         .tokenizer
         .with_context(|| format!("{} has no tokenizer", loaded.name))?;
     let model = Arc::new(loaded.model);
-    let max_model_len = model.config.max_seq_len.min(MAX_MODEL_LEN);
+    let native = model.config.max_seq_len.min(MAX_MODEL_LEN);
+    let max_model_len = match a.ctx_size {
+        Some(c) if c > native => bail!(
+            "--ctx-size {c} is beyond {}'s context of {native} positions",
+            loaded.name
+        ),
+        Some(c) => c,
+        None => native,
+    };
     let pool = match a.num_blocks {
         Some(num_blocks) => PoolOptions {
             num_blocks,
@@ -67,11 +91,16 @@ pub fn run(a: Args) -> Result<()> {
     };
     let stop_ids = model.config.stop_ids.clone();
     let kind = a.engine;
+    let step_delay = Duration::from_millis(a.step_delay_ms as u64);
     let engine = kvlab_serve::spawn_engine(
         move || {
             let e = build_paged(kind, model, pool).map_err(|e| format!("{e:#}"))?;
             let kv = e.kv_cache().clone();
-            Ok((Box::new(PagedExecutor(e)) as Executor, kv))
+            let executor = PagedExecutor {
+                engine: e,
+                step_delay,
+            };
+            Ok((Box::new(executor) as Executor, kv))
         },
         &loaded.name,
         max_model_len,
