@@ -26,6 +26,7 @@ mod prefill;
 mod ratios;
 mod report;
 mod roofline;
+mod serve;
 mod stats;
 mod suite;
 
@@ -47,7 +48,8 @@ use crate::verify::{target_dir, workspace_root};
     after_help = "env: KVLAB_MODELS (folder of real checkpoints such as stories260K.bin); for \
                   --peers KVLAB_RUNC (llama2.c's run.c binary), KVLAB_PYTHON (a python with \
                   llama-cpp-python) and KVLAB_BIN (the kvlab binary to measure; default: cargo \
-                  build --release -p kvlab-cli)"
+                  build --release -p kvlab-cli; for --serve: target/release/kvlab, built \
+                  beforehand)"
 )]
 struct Opts {
     /// CI smoke run: stories260K and the stories15M shape at short contexts, few repetitions
@@ -90,6 +92,38 @@ struct Opts {
     /// --peers: repetitions
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = usize_in(1, 1 << 20))]
     reps: usize,
+    /// Instead: load-test `kvlab serve` over HTTP (streamed completions at Poisson request
+    /// rates, as vLLM's benchmark_serving.py) against `kvlab batch` on the same prompts; --model
+    /// picks the model (default stories15M-shape, --quick: stories260K); writes serve.json and
+    /// serve_load.svg/.png
+    #[arg(long, conflicts_with = "peers")]
+    serve: bool,
+    /// --serve: requests per rate [default: 32, --quick 6]
+    #[arg(long, value_name = "N", value_parser = usize_in(1, 100_000))]
+    requests: Option<usize>,
+    /// --serve: completion tokens per request [default: 64, --quick 24]
+    #[arg(long, value_name = "N", value_parser = usize_in(1, 1 << 20))]
+    max_tokens: Option<usize>,
+    /// --serve: a request rate in requests/s, or "inf" for all at once (repeatable)
+    /// [default: 1 2 4 8 inf, --quick 8 inf]
+    #[arg(long = "rate", value_name = "REQ/S", value_parser = parse_rate)]
+    rates: Vec<f64>,
+    /// --serve: seed of the prompt order and the arrival times
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    seed: u64,
+}
+
+/// A request rate: a positive number of requests/s, or "inf".
+fn parse_rate(s: &str) -> Result<f64, String> {
+    if s.eq_ignore_ascii_case("inf") {
+        return Ok(f64::INFINITY);
+    }
+    match s.parse::<f64>() {
+        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        _ => Err(format!(
+            "{s:?} is not a positive rate (requests/s) or \"inf\""
+        )),
+    }
 }
 
 impl Opts {
@@ -130,6 +164,47 @@ fn run_peers(o: &Opts) -> Result<()> {
     Ok(())
 }
 
+/// `--serve`: the load test of `kvlab serve` (serve.rs), table, serve.json and the plot.
+fn run_serve(o: &Opts) -> Result<()> {
+    if o.models.len() > 1 {
+        bail!("--serve takes one --model");
+    }
+    let m = machine::detect();
+    let out = o.out();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let s = serve::ServeOpts {
+        quick: o.quick && !o.full,
+        model: o.models.first().cloned(),
+        requests: o.requests,
+        max_tokens: o.max_tokens,
+        rates: o.rates.clone(),
+        seed: o.seed,
+        out: out.clone(),
+        plots: !o.no_plots,
+        notes: o.notes.clone(),
+        machine: format!(
+            "{} ({} logical CPUs), load {:.1} at the start, {}",
+            m.cpu_model,
+            m.logical_cpus,
+            m.loadavg_start.map_or(0.0, |l| l[0]),
+            m.date_utc
+        ),
+    };
+    let report = serve::run(&s)?;
+    serve::print(&report);
+    let json = out.join("serve.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+    println!(
+        "wrote {} and {} plots in {} ({:.0} s); schema: {}",
+        json.display(),
+        report.plots.len(),
+        out.display(),
+        report.wall_seconds,
+        workspace_root().join("xtask/src/bench/schema.md").display()
+    );
+    Ok(())
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     // Hidden: the peak-RSS child process (memory.rs).
     if args.first().map(String::as_str) == Some("__rss") {
@@ -138,6 +213,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let o = Opts::parse_from(std::iter::once("cargo xtask bench".into()).chain(args.to_vec()));
     if o.peers {
         return run_peers(&o);
+    }
+    if o.serve {
+        return run_serve(&o);
     }
     let started = Instant::now();
     plot::register_font();

@@ -474,3 +474,96 @@ fn memory_panel(r: &Results, info: &ModelInfo) -> Panel {
         series,
     }
 }
+
+/// One request rate of `bench --serve`: output tokens/s and TTFT (ms) at it.
+pub struct ServePoint {
+    /// Requests/s (the caller places "all at once" past the largest finite rate).
+    pub rate: f64,
+    pub tok_s: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+}
+
+/// `bench --serve`'s figure, SVG and PNG: output tokens/s against the request rate with
+/// `kvlab batch`'s throughput as a dashed line, and TTFT p50 and p99 (log) against the rate.
+/// Returns the file names.
+pub fn serve(
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    pts: &[ServePoint],
+    batch_tok_s: f64,
+) -> Result<Vec<String>> {
+    let xmax = pts.iter().map(|p| p.rate).fold(1.0, f64::max) * 1.1;
+    let blue = color("cpu-paged");
+    let black = BLACK.stroke_width(2);
+    let ymax = pts
+        .iter()
+        .map(|p| p.tok_s)
+        .chain([batch_tok_s])
+        .filter(|v| v.is_finite())
+        .fold(1.0, f64::max)
+        * 1.15;
+    let throughput = Panel {
+        title: format!("kvlab serve throughput — {title}"),
+        x: axis(
+            0.0..xmax,
+            None,
+            "request rate, req/s (last point: all at once)",
+        ),
+        y: axis(0.0..ymax, None, "output tokens/s"),
+        legend: SeriesLabelPosition::LowerRight,
+        series: vec![
+            Series::new(
+                vec![(0.0, batch_tok_s), (xmax, batch_tok_s)],
+                black,
+                Line::Dashed(6, 4),
+            )
+            .key("kvlab batch (same prompts, no HTTP)".into(), black),
+            Series::new(
+                pts.iter().map(|p| (p.rate, p.tok_s)).collect(),
+                blue.stroke_width(2),
+                Line::Circles,
+            )
+            .key("kvlab serve (streamed)".into(), blue.stroke_width(3)),
+        ],
+    };
+    let (lo, hi) = log_range(pts.iter().flat_map(|p| [p.ttft_p50_ms, p.ttft_p99_ms]));
+    let red = color("naive");
+    let ttft = Panel {
+        title: format!("kvlab serve TTFT — {title}"),
+        x: axis(
+            0.0..xmax,
+            None,
+            "request rate, req/s (last point: all at once)",
+        ),
+        y: axis(lo..hi, Some(10.0), "TTFT, ms (log)"),
+        legend: SeriesLabelPosition::UpperLeft,
+        series: vec![
+            Series::new(
+                pts.iter().map(|p| (p.rate, p.ttft_p50_ms)).collect(),
+                blue.stroke_width(2),
+                Line::Circles,
+            )
+            .key("p50".into(), blue.stroke_width(3)),
+            Series::new(
+                pts.iter().map(|p| (p.rate, p.ttft_p99_ms)).collect(),
+                red.stroke_width(2),
+                Line::Triangles,
+            )
+            .key("p99".into(), red.stroke_width(3)),
+        ],
+    };
+    let panels = [throughput, ttft];
+    let size = (PANEL.0 * 2, PANEL.1);
+    let (svg, png) = (format!("{stem}.svg"), format!("{stem}.png"));
+    draw(
+        SVGBackend::new(&dir.join(&svg), size).into_drawing_area(),
+        &panels,
+    )?;
+    draw(
+        BitMapBackend::new(&dir.join(&png), size).into_drawing_area(),
+        &panels,
+    )?;
+    Ok(vec![svg, png])
+}
