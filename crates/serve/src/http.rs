@@ -19,6 +19,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use futures_util::stream::{self, Stream};
+use http_body_util::BodyExt;
 use kvlab_model::{Sampler, Tokenizer};
 use kvlab_paged::FinishReason;
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,8 @@ use crate::{Detokenizer, EngineHandle, GenerationRequest, SubmitError, TokenEven
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 /// `max_tokens` when a request leaves it out (OpenAI's default).
 const DEFAULT_MAX_TOKENS: usize = 16;
+/// Longest wait for a request's body once its headers are in.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Seconds a refused client is told to wait (`Retry-After`).
 const RETRY_AFTER_S: &str = "1";
 
@@ -95,6 +98,7 @@ pub fn router(state: Arc<AppState>, body_limit: usize) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(body_limit, read_body))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -126,24 +130,61 @@ async fn require_api_key(
     next.run(request).await
 }
 
+/// Reads the whole body before the handler runs, so that a client cannot hold a request
+/// open: 413 at once for a `Content-Length` over `limit` bytes, 413 once a chunked body passes
+/// it, 408 if the body has not arrived within [`BODY_READ_TIMEOUT`].
+async fn read_body(
+    State(limit): State<usize>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than {limit} bytes"),
+        )
+        .into_response()
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
+    let (parts, body) = request.into_parts();
+    let limited = http_body_util::Limited::new(body, limit);
+    let bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => {
+            return ApiError::invalid(format!("reading the request body: {e}"), None)
+                .into_response();
+        }
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            )
+            .into_response();
+        }
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
+}
+
 /// a == b, in a time that depends on the lengths only (not on where they first differ).
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
-}
-
-/// Serves `router` on `listener` until `shutdown` completes, then stops accepting connections
-/// and returns once the open ones have finished (in-flight completions run to their end).
-///
-/// # Errors
-/// The listener's I/O errors.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
 }
 
 /// An error in OpenAI's shape, with its status code.
@@ -340,7 +381,8 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
             Some("prompt"),
         ));
     }
-    if prompt.len() + max_tokens > max_model_len {
+    // `prompt.len() < max_model_len` here, so the subtraction cannot wrap (a sum could).
+    if max_tokens > max_model_len - prompt.len() {
         return Err(ApiError::invalid(
             format!(
                 "max_tokens {max_tokens} plus the prompt's {} tokens is beyond the context of {max_model_len} tokens",

@@ -8,12 +8,14 @@
 //!
 //! `engine_loop.rs` is the engine thread (admission, steps, aborts of disconnected clients);
 //! `http.rs` the routes, the OpenAI request and response shapes and their errors;
-//! `detokenize.rs` token ids to text with `stop` strings; `metrics.rs` the Prometheus registry
+//! `detokenize.rs` token ids to text with `stop` strings; `listen.rs` accepts connections (hyper, with read timeouts);
+//! `metrics.rs` the Prometheus registry
 //! behind `/metrics`; `page.rs` the live block-pool page at `/` and its data at `/pool`.
 
 mod detokenize;
 pub mod engine_loop;
 pub mod http;
+mod listen;
 pub mod metrics;
 mod page;
 
@@ -21,7 +23,8 @@ pub use detokenize::Detokenizer;
 pub use engine_loop::{
     EngineHandle, Executor, GenerationRequest, SubmitError, TokenEvent, spawn_engine,
 };
-pub use http::{AppState, DEFAULT_BODY_LIMIT, router, serve};
+pub use http::{AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, router};
+pub use listen::{HEADER_READ_TIMEOUT, serve};
 pub use metrics::ServerMetrics;
 
 /// Errors of starting the server.
