@@ -3,7 +3,9 @@
 
 What it writes (all JSON, each with `format_version` and a `provenance` block):
   tokens.json   llama.cpp's tokenization (llama_tokenize, add_bos=True, special=False) of every
-                prompt in fixtures/prompts.txt plus a list of tricky strings.
+                prompt in fixtures/prompts.txt plus a list of tricky strings, and the same
+                with special=True (parse_special: control tokens written in the text, such as
+                <start_of_turn>, become those tokens) as ids_special.
   greedy.json   greedy generation (argmax of the last position's logits, ties to the lowest id,
                 no sampler, no repeat penalty) for every fixture prompt (BOS + prompt, 32 new
                 tokens) and for long cases whose positions cross / start beyond 512 (the
@@ -81,6 +83,17 @@ EXTRA_STRINGS = [
     "x<0x41>y <bos> <unk>",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     "The quick brown fox jumps over the lazy dog.",
+    # Chat-shaped and special-token-heavy text, for special=True.
+    "<start_of_turn>user\nWrite a poem about the sea.<end_of_turn>\n<start_of_turn>model\n",
+    "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n",
+    "a<end_of_turn>b <start_of_turn> c<eos>d<pad>e<unk>f<mask>g",
+    "<start_of_turn><start_of_turn>x<end_of_turn><end_of_turn>",
+    "<start_of_turn",
+    "<<start_of_turn>>",
+    " <start_of_image> image <end_of_image> ",
+    "<unused0><unused99>[multimodal]",
+    "<table><tr><td>cell</td></tr></table> <h1>title</h1> <b>bold</b>",
+    "\n\n<start_of_turn>\n\n\n",
 ]
 
 
@@ -139,7 +152,9 @@ def llama_provenance() -> dict:
         + llama_cpp.__version__
         + " (vendor/llama.cpp in its sdist), built from source; libraries: "
         + ", ".join(libs),
-        "build_flags": BUILD_FLAGS,
+        # The flags of the documented install above, unless the run says otherwise (a library
+        # built another way: its system_info below shows what it was built for).
+        "build_flags": os.environ.get("KVLAB_ORACLE_BUILD_FLAGS", BUILD_FLAGS),
         "system_info": info,
     }
 
@@ -180,6 +195,7 @@ def tokens_fixture(llm, prompts: list[str]) -> list[dict]:
         ids = llm.tokenize(c["text"].encode("utf-8"), add_bos=True, special=False)
         c["ids"] = ids
         c["pieces"] = token_texts(llm, ids)
+        c["ids_special"] = llm.tokenize(c["text"].encode("utf-8"), add_bos=True, special=True)
         # What llama.cpp's detokenizer gives back for the ids after BOS.
         c["detokenized"] = llm.detokenize(ids[1:]).decode("utf-8", errors="replace")
     return cases
@@ -326,6 +342,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=Path, default=root / "fixtures" / "prompts.txt")
     ap.add_argument("--out", type=Path, default=root / "fixtures" / "gemma3")
     ap.add_argument("--skip-llama", action="store_true", help="only --dequant")
+    ap.add_argument("--tokens-only", action="store_true", help="only tokens.json (seconds, not minutes)")
     ap.add_argument("--dequant", action="store_true", help="also write dequant.json (needs gguf)")
     args = ap.parse_args()
 
@@ -345,11 +362,14 @@ def main() -> int:
             "format_version": FORMAT_VERSION,
             "what": "llama_tokenize(text, add_bos=True, special=False) ids; pieces are the "
                     "vocabulary strings of those ids; detokenized is llama.cpp's "
-                    "detokenization of the ids after BOS",
+                    "detokenization of the ids after BOS; ids_special are "
+                    "llama_tokenize(text, add_bos=True, special=True) ids",
             "provenance": prov,
             "bos_id": BOS,
             "cases": tokens_fixture(llm, prompts),
         })
+        if args.tokens_only:
+            return 0
         cases = greedy_fixture(llm, prompts)
         del llm
         window_check(args.model, cases)

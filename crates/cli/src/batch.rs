@@ -74,7 +74,10 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         a.prompt.clone()
     };
-    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| tok.encode_special(t, true, false))
+        .collect();
     // Both terms are at most MAX_POSITIONS (the prompt fits the context or is refused below).
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + a.max_tokens;
     if longest > model.config.max_seq_len {

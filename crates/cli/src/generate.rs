@@ -99,7 +99,7 @@ pub fn run(a: Args) -> Result<()> {
         // The last prompt position's logits give the first new token, so n new tokens end at
         // position prompt + n − 1.
         (Some(n), _) if tok.min_tokens(&a.prompt) < context => {
-            tok.encode(&a.prompt, true, false).len() + n - 1
+            tok.encode_special(&a.prompt, true, false).len() + n - 1
         }
         (Some(_), _) => context,
         (None, Some(s)) => s,

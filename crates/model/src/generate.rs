@@ -218,8 +218,10 @@ fn run(
     Ok(g)
 }
 
-/// Encodes `text` (with BOS) and generates; `on_text` receives the printable text as it streams,
-/// exactly what run.c prints (prompt pieces first, then the continuation).
+/// Encodes `text` (with BOS; control tokens written in it, such as Gemma's `<start_of_turn>`,
+/// become those tokens, as llama.cpp's tools parse a prompt) and generates; `on_text` receives
+/// the printable text as it streams, exactly what run.c prints (prompt pieces first, then the
+/// continuation).
 ///
 /// # Errors
 /// As [`generate_tokens`].
@@ -247,7 +249,7 @@ pub fn generate_text(
             max_seq_len,
         });
     }
-    let prompt = tokenizer.encode(text, true, false);
+    let prompt = tokenizer.encode_special(text, true, false);
     let mut stream = crate::tokenizer::Utf8Stream::default();
     let g = generate_tokens(engine, &prompt, opts, sampler, |e| match e {
         Event::Token { prev, token, .. } => {

@@ -224,7 +224,8 @@ fn check_tensor_sizes(f: &GgufFile, c: &Config, path: &Path) -> Result<()> {
 }
 
 /// llama.cpp's SPM tokenizer from GGUF metadata: pieces with `▁` for spaces, scores, byte
-/// tokens `<0xXX>`, USER_DEFINED tokens (type 4) split out of the text before BPE, and
+/// tokens `<0xXX>`, USER_DEFINED tokens (type 4) split out of the text before BPE, CONTROL and
+/// UNKNOWN tokens (types 3, 2) too when a prompt is encoded with `encode_special`, and
 /// `add_space_prefix` (default true, false for Gemma 3).
 ///
 /// # Errors
@@ -256,14 +257,20 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
         .opt_bool("tokenizer.ggml.add_space_prefix")
         .map_err(&e)?
         .unwrap_or(true);
+    // llama.cpp's token types (gguf-py's TokenType): 2 UNKNOWN, 3 CONTROL, 4 USER_DEFINED.
+    const UNKNOWN: i32 = 2;
+    const CONTROL: i32 = 3;
     const USER_DEFINED: i32 = 4;
-    let verbatim = types
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| **t == USER_DEFINED)
-        .map(|(i, _)| i as u32);
+    let of_types = |wanted: &'static [i32]| {
+        types
+            .iter()
+            .enumerate()
+            .filter(move |(_, t)| wanted.contains(t))
+            .map(|(i, _)| i as u32)
+    };
     let pieces = tokens.iter().map(str::as_bytes);
     Ok(Tokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
         .with_escaped_spaces()
-        .with_verbatim(verbatim))
+        .with_verbatim(of_types(&[USER_DEFINED]))
+        .with_control(of_types(&[UNKNOWN, CONTROL])))
 }

@@ -40,6 +40,11 @@ pub struct Tokenizer {
     /// Whether some verbatim piece starts with each byte, so the scan for them skips the rest
     /// of the text in O(1) per byte. (256,)
     verbatim_first: [bool; 256],
+    /// The verbatim ids plus the CONTROL and UNKNOWN ones (`<bos>`, `<start_of_turn>`), in the
+    /// same order: what [`Tokenizer::encode_special`] matches (llama.cpp's `parse_special`).
+    special: Vec<u32>,
+    /// `verbatim_first` for `special`. (256,)
+    special_first: [bool; 256],
     /// Bytes of the longest piece, for [`Tokenizer::min_tokens`].
     max_piece_len: usize,
     pub bos_id: u32,
@@ -106,6 +111,8 @@ impl Tokenizer {
             byte_ids: [None; 256],
             verbatim: Vec::new(),
             verbatim_first: [false; 256],
+            special: Vec::new(),
+            special_first: [false; 256],
             max_piece_len: 0,
             bos_id,
             eos_id,
@@ -147,21 +154,45 @@ impl Tokenizer {
 
     /// Marks tokens to be matched verbatim in the text before BPE (llama.cpp's USER_DEFINED).
     pub fn with_verbatim(mut self, ids: impl IntoIterator<Item = u32>) -> Tokenizer {
+        let control: Vec<u32> = self
+            .special
+            .iter()
+            .filter(|id| !self.verbatim.contains(id))
+            .copied()
+            .collect();
+        (self.verbatim, self.verbatim_first) = self.match_list(ids);
+        (self.special, self.special_first) =
+            self.match_list(self.verbatim.iter().chain(&control).copied());
+        self
+    }
+
+    /// Marks tokens that [`Tokenizer::encode_special`] also matches in the text (llama.cpp's
+    /// CONTROL and UNKNOWN token types: `<bos>`, `<start_of_turn>`, `<unk>`); plain
+    /// [`Tokenizer::encode`] keeps their text as text.
+    pub fn with_control(mut self, ids: impl IntoIterator<Item = u32>) -> Tokenizer {
+        let all: Vec<u32> = self.special.iter().copied().chain(ids).collect();
+        (self.special, self.special_first) = self.match_list(all);
+        self
+    }
+
+    /// Ids to match in the text, valid and non-empty, deduplicated, longest piece first (then
+    /// lowest id), and which bytes start one of them.
+    fn match_list(&self, ids: impl IntoIterator<Item = u32>) -> (Vec<u32>, [bool; 256]) {
         let n = self.vocab_size();
-        let mut verbatim: Vec<u32> = ids
+        let mut list: Vec<u32> = ids
             .into_iter()
             .filter(|&id| (id as usize) < n && !self.piece(id).is_empty())
             .collect();
-        verbatim.sort_by(|&a, &b| {
+        list.sort_by(|&a, &b| {
             let (pa, pb) = (self.piece(a), self.piece(b));
             pb.len().cmp(&pa.len()).then(a.cmp(&b))
         });
-        self.verbatim_first = [false; 256];
-        for &id in &verbatim {
-            self.verbatim_first[self.piece(id)[0] as usize] = true;
+        list.dedup();
+        let mut first = [false; 256];
+        for &id in &list {
+            first[self.piece(id)[0] as usize] = true;
         }
-        self.verbatim = verbatim;
-        self
+        (list, first)
     }
 
     /// Loads llama2.c's `tokenizer.bin`: i32 max_token_length, then per token f32 score, i32
@@ -235,41 +266,69 @@ impl Tokenizer {
         }
     }
 
-    /// Encodes text, optionally with BOS first and EOS last (run.c's `encode`).
+    /// Encodes text, optionally with BOS first and EOS last (run.c's `encode`). Control tokens
+    /// written in the text (`<bos>`, `<start_of_turn>`) stay text; see
+    /// [`Tokenizer::encode_special`].
     pub fn encode(&self, text: &str, bos: bool, eos: bool) -> Vec<u32> {
+        self.encode_matching(text, bos, eos, &self.verbatim, &self.verbatim_first)
+    }
+
+    /// [`Tokenizer::encode`], but control tokens written in the text become those tokens
+    /// (llama.cpp's `llama_tokenize(..., parse_special = true)`, what llama-cli and llama-server
+    /// do with a prompt): `"<start_of_turn>user"` is `[105, 2364]` for Gemma 3, not the
+    /// characters of `<start_of_turn>`.
+    pub fn encode_special(&self, text: &str, bos: bool, eos: bool) -> Vec<u32> {
+        self.encode_matching(text, bos, eos, &self.special, &self.special_first)
+    }
+
+    /// Splits out the tokens of `list` found in the text (at the leftmost position, the longest
+    /// there) and BPE-encodes the text between them. The dummy-prefix space goes before every
+    /// text fragment that starts the text or follows a matched token (llama.cpp's SPM rule;
+    /// without matched tokens: once, before the text, as run.c does).
+    fn encode_matching(
+        &self,
+        text: &str,
+        bos: bool,
+        eos: bool,
+        list: &[u32],
+        first: &[bool; 256],
+    ) -> Vec<u32> {
         let mut tokens = Vec::with_capacity(text.len() + 3);
         if bos {
             tokens.push(self.bos_id);
         }
-        // llama2.c adds the dummy prefix as a token of its own that BPE may then merge with
-        // what follows (" " + "Once" → " Once"): the same as prepending a space to the text.
-        let prefixed;
         let mut rest = text.as_bytes();
-        if !rest.is_empty() && self.add_dummy_prefix {
-            prefixed = [b" ", rest].concat();
-            rest = &prefixed;
-        }
-        // Split out verbatim tokens, BPE the text between them.
+        let mut after_token = true;
         while !rest.is_empty() {
             let hit = (0..rest.len())
-                .filter(|&i| self.verbatim_first[rest[i] as usize])
+                .filter(|&i| first[rest[i] as usize])
                 .find_map(|i| {
-                    self.verbatim
-                        .iter()
+                    list.iter()
                         .map(|&id| (id, self.piece(id)))
                         .find(|(_, p)| rest[i..].starts_with(p))
                         .map(|(id, p)| (i, p.len(), id))
                 });
-            match hit {
-                Some((i, len, id)) => {
-                    self.bpe(&rest[..i], &mut tokens);
+            let (raw, token) = match hit {
+                Some((i, len, id)) => (&rest[..i], Some((id, i + len))),
+                None => (rest, None),
+            };
+            if !raw.is_empty() {
+                // llama2.c adds the dummy prefix as a token of its own that BPE may then merge
+                // with what follows (" " + "Once" → " Once"): the same as prepending a space.
+                if self.add_dummy_prefix && after_token {
+                    self.bpe(&[b" ", raw].concat(), &mut tokens);
+                } else {
+                    self.bpe(raw, &mut tokens);
+                }
+                after_token = false;
+            }
+            match token {
+                Some((id, end)) => {
                     tokens.push(id);
-                    rest = &rest[i + len..];
+                    rest = &rest[end..];
+                    after_token = true;
                 }
-                None => {
-                    self.bpe(rest, &mut tokens);
-                    rest = &[];
-                }
+                None => rest = &[],
             }
         }
         if eos {
@@ -631,6 +690,44 @@ mod tests {
             let (heap, rescan) = heap_and_rescan(&ties(), &text);
             prop_assert_eq!(heap, rescan);
         }
+    }
+
+    /// `ties()` plus a control token `<ctl>` and a user-defined `<ud>`, with the dummy prefix.
+    fn with_specials() -> Tokenizer {
+        let t = ties();
+        let n = t.vocab_size() as u32;
+        let mut pieces: Vec<Vec<u8>> = (0..n).map(|id| t.piece(id).to_vec()).collect();
+        pieces.extend([b"<ctl>".to_vec(), b"<ud>".to_vec(), b" ".to_vec()]);
+        let scores = vec![0.0; pieces.len()];
+        Tokenizer::new(pieces, scores, 1, 2, true)
+            .unwrap()
+            .with_control([n])
+            .with_verbatim([n + 1])
+    }
+
+    #[test]
+    fn encode_special_matches_control_tokens_and_encode_does_not() {
+        let t = with_specials();
+        let (ctl, ud, space) = (
+            t.vocab_size() as u32 - 3,
+            t.vocab_size() as u32 - 2,
+            t.vocab_size() as u32 - 1,
+        );
+        let a = t.encode("a", false, false)[1];
+        // `<ud>` is matched by both; `<ctl>` only by encode_special. The dummy-prefix space goes
+        // before the text and before each fragment after a matched token (llama.cpp's SPM rule).
+        assert_eq!(
+            t.encode_special("<ctl>a<ud>a", false, false),
+            [ctl, space, a, ud, space, a]
+        );
+        let plain = t.encode("<ctl>a<ud>a", false, false);
+        assert!(!plain.contains(&ctl) && plain.contains(&ud), "{plain:?}");
+        assert_eq!(t.encode_special("<ctl>", true, true), [1, ctl, 2]);
+        // Without special tokens in the text the two agree.
+        assert_eq!(
+            t.encode_special("abba ab", true, false),
+            t.encode("abba ab", true, false)
+        );
     }
 
     #[test]

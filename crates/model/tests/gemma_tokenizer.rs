@@ -1,5 +1,6 @@
-//! The GGUF tokenizer of Gemma 3 against llama.cpp's `llama_tokenize` ids, stored with their
-//! provenance in fixtures/gemma3/tokens.json (scripts/gemma_oracle.py).
+//! The GGUF tokenizer of Gemma 3 against llama.cpp's `llama_tokenize` ids, with
+//! `parse_special` off (`encode`) and on (`encode_special`), stored with their provenance in
+//! fixtures/gemma3/tokens.json (scripts/gemma_oracle.py).
 
 mod common;
 
@@ -26,6 +27,19 @@ fn gemma3_encodes_every_fixture_text_as_llama_cpp_does() {
         if got != want {
             failures.push(format!(
                 "{text:?}:\n  llama.cpp {want:?}\n  kvlab     {got:?}"
+            ));
+        }
+        // parse_special: control tokens written in the text are those tokens.
+        let want_special: Vec<u32> = case["ids_special"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let got = tok.encode_special(text, true, false);
+        if got != want_special {
+            failures.push(format!(
+                "{text:?} (special):\n  llama.cpp {want_special:?}\n  kvlab     {got:?}"
             ));
         }
         // Decoding the ids gives the text back (llama.cpp's detokenize without special tokens).

@@ -371,7 +371,7 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
             Some("prompt"),
         ));
     }
-    let prompt = s.tokenizer.encode(&req.prompt, true, false);
+    let prompt = s.tokenizer.encode_special(&req.prompt, true, false);
     if prompt.len() >= max_model_len {
         return Err(ApiError::invalid(
             format!(
