@@ -108,6 +108,10 @@ struct Opts {
     /// [default: 1 2 4 8 inf, --quick 8 inf]
     #[arg(long = "rate", value_name = "REQ/S", value_parser = parse_rate)]
     rates: Vec<f64>,
+    /// --serve: back-to-back pairs (all requests at once on the server, then kvlab batch, or
+    /// the other way round) whose median ratio is the throughput verdict [default: 3, --quick 1]
+    #[arg(long, value_name = "N", value_parser = usize_in(1, 1000))]
+    pairs: Option<usize>,
     /// --serve: seed of the prompt order and the arrival times
     #[arg(long, value_name = "N", default_value_t = 0)]
     seed: u64,
@@ -178,6 +182,7 @@ fn run_serve(o: &Opts) -> Result<()> {
         requests: o.requests,
         max_tokens: o.max_tokens,
         rates: o.rates.clone(),
+        pairs: o.pairs,
         seed: o.seed,
         out: out.clone(),
         plots: !o.no_plots,

@@ -485,13 +485,15 @@ pub struct ServePoint {
 }
 
 /// `bench --serve`'s figure, SVG and PNG: output tokens/s against the request rate with
-/// `kvlab batch`'s throughput as a dashed line, and TTFT p50 and p99 (log) against the rate.
+/// `kvlab batch`'s throughput as a dashed line and the paired saturation runs' throughputs
+/// (`paired`: (x, tokens/s)) as triangles, and TTFT p50 and p99 (log) against the rate.
 /// Returns the file names.
 pub fn serve(
     dir: &Path,
     stem: &str,
     title: &str,
     pts: &[ServePoint],
+    paired: &[(f64, f64)],
     batch_tok_s: f64,
 ) -> Result<Vec<String>> {
     let xmax = pts.iter().map(|p| p.rate).fold(1.0, f64::max) * 1.1;
@@ -500,10 +502,11 @@ pub fn serve(
     let ymax = pts
         .iter()
         .map(|p| p.tok_s)
+        .chain(paired.iter().map(|p| p.1))
         .chain([batch_tok_s])
         .filter(|v| v.is_finite())
         .fold(1.0, f64::max)
-        * 1.15;
+        * 1.5;
     let throughput = Panel {
         title: format!("kvlab serve throughput — {title}"),
         x: axis(
@@ -512,7 +515,7 @@ pub fn serve(
             "request rate, req/s (last point: all at once)",
         ),
         y: axis(0.0..ymax, None, "output tokens/s"),
-        legend: SeriesLabelPosition::LowerRight,
+        legend: SeriesLabelPosition::UpperLeft,
         series: vec![
             Series::new(
                 vec![(0.0, batch_tok_s), (xmax, batch_tok_s)],
@@ -525,7 +528,19 @@ pub fn serve(
                 blue.stroke_width(2),
                 Line::Circles,
             )
-            .key("kvlab serve (streamed)".into(), blue.stroke_width(3)),
+            .key(
+                "kvlab serve (streamed), the sweep".into(),
+                blue.stroke_width(3),
+            ),
+            Series::new(
+                paired.to_vec(),
+                color("cpu").stroke_width(0),
+                Line::Triangles,
+            )
+            .key(
+                "kvlab serve, all at once, beside each batch run".into(),
+                color("cpu").stroke_width(3),
+            ),
         ],
     };
     let (lo, hi) = log_range(pts.iter().flat_map(|p| [p.ttft_p50_ms, p.ttft_p99_ms]));
