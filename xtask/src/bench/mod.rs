@@ -105,7 +105,7 @@ struct Opts {
     #[arg(long, value_name = "N", value_parser = usize_in(1, 1 << 20))]
     max_tokens: Option<usize>,
     /// --serve: a request rate in requests/s, or "inf" for all at once (repeatable)
-    /// [default: 1 2 4 8 inf, --quick 8 inf]
+    /// [default: 4 8 16 32 64 inf (the knee of 32 requests on 2 cores), --quick 8 inf]
     #[arg(long = "rate", value_name = "REQ/S", value_parser = parse_rate)]
     rates: Vec<f64>,
     /// --serve: back-to-back pairs (all requests at once on the server, then kvlab batch, or

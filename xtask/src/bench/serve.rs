@@ -199,7 +199,7 @@ impl Plan {
                 "stories15M-shape",
                 32,
                 64,
-                vec![1.0, 2.0, 4.0, 8.0, f64::INFINITY],
+                vec![4.0, 8.0, 16.0, 32.0, 64.0, f64::INFINITY],
                 3,
             )
         };
