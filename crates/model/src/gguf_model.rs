@@ -1,5 +1,6 @@
-//! GGUF checkpoints (llama.cpp's format) into the one model definition. Gemma 3 is expressed as
-//! configuration of the Llama-family model, not as a copy of it. Each fact below was checked
+//! GGUF checkpoints (llama.cpp's format) into the one model definition. Two architectures are
+//! read: `llama` (its config in [`crate::gguf_llama`], facts cited there) and `gemma3`, both as
+//! configuration of the Llama-family model, not as copies of it. For Gemma 3, each fact below was checked
 //! against llama.cpp (src/models/gemma3.cpp, src/llama-hparams.cpp, src/llama-vocab.cpp) and
 //! Hugging Face transformers (models/gemma3/modeling_gemma3.py, configuration_gemma3.py):
 //!
@@ -36,7 +37,7 @@ fn gguf_err(path: &Path) -> impl Fn(kvlab_gguf::GgufError) -> Error + '_ {
     move |e| Error::Format(format!("{}: {e}", path.display()))
 }
 
-/// Loads a GGUF checkpoint (architecture `gemma3`) and the SentencePiece tokenizer stored in its
+/// Loads a GGUF checkpoint (architecture `llama` or `gemma3`) and the SentencePiece tokenizer stored in its
 /// metadata. Tensors of the types the CPU kernels read (F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K; see
 /// [`crate::weights::ENCODINGS`]) stay encoded, read in place from the file's memory map; F32
 /// tensors are mapped too; any other type is dequantized to f32 here.
@@ -62,6 +63,20 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     let layers = (0..c.n_layers)
         .map(|l| {
             let b = |n: &str| t(format!("blk.{l}.{n}.weight"));
+            if !c.qk_norm && !c.post_norms {
+                // llama: llama-arch.cpp's names; ffn_gate is w1, ffn_down w2, ffn_up w3.
+                return Ok(LayerWeights::llama([
+                    b("attn_norm")?,
+                    b("attn_q")?,
+                    b("attn_k")?,
+                    b("attn_v")?,
+                    b("attn_output")?,
+                    b("ffn_norm")?,
+                    b("ffn_gate")?,
+                    b("ffn_down")?,
+                    b("ffn_up")?,
+                ]));
+            }
             Ok(LayerWeights {
                 attn_norm: b("attn_norm")?,
                 wq: b("attn_q")?,
@@ -83,7 +98,11 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
         token_embedding: t("token_embd.weight".into())?,
         layers,
         final_norm: t("output_norm.weight".into())?,
-        classifier: None,
+        classifier: if c.shared_classifier {
+            None
+        } else {
+            Some(t("output.weight".into())?)
+        },
     };
     let model = Model::new(c, weights)?;
     model.weights.prefault();
@@ -108,7 +127,7 @@ fn load_tensor(f: &GgufFile, name: &str) -> kvlab_gguf::Result<Tensor> {
     }
 }
 
-/// Gemma 3's [`Config`] from a GGUF's metadata alone, with every tensor's size checked against
+/// The [`Config`] (llama or Gemma 3) from a GGUF's metadata alone, with every tensor's size checked against
 /// it; no tensor is read (what `kvlab info` needs).
 ///
 /// # Errors
@@ -125,11 +144,15 @@ fn gguf_config(f: &GgufFile, path: &Path) -> Result<Config> {
     let e = gguf_err(path);
     let md = f.metadata();
     let arch = md.get_str("general.architecture").map_err(&e)?;
-    if arch != "gemma3" {
-        return Err(Error::Format(format!(
-            "{}: architecture {arch:?} is not supported; kvlab reads gemma3 GGUF files (and llama2.c .bin files)",
-            path.display()
-        )));
+    match arch {
+        "gemma3" => {}
+        "llama" => return crate::gguf_llama::llama_config(f, path),
+        _ => {
+            return Err(Error::Format(format!(
+                "{}: architecture {arch:?} is not supported; kvlab reads llama and gemma3 GGUF files (and llama2.c .bin files)",
+                path.display()
+            )));
+        }
     }
     let key = |k: &str| format!("{arch}.{k}");
     let u = |k: &str| md.get_usize(&key(k)).map_err(&e);
@@ -187,36 +210,52 @@ fn gguf_config(f: &GgufFile, path: &Path) -> Result<Config> {
 /// implies, so a file whose header and tensors disagree fails before anything is dequantized.
 fn check_tensor_sizes(f: &GgufFile, c: &Config, path: &Path) -> Result<()> {
     let (d, h, q, kv, hd) = (c.dim, c.hidden_dim, c.q_dim(), c.kv_dim(), c.head_dim);
-    let mut expect: Vec<(String, usize)> = vec![
-        ("token_embd.weight".into(), c.vocab_size * d),
-        ("output_norm.weight".into(), d),
+    // (name, rows, columns): a matrix (out, in) is GGUF's ne = [in, out]; a vector has ne = [n].
+    let mut expect: Vec<(String, usize, usize)> = vec![
+        ("token_embd.weight".into(), c.vocab_size, d),
+        ("output_norm.weight".into(), 1, d),
     ];
+    if !c.shared_classifier {
+        expect.push(("output.weight".into(), c.vocab_size, d));
+    }
     for l in 0..c.n_layers {
-        for (n, len) in [
-            ("attn_norm", d),
-            ("attn_q", q * d),
-            ("attn_k", kv * d),
-            ("attn_v", kv * d),
-            ("attn_output", d * q),
-            ("attn_q_norm", hd),
-            ("attn_k_norm", hd),
-            ("post_attention_norm", d),
-            ("ffn_norm", d),
-            ("ffn_gate", h * d),
-            ("ffn_down", d * h),
-            ("ffn_up", h * d),
-            ("post_ffw_norm", d),
-        ] {
-            expect.push((format!("blk.{l}.{n}.weight"), len));
+        let mut per_layer = vec![
+            ("attn_norm", 1, d),
+            ("attn_q", q, d),
+            ("attn_k", kv, d),
+            ("attn_v", kv, d),
+            ("attn_output", d, q),
+            ("ffn_norm", 1, d),
+            ("ffn_gate", h, d),
+            ("ffn_down", d, h),
+            ("ffn_up", h, d),
+        ];
+        if c.qk_norm {
+            per_layer.extend([("attn_q_norm", 1, hd), ("attn_k_norm", 1, hd)]);
+        }
+        if c.post_norms {
+            per_layer.extend([("post_attention_norm", 1, d), ("post_ffw_norm", 1, d)]);
+        }
+        for (n, rows, cols) in per_layer {
+            expect.push((format!("blk.{l}.{n}.weight"), rows, cols));
         }
     }
-    for (name, len) in expect {
+    for (name, rows, cols) in expect {
         let info = f.tensor_info(&name).map_err(gguf_err(path))?;
+        let len = rows * cols;
         if info.n_elements != len as u64 {
             return Err(Error::Config(format!(
                 "{}: tensor {name} has {} elements but the header's config implies {len}",
                 path.display(),
                 info.n_elements
+            )));
+        }
+        // The row length too, so a transposed matrix of the right size is refused.
+        if rows > 1 && info.ne.first() != Some(&(cols as u64)) {
+            return Err(Error::Config(format!(
+                "{}: tensor {name} has ne {:?} but the config implies [{cols}, {rows}]",
+                path.display(),
+                info.ne
             )));
         }
     }
@@ -234,12 +273,7 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
     let e = gguf_err(path);
     let md = f.metadata();
     let model = md.get_str("tokenizer.ggml.model").map_err(&e)?;
-    if model != "llama" {
-        return Err(Error::Format(format!(
-            "{}: tokenizer model {model:?} is not supported (kvlab reads SentencePiece-style 'llama' vocabularies)",
-            path.display()
-        )));
-    }
+    crate::gguf_llama::check_tokenizer_model(model, path)?;
     let tokens = md.get_str_array("tokenizer.ggml.tokens").map_err(&e)?;
     let scores = md.get_f32_array("tokenizer.ggml.scores").map_err(&e)?;
     let types = md.get_i32_array("tokenizer.ggml.token_type").map_err(&e)?;

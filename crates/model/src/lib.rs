@@ -15,6 +15,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod gguf_llama;
 pub mod gguf_model;
 pub mod llama2c;
 pub mod ops;
