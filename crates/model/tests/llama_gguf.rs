@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use kvlab_gguf::{GgufBuilder, MetadataArray, MetadataValue as V};
+use kvlab_gguf::{GgmlType, GgufBuilder, MetadataArray, MetadataValue as V};
 use kvlab_model::{Config, Model, RopeLayout, Tokenizer};
 
 /// stories260K.bin and tok512.bin (shipped in fixtures/models, so found without KVLAB_MODELS).
@@ -54,6 +54,16 @@ fn spm_vocab(tok: &Path, vocab: usize) -> (Vec<String>, Vec<f32>, Vec<i32>) {
 /// A `llama` GGUF of `model` with the metadata llama2c_to_gguf.py writes; f32 tensors, matrices
 /// (out, in) as ne = [in, out].
 fn llama_gguf(model: &Model, tok: &Path) -> GgufBuilder {
+    llama_gguf_with(model, tok, |_, _| None)
+}
+
+/// [`llama_gguf`] with each layer matrix (name, values) `encode`d to (type, bytes) where it
+/// returns `Some`.
+fn llama_gguf_with(
+    model: &Model,
+    tok: &Path,
+    encode: impl Fn(&str, &[f32]) -> Option<(GgmlType, Vec<u8>)>,
+) -> GgufBuilder {
     let c = &model.config;
     let (pieces, scores, types) = spm_vocab(tok, c.vocab_size);
     let u = |v: usize| V::U32(v as u32);
@@ -111,7 +121,11 @@ fn llama_gguf(model: &Model, tok: &Path) -> GgufBuilder {
             } else {
                 &[cols as u64, rows as u64]
             };
-            b = b.tensor_f32(&format!("blk.{l}.{name}.weight"), ne, t);
+            let full = format!("blk.{l}.{name}.weight");
+            b = match encode(&full, t) {
+                Some((ty, bytes)) if rows > 1 => b.tensor(&full, ne, ty, bytes),
+                _ => b.tensor_f32(&full, ne, t),
+            };
         }
     }
     b = b.tensor_f32("output_norm.weight", &[d as u64], &w.final_norm);
@@ -191,6 +205,84 @@ fn an_untied_output_weight_becomes_the_classifier() {
     let (gguf, _) = kvlab_model::load_gguf(&path).unwrap();
     assert!(!gguf.config.shared_classifier);
     assert_same_model(&model, &gguf);
+}
+
+/// ggml's reference Q8_0 (quantize_row_q8_0_ref): blocks of 32, d = amax / 127 as f16, then
+/// round(x / d) as i8; and the values it stands for, f16(d) · q.
+fn q8_0(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let (mut bytes, mut values) = (Vec::new(), Vec::new());
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+        let d16 = half::f16::from_f32(d);
+        bytes.extend_from_slice(&d16.to_le_bytes());
+        for v in block {
+            let q = (v * id).round() as i8;
+            bytes.push(q as u8);
+            values.push(d16.to_f32() * f32::from(q));
+        }
+    }
+    (bytes, values)
+}
+
+/// Encoded matrices take the same path as Gemma 3's: kept as stored (read in place from the
+/// map), decoded to exactly what their blocks stand for. Q8_0 where a row is whole blocks of
+/// 32 (every matrix but ffn_down's 172-wide rows), F16 and BF16 for the others.
+#[test]
+fn quantized_llama_matrices_are_kept_as_stored() {
+    let (model, tok_path) = stories();
+    let encode = |name: &str, x: &[f32]| {
+        Some(if name.contains("ffn_down") {
+            let ty = if name.starts_with("blk.0.") {
+                GgmlType::BF16
+            } else {
+                GgmlType::F16
+            };
+            let t = kvlab_model::Tensor::from(x.to_vec()).convert(ty);
+            (ty, t.encoded().unwrap().1.to_vec())
+        } else {
+            (GgmlType::Q8_0, q8_0(x).0)
+        })
+    };
+    let path = write("q8_0.gguf", &llama_gguf_with(&model, &tok_path, encode));
+    let (gguf, _) = kvlab_model::load_gguf(&path).unwrap();
+    let mut expect = model.config.clone();
+    expect.stop_ids = vec![2];
+    assert_eq!(gguf.config, expect);
+    for (l, (a, b)) in model
+        .weights
+        .layers
+        .iter()
+        .zip(&gguf.weights.layers)
+        .enumerate()
+    {
+        for (name, x, y) in [
+            ("attn_q", &a.wq, &b.wq),
+            ("attn_k", &a.wk, &b.wk),
+            ("attn_v", &a.wv, &b.wv),
+            ("attn_output", &a.wo, &b.wo),
+            ("ffn_gate", &a.w1, &b.w1),
+            ("ffn_up", &a.w3, &b.w3),
+            ("ffn_down", &a.w2, &b.w2),
+        ] {
+            let full = format!("blk.{l}.{name}.weight");
+            let (ty, bytes) = encode(&full, x).unwrap();
+            assert_eq!(y.dtype(), ty, "{full}");
+            assert!(y.is_mapped(), "{full}");
+            assert_eq!(y.encoded().unwrap().1, bytes.as_slice(), "{full}");
+            let want: Vec<f32> = match ty {
+                GgmlType::Q8_0 => q8_0(x).1,
+                GgmlType::F16 => x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+                _ => x
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect(),
+            };
+            assert_eq!(&**y, want.as_slice(), "{full}");
+        }
+        assert_eq!(b.attn_norm.dtype(), GgmlType::F32);
+    }
 }
 
 /// llama.cpp's greedy ids on the gguf-py-written stories260K.gguf (the committed fixture) are
