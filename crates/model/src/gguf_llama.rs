@@ -19,7 +19,7 @@
 //! * attention scale 1/sqrt(head_dim) (`kq_scale` when `f_attention_scale` is 0, i.e. when
 //!   `llama.attention.scale` is absent; a file that sets it is refused);
 //! * RoPE: `llama_model_rope_type` gives LLM_ARCH_LLAMA `LLAMA_ROPE_TYPE_NORM`, ggml's mode 0,
-//!   which rotates adjacent pairs (2i, 2i+1): [`RopeLayout::Interleaved`], run.c's layout.
+//!   which rotates adjacent pairs (2i, 2i+1): [`crate::RopeLayout::Interleaved`], run.c's layout.
 //!   convert_hf_to_gguf.py's `LlamaModel.permute` reorders HF's q/k rows into it; llama2.c
 //!   checkpoints are in it already;
 //! * tensors (src/llama-arch.cpp, LLM_ARCH_LLAMA): `token_embd`, `blk.N.attn_norm`, `attn_q`,
