@@ -10,7 +10,7 @@ An independent writer and a second oracle for crates/model/src/gguf_llama.rs:
      ties to the lowest id, no sampler, N_GEN new tokens, not stopped at EOS (a stop is marked).
 
 The Rust test crates/model/tests/llama_gguf.rs reads the GGUF this script writes (via
-KVLAB_STORIES260K_GGUF or $KVLAB_MODELS/stories260K.gguf) and checks kvlab against the ids.
+KVLAB_STORIES260K_GGUF; a local check, not run in CI) and checks kvlab against the ids.
 
 Run (from the repository root; a venv with llama-cpp-python 0.3.36 and gguf 0.19.0, installed
 as scripts/gemma_oracle.py documents):

@@ -329,17 +329,23 @@ fn llama_cpp_greedy_ids_on_the_gguf_are_the_engines_golden_text() {
     }
 }
 
-/// The stories260K.gguf that scripts/stories260k_gguf_oracle.py (gguf-py) writes, found via
-/// `KVLAB_STORIES260K_GGUF` or in the model folders (`$KVLAB_MODELS`).
+/// The stories260K.gguf that scripts/stories260k_gguf_oracle.py (gguf-py) writes, named by
+/// `KVLAB_STORIES260K_GGUF`. A local check (it needs Python's gguf package to make the file,
+/// which CI does not have, and the file is not one of ../shared/models' checkpoints), so it is
+/// opt-in: without the variable it says so loudly and skips, even under KVLAB_REQUIRE_MODELS.
 fn python_gguf() -> Option<PathBuf> {
-    match std::env::var_os("KVLAB_STORIES260K_GGUF") {
-        Some(p) => Some(PathBuf::from(p)),
-        None => common::model_file("stories260K.gguf"),
+    let path = std::env::var_os("KVLAB_STORIES260K_GGUF").map(PathBuf::from);
+    if path.is_none() {
+        eprintln!(
+            "SKIPPED (local check): set KVLAB_STORIES260K_GGUF to the stories260K.gguf that \
+             scripts/stories260k_gguf_oracle.py writes"
+        );
     }
+    path
 }
 
 #[test]
-#[ignore = "needs stories260K.gguf from scripts/stories260k_gguf_oracle.py: set KVLAB_STORIES260K_GGUF or KVLAB_MODELS"]
+#[ignore = "local check: needs stories260K.gguf from scripts/stories260k_gguf_oracle.py in KVLAB_STORIES260K_GGUF"]
 fn gguf_py_written_stories260k_is_the_builders_and_tokenizes_as_llama_cpp() {
     let Some(path) = python_gguf() else { return };
     let (model, tok_path) = stories();
