@@ -84,3 +84,12 @@ pub fn min_p(s: &str) -> Result<f32, String> {
 pub fn repeat_penalty(s: &str) -> Result<f32, String> {
     kvlab_model::sampler::check_repeat_penalty(number(s)?).map_err(|e| e.to_string())
 }
+
+/// `--eviction`: a prefix-cache eviction policy by name (`lru`, `lfu`, `clock`, `leaf-first`).
+pub fn eviction_parser() -> impl clap::builder::TypedValueParser<Value = kvlab_paged::EvictionPolicy>
+{
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    use kvlab_paged::EvictionPolicy;
+    PossibleValuesParser::new(EvictionPolicy::ALL.map(EvictionPolicy::name))
+        .map(|name| EvictionPolicy::from_name(&name).unwrap_or_default())
+}

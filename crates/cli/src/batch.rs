@@ -39,6 +39,10 @@ pub struct Args {
     /// Token slots per block.
     #[arg(long, default_value_t = 16, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
     block_size: usize,
+    /// Which cached prefix block goes first when the pool runs out: lru, lfu, clock or
+    /// leaf-first.
+    #[arg(long, default_value = "lru", value_parser = kvlab_cli::args::eviction_parser())]
+    eviction: kvlab_paged::EvictionPolicy,
     /// Each prompt arrives this many steps after the previous one.
     #[arg(long, default_value_t = 2, value_parser = usize_in(0, MAX_ARRIVAL_GAP))]
     arrival_gap: usize,
@@ -100,7 +104,10 @@ pub fn run(a: Args) -> Result<()> {
         block_size: a.block_size,
     };
     let mut engine = build_paged(a.engine, model.clone(), pool)?;
-    let cfg = SchedulerConfig::new(engine.kv_cache().clone(), max_model_len);
+    let cfg = SchedulerConfig {
+        eviction_policy: a.eviction,
+        ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
+    };
     let mut sched = Scheduler::new(cfg)?;
     let requests: Vec<Request> = prompts
         .iter()

@@ -3,6 +3,7 @@
 //! stdout carries only generated text (as llama2.c's run.c prints it); stats and logs go to stderr.
 
 mod batch;
+mod evict;
 mod generate;
 mod info;
 mod mem;
@@ -75,6 +76,9 @@ enum Command {
     Mem(mem::Args),
     /// Reserved-but-empty KV memory: max-length preallocation vs paging.
     Waste(waste::Args),
+    /// Prefix-cache eviction policies (LRU, LFU, CLOCK, leaf-first) compared on chat sessions
+    /// with shared system prompts, at several pool sizes.
+    Evict(evict::Args),
     /// The models kvlab knows (fixtures/models.json): what each is, where its files were found
     /// or how to get them.
     Models(models::Args),
@@ -113,6 +117,7 @@ fn main() {
         }),
         Command::Batch(args) => batch::run(args),
         Command::Waste(args) => waste::run(args),
+        Command::Evict(args) => evict::run(args),
         Command::Models(args) => models::run(args),
         Command::Serve(args) => serve::run(args),
     };

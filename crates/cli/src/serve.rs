@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, usize_in};
 use kvlab_cli::engines::{self, EngineKind, MAX_MODEL_LEN, PagedEngine, PoolOptions, build_paged};
-use kvlab_paged::{ScheduledBatch, StepExecutor};
+use kvlab_paged::{ScheduledBatch, SchedulerConfig, StepExecutor};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor};
 
 use crate::ModelArgs;
@@ -37,6 +37,10 @@ pub struct Args {
     /// Blocks in the pool (default: four sequences of the whole context).
     #[arg(long, value_parser = usize_in(1, MAX_NUM_BLOCKS))]
     num_blocks: Option<usize>,
+    /// Which cached prefix block goes first when the pool runs out: lru, lfu, clock or
+    /// leaf-first.
+    #[arg(long, default_value = "lru", value_parser = kvlab_cli::args::eviction_parser())]
+    eviction: kvlab_paged::EvictionPolicy,
     /// Token slots per block.
     #[arg(long, default_value_t = kvlab_paged::DEFAULT_BLOCK_SIZE, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
     block_size: usize,
@@ -91,19 +95,22 @@ pub fn run(a: Args) -> Result<()> {
     };
     let stop_ids = model.config.stop_ids.clone();
     let kind = a.engine;
+    let eviction = a.eviction;
     let step_delay = Duration::from_millis(a.step_delay_ms as u64);
     let engine = kvlab_serve::spawn_engine(
         move || {
             let e = build_paged(kind, model, pool).map_err(|e| format!("{e:#}"))?;
-            let kv = e.kv_cache().clone();
+            let config = SchedulerConfig {
+                eviction_policy: eviction,
+                ..SchedulerConfig::new(e.kv_cache().clone(), max_model_len)
+            };
             let executor = PagedExecutor {
                 engine: e,
                 step_delay,
             };
-            Ok((Box::new(executor) as Executor, kv))
+            Ok((Box::new(executor) as Executor, config))
         },
         &loaded.name,
-        max_model_len,
         stop_ids,
     )?;
     let state = Arc::new(

@@ -404,3 +404,38 @@ fn info_on_gemma_reads_the_header_only() {
     // Dequantizing the 268M parameters takes seconds; the header takes a fraction of one.
     assert!(t.elapsed().as_secs_f64() < 1.5, "{:?}", t.elapsed());
 }
+
+refused! {
+    evict_unknown_policy: "evict --eviction mru" => "[possible values: lru, lfu, clock, leaf-first]";
+    batch_unknown_policy: "batch --eviction fifo" => "[possible values: lru, lfu, clock, leaf-first]";
+    evict_num_blocks_zero: "evict --num-blocks 0" => "is not in 1..=16777216";
+    evict_turns_too_many_for_the_context: "evict --turns 64" => "use fewer --turns";
+}
+
+/// `kvlab evict` compares the policies on the same sessions: the same work everywhere (the
+/// command itself checks every policy gives every turn the same tokens), a hit rate that grows
+/// with the pool, and a pool too small for the working set evicting under every policy.
+#[test]
+fn evict_compares_policies_on_the_same_sessions() {
+    let r = kvlab("evict --sessions 8 --turns 3 --num-blocks 30 --num-blocks 120 --json");
+    assert!(r.ok, "{}", r.err);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(r.out.trim()).unwrap();
+    assert_eq!(rows.len(), 8);
+    let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies[..4], ["lru", "lfu", "clock", "leaf-first"]);
+    for (small, large) in rows[..4].iter().zip(&rows[4..]) {
+        assert!(small["evictions"].as_u64().unwrap() > 0, "{small}");
+        assert!(
+            large["prefix_hit_rate"].as_f64() >= small["prefix_hit_rate"].as_f64(),
+            "{small} {large}"
+        );
+    }
+    let r = kvlab("evict --sessions 4 --turns 2 --num-blocks 60 --eviction clock");
+    assert!(r.ok, "{}", r.err);
+    assert!(
+        r.out
+            .contains("every policy gave every turn the same tokens"),
+        "{}",
+        r.out
+    );
+}

@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 
-use crate::{BlockAllocator, PagedError, Result, max_window_blocks, window_start};
+use crate::{BlockAllocator, EvictionPolicy, PagedError, Result, max_window_blocks, window_start};
 
 /// One KV cache group: a set of layers sharing an attention kind, served by its own pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -64,12 +64,18 @@ impl KvCacheConfig {
     /// # Errors
     /// [`PagedError::InvalidConfig`] for sizes [`BlockAllocator::new`] refuses (zero, or too
     /// large to index).
-    pub fn allocators(&self, prefix_caching: bool) -> Result<Vec<BlockAllocator>> {
+    pub fn allocators(
+        &self,
+        prefix_caching: bool,
+        eviction: EvictionPolicy,
+    ) -> Result<Vec<BlockAllocator>> {
         self.groups
             .iter()
             .map(|g| {
-                BlockAllocator::new(g.num_blocks, self.block_size)
-                    .map(|a| a.with_prefix_caching(prefix_caching))
+                BlockAllocator::new(g.num_blocks, self.block_size).map(|a| {
+                    a.with_prefix_caching(prefix_caching)
+                        .with_eviction_policy(eviction)
+                })
             })
             .collect()
     }
@@ -90,11 +96,13 @@ pub struct SchedulerConfig {
     /// Share cached full blocks between sequences with a common prefix, in every group (a hit
     /// must be served by all groups; sliding-window groups need only the blocks in the window).
     pub enable_prefix_caching: bool,
+    /// Which evictable cached block goes first when a pool runs out of free ones.
+    pub eviction_policy: EvictionPolicy,
 }
 
 impl SchedulerConfig {
-    /// A scheduler over `kv_cache` with prefix caching on, `max_num_seqs = 256` and
-    /// `max_num_batched_tokens = max(2048, max_model_len)`.
+    /// A scheduler over `kv_cache` with prefix caching on (LRU eviction), `max_num_seqs = 256`
+    /// and `max_num_batched_tokens = max(2048, max_model_len)`.
     pub fn new(kv_cache: KvCacheConfig, max_model_len: usize) -> Self {
         Self {
             kv_cache,
@@ -102,6 +110,7 @@ impl SchedulerConfig {
             max_num_seqs: 256,
             max_model_len,
             enable_prefix_caching: true,
+            eviction_policy: EvictionPolicy::Lru,
         }
     }
 

@@ -55,6 +55,8 @@ pub struct StepStats {
 pub struct DriveReport {
     /// Per request, in the order given: its generated tokens and why it finished.
     pub outputs: Vec<(Vec<u32>, FinishReason)>,
+    /// Per request, in the order given: the step that sampled its first token.
+    pub first_token_steps: Vec<Option<usize>>,
     pub steps: Vec<StepStats>,
     pub metrics: Metrics,
     /// Engine time summed over steps.
@@ -93,6 +95,7 @@ where
 {
     let mut ids: Vec<Option<SeqId>> = vec![None; requests.len()];
     let mut outputs: Vec<Option<(Vec<u32>, FinishReason)>> = vec![None; requests.len()];
+    let mut first_token_steps: Vec<Option<usize>> = vec![None; requests.len()];
     let mut steps = Vec::new();
     let mut engine_time = Duration::ZERO;
     let last_arrival = requests.iter().map(|r| r.arrival_step).max().unwrap_or(0);
@@ -125,6 +128,13 @@ where
             .zip(&logits)
             .map(|(s, l)| (s.seq_id, sample(l)))
             .collect();
+        for (i, id) in ids.iter().enumerate() {
+            if first_token_steps[i].is_none()
+                && id.is_some_and(|id| sampled.iter().any(|(s, _)| *s == id))
+            {
+                first_token_steps[i] = Some(step);
+            }
+        }
         for f in scheduler.update(&sampled)? {
             if let Some(i) = ids.iter().position(|id| *id == Some(f.seq_id)) {
                 outputs[i] = Some((f.output_token_ids, f.reason));
@@ -147,6 +157,7 @@ where
             .into_iter()
             .map(|o| o.unwrap_or((Vec::new(), FinishReason::Length)))
             .collect(),
+        first_token_steps,
         steps,
         metrics: scheduler.metrics(),
         engine_time,

@@ -32,7 +32,9 @@
 //! * [`block_table`]: [`BlockTable`], slots, padded `block_tables` ([`PAD_BLOCK`] = -1,
 //!   [`PAD_SLOT`] = -1).
 //! * `prefix_cache.rs`: the hash → entry → block store (verified hits, ghost entries that keep
-//!   the chain verified where no block is held, LRU of evictable blocks), and [`PrefixMatch`].
+//!   the chain verified where no block is held, the queue of evictable blocks), and
+//!   [`PrefixMatch`]; `eviction.rs`: [`EvictionPolicy`] (LRU, LFU, CLOCK, leaf-first) and its
+//!   queue.
 //! * `allocator/`: [`BlockAllocator`], one pool. `mod.rs`: ref counts, `allocate`, `free`,
 //!   `fork`; `append.rs`: `can_append`/`append_slot(s)` with copy-on-write; `prefix.rs`:
 //!   `match_prefix(_levels)`/`adopt_prefix`/`register_full_blocks`; `window.rs`:
@@ -80,6 +82,7 @@ pub mod workload;
 mod allocator;
 mod config;
 mod error;
+mod eviction;
 mod pool_view;
 mod prefix_cache;
 mod scheduled_batch;
@@ -94,6 +97,7 @@ pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTable
 pub use config::{KvCacheConfig, KvGroupConfig, SchedulerConfig};
 pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive};
 pub use error::{PagedError, Result};
+pub use eviction::EvictionPolicy;
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a_block_hash};
 pub use metrics::Metrics;
 pub use pool_view::{BlockState, GroupView, PoolView, SeqView};
@@ -105,4 +109,6 @@ pub use scheduler::Scheduler;
 pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
 pub use unscheduled::{UnscheduledPools, UnscheduledSeq};
 pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};
-pub use workload::{LongTail, long_tail_requests, uniform_requests};
+pub use workload::{
+    LongTail, SessionTurn, Sessions, long_tail_requests, session_turns, uniform_requests,
+};

@@ -8,11 +8,15 @@
 
 use serde::Serialize;
 
-use crate::{BlockId, Metrics, Scheduler};
+use crate::{BlockId, EvictionPolicy, Metrics, Scheduler};
 
 /// A snapshot of the pools and the live sequences.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PoolView {
+    /// Most tokens of one sequence.
+    pub max_model_len: usize,
+    /// Which evictable cached block goes first.
+    pub eviction_policy: EvictionPolicy,
     /// (num_groups,) one pool per KV cache group, in group order.
     pub groups: Vec<GroupView>,
     /// The running queue (oldest first), then the waiting queue (head first).
@@ -120,6 +124,8 @@ impl PoolView {
             })
             .collect();
         PoolView {
+            max_model_len: s.config().max_model_len,
+            eviction_policy: s.config().eviction_policy,
             groups,
             sequences,
             metrics: s.metrics(),

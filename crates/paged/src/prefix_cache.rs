@@ -25,15 +25,17 @@
 //! after it, if that was the last thing holding it), so ghosts never outnumber the levels on the
 //! paths to cached blocks and live tables.
 //!
-//! **Eviction is LRU over unreferenced blocks.** A cached block whose ref count drops to 0 keeps
-//! its content and entry and becomes *evictable*: still counted as free, still a possible hit.
-//! The allocator evicts (oldest release first) only when its free list of never-cached blocks is
-//! empty. Sequences release their blocks last-to-first, so a sequence's tail is evicted before
+//! **Eviction is by policy over unreferenced blocks.** A cached block whose ref count drops to 0
+//! keeps its content and entry and becomes *evictable*: still counted as free, still a possible
+//! hit. The allocator evicts only when its free list of never-cached blocks is empty, and the
+//! [`EvictionPolicy`] (`eviction.rs`; LRU by default, oldest release first) picks the block.
+//! Sequences release their blocks last-to-first, so under LRU a sequence's tail is evicted before
 //! its head, which more requests share.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-use crate::{BlockHash, BlockId, HashFn};
+use crate::eviction::EvictionQueue;
+use crate::{BlockHash, BlockId, EvictionPolicy, HashFn};
 
 /// Identity of one cached content. Unique for the allocator's lifetime, so an entry can never be
 /// confused with a later, different content that happens to reuse its hash or its block.
@@ -62,6 +64,8 @@ struct CacheEntry {
     block: Option<BlockId>,
     /// Child entries plus block tables whose chain ends here. A ghost at 0 is dropped.
     refs: u32,
+    /// Prefix level: 0 for a prompt's first block, the parent's plus one otherwise.
+    depth: u32,
 }
 
 /// Result of looking one block up.
@@ -80,7 +84,7 @@ pub(crate) enum Lookup {
     Collision { hash: BlockHash },
 }
 
-/// Hash → entry map, the entries, the block of each entry and the LRU of evictable blocks.
+/// Hash → entry map, the entries, the block of each entry and the queue of evictable blocks.
 #[derive(Debug, Clone)]
 pub(crate) struct PrefixCache {
     pub(crate) hash_fn: HashFn,
@@ -89,27 +93,32 @@ pub(crate) struct PrefixCache {
     /// (num_blocks,) the entry each cached block holds.
     block_entry: Vec<Option<EntryId>>,
     num_cached: usize,
-    /// Evictable blocks keyed by release tick; the smallest key is evicted first.
-    lru: BTreeMap<u64, BlockId>,
-    /// (num_blocks,) the LRU key of each evictable block.
-    lru_key: Vec<Option<u64>>,
-    next_tick: u64,
+    /// The evictable blocks, in the order the policy evicts them.
+    evictable: EvictionQueue,
     next_entry: EntryId,
 }
 
 impl PrefixCache {
-    pub(crate) fn new(num_blocks: usize, hash_fn: HashFn) -> Self {
+    pub(crate) fn new(num_blocks: usize, hash_fn: HashFn, policy: EvictionPolicy) -> Self {
         Self {
             hash_fn,
             by_hash: HashMap::new(),
             entries: HashMap::new(),
             block_entry: vec![None; num_blocks],
             num_cached: 0,
-            lru: BTreeMap::new(),
-            lru_key: vec![None; num_blocks],
-            next_tick: 0,
+            evictable: EvictionQueue::new(num_blocks, policy),
             next_entry: 0,
         }
+    }
+
+    /// The eviction policy.
+    pub(crate) fn eviction_policy(&self) -> EvictionPolicy {
+        self.evictable.policy()
+    }
+
+    /// An empty cache of the same size with another eviction policy (chosen before any use).
+    pub(crate) fn with_eviction_policy(self, policy: EvictionPolicy) -> Self {
+        Self::new(self.block_entry.len(), self.hash_fn, policy)
     }
 
     /// Looks up the block after `parent` (None for the first block) holding `tokens`.
@@ -142,8 +151,10 @@ impl PrefixCache {
     ) -> EntryId {
         let id = self.next_entry;
         self.next_entry += 1;
+        let mut depth = 0;
         if let Some(e) = parent.and_then(|p| self.entries.get_mut(&p)) {
             e.refs += 1;
+            depth = e.depth + 1;
         }
         self.by_hash.insert(hash, id);
         self.entries.insert(
@@ -154,6 +165,7 @@ impl PrefixCache {
                 tokens: tokens.into(),
                 block: None,
                 refs: 0,
+                depth,
             },
         );
         if let Some(b) = block {
@@ -219,16 +231,14 @@ impl PrefixCache {
         self.entry_id(block).is_some()
     }
 
-    /// Whether `block` is cached, unreferenced and waiting in the LRU.
+    /// Whether `block` is cached, unreferenced and waiting to be evicted.
     pub(crate) fn is_evictable(&self, block: BlockId) -> bool {
-        self.lru_key
-            .get(block as usize)
-            .is_some_and(Option::is_some)
+        self.evictable.contains(block)
     }
 
     /// Number of evictable blocks.
     pub(crate) fn num_evictable(&self) -> usize {
-        self.lru.len()
+        self.evictable.len()
     }
 
     /// Number of blocks holding registered content (referenced or evictable).
@@ -241,27 +251,26 @@ impl PrefixCache {
         self.entries.len() - self.num_cached
     }
 
-    /// Puts a cached block whose ref count just reached 0 at the young end of the LRU.
+    /// Queues a cached block whose ref count just reached 0 for eviction.
     pub(crate) fn push_evictable(&mut self, block: BlockId) {
-        let tick = self.next_tick;
-        self.next_tick += 1;
-        self.lru.insert(tick, block);
-        self.lru_key[block as usize] = Some(tick);
+        let depth = self
+            .entry_id(block)
+            .and_then(|e| self.entries.get(&e))
+            .map_or(0, |e| e.depth as usize);
+        self.evictable.push(block, depth);
     }
 
-    /// Takes a block out of the LRU because someone references it again (a hit).
-    pub(crate) fn remove_evictable(&mut self, block: BlockId) {
-        if let Some(tick) = self.lru_key[block as usize].take() {
-            self.lru.remove(&tick);
-        }
+    /// Someone references a cached block again (a prefix hit or a duplicate found): out of the
+    /// eviction queue if it was there, one more hit for the policy.
+    pub(crate) fn hit(&mut self, block: BlockId) {
+        self.evictable.hit(block);
     }
 
-    /// Evicts the least recently released block: its entry becomes a ghost (dropped unless
-    /// something hangs from it) and the block is returned as a plain free block. `None` when
-    /// nothing is evictable.
-    pub(crate) fn evict_lru(&mut self) -> Option<BlockId> {
-        let (_, block) = self.lru.pop_first()?;
-        self.lru_key[block as usize] = None;
+    /// Evicts the block the policy picks: its entry becomes a ghost (dropped unless something
+    /// hangs from it) and the block is returned as a plain free block. `None` when nothing is
+    /// evictable.
+    pub(crate) fn evict(&mut self) -> Option<BlockId> {
+        let block = self.evictable.pop()?;
         if let Some(entry) = self.block_entry[block as usize].take() {
             self.num_cached -= 1;
             if let Some(e) = self.entries.get_mut(&entry) {

@@ -99,3 +99,146 @@ fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
     let u2 = rng.random::<f64>();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
+
+/// Parameters of a chat-like workload for prefix caching: a few shared system prompts, and
+/// sessions of several turns whose prompts grow by each turn (the whole conversation so far is
+/// sent again, as chat clients do), interleaved in time so that sessions compete for the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sessions {
+    /// Distinct system prompts; session `i` uses prompt `i % num_system_prompts`.
+    pub num_system_prompts: usize,
+    /// Tokens of each system prompt.
+    pub system_len: usize,
+    pub num_sessions: usize,
+    pub turns_per_session: usize,
+    /// A user message is `user_len.0..=user_len.1` tokens.
+    pub user_len: (usize, usize),
+    /// Tokens of each assistant reply sent back in the next turn's prompt.
+    pub reply_len: usize,
+    /// Steps between a session's turns (enough for a turn to finish before the next).
+    pub turn_gap_steps: usize,
+    /// Sessions start this many steps apart (`0`: all at once).
+    pub session_gap_steps: usize,
+    /// Token ids are drawn from `first_token..vocab_size` (above BOS/EOS and friends).
+    pub first_token: u32,
+    pub vocab_size: u32,
+}
+
+impl Default for Sessions {
+    /// 4 system prompts of 48 tokens, 24 sessions of 4 turns, user messages of 8–32 tokens,
+    /// replies of 24, turns 40 steps apart, sessions starting 6 steps apart, ids 3..512
+    /// (stories260K's vocabulary).
+    fn default() -> Self {
+        Self {
+            num_system_prompts: 4,
+            system_len: 48,
+            num_sessions: 24,
+            turns_per_session: 4,
+            user_len: (8, 32),
+            reply_len: 24,
+            turn_gap_steps: 40,
+            session_gap_steps: 6,
+            first_token: 3,
+            vocab_size: 512,
+        }
+    }
+}
+
+/// One request of a [`Sessions`] workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionTurn {
+    pub session: usize,
+    pub turn: usize,
+    /// System prompt, then every earlier turn's user message and reply, then this turn's user
+    /// message (no BOS: the caller adds one if its model wants it).
+    pub prompt: Vec<u32>,
+    /// The step at which it arrives.
+    pub arrival_step: usize,
+}
+
+/// The turns of a [`Sessions`] workload, in arrival order (ties by session).
+///
+/// # Errors
+/// [`PagedError::InvalidWorkload`] for an empty vocabulary range, no system prompt, no turn,
+/// or `user_len.0 > user_len.1`.
+pub fn session_turns(seed: u64, w: Sessions) -> Result<Vec<SessionTurn>> {
+    if w.first_token >= w.vocab_size
+        || w.num_system_prompts == 0
+        || w.turns_per_session == 0
+        || w.user_len.0 > w.user_len.1
+    {
+        return Err(PagedError::InvalidWorkload(format!(
+            "sessions workload {w:?} needs first_token < vocab_size, at least one system \
+             prompt and one turn, and user_len.0 <= user_len.1"
+        )));
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let tokens = |n: usize, rng: &mut ChaCha8Rng| -> Vec<u32> {
+        (0..n)
+            .map(|_| rng.random_range(w.first_token..w.vocab_size))
+            .collect()
+    };
+    let systems: Vec<Vec<u32>> = (0..w.num_system_prompts)
+        .map(|_| tokens(w.system_len, &mut rng))
+        .collect();
+    let mut turns = Vec::new();
+    for session in 0..w.num_sessions {
+        let mut history = systems[session % w.num_system_prompts].clone();
+        for turn in 0..w.turns_per_session {
+            let user_len = rng.random_range(w.user_len.0..=w.user_len.1);
+            history.extend(tokens(user_len, &mut rng));
+            turns.push(SessionTurn {
+                session,
+                turn,
+                prompt: history.clone(),
+                arrival_step: session * w.session_gap_steps + turn * w.turn_gap_steps,
+            });
+            history.extend(tokens(w.reply_len, &mut rng));
+        }
+    }
+    turns.sort_by_key(|t| (t.arrival_step, t.session));
+    Ok(turns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_turns_grow_from_a_shared_system_prompt() {
+        let w = Sessions::default();
+        let turns = session_turns(7, w).unwrap();
+        assert_eq!(turns.len(), w.num_sessions * w.turns_per_session);
+        assert!(
+            turns
+                .windows(2)
+                .all(|p| p[0].arrival_step <= p[1].arrival_step)
+        );
+        for t in &turns {
+            let earlier = turns
+                .iter()
+                .find(|e| e.session == t.session && e.turn + 1 == t.turn);
+            if let Some(e) = earlier {
+                // Each turn's prompt extends the previous one's by its reply and a new message.
+                assert!(t.prompt.starts_with(&e.prompt));
+                assert!(t.prompt.len() >= e.prompt.len() + w.reply_len + w.user_len.0);
+            }
+            let other = turns
+                .iter()
+                .find(|o| o.session % w.num_system_prompts == t.session % w.num_system_prompts)
+                .unwrap();
+            assert_eq!(t.prompt[..w.system_len], other.prompt[..w.system_len]);
+        }
+        assert_eq!(turns, session_turns(7, w).unwrap());
+        assert!(
+            session_turns(
+                7,
+                Sessions {
+                    user_len: (5, 4),
+                    ..w
+                }
+            )
+            .is_err()
+        );
+    }
+}

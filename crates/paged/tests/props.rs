@@ -10,8 +10,8 @@
 //! functions) hash collisions happen all the time.
 
 use kvlab_paged::{
-    BlockAllocator, BlockHash, BlockTable, HashFn, KvCacheConfig, KvGroupConfig, PAD_BLOCK,
-    PAD_SLOT, Scheduler, SchedulerConfig, SeqId, StopConditions, fnv1a_block_hash,
+    BlockAllocator, BlockHash, BlockTable, EvictionPolicy, HashFn, KvCacheConfig, KvGroupConfig,
+    PAD_BLOCK, PAD_SLOT, Scheduler, SchedulerConfig, SeqId, StopConditions, fnv1a_block_hash,
     max_window_blocks, window_start,
 };
 use proptest::collection::vec;
@@ -413,6 +413,7 @@ proptest! {
         extra_budget in 0..10usize,
         window in prop::option::of(1..8usize),
         caching in any::<bool>(),
+        eviction in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         hash_kind in 0..3u8,
         requests in vec(request(), 1..10),
         forks in vec((0..16usize, any::<usize>()), 0..4),
@@ -431,6 +432,7 @@ proptest! {
             max_num_seqs,
             max_model_len,
             enable_prefix_caching: caching,
+            eviction_policy: eviction,
         };
         let mut s = Scheduler::new(config.clone()).unwrap().with_hash_fn(hash_fn(hash_kind));
         let mut shadow: Vec<Vec<Option<Vec<u32>>>> =

@@ -2,9 +2,9 @@
 //! prefix hits, copy-on-write forks, stop conditions, sliding windows and the flattened batch.
 
 use kvlab_paged::{
-    BlockCopy, BlockHash, DEFAULT_BLOCK_SIZE, FinishReason, FinishedSeq, KvCacheConfig,
-    KvGroupConfig, PAD_BLOCK, PAD_SLOT, PagedError, ScheduledBatch, Scheduler, SchedulerConfig,
-    SeqId, SequenceStatus, StepKind, StopConditions, max_window_blocks,
+    BlockCopy, BlockHash, DEFAULT_BLOCK_SIZE, EvictionPolicy, FinishReason, FinishedSeq,
+    KvCacheConfig, KvGroupConfig, PAD_BLOCK, PAD_SLOT, PagedError, ScheduledBatch, Scheduler,
+    SchedulerConfig, SeqId, SequenceStatus, StepKind, StopConditions, max_window_blocks,
 };
 
 /// A deterministic stand-in for a model: the next token depends on the whole history.
@@ -23,6 +23,7 @@ fn config(num_blocks: usize, block_size: usize, max_model_len: usize) -> Schedul
         max_num_seqs: 8,
         max_model_len,
         enable_prefix_caching: false,
+        eviction_policy: EvictionPolicy::Lru,
     }
 }
 
@@ -494,4 +495,35 @@ fn model_input_flattens_the_batch() {
         assert!(json.contains(key), "{key}");
     }
     assert!(serde_json::to_string(&b).is_ok());
+}
+
+/// The eviction policy decides which cached prefix survives pressure: a system prompt used by
+/// three requests, then a burst of one-off prompts that fills the pool, then the system prompt
+/// again. LFU keeps the popular prompt; LRU evicts it.
+#[test]
+fn eviction_policies_decide_which_prefix_survives() {
+    let system = vec![1, 2, 3, 4, 5, 6];
+    let hits_on_return = |policy: EvictionPolicy| {
+        let mut cfg = config(8, 2, 8);
+        cfg.enable_prefix_caching = true;
+        cfg.eviction_policy = policy;
+        let mut s = Scheduler::new(cfg).unwrap();
+        for _ in 0..3 {
+            add(&mut s, system.clone(), 1);
+            drain(&mut s);
+        }
+        for base in [10, 20, 30] {
+            add(&mut s, (base..base + 6).collect(), 1);
+            drain(&mut s);
+        }
+        let before = s.metrics().prefix_cache_hits;
+        add(&mut s, system.clone(), 1);
+        drain(&mut s);
+        s.metrics().prefix_cache_hits - before
+    };
+    // LRU: the one-off prompts, released last, push the system prompt's blocks out.
+    assert_eq!(hits_on_return(EvictionPolicy::Lru), 0);
+    // LFU: the system prompt's blocks were hit twice each; the one-off blocks never were. (The
+    // last prompt token is always computed, so 4 of its 6 tokens is every hit possible.)
+    assert_eq!(hits_on_return(EvictionPolicy::Lfu), 4);
 }

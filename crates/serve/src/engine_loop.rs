@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use kvlab_model::Sampler;
 use kvlab_paged::{
-    FinishReason, KvCacheConfig, Metrics, PoolView, Scheduler, SchedulerConfig, SeqId,
-    StepExecutor, StopConditions,
+    FinishReason, Metrics, PoolView, Scheduler, SchedulerConfig, SeqId, StepExecutor,
+    StopConditions,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -171,9 +171,9 @@ impl EngineHandle {
 }
 
 /// Starts the engine thread. `build` runs on that thread (so an engine bound to its thread,
-/// such as a CUDA context, stays there) and returns the engine and the pool shape it was built
-/// with; the scheduler gets `max_model_len` positions per sequence. `model_name` labels the
-/// metrics.
+/// such as a CUDA context, stays there) and returns the engine and the scheduler's
+/// configuration (its `kv_cache` the pool shape the engine was built with; its `max_model_len`
+/// the positions per sequence). `model_name` labels the metrics.
 ///
 /// # Errors
 /// [`ServeError::Engine`] with `build`'s error, [`ServeError::Scheduler`] for a pool the
@@ -182,11 +182,10 @@ impl EngineHandle {
 pub fn spawn_engine<F>(
     build: F,
     model_name: &str,
-    max_model_len: usize,
     stop_token_ids: Vec<u32>,
 ) -> Result<EngineHandle, ServeError>
 where
-    F: FnOnce() -> Result<(Executor, KvCacheConfig), String> + Send + 'static,
+    F: FnOnce() -> Result<(Executor, SchedulerConfig), String> + Send + 'static,
 {
     let (requests, receiver) = std::sync::mpsc::channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<PoolView, ServeError>>();
@@ -196,6 +195,8 @@ where
         prometheus: ServerMetrics::new(model_name)
             .map_err(|e| ServeError::Metrics(e.to_string()))?,
         view: Mutex::new(PoolView {
+            max_model_len: 0,
+            eviction_policy: Default::default(),
             groups: Vec::new(),
             sequences: Vec::new(),
             metrics: Metrics::of_pools(&[]),
@@ -207,9 +208,9 @@ where
         .spawn(move || {
             let started = build()
                 .map_err(ServeError::Engine)
-                .and_then(|(engine, kv)| {
-                    let sched = Scheduler::new(SchedulerConfig::new(kv, max_model_len))
-                        .map_err(|e| ServeError::Scheduler(e.to_string()))?;
+                .and_then(|(engine, config)| {
+                    let sched =
+                        Scheduler::new(config).map_err(|e| ServeError::Scheduler(e.to_string()))?;
                     Ok((engine, sched))
                 });
             match started {
@@ -234,6 +235,7 @@ where
     let view = ready_rx
         .recv()
         .map_err(|_| ServeError::Thread("the engine thread exited while starting".into()))??;
+    let max_model_len = view.max_model_len;
     *shared.view.lock().unwrap_or_else(|e| e.into_inner()) = view;
     Ok(EngineHandle {
         requests,

@@ -14,7 +14,7 @@ use kvlab_cpu::CpuEngine;
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::tokenizer::Utf8Stream;
 use kvlab_model::{GenerateOptions, Model, Sampler, Tokenizer, generate_tokens};
-use kvlab_paged::{KvCacheConfig, ScheduledBatch, StepExecutor};
+use kvlab_paged::{KvCacheConfig, ScheduledBatch, SchedulerConfig, StepExecutor};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor, router, spawn_engine};
 use serde_json::{Value, json};
 
@@ -64,10 +64,12 @@ async fn start_with(
         move || {
             let kv = KvCacheConfig::new(m.config.kv_cache_groups(), 4 * max_model_len / 16, 16);
             let e = PagedCpuEngine::new(m, kv.clone()).map_err(|e| e.to_string())?;
-            Ok((Box::new(Slowed(e)) as Executor, kv))
+            Ok((
+                Box::new(Slowed(e)) as Executor,
+                SchedulerConfig::new(kv, max_model_len),
+            ))
         },
         "stories260K",
-        max_model_len,
         model.config.stop_ids.clone(),
     )
     .unwrap();

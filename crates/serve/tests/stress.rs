@@ -18,7 +18,7 @@ use kvlab_cpu::CpuEngine;
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::tokenizer::Utf8Stream;
 use kvlab_model::{GenerateOptions, Model, Sampler, Tokenizer, generate_tokens};
-use kvlab_paged::{KvCacheConfig, ScheduledBatch, StepExecutor};
+use kvlab_paged::{KvCacheConfig, ScheduledBatch, SchedulerConfig, StepExecutor};
 use kvlab_serve::{
     AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, Executor, HEADER_READ_TIMEOUT, router,
     spawn_engine,
@@ -90,10 +90,12 @@ async fn start(
                 delay,
                 hold: h,
             };
-            Ok((Box::new(gated) as Executor, kv))
+            Ok((
+                Box::new(gated) as Executor,
+                SchedulerConfig::new(kv, max_model_len),
+            ))
         },
         "stories260K",
-        max_model_len,
         model.config.stop_ids.clone(),
     )
     .unwrap();

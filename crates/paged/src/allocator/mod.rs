@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use crate::prefix_cache::PrefixCache;
-use crate::{BlockId, BlockTable, HashFn, PagedError, Result, fnv1a_block_hash};
+use crate::{BlockId, BlockTable, EvictionPolicy, HashFn, PagedError, Result, fnv1a_block_hash};
 
 /// The block size vLLM uses by default on GPUs.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -83,7 +83,7 @@ impl BlockAllocator {
             block_size,
             ref_counts: vec![0; num_blocks],
             free_list: (0..num_blocks as BlockId).collect(),
-            cache: PrefixCache::new(num_blocks, fnv1a_block_hash),
+            cache: PrefixCache::new(num_blocks, fnv1a_block_hash, EvictionPolicy::Lru),
             prefix_caching: true,
             stats: AllocatorStats::default(),
         })
@@ -93,6 +93,18 @@ impl BlockAllocator {
     pub fn with_prefix_caching(mut self, enabled: bool) -> Self {
         self.prefix_caching = enabled;
         self
+    }
+
+    /// Chooses the eviction policy of the prefix cache (LRU unless set). Call it on a fresh
+    /// allocator: it empties the cache.
+    pub fn with_eviction_policy(mut self, policy: EvictionPolicy) -> Self {
+        self.cache = self.cache.with_eviction_policy(policy);
+        self
+    }
+
+    /// The prefix cache's eviction policy.
+    pub fn eviction_policy(&self) -> EvictionPolicy {
+        self.cache.eviction_policy()
     }
 
     /// Replaces the block hash function; meant for tests that force collisions.
@@ -216,14 +228,14 @@ impl BlockAllocator {
         Ok(table.clone())
     }
 
-    /// Takes one block off the free list, or evicts the least recently released cached block.
+    /// Takes one block off the free list, or evicts the cached block the eviction policy picks.
     pub(crate) fn alloc_one(&mut self) -> Result<BlockId> {
         let block = match self.free_list.pop_front() {
             Some(b) => b,
             None => {
                 let b = self
                     .cache
-                    .evict_lru()
+                    .evict()
                     .ok_or(PagedError::OutOfBlocks { needed: 1, free: 0 })?;
                 self.stats.num_evictions += 1;
                 b
@@ -235,9 +247,7 @@ impl BlockAllocator {
 
     /// Takes a reference on a block that is held or evictable (a prefix hit or a deduplication).
     pub(crate) fn acquire(&mut self, block: BlockId) {
-        if self.ref_counts[block as usize] == 0 {
-            self.cache.remove_evictable(block);
-        }
+        self.cache.hit(block);
         self.ref_counts[block as usize] += 1;
     }
 

@@ -69,7 +69,9 @@ impl Scheduler {
     /// [`PagedError::InvalidConfig`] from [`SchedulerConfig::validate`] or from the pool sizes.
     pub fn new(config: SchedulerConfig) -> Result<Self> {
         config.validate()?;
-        let allocators = config.kv_cache.allocators(config.enable_prefix_caching)?;
+        let allocators = config
+            .kv_cache
+            .allocators(config.enable_prefix_caching, config.eviction_policy)?;
         Ok(Self {
             config,
             allocators,

@@ -1,0 +1,228 @@
+//! `kvlab evict`: the prefix-cache eviction policies side by side on a chat-like workload (shared
+//! system prompts, multi-turn sessions that send the whole conversation again), at several pool
+//! sizes: prefix hit rate, prefill tokens computed, evictions, time to first token. Every policy
+//! must give every request the same tokens (eviction changes what is recomputed, never what is
+//! generated); the command checks it.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::Args as ClapArgs;
+use kvlab_cli::args::{MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, eviction_parser, usize_in};
+use kvlab_cli::engines::{EngineKind, PoolOptions, build_paged};
+use kvlab_model::sampler::argmax;
+use kvlab_paged::{
+    DriveReport, EvictionPolicy, Request, Scheduler, SchedulerConfig, Sessions, StopConditions,
+    drive, session_turns,
+};
+use serde::Serialize;
+
+use crate::ModelArgs;
+
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Pool sizes in blocks (repeat the flag; default: the largest prompt's blocks × 2, 4 and 8).
+    #[arg(long = "num-blocks", value_parser = usize_in(1, MAX_NUM_BLOCKS))]
+    pools: Vec<usize>,
+    /// Policies to compare (repeat the flag; default: all of lru, lfu, clock, leaf-first).
+    #[arg(long = "eviction", value_parser = eviction_parser())]
+    policies: Vec<EvictionPolicy>,
+    /// Chat sessions.
+    #[arg(long, default_value_t = Sessions::default().num_sessions, value_parser = usize_in(1, 10_000))]
+    sessions: usize,
+    /// Turns per session.
+    #[arg(long, default_value_t = Sessions::default().turns_per_session, value_parser = usize_in(1, 64))]
+    turns: usize,
+    /// Distinct system prompts shared by the sessions.
+    #[arg(long, default_value_t = Sessions::default().num_system_prompts, value_parser = usize_in(1, 10_000))]
+    system_prompts: usize,
+    /// New tokens per turn (llama.cpp's -n).
+    #[arg(long = "n-predict", short = 'n', default_value_t = 8, value_parser = usize_in(1, 4096))]
+    max_tokens: usize,
+    /// Token slots per block.
+    #[arg(long, default_value_t = 16, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
+    block_size: usize,
+    #[arg(long, short, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One (pool, policy) run.
+#[derive(Serialize)]
+struct Row {
+    num_blocks: usize,
+    policy: &'static str,
+    /// Prompt tokens served by the prefix cache / prompt tokens looked up (admissions).
+    prefix_hit_rate: f64,
+    /// Prefill tokens computed (prompt tokens not served by the cache, recomputation included).
+    prefill_tokens: usize,
+    evictions: u64,
+    preemptions: u64,
+    /// Time to first token, from the arrival step to the step that sampled it, in ms of
+    /// engine time (mean and 90th percentile over requests).
+    ttft_ms_mean: f64,
+    ttft_ms_p90: f64,
+    /// Engine time of the whole run, in seconds.
+    engine_s: f64,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let loaded = crate::load(&a.model)?;
+    let model = Arc::new(loaded.model);
+    let vocab = u32::try_from(model.config.vocab_size).context("vocabulary too large")?;
+    let workload = Sessions {
+        num_system_prompts: a.system_prompts,
+        num_sessions: a.sessions,
+        turns_per_session: a.turns,
+        vocab_size: vocab,
+        ..Sessions::default()
+    };
+    let turns = session_turns(a.seed, workload)?;
+    let bos = model.config.bos_id;
+    let requests: Vec<Request> = turns
+        .iter()
+        .map(|t| Request {
+            prompt: std::iter::once(bos)
+                .chain(t.prompt.iter().copied())
+                .collect(),
+            // Stop tokens would end turns at different lengths under different pools; the
+            // comparison wants the same work everywhere, so only the length stops.
+            stop: StopConditions::max_tokens(a.max_tokens),
+            arrival_step: t.arrival_step,
+        })
+        .collect();
+    let longest = requests.iter().map(|r| r.prompt.len()).max().unwrap_or(1) + a.max_tokens;
+    if longest > model.config.max_seq_len {
+        bail!(
+            "the longest turn needs {longest} positions; {} holds {}: use fewer --turns or a model with a longer context",
+            loaded.name,
+            model.config.max_seq_len
+        );
+    }
+    let max_model_len = longest.next_multiple_of(a.block_size);
+    let seq_blocks = max_model_len / a.block_size;
+    let pools = if a.pools.is_empty() {
+        vec![2 * seq_blocks, 4 * seq_blocks, 8 * seq_blocks]
+    } else {
+        a.pools.clone()
+    };
+    let policies = if a.policies.is_empty() {
+        EvictionPolicy::ALL.to_vec()
+    } else {
+        a.policies.clone()
+    };
+    let mut rows = Vec::new();
+    let mut reference: Option<Vec<Vec<u32>>> = None;
+    for &num_blocks in &pools {
+        for &policy in &policies {
+            let pool = PoolOptions {
+                num_blocks,
+                block_size: a.block_size,
+            };
+            let mut engine = build_paged(EngineKind::CpuPaged, model.clone(), pool)?;
+            let config = SchedulerConfig {
+                eviction_policy: policy,
+                ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
+            };
+            let mut sched = Scheduler::new(config)?;
+            let report = drive(engine.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;
+            let outputs: Vec<Vec<u32>> = report.outputs.iter().map(|(t, _)| t.clone()).collect();
+            match &reference {
+                None => reference = Some(outputs),
+                Some(r) if *r != outputs => bail!(
+                    "{} blocks, {}: the generated tokens differ from the first run's; eviction must never change them",
+                    num_blocks,
+                    policy.name()
+                ),
+                Some(_) => {}
+            }
+            rows.push(row(num_blocks, policy, &requests, &report));
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{} on cpu-paged: {} turns ({} sessions x {}, {} system prompts of {} tokens), {} new tokens each, blocks of {} tokens (one sequence: {} blocks)",
+        loaded.name,
+        requests.len(),
+        a.sessions,
+        a.turns,
+        a.system_prompts,
+        workload.system_len,
+        a.max_tokens,
+        a.block_size,
+        seq_blocks
+    );
+    println!(
+        "{:>7} {:<11} {:>9} {:>15} {:>10} {:>12} {:>15} {:>14} {:>9}",
+        "blocks",
+        "eviction",
+        "hit rate",
+        "prefill tokens",
+        "evictions",
+        "preemptions",
+        "TTFT mean, ms",
+        "TTFT p90, ms",
+        "engine s"
+    );
+    for r in &rows {
+        println!(
+            "{:>7} {:<11} {:>8.1}% {:>15} {:>10} {:>12} {:>15.2} {:>14.2} {:>9.3}",
+            r.num_blocks,
+            r.policy,
+            100.0 * r.prefix_hit_rate,
+            r.prefill_tokens,
+            r.evictions,
+            r.preemptions,
+            r.ttft_ms_mean,
+            r.ttft_ms_p90,
+            r.engine_s
+        );
+    }
+    println!("every policy gave every turn the same tokens");
+    Ok(())
+}
+
+fn row(num_blocks: usize, policy: EvictionPolicy, requests: &[Request], r: &DriveReport) -> Row {
+    let m = &r.metrics;
+    let decode_tokens: usize = r.steps.iter().map(|s| s.num_seqs - s.num_prefills).sum();
+    let computed: usize = r.steps.iter().map(|s| s.num_batched_tokens).sum();
+    // Engine seconds of every executed step from a request's arrival to its first token.
+    let mut ttft_ms: Vec<f64> = requests
+        .iter()
+        .zip(&r.first_token_steps)
+        .filter_map(|(req, first)| {
+            let first = (*first)?;
+            let s: f64 = r
+                .steps
+                .iter()
+                .filter(|s| (req.arrival_step..=first).contains(&s.step))
+                .map(|s| s.seconds)
+                .sum();
+            Some(s * 1e3)
+        })
+        .collect();
+    ttft_ms.sort_by(f64::total_cmp);
+    let mean = ttft_ms.iter().sum::<f64>() / ttft_ms.len().max(1) as f64;
+    let p90 = ttft_ms
+        .get((ttft_ms.len() * 9 / 10).min(ttft_ms.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0);
+    Row {
+        num_blocks,
+        policy: policy.name(),
+        prefix_hit_rate: m.prefix_cache_hit_rate(),
+        prefill_tokens: computed - decode_tokens,
+        evictions: m.num_evictions,
+        preemptions: m.num_preemptions,
+        ttft_ms_mean: mean,
+        ttft_ms_p90: p90,
+        engine_s: r.engine_time.as_secs_f64(),
+    }
+}
