@@ -64,11 +64,13 @@ enum Command {
     /// Several prompts at once through the continuous-batching scheduler and a paged engine.
     Batch(batch::Args),
     /// Write a model (a synthetic one, typically) as a llama2.c checkpoint, so run.c or any
-    /// llama2.c port can run the same weights.
+    /// llama2.c port can run the same weights, or as a `llama` GGUF (with its tokenizer) for
+    /// llama.cpp.
     Export {
         #[command(flatten)]
         model: ModelArgs,
-        /// Output .bin path.
+        /// Output path: FILE.gguf writes a GGUF of architecture llama (f32), anything else a
+        /// llama2.c .bin.
         #[arg(long, short)]
         out: std::path::PathBuf,
     },
@@ -106,7 +108,19 @@ fn main() {
         Command::Info(args) => info::run(&args),
         Command::Mem(args) => mem::run(args),
         Command::Export { model, out } => load(&model).and_then(|l| {
-            kvlab_model::llama2c::write(&l.model, &out)?;
+            if out
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+            {
+                let tok = l.tokenizer.as_ref().ok_or_else(|| {
+                    anyhow::anyhow!("{} has no tokenizer, and a GGUF carries one", l.name)
+                })?;
+                let file = kvlab_model::gguf_write::llama_gguf(&l.model, tok)?.build();
+                std::fs::write(&out, file)
+                    .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+            } else {
+                kvlab_model::llama2c::write(&l.model, &out)?;
+            }
             eprintln!(
                 "wrote {} ({}) to {}",
                 l.name,

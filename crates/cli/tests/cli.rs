@@ -439,3 +439,19 @@ fn evict_compares_policies_on_the_same_sessions() {
         r.out
     );
 }
+
+/// `export --out FILE.gguf` writes a `llama` GGUF that generates what the model it came from
+/// generates.
+#[test]
+fn export_to_gguf_round_trips_through_generate() {
+    let out = std::env::temp_dir().join(format!("kvlab-cli-export-{}.gguf", std::process::id()));
+    let r = kvlab(&format!("export -m stories260K --out {}", out.display()));
+    assert!(r.ok, "{}", r.err);
+    let line = "generate --temp 0 -n 24 -p 'Once upon a time'";
+    let from_bin = kvlab(&format!("{line} -m stories260K"));
+    let from_gguf = kvlab(&format!("{line} -m {}", out.display()));
+    let _ = std::fs::remove_file(&out);
+    assert!(from_gguf.ok, "{}", from_gguf.err);
+    assert_eq!(from_gguf.out, from_bin.out);
+    assert!(from_bin.out.len() > "Once upon a time".len());
+}

@@ -17,6 +17,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf_llama;
 pub mod gguf_model;
+pub mod gguf_write;
 pub mod llama2c;
 pub mod ops;
 pub mod registry;

@@ -256,6 +256,26 @@ impl Tokenizer {
         self.offsets.len() - 1
     }
 
+    /// The merge score of a token (0 for an id outside the vocabulary).
+    pub fn score(&self, id: u32) -> f32 {
+        self.scores.get(id as usize).copied().unwrap_or(0.0)
+    }
+
+    /// llama.cpp's token type of `id` (gguf-py's `TokenType`): 6 BYTE for `<0xXX>` pieces,
+    /// 4 USER_DEFINED for the pieces matched verbatim, 3 CONTROL for the other special ones, 1
+    /// NORMAL otherwise. (A llama2.c tokenizer marks nothing special; its writer names them.)
+    pub fn gguf_token_type(&self, id: u32) -> i32 {
+        if parse_byte_piece(self.piece(id)).is_some() {
+            6
+        } else if self.verbatim.contains(&id) {
+            4
+        } else if self.special.contains(&id) {
+            3
+        } else {
+            1
+        }
+    }
+
     /// The raw piece of a token as stored (llama2.c's spaces as ' ', SentencePiece's as `▁`);
     /// empty for an id outside the vocabulary.
     pub fn piece(&self, id: u32) -> &[u8] {

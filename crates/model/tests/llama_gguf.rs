@@ -593,3 +593,22 @@ fn absurd_or_inconsistent_header_fields_are_errors_not_panics() {
     );
     refused(&p, &["blk.0.ffn_gate.weight", "[8, 12]"]);
 }
+
+/// The library's writer (what `kvlab export --out FILE.gguf` uses) writes what the loader reads
+/// back as the llama2.c model, bit for bit, and the tokenizer it wrote encodes as llama2.c's.
+#[test]
+fn the_library_writer_round_trips_stories260k() {
+    let (model, tok_path) = stories();
+    let tok = kvlab_model::Tokenizer::load_llama2c(&tok_path, model.config.vocab_size).unwrap();
+    let b = kvlab_model::gguf_write::llama_gguf(&model, &tok).unwrap();
+    let path = write("library.gguf", &b);
+    let (back, back_tok) = kvlab_model::load_gguf(&path).unwrap();
+    assert_same_model(&model, &back);
+    for p in fixture_prompts() {
+        assert_eq!(
+            back_tok.encode(&p, true, false),
+            tok.encode(&p, true, false),
+            "{p:?}"
+        );
+    }
+}
