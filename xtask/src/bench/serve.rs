@@ -985,7 +985,9 @@ pub fn print(r: &ServeReport) {
         ratios.join(" "),
         r.paired_ratio_median,
         r.goal_ratio,
-        if r.paired_ratio_median >= r.goal_ratio {
+        if r.mode == "quick" {
+            "not judged in quick mode: stories260K's run is a few ms"
+        } else if r.paired_ratio_median >= r.goal_ratio {
             "met"
         } else {
             "NOT met"
