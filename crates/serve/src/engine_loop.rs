@@ -13,11 +13,11 @@
 //! sequence's token of a step already in flight is ignored by `update`.
 //!
 //! After every step the thread also copies the scheduler's state out for the handlers: the
-//! Prometheus metrics ([`ServerMetrics`]) and, at most every [`VIEW_INTERVAL`] and whenever it
-//! goes idle, the [`PoolView`] that `/health` and the live page read.
+//! metrics (for `/metrics` and `/health`) and, whenever it goes idle and, while someone reads
+//! `/pool`, at most every [`VIEW_INTERVAL`], the [`PoolView`] the live page draws.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,9 +31,14 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{ServeError, ServerMetrics};
 
-/// How stale the published [`PoolView`] may get while the engine runs (it is refreshed after a
-/// step once this much time has passed, and always when the engine goes idle).
+/// How stale the published [`PoolView`] may get while the engine runs and someone reads it (it
+/// is refreshed after a step once this much time has passed, and always when the engine goes
+/// idle).
 pub const VIEW_INTERVAL: Duration = Duration::from_millis(20);
+/// While the engine runs, the view is refreshed only if `GET /pool` was read within this long:
+/// building it costs time proportional to the pool's blocks, which no one should pay for a page
+/// nobody has open.
+pub const VIEW_WANTED_FOR: Duration = Duration::from_secs(2);
 
 /// A paged engine as the engine thread runs it (boxed so the CPU and CUDA engines fit).
 pub type Executor = Box<dyn StepExecutor<Error = kvlab_model::Error>>;
@@ -71,8 +76,13 @@ pub struct SharedState {
     pending: AtomicUsize,
     /// The Prometheus registry the engine thread writes and `/metrics` renders.
     prometheus: ServerMetrics,
+    /// The scheduler's metrics after the last step (or when the thread went idle).
+    metrics: Mutex<Metrics>,
     /// The pool and its sequences as of the last publication (see [`VIEW_INTERVAL`]).
     view: Mutex<PoolView>,
+    /// When the view was last read, in ms since `started` (0: never).
+    view_read_ms: AtomicU64,
+    started: Instant,
 }
 
 impl SharedState {
@@ -91,21 +101,32 @@ impl SharedState {
         &self.prometheus
     }
 
-    /// The pool view as of the last publication: at most [`VIEW_INTERVAL`] old while the
-    /// engine runs, current when it is idle.
+    /// The pool view as of the last publication: current when the engine is idle; while it
+    /// runs, at most [`VIEW_INTERVAL`] old once it has been read within [`VIEW_WANTED_FOR`]
+    /// (the first read after a quiet spell may be older).
     pub fn view(&self) -> PoolView {
+        let ms = self.started.elapsed().as_millis().max(1);
+        self.view_read_ms
+            .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Release);
         self.view
             .lock()
             .map(|v| v.clone())
             .unwrap_or_else(|e| e.into_inner().clone())
     }
 
-    /// The scheduler's metrics of [`SharedState::view`].
+    /// Whether the view was read within [`VIEW_WANTED_FOR`].
+    fn view_wanted(&self) -> bool {
+        let read = self.view_read_ms.load(Ordering::Acquire);
+        read > 0
+            && self.started.elapsed().as_millis() < u128::from(read) + VIEW_WANTED_FOR.as_millis()
+    }
+
+    /// The scheduler's metrics as of the last step or idle moment.
     pub fn metrics(&self) -> Metrics {
-        self.view
+        self.metrics
             .lock()
-            .map(|v| v.metrics.clone())
-            .unwrap_or_else(|e| e.into_inner().metrics.clone())
+            .map(|m| m.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
     }
 }
 
@@ -194,6 +215,9 @@ where
         pending: AtomicUsize::new(0),
         prometheus: ServerMetrics::new(model_name)
             .map_err(|e| ServeError::Metrics(e.to_string()))?,
+        metrics: Mutex::new(Metrics::of_pools(&[])),
+        view_read_ms: AtomicU64::new(0),
+        started: Instant::now(),
         view: Mutex::new(PoolView {
             max_model_len: 0,
             eviction_policy: Default::default(),
@@ -236,6 +260,7 @@ where
         .recv()
         .map_err(|_| ServeError::Thread("the engine thread exited while starting".into()))??;
     let max_model_len = view.max_model_len;
+    *shared.metrics.lock().unwrap_or_else(|e| e.into_inner()) = view.metrics.clone();
     *shared.view.lock().unwrap_or_else(|e| e.into_inner()) = view;
     Ok(EngineHandle {
         requests,
@@ -414,11 +439,16 @@ impl EngineLoop {
         }
     }
 
-    /// Copies the scheduler's state out: the Prometheus metrics every time, the pool view when
-    /// `now` is set or [`VIEW_INTERVAL`] has passed since the last one.
-    fn publish(&mut self, now: bool) {
+    /// Copies the scheduler's state out: the metrics every time; the pool view when `idle`, or
+    /// when someone reads it and [`VIEW_INTERVAL`] has passed since the last one.
+    fn publish(&mut self, idle: bool) {
         self.shared.prometheus.observe_scheduler(&self.sched);
-        if now || self.last_view.elapsed() >= VIEW_INTERVAL {
+        *self
+            .shared
+            .metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = self.sched.metrics();
+        if idle || (self.shared.view_wanted() && self.last_view.elapsed() >= VIEW_INTERVAL) {
             let view = PoolView::of(&self.sched);
             *self.shared.view.lock().unwrap_or_else(|e| e.into_inner()) = view;
             self.last_view = Instant::now();
