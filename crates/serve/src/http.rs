@@ -19,7 +19,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use futures_util::stream::{self, Stream};
-use http_body_util::BodyExt;
 use kvlab_model::{Sampler, Tokenizer};
 use kvlab_paged::FinishReason;
 use serde::{Deserialize, Serialize};
@@ -133,12 +132,17 @@ async fn require_api_key(
 /// Reads the whole body before the handler runs, so that a client cannot hold a request
 /// open: 413 at once for a `Content-Length` over `limit` bytes, 413 once a chunked body passes
 /// it, 408 if the body has not arrived within [`BODY_READ_TIMEOUT`].
+///
+/// After a 413 the rest of the body is read and dropped for up to [`LINGER`] in the background
+/// (a "lingering close", as web servers do): a client still writing its body would otherwise
+/// meet a closed socket before it reads the answer.
 async fn read_body(
     State(limit): State<usize>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let too_large = || {
+    let too_large = |rest: axum::body::BodyDataStream| {
+        tokio::spawn(linger(rest, limit));
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
@@ -151,15 +155,27 @@ async fn read_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return too_large();
-    }
     let (parts, body) = request.into_parts();
-    let limited = http_body_util::Limited::new(body, limit);
-    let bytes = match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
-        Ok(Err(e)) => {
+    let mut stream = body.into_data_stream();
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large(stream);
+    }
+    let mut bytes = Vec::new();
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, async {
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| Some(e.to_string()))?;
+            if bytes.len() + chunk.len() > limit {
+                return Err(None::<String>);
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(())
+    })
+    .await;
+    match read {
+        Ok(Ok(())) => {}
+        Ok(Err(None)) => return too_large(stream),
+        Ok(Err(Some(e))) => {
             return ApiError::invalid(format!("reading the request body: {e}"), None)
                 .into_response();
         }
@@ -174,12 +190,30 @@ async fn read_body(
             )
             .into_response();
         }
-    };
+    }
     next.run(axum::extract::Request::from_parts(
         parts,
         axum::body::Body::from(bytes),
     ))
     .await
+}
+
+/// How long, at most, the rest of a refused body is read and dropped.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads and drops what is left of a refused body, for at most [`LINGER`] and 16 × `limit`
+/// bytes, then lets the connection close.
+async fn linger(mut rest: axum::body::BodyDataStream, limit: usize) {
+    let _ = tokio::time::timeout(LINGER, async {
+        let mut dropped = 0usize;
+        while let Some(Ok(chunk)) = rest.next().await {
+            dropped += chunk.len();
+            if dropped > limit.saturating_mul(16) {
+                return;
+            }
+        }
+    })
+    .await;
 }
 
 /// a == b, in a time that depends on the lengths only (not on where they first differ).

@@ -928,3 +928,26 @@ async fn an_oversized_content_length_is_refused_at_once() {
     assert_openai_error(r.status, &r.json(), 413);
     assert_pool_free(&server.url, 0).await;
 }
+
+/// A body four times the limit, sent whole by an ordinary client, still gets its 413 to read:
+/// the server answers at once and reads the rest away in the background instead of closing
+/// the socket under the client's write (which a client sees as a broken pipe, not an answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_sending_a_huge_body_reads_its_413() {
+    let Some((model, tok)) = stories260k() else {
+        return;
+    };
+    let server = start(&model, &tok, 64, Duration::ZERO).await;
+    for _ in 0..3 {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/completions", server.url))
+            .header("content-type", "application/json")
+            .body(vec![b' '; 4 * DEFAULT_BODY_LIMIT])
+            .send()
+            .await
+            .expect("the client could not read an answer");
+        let status = r.status().as_u16();
+        assert_openai_error(status, &r.json().await.unwrap(), 413);
+    }
+    assert_pool_free(&server.url, 0).await;
+}
