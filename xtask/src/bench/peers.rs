@@ -145,7 +145,7 @@ pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
 
 /// Builds the release `kvlab` binary and returns its path; `KVLAB_BIN` names another binary to
 /// measure instead (an older build, say).
-fn build_kvlab() -> Result<PathBuf> {
+pub(crate) fn build_kvlab() -> Result<PathBuf> {
     if let Some(bin) = std::env::var_os("KVLAB_BIN") {
         return Ok(PathBuf::from(bin));
     }

@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 
 use super::plot;
 use super::stats::Summary;
-use crate::verify::{target_dir, workspace_root};
+use crate::verify::workspace_root;
 
 /// The goal: the server's best throughput at least this fraction of `kvlab batch`'s.
 pub const GOAL_RATIO: f64 = 0.90;
@@ -220,7 +220,7 @@ impl Plan {
 pub fn run(o: &ServeOpts) -> Result<ServeReport> {
     let started = Instant::now();
     let plan = Plan::of(o);
-    let kvlab = kvlab_bin()?;
+    let kvlab = super::peers::build_kvlab()?;
     let texts = prompts(plan.requests, o.seed);
     let num_blocks = pool_blocks(&texts, plan.max_tokens);
     println!(
@@ -380,23 +380,6 @@ fn progress(len: u64) -> ProgressBar {
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     bar
-}
-
-/// The kvlab binary: `$KVLAB_BIN`, or the workspace's release build, brought up to date first
-/// (as `--peers` does).
-fn kvlab_bin() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("KVLAB_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "-p", "kvlab-cli"])
-        .current_dir(workspace_root())
-        .status()
-        .context("running cargo build --release -p kvlab-cli")?;
-    if !st.success() {
-        bail!("cargo build --release -p kvlab-cli failed");
-    }
-    Ok(target_dir().join("release").join("kvlab"))
 }
 
 // ---------------------------------------------------------------------------------------------
