@@ -132,6 +132,22 @@ pub fn check_field(name: &str, value: usize, max: usize) -> Result<usize> {
 }
 
 impl Config {
+    /// [`Config::llama`] with this config's sizes (dims, heads, vocabulary, context, classifier
+    /// sharing): equal to `self` exactly when `self` is a plain Llama with run.c's constants,
+    /// which the model writers check before writing a format that can only hold one.
+    pub fn plain_llama_of_same_shape(&self) -> Config {
+        Config::llama(
+            self.dim,
+            self.hidden_dim,
+            self.n_layers,
+            self.n_heads,
+            self.n_kv_heads,
+            self.vocab_size,
+            self.max_seq_len,
+            self.shared_classifier,
+        )
+    }
+
     /// A plain Llama config (SwiGLU, interleaved RoPE with base 10,000, eps 1e-5, global
     /// attention everywhere), as llama2.c's run.c computes it.
     #[allow(clippy::too_many_arguments)]

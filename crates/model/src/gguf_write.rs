@@ -7,7 +7,7 @@
 
 use kvlab_gguf::{GgufBuilder, MetadataArray, MetadataValue as V};
 
-use crate::{Config, Error, Model, Result, Tokenizer};
+use crate::{Error, Model, Result, Tokenizer};
 
 /// The GGUF of `model` with `tok` as its vocabulary.
 ///
@@ -21,16 +21,8 @@ use crate::{Config, Error, Model, Result, Tokenizer};
 /// vocabulary.
 pub fn llama_gguf(model: &Model, tok: &Tokenizer) -> Result<GgufBuilder> {
     let c = &model.config;
-    let mut plain = Config::llama(
-        c.dim,
-        c.hidden_dim,
-        c.n_layers,
-        c.n_heads,
-        c.n_kv_heads,
-        c.vocab_size,
-        c.max_seq_len,
-        c.shared_classifier,
-    );
+    // A GGUF also holds the norm epsilon, the RoPE bases and the BOS and stop ids.
+    let mut plain = c.plain_llama_of_same_shape();
     plain.norm_eps = c.norm_eps;
     plain.rope_theta = c.rope_theta;
     plain.rope_theta_local = c.rope_theta_local;

@@ -254,17 +254,7 @@ fn open_checked(path: &Path) -> Result<(Config, File)> {
 /// [`Error::Format`] for a model the format cannot express; [`Error::Io`] on write failure.
 pub fn write(model: &Model, path: &Path) -> Result<()> {
     let c = &model.config;
-    let llama = Config::llama(
-        c.dim,
-        c.hidden_dim,
-        c.n_layers,
-        c.n_heads,
-        c.n_kv_heads,
-        c.vocab_size,
-        c.max_seq_len,
-        c.shared_classifier,
-    );
-    if *c != llama {
+    if *c != c.plain_llama_of_same_shape() {
         return Err(Error::Format(
             "llama2.c's format only holds plain Llama models (Config::llama)".into(),
         ));
