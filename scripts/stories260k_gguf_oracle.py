@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -42,22 +41,9 @@ N_PROMPTS = 5  # prompts.txt's first five: <empty>, "A", "Once upon a time", two
 BOS, EOS = 1, 2
 
 
-def load_prompts(path: Path) -> list[str]:
-    out = []
-    for line in path.read_text(encoding="utf-8").split("\n"):
-        line = line.removesuffix("\r")
-        if line.startswith("#") or line == "":
-            continue
-        out.append("" if line == "<empty>" else line.replace("\\n", "\n").replace("\\t", "\t"))
-    return out
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+# The same prompt rules and file hash as the Gemma oracle beside this script.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemma_oracle import load_prompts, sha256  # noqa: E402
 
 
 def main() -> int:
