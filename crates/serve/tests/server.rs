@@ -6,28 +6,20 @@
 //! a shutdown lets the open requests finish; the live page's `/pool` shows who holds which block
 //! while requests run.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{cpu_greedy, stories260k};
 use futures_util::StreamExt;
-use kvlab_cpu::CpuEngine;
 use kvlab_cpu::paged::PagedCpuEngine;
-use kvlab_model::tokenizer::Utf8Stream;
-use kvlab_model::{GenerateOptions, Model, Sampler, Tokenizer, generate_tokens};
+use kvlab_model::{Model, Tokenizer};
 use kvlab_paged::{KvCacheConfig, ScheduledBatch, SchedulerConfig, StepExecutor};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor, router, spawn_engine};
 use serde_json::{Value, json};
 
 const PROMPT: &str = "Once upon a time, there was a little girl";
-
-fn stories260k() -> Option<(Arc<Model>, Arc<Tokenizer>)> {
-    let file = kvlab_model::registry::test_model_file;
-    let (Some(bin), Some(tok)) = (file("stories260K.bin"), file("tok512.bin")) else {
-        return None;
-    };
-    let (model, tok) = kvlab_model::registry::load_llama2c(&bin, Some(&tok)).unwrap();
-    Some((Arc::new(model), Arc::new(tok.unwrap())))
-}
 
 /// The paged engine, slowed to at least 2 ms a step: stories260K is so fast that a 300-token
 /// story could end before a disconnecting client is noticed.
@@ -87,31 +79,6 @@ async fn start_with(
     (format!("http://{addr}"), task)
 }
 
-/// The cpu engine's greedy continuation of `prompt`, as text.
-fn cpu_greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &str, max_tokens: usize) -> String {
-    let ids = tok.encode(prompt, true, false);
-    let mut engine = CpuEngine::new(model.clone());
-    // run.c's count: positions computed, prompt included; the last position's token is
-    // emitted without being computed, so `max_tokens` new tokens need one position fewer.
-    let opts = GenerateOptions {
-        steps: ids.len() + max_tokens - 1,
-        max_seq_len: 0,
-        trace: false,
-    };
-    let g = generate_tokens(&mut engine, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
-    assert_eq!(g.tokens.len(), max_tokens);
-    let mut utf8 = Utf8Stream::default();
-    let mut prev = *ids.last().unwrap();
-    let mut text = String::new();
-    for &t in &g.tokens {
-        if !model.config.stop_ids.contains(&t) {
-            text.push_str(&utf8.push(&tok.decode(prev, t)));
-        }
-        prev = t;
-    }
-    text + &utf8.finish()
-}
-
 async fn post(url: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new()
         .post(format!("{url}/v1/completions"))
@@ -122,27 +89,9 @@ async fn post(url: &str, body: Value) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
-/// Polls `/health` until no block is in use (the engine thread publishes after its step) and
-/// `aborted` sequences were aborted because their receiver closed (a client gone, a stop string).
+/// [`common::assert_pool_free`] for up to 4 s.
 async fn assert_pool_free(url: &str, aborted: u64) {
-    let mut h = Value::Null;
-    for _ in 0..200 {
-        h = reqwest::get(format!("{url}/health"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if h["num_blocks_used"] == 0
-            && h["num_requests_running"] == 0
-            && h["num_requests_aborted"] == aborted
-        {
-            assert_eq!(h["num_blocks_free"], h["num_blocks_total"]);
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the pool is not free, or not after {aborted} aborts, once every request ended: {h}");
+    common::assert_pool_free(url, aborted, 200).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,16 +8,17 @@
 //! The raw-socket clients use tokio's `try_read`/`try_write` (the workspace's tokio has no
 //! `io-util`), and send `Connection: close` so a response ends at EOF.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{cpu_greedy, stories260k};
 use futures_util::future::join_all;
-use kvlab_cpu::CpuEngine;
 use kvlab_cpu::paged::PagedCpuEngine;
-use kvlab_model::tokenizer::Utf8Stream;
-use kvlab_model::{GenerateOptions, Model, Sampler, Tokenizer, generate_tokens};
+use kvlab_model::{Model, Tokenizer};
 use kvlab_paged::{KvCacheConfig, ScheduledBatch, SchedulerConfig, StepExecutor};
 use kvlab_serve::{
     AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, Executor, HEADER_READ_TIMEOUT, router,
@@ -35,15 +36,6 @@ const PROMPTS: [&str; 6] = [
     "One day, a little bird named Tweet flew over the tall green trees to find her mom",
     "She",
 ];
-
-fn stories260k() -> Option<(Arc<Model>, Arc<Tokenizer>)> {
-    let file = kvlab_model::registry::test_model_file;
-    let (Some(bin), Some(tok)) = (file("stories260K.bin"), file("tok512.bin")) else {
-        return None;
-    };
-    let (model, tok) = kvlab_model::registry::load_llama2c(&bin, Some(&tok)).unwrap();
-    Some((Arc::new(model), Arc::new(tok.unwrap())))
-}
 
 /// The paged engine, slowed by `delay` a step, and held before its step while `hold` is set
 /// (so a test can fill the waiting queue deterministically).
@@ -119,27 +111,6 @@ async fn start(
     }
 }
 
-/// The cpu engine's greedy continuation of `prompt`, as text (an independent reference).
-fn cpu_greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &str, max_tokens: usize) -> String {
-    let ids = tok.encode(prompt, true, false);
-    let opts = GenerateOptions {
-        steps: ids.len() + max_tokens - 1,
-        max_seq_len: 0,
-        trace: false,
-    };
-    let mut engine = CpuEngine::new(model.clone());
-    let g = generate_tokens(&mut engine, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
-    let (mut utf8, mut prev, mut text) =
-        (Utf8Stream::default(), *ids.last().unwrap(), String::new());
-    for &t in &g.tokens {
-        if !model.config.stop_ids.contains(&t) {
-            text.push_str(&utf8.push(&tok.decode(prev, t)));
-        }
-        prev = t;
-    }
-    text + &utf8.finish()
-}
-
 /// A greedy completion request.
 fn greedy(prompt: &str, max_tokens: usize, stream: bool) -> Value {
     json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream})
@@ -182,28 +153,9 @@ fn assert_openai_error(status: u16, v: &Value, want: u16) {
     assert!(e.get("code").is_some(), "{v}");
 }
 
-/// Polls `/health` until no block is in use and no request is running or pending, with
-/// `aborted` sequences aborted so far; returns the last health answer.
+/// [`common::assert_pool_free`] for up to 10 s.
 async fn assert_pool_free(url: &str, aborted: u64) -> Value {
-    let mut h = Value::Null;
-    for _ in 0..500 {
-        h = reqwest::get(format!("{url}/health"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if h["num_blocks_used"] == 0
-            && h["num_requests_running"] == 0
-            && h["num_requests_pending"] == 0
-            && h["num_requests_aborted"] == aborted
-        {
-            assert_eq!(h["num_blocks_free"], h["num_blocks_total"], "{h}");
-            return h;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("after 10 s the pool is not free, or not after {aborted} aborts: {h}");
+    common::assert_pool_free(url, aborted, 500).await
 }
 
 // ---- raw HTTP/1.1 over a socket ----

@@ -1,0 +1,73 @@
+//! What the server tests share: stories260K (shipped with kvlab, so found on a fresh clone; a
+//! missing file is a loud skip, or a failure under `KVLAB_REQUIRE_MODELS=1`), the cpu engine's
+//! greedy text as the reference, and the check that the pool is free once requests end.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvlab_cpu::CpuEngine;
+use kvlab_model::tokenizer::Utf8Stream;
+use kvlab_model::{GenerateOptions, Model, Sampler, Tokenizer, generate_tokens};
+use serde_json::Value;
+
+/// The shipped stories260K checkpoint and its tokenizer, or `None` after the loud skip.
+pub fn stories260k() -> Option<(Arc<Model>, Arc<Tokenizer>)> {
+    let file = kvlab_model::registry::test_model_file;
+    let (Some(bin), Some(tok)) = (file("stories260K.bin"), file("tok512.bin")) else {
+        return None;
+    };
+    let (model, tok) = kvlab_model::registry::load_llama2c(&bin, Some(&tok)).unwrap();
+    Some((Arc::new(model), Arc::new(tok.unwrap())))
+}
+
+/// The cpu engine's greedy continuation of `prompt` (exactly `max_tokens` tokens), as text: an
+/// independent reference for what the server streams.
+pub fn cpu_greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &str, max_tokens: usize) -> String {
+    let ids = tok.encode(prompt, true, false);
+    let mut engine = CpuEngine::new(model.clone());
+    // run.c's count: positions computed, prompt included; the last position's token is
+    // emitted without being computed, so `max_tokens` new tokens need one position fewer.
+    let opts = GenerateOptions {
+        steps: ids.len() + max_tokens - 1,
+        max_seq_len: 0,
+        trace: false,
+    };
+    let g = generate_tokens(&mut engine, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
+    assert_eq!(g.tokens.len(), max_tokens);
+    let mut utf8 = Utf8Stream::default();
+    let mut prev = *ids.last().unwrap();
+    let mut text = String::new();
+    for &t in &g.tokens {
+        if !model.config.stop_ids.contains(&t) {
+            text.push_str(&utf8.push(&tok.decode(prev, t)));
+        }
+        prev = t;
+    }
+    text + &utf8.finish()
+}
+
+/// Polls `/health` every 20 ms, at most `polls` times, until no block is in use, no request is
+/// running or pending, and `aborted` sequences were aborted because their receiver closed (a
+/// client gone, a stop string); returns the last health answer.
+pub async fn assert_pool_free(url: &str, aborted: u64, polls: usize) -> Value {
+    let mut h = Value::Null;
+    for _ in 0..polls {
+        h = reqwest::get(format!("{url}/health"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if h["num_blocks_used"] == 0
+            && h["num_requests_running"] == 0
+            && h["num_requests_pending"] == 0
+            && h["num_requests_aborted"] == aborted
+        {
+            assert_eq!(h["num_blocks_free"], h["num_blocks_total"], "{h}");
+            return h;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("after {polls} polls the pool is not free, or not after {aborted} aborts: {h}");
+}
