@@ -31,7 +31,10 @@ use std::path::Path;
 use kvlab_gguf::GgufFile;
 
 use crate::weights::{LayerWeights, Tensor};
-use crate::{Activation, Config, Error, LayerKind, Model, Result, RopeLayout, Tokenizer, Weights};
+use crate::{
+    Activation, Config, Error, LayerKind, Model, Result, RopeLayout, SpmTokenizer, Tokenizer,
+    Weights,
+};
 
 fn gguf_err(path: &Path) -> impl Fn(kvlab_gguf::GgufError) -> Error + '_ {
     move |e| Error::Format(format!("{}: {e}", path.display()))
@@ -303,8 +306,11 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
             .map(|(i, _)| i as u32)
     };
     let pieces = tokens.iter().map(str::as_bytes);
-    Ok(Tokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
-        .with_escaped_spaces()
-        .with_verbatim(of_types(&[USER_DEFINED]))
-        .with_control(of_types(&[UNKNOWN, CONTROL])))
+    Ok(
+        SpmTokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
+            .with_escaped_spaces()
+            .with_verbatim(of_types(&[USER_DEFINED]))
+            .with_control(of_types(&[UNKNOWN, CONTROL]))
+            .into(),
+    )
 }

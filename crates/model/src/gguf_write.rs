@@ -18,7 +18,7 @@ use crate::{Error, Model, Result, Tokenizer};
 /// # Errors
 /// [`Error::Format`] for a model that is not a plain Llama (QK-norm, post-norms, GeGLU, sliding
 /// windows, NEOX RoPE, scaled embeddings) or a tokenizer whose size differs from the model's
-/// vocabulary.
+/// vocabulary, or a `tokenizer.json` vocabulary.
 pub fn llama_gguf(model: &Model, tok: &Tokenizer) -> Result<GgufBuilder> {
     let c = &model.config;
     // A GGUF also holds the norm epsilon, the RoPE bases and the BOS and stop ids.
@@ -40,6 +40,11 @@ pub fn llama_gguf(model: &Model, tok: &Tokenizer) -> Result<GgufBuilder> {
             c.vocab_size
         )));
     }
+    let tok = tok.as_spm().ok_or_else(|| {
+        Error::Format(
+            "only SentencePiece-style vocabularies (llama2.c, GGUF) can be written as a llama GGUF; this is a tokenizer.json".into(),
+        )
+    })?;
     let llama2c = !tok.escape_spaces;
     let (mut pieces, mut types) = (Vec::new(), Vec::new());
     for id in 0..c.vocab_size as u32 {

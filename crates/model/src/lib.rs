@@ -18,6 +18,7 @@ pub mod generate;
 pub mod gguf_llama;
 pub mod gguf_model;
 pub mod gguf_write;
+pub mod hf;
 pub mod llama2c;
 pub mod ops;
 pub mod registry;
@@ -35,7 +36,7 @@ pub use generate::{GenerateOptions, Generation, generate_text, generate_tokens, 
 pub use kvlab_gguf::GgmlType;
 pub use sampler::Sampler;
 pub use synthetic::SyntheticSpec;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{HfTokenizer, SpmTokenizer, Tokenizer};
 pub use weights::{LayerWeights, Model, Tensor, WeightFormat, Weights};
 
 pub use gguf_model::load_gguf;

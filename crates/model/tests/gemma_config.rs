@@ -49,7 +49,8 @@ fn gemma3_gguf_becomes_the_expected_config() {
     );
     assert_eq!(c.kv_bytes_full(8192, 4), 2 * 18 * 256 * 4 * 8192);
     // The tokenizer: no dummy prefix, spaces as ▁.
-    assert!(!tok.add_dummy_prefix && tok.escape_spaces);
+    let spm = tok.as_spm().expect("a GGUF vocabulary");
+    assert!(!spm.add_dummy_prefix && spm.escape_spaces);
     assert_eq!(
         tok.decode_all(&tok.encode("Hello  world\n", true, false)),
         "Hello  world\n"

@@ -20,7 +20,7 @@ use crate::{Error, Result};
 /// so a vocabulary costs its text plus about 17 bytes per token (Gemma 3's 262,144 tokens:
 /// ~7 MB), with no allocation per token.
 #[derive(Clone, Debug)]
-pub struct Tokenizer {
+pub struct SpmTokenizer {
     /// Token pieces as stored, back to back: llama2.c's with ' ' for spaces, SentencePiece's
     /// with `▁` (U+2581). Piece i is `arena[offsets[i]..offsets[i + 1]]`.
     arena: Vec<u8>,
@@ -41,11 +41,11 @@ pub struct Tokenizer {
     /// of the text in O(1) per byte. (256,)
     verbatim_first: [bool; 256],
     /// The verbatim ids plus the CONTROL and UNKNOWN ones (`<bos>`, `<start_of_turn>`), in the
-    /// same order: what [`Tokenizer::encode_special`] matches (llama.cpp's `parse_special`).
+    /// same order: what [`SpmTokenizer::encode_special`] matches (llama.cpp's `parse_special`).
     special: Vec<u32>,
     /// `verbatim_first` for `special`. (256,)
     special_first: [bool; 256],
-    /// Bytes of the longest piece, for [`Tokenizer::min_tokens`].
+    /// Bytes of the longest piece, for [`SpmTokenizer::min_tokens`].
     max_piece_len: usize,
     pub bos_id: u32,
     pub eos_id: u32,
@@ -59,7 +59,7 @@ pub struct Tokenizer {
 /// SentencePiece's space marker, U+2581, in UTF-8.
 const SPACE_MARKER: &str = "\u{2581}";
 
-impl Tokenizer {
+impl SpmTokenizer {
     /// Builds a tokenizer from pieces (token id order, bytes) and their scores (one each). The
     /// pieces are copied into the tokenizer's own buffer, so they may borrow from anything (a
     /// file's memory map, a metadata array).
@@ -73,7 +73,7 @@ impl Tokenizer {
         bos_id: u32,
         eos_id: u32,
         add_dummy_prefix: bool,
-    ) -> Result<Tokenizer> {
+    ) -> Result<SpmTokenizer> {
         // At most one offset per score is kept, so a long iterator is not collected.
         let mut offsets = Vec::with_capacity(scores.len() + 1);
         offsets.push(0u32);
@@ -102,7 +102,7 @@ impl Tokenizer {
             ));
         }
         arena.shrink_to_fit();
-        let mut tok = Tokenizer {
+        let mut tok = SpmTokenizer {
             arena,
             offsets,
             scores,
@@ -147,13 +147,13 @@ impl Tokenizer {
     }
 
     /// Declares that the vocabulary writes spaces as `▁` (SentencePiece/GGUF vocabularies).
-    pub fn with_escaped_spaces(mut self) -> Tokenizer {
+    pub fn with_escaped_spaces(mut self) -> SpmTokenizer {
         self.escape_spaces = true;
         self
     }
 
     /// Marks tokens to be matched verbatim in the text before BPE (llama.cpp's USER_DEFINED).
-    pub fn with_verbatim(mut self, ids: impl IntoIterator<Item = u32>) -> Tokenizer {
+    pub fn with_verbatim(mut self, ids: impl IntoIterator<Item = u32>) -> SpmTokenizer {
         let control: Vec<u32> = self
             .special
             .iter()
@@ -166,10 +166,10 @@ impl Tokenizer {
         self
     }
 
-    /// Marks tokens that [`Tokenizer::encode_special`] also matches in the text (llama.cpp's
+    /// Marks tokens that [`SpmTokenizer::encode_special`] also matches in the text (llama.cpp's
     /// CONTROL and UNKNOWN token types: `<bos>`, `<start_of_turn>`, `<unk>`); plain
-    /// [`Tokenizer::encode`] keeps their text as text.
-    pub fn with_control(mut self, ids: impl IntoIterator<Item = u32>) -> Tokenizer {
+    /// [`SpmTokenizer::encode`] keeps their text as text.
+    pub fn with_control(mut self, ids: impl IntoIterator<Item = u32>) -> SpmTokenizer {
         let all: Vec<u32> = self.special.iter().copied().chain(ids).collect();
         (self.special, self.special_first) = self.match_list(all);
         self
@@ -200,9 +200,9 @@ impl Tokenizer {
     /// BOS is 1 and EOS 2, as in llama2.c.
     ///
     /// # Errors
-    /// [`Error::Open`], or [`Error::Tokenizer`] if the file is truncated, a length is negative or
+    /// [`Error::Open`], or [`Error::SpmTokenizer`] if the file is truncated, a length is negative or
     /// larger than max_token_length, or bytes are left over.
-    pub fn load_llama2c(path: &Path, vocab_size: usize) -> Result<Tokenizer> {
+    pub fn load_llama2c(path: &Path, vocab_size: usize) -> Result<SpmTokenizer> {
         let bytes = std::fs::read(path).map_err(|source| Error::Open {
             path: path.into(),
             source,
@@ -248,7 +248,7 @@ impl Tokenizer {
                 bytes.len() - cur.at
             )));
         }
-        Tokenizer::new(pieces, scores, 1, 2, true)
+        SpmTokenizer::new(pieces, scores, 1, 2, true)
     }
 
     /// Number of tokens.
@@ -288,12 +288,12 @@ impl Tokenizer {
 
     /// Encodes text, optionally with BOS first and EOS last (run.c's `encode`). Control tokens
     /// written in the text (`<bos>`, `<start_of_turn>`) stay text; see
-    /// [`Tokenizer::encode_special`].
+    /// [`SpmTokenizer::encode_special`].
     pub fn encode(&self, text: &str, bos: bool, eos: bool) -> Vec<u32> {
         self.encode_matching(text, bos, eos, &self.verbatim, &self.verbatim_first)
     }
 
-    /// [`Tokenizer::encode`], but control tokens written in the text become those tokens
+    /// [`SpmTokenizer::encode`], but control tokens written in the text become those tokens
     /// (llama.cpp's `llama_tokenize(..., parse_special = true)`, what llama-cli and llama-server
     /// do with a prompt): `"<start_of_turn>user"` is `[105, 2364]` for Gemma 3, not the
     /// characters of `<start_of_turn>`.
@@ -493,20 +493,6 @@ impl Tokenizer {
         }
         piece.to_vec()
     }
-
-    /// Decodes a whole token sequence (the first token is taken to follow BOS) into text;
-    /// invalid UTF-8 becomes U+FFFD.
-    pub fn decode_all(&self, tokens: &[u32]) -> String {
-        let mut bytes = Vec::new();
-        let mut prev = self.bos_id;
-        for &t in tokens {
-            if t != self.bos_id {
-                bytes.extend(self.decode(prev, t));
-            }
-            prev = t;
-        }
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
 }
 
 /// One symbol of BPE's working list: a token and its neighbours.
@@ -586,58 +572,6 @@ fn parse_byte_piece(p: &[u8]) -> Option<u8> {
     }
 }
 
-/// Turns decoded bytes into printable text as they stream in: a UTF-8 character split over
-/// several byte tokens is held back until it is complete; bytes that can never form valid UTF-8
-/// become U+FFFD. Like run.c's `safe_printf`, a lone control byte other than whitespace is dropped.
-#[derive(Default, Debug)]
-pub struct Utf8Stream {
-    pending: Vec<u8>,
-}
-
-impl Utf8Stream {
-    /// Feeds a piece, returns the text that is now complete.
-    pub fn push(&mut self, piece: &[u8]) -> String {
-        if piece.len() == 1 && piece[0].is_ascii_control() && !piece[0].is_ascii_whitespace() {
-            return String::new();
-        }
-        self.pending.extend_from_slice(piece);
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.pending.clear();
-                    return out;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    out.push_str(
-                        std::str::from_utf8(&self.pending[..valid]).expect("valid prefix"),
-                    );
-                    match e.error_len() {
-                        // Incomplete character at the end: wait for more bytes.
-                        None => {
-                            self.pending.drain(..valid);
-                            return out;
-                        }
-                        Some(n) => {
-                            out.push('\u{FFFD}');
-                            self.pending.drain(..valid + n);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Flushes what is left at the end of generation (an incomplete character becomes U+FFFD).
-    pub fn finish(&mut self) -> String {
-        let s = String::from_utf8_lossy(&self.pending).into_owned();
-        self.pending.clear();
-        s
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -645,7 +579,7 @@ mod tests {
 
     /// run.c's merge loop, kept as the reference the priority-queue version must equal: rescan
     /// every adjacent pair, merge the highest-scoring (ties to the leftmost), repeat.
-    fn bpe_rescan(t: &Tokenizer, text: &[u8]) -> Vec<u32> {
+    fn bpe_rescan(t: &SpmTokenizer, text: &[u8]) -> Vec<u32> {
         let mut tokens = t.code_points(text);
         loop {
             let mut best: Option<(f32, usize, u32)> = None;
@@ -665,13 +599,13 @@ mod tests {
         tokens
     }
 
-    fn tok512() -> Tokenizer {
+    fn tok512() -> SpmTokenizer {
         let p = crate::registry::test_model_file("tok512.bin").expect("tok512.bin is shipped");
-        Tokenizer::load_llama2c(&p, 512).unwrap()
+        SpmTokenizer::load_llama2c(&p, 512).unwrap()
     }
 
     /// A vocabulary with equal scores everywhere, so every choice is decided by the tie rule.
-    fn ties() -> Tokenizer {
+    fn ties() -> SpmTokenizer {
         let mut pieces: Vec<Vec<u8>> = vec![b"<unk>".to_vec(), b"<s>".to_vec(), b"</s>".to_vec()];
         pieces.extend((0..=255u8).map(|b| format!("<0x{b:02X}>").into_bytes()));
         for p in [
@@ -680,11 +614,11 @@ mod tests {
             pieces.push(p.as_bytes().to_vec());
         }
         let scores = vec![0.0; pieces.len()];
-        Tokenizer::new(pieces, scores, 1, 2, false).unwrap()
+        SpmTokenizer::new(pieces, scores, 1, 2, false).unwrap()
     }
 
     /// The heap's tokens and the rescan's for `text`.
-    fn heap_and_rescan(t: &Tokenizer, text: &str) -> (Vec<u32>, Vec<u32>) {
+    fn heap_and_rescan(t: &SpmTokenizer, text: &str) -> (Vec<u32>, Vec<u32>) {
         let mut out = Vec::new();
         t.bpe(text.as_bytes(), &mut out);
         (out, bpe_rescan(t, text.as_bytes()))
@@ -713,13 +647,13 @@ mod tests {
     }
 
     /// `ties()` plus a control token `<ctl>` and a user-defined `<ud>`, with the dummy prefix.
-    fn with_specials() -> Tokenizer {
+    fn with_specials() -> SpmTokenizer {
         let t = ties();
         let n = t.vocab_size() as u32;
         let mut pieces: Vec<Vec<u8>> = (0..n).map(|id| t.piece(id).to_vec()).collect();
         pieces.extend([b"<ctl>".to_vec(), b"<ud>".to_vec(), b" ".to_vec()]);
         let scores = vec![0.0; pieces.len()];
-        Tokenizer::new(pieces, scores, 1, 2, true)
+        SpmTokenizer::new(pieces, scores, 1, 2, true)
             .unwrap()
             .with_control([n])
             .with_verbatim([n + 1])
