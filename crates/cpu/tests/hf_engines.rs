@@ -1,0 +1,143 @@
+//! The tiny Hugging Face checkpoints of `fixtures/models/tiny-*` (llama, mistral, qwen3,
+//! gemma3_text, written by transformers' `save_pretrained`) on every CPU engine: the naive, cpu
+//! and cpu-paged engines generate transformers' greedy ids (`fixtures/hf/<name>.json`, from
+//! scripts/hf_oracle.py) for every prompt, and their first steps' logits are within the f32
+//! tolerance of transformers'. No kvlab code wrote the oracle.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kvlab_cpu::paged::PagedCpuEngine;
+use kvlab_model::sampler::argmax;
+use kvlab_model::{
+    GenerateOptions, Model, Sampler, Tolerance, compare_logits, generate_tokens, teacher_force,
+};
+use kvlab_paged::{KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, drive};
+use serde_json::Value;
+
+const MODELS: [&str; 4] = ["tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma3"];
+
+fn fixtures() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures"))
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as u32)
+        .collect()
+}
+
+struct Case {
+    prompt: Vec<u32>,
+    oracle: Vec<u32>,
+    n_gen: usize,
+    step_logits: Option<Vec<Vec<f32>>>,
+}
+
+fn load(name: &str) -> (Arc<Model>, Vec<Case>) {
+    let (model, _, _) =
+        kvlab_model::hf::load_hf_dir(&fixtures().join("models").join(name)).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("hf").join(format!("{name}.json"))).unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    let cases = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            prompt: ids(&c["prompt_ids"]),
+            oracle: ids(&c["generated_ids"]),
+            n_gen: c["n_gen"].as_u64().unwrap() as usize,
+            step_logits: c["step_logits"].as_array().map(|steps| {
+                steps
+                    .iter()
+                    .map(|s| {
+                        s.as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|x| x.as_f64().unwrap() as f32)
+                            .collect()
+                    })
+                    .collect()
+            }),
+        })
+        .collect();
+    (Arc::new(model), cases)
+}
+
+#[test]
+fn every_cpu_engine_generates_transformers_greedy_ids() {
+    for name in MODELS {
+        let (model, cases) = load(name);
+        let stop = model.config.stop_ids.clone();
+        for (engine_name, mut engine) in ["naive", "cpu"]
+            .into_iter()
+            .zip(common::naive_and_cpu(&model))
+        {
+            for (i, c) in cases.iter().enumerate() {
+                let opts = GenerateOptions {
+                    steps: c.prompt.len() + c.n_gen - 1,
+                    max_seq_len: 0,
+                    trace: false,
+                };
+                let g = generate_tokens(
+                    engine.as_mut(),
+                    &c.prompt,
+                    &opts,
+                    &mut Sampler::greedy(),
+                    |_| {},
+                )
+                .unwrap();
+                // generate_tokens leaves a final stop id out; transformers' record keeps it.
+                let mut got = g.tokens;
+                if g.stopped {
+                    got.push(*c.oracle.last().unwrap());
+                    assert!(stop.contains(got.last().unwrap()));
+                }
+                assert_eq!(got, c.oracle, "{name} on {engine_name}, prompt {i}");
+            }
+        }
+        // cpu-paged: all prompts in one continuous batch, small blocks so tables span many.
+        let kv = KvCacheConfig::new(model.config.kv_cache_groups(), 256, 8);
+        let mut paged = PagedCpuEngine::new(model.clone(), kv).unwrap();
+        let mut sched =
+            Scheduler::new(SchedulerConfig::new(paged.kv_cache().clone(), 256)).unwrap();
+        let requests: Vec<Request> = cases
+            .iter()
+            .map(|c| Request {
+                prompt: c.prompt.clone(),
+                stop: StopConditions {
+                    stop_token_ids: stop.clone(),
+                    ..StopConditions::max_tokens(c.n_gen)
+                },
+                arrival_step: 0,
+            })
+            .collect();
+        let report = drive(&mut paged, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
+        for (i, ((got, _), c)) in report.outputs.iter().zip(&cases).enumerate() {
+            assert_eq!(got, &c.oracle, "{name} on cpu-paged, prompt {i}");
+        }
+    }
+}
+
+#[test]
+fn first_steps_logits_are_within_the_f32_tolerance_of_transformers() {
+    for name in MODELS {
+        let (model, cases) = load(name);
+        let mut compared = 0;
+        for mut engine in common::naive_and_cpu(&model) {
+            for c in &cases {
+                let Some(want) = &c.step_logits else { continue };
+                let forced = &c.oracle[..want.len()];
+                let got = teacher_force(engine.as_mut(), &c.prompt, forced, 256).unwrap();
+                let cmp = compare_logits(&got, want, Tolerance::F32);
+                assert!(cmp.within_tolerance, "{name}: {cmp:?}");
+                compared += 1;
+            }
+        }
+        assert!(compared >= 4, "{name}: {compared} cases with logits");
+    }
+}

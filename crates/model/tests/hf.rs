@@ -1,0 +1,272 @@
+//! Hugging Face folders: the tiny checkpoints of `fixtures/models/tiny-*` (written by
+//! transformers' `save_pretrained`, scripts/hf_oracle.py) load as configuration of the one
+//! model, and their `tokenizer.json` gives transformers' ids and text on every fixture text
+//! (records in `fixtures/hf/<name>.json`). The engines' greedy ids are checked against
+//! transformers' in kvlab-cpu's `hf_engines` test and in `cargo xtask verify`.
+
+use std::path::{Path, PathBuf};
+
+use kvlab_model::hf::{self, HfArch};
+use kvlab_model::{Activation, LayerKind, RopeLayout, Tokenizer};
+use serde_json::Value;
+
+const MODELS: [&str; 4] = ["tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma3"];
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn folder(name: &str) -> PathBuf {
+    fixtures().join("models").join(name)
+}
+
+fn record(name: &str) -> Value {
+    let p = fixtures().join("hf").join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn configs_are_read_as_each_architecture_says() {
+    let (c, arch) = hf::read_hf_config(&folder("tiny-llama")).unwrap();
+    assert_eq!(arch, HfArch::Llama);
+    assert_eq!(
+        (c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim),
+        (64, 3, 8, 2, 8)
+    );
+    assert_eq!(c.rope_layout, RopeLayout::Neox);
+    assert!(!c.shared_classifier && !c.qk_norm && !c.post_norms);
+    assert_eq!(c.norm_eps, 1e-5);
+    assert!(c.layer_kinds.iter().all(|k| *k == LayerKind::Global));
+
+    let (c, arch) = hf::read_hf_config(&folder("tiny-mistral")).unwrap();
+    assert_eq!(arch, HfArch::Mistral);
+    assert!(
+        c.layer_kinds
+            .iter()
+            .all(|k| *k == LayerKind::Local { window: 24 })
+    );
+    assert_eq!(c.n_kv_heads, 1, "MQA");
+
+    let (c, arch) = hf::read_hf_config(&folder("tiny-qwen3")).unwrap();
+    assert_eq!(arch, HfArch::Qwen3);
+    assert_eq!(
+        c.head_dim, 32,
+        "head_dim from the config, not hidden / heads"
+    );
+    assert!(c.qk_norm && c.shared_classifier && !c.post_norms);
+    assert_eq!(c.rope_theta, 1e6);
+
+    let (c, arch) = hf::read_hf_config(&folder("tiny-gemma3")).unwrap();
+    assert_eq!(arch, HfArch::Gemma3);
+    assert!(c.qk_norm && c.post_norms && c.shared_classifier);
+    assert_eq!(c.activation, Activation::GeluTanh);
+    assert_eq!(c.embed_scale, 8.0);
+    assert_eq!(c.attn_scale, 0.25, "query_pre_attn_scalar 16");
+    assert_eq!(
+        c.layer_kinds,
+        [
+            vec![LayerKind::Local { window: 16 }; 3],
+            vec![LayerKind::Global]
+        ]
+        .concat()
+    );
+    assert_eq!((c.rope_theta, c.rope_theta_local), (1e6, 1e4));
+}
+
+#[test]
+fn every_folder_loads_with_its_stop_ids() {
+    for name in MODELS {
+        let (m, tok, files) = hf::load_hf_dir(&folder(name)).unwrap();
+        let r = record(name);
+        assert_eq!(
+            m.config.stop_ids,
+            vec![r["eos_id"].as_u64().unwrap() as u32],
+            "{name}"
+        );
+        assert_eq!(
+            tok.bos_id(),
+            r["bos_id"].as_u64().map(|b| b as u32),
+            "{name}"
+        );
+        assert_eq!(
+            files.len(),
+            3,
+            "{name}: config, tokenizer, one safetensors file"
+        );
+    }
+}
+
+#[test]
+fn tokenizer_json_gives_transformers_ids_and_text() {
+    for name in MODELS {
+        let (_, tok, _) = hf::load_hf_dir(&folder(name)).unwrap();
+        let r = record(name);
+        let mut compared = 0;
+        for t in r["tokens"].as_array().unwrap() {
+            let text = t["text"].as_str().unwrap();
+            assert_eq!(
+                tok.encode_special(text, true, false),
+                ids(&t["ids"]),
+                "{name}: {text:?}"
+            );
+            let plain = ids(&t["ids_no_special"]);
+            assert_eq!(tok.encode(text, false, false), plain, "{name}: {text:?}");
+            // transformers prints a BOS written in the text; kvlab's decode_all leaves BOS out.
+            if tok.bos_id().is_none_or(|b| !plain.contains(&b)) {
+                assert_eq!(
+                    tok.decode_all(&plain),
+                    t["decoded"].as_str().unwrap(),
+                    "{name}"
+                );
+                compared += 1;
+            }
+            assert!(
+                tok.min_tokens(text) <= plain.len(),
+                "{name}: min_tokens is a lower bound"
+            );
+        }
+        assert!(compared >= 10, "{name}: {compared} texts decoded");
+        for c in r["cases"].as_array().unwrap() {
+            let text = c["prompt"].as_str().unwrap();
+            let want = ids(&c["prompt_ids"]);
+            if !text.is_empty() {
+                // The script cuts prompts longer than the context allows (the last one).
+                let got = tok.encode_special(text, true, false);
+                assert_eq!(&got[..want.len().min(got.len())], want, "{name}: {text:?}");
+            }
+            let generated = ids(&c["generated_ids"]);
+            if tok.bos_id().is_none_or(|b| !generated.contains(&b)) {
+                assert_eq!(
+                    tok.decode_all(&generated),
+                    c["generated_text"].as_str().unwrap(),
+                    "{name}: decoding {generated:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn streamed_bytes_make_the_same_text() {
+    // A character split over byte tokens streams whole (the byte-level llama and the
+    // byte-fallback mistral both split 😀 into four tokens).
+    for name in ["tiny-llama", "tiny-mistral"] {
+        let (_, tok, _) = hf::load_hf_dir(&folder(name)).unwrap();
+        let text = "and \u{e9}\u{e8} \u{4e2d}\u{6587} \u{1f600}!";
+        let ids = tok.encode(text, true, false);
+        let mut stream = kvlab_model::tokenizer::Utf8Stream::default();
+        let mut out = String::new();
+        for w in ids.windows(2) {
+            out += &stream.push(&tok.decode(w[0], w[1]));
+        }
+        out += &stream.finish();
+        assert_eq!(out, text, "{name}");
+    }
+}
+
+fn copy_folder(name: &str, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(folder(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("kvlab-hf-test-{}-{tag}", std::process::id()))
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn unsupported_features_are_refused_by_name() {
+    type Edit = fn(&mut Value);
+    let cases: [(&str, Edit, &str); 7] = [
+        (
+            "qwen2",
+            |v| v["model_type"] = "qwen2".into(),
+            "model_type \"qwen2\"",
+        ),
+        (
+            "bias",
+            |v| v["attention_bias"] = true.into(),
+            "attention_bias",
+        ),
+        (
+            "llama3-rope",
+            |v| v["rope_parameters"]["rope_type"] = "llama3".into(),
+            "\"llama3\"",
+        ),
+        (
+            "old-rope-scaling",
+            |v| {
+                v["rope_parameters"] = Value::Null;
+                v["rope_scaling"] = serde_json::json!({"type": "yarn", "factor": 4.0});
+            },
+            "\"yarn\"",
+        ),
+        (
+            "act",
+            |v| v["hidden_act"] = "relu".into(),
+            "hidden_act \"relu\"",
+        ),
+        (
+            "absurd",
+            |v| v["num_hidden_layers"] = 1_000_000.into(),
+            "absurd",
+        ),
+        ("heads", |v| v["num_key_value_heads"] = 3.into(), "multiple"),
+    ];
+    for (tag, edit, want) in cases {
+        let dir = scratch(tag);
+        copy_folder("tiny-llama", &dir);
+        edit_config(&dir, edit);
+        let err = hf::load_hf_dir(&dir).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains(want), "{tag}: {err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn broken_checkpoints_give_errors_not_panics() {
+    // A truncated safetensors file, a tensor of the wrong shape, a missing tokenizer.
+    let dir = scratch("truncated");
+    copy_folder("tiny-llama", &dir);
+    let st = dir.join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &bytes[..bytes.len() / 2]).unwrap();
+    assert!(hf::load_hf_dir(&dir).is_err());
+    std::fs::write(&st, &bytes[..4]).unwrap();
+    assert!(hf::load_hf_dir(&dir).is_err());
+    std::fs::write(&st, &bytes).unwrap();
+    edit_config(&dir, |v| v["intermediate_size"] = 96.into());
+    let err = hf::load_hf_dir(&dir).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("mlp.gate_proj.weight has shape"), "{err}");
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    assert!(hf::load_hf_dir(&dir).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tokenizer_enum_keeps_spm_behaviour() {
+    // The llama2.c vocabulary still goes through the hand-written BPE.
+    let p = kvlab_model::registry::test_model_file("tok512.bin").expect("shipped");
+    let t = Tokenizer::load_llama2c(&p, 512).unwrap();
+    assert!(t.as_spm().is_some());
+    assert_eq!(t.bos_id(), Some(1));
+    let ids = t.encode("Once upon a time", true, false);
+    assert_eq!(t.decode_all(&ids), "Once upon a time");
+}
