@@ -435,12 +435,12 @@ fn sliding_window_prefix_hit_adopts_only_the_window() {
     let mut s = Scheduler::new(c).unwrap();
     let prompt: Vec<u32> = (1..=12).collect();
     add(&mut s, prompt.clone(), 1);
-    // The prefill stores only keys 9..12 in the local group: blocks 0..4 are never written
-    // there, yet their levels are registered (as ghosts) so that the chain stays verified.
+    // With prefix caching, the prefill writes every local key (the pool has room), so that its
+    // full blocks can be registered; right after the step, the blocks behind the window (0..4,
+    // keys below window_start(12) = 9) are trimmed into the cache.
     let b = s.schedule().unwrap();
-    assert_eq!(&b.seqs[0].groups[1].block_table[..4], &[PAD_BLOCK; 4]);
+    assert!(b.seqs[0].groups[1].slot_mapping.iter().all(|&x| x >= 0));
     assert_eq!(step(&mut s, &b).len(), 1);
-    assert!(s.allocators()[1].num_ghost_entries() > 0);
 
     // The same 12 tokens and two more: 6 full blocks match in both groups, and the hit needs
     // local keys from window_start(12) = 9 on, i.e. logical blocks 4 and 5 only.
@@ -456,8 +456,20 @@ fn sliding_window_prefix_hit_adopts_only_the_window() {
     assert!(q.groups[1].block_table[4..6].iter().all(|&x| x >= 0));
     step(&mut s, &b);
     drain(&mut s);
-    let m = s.metrics();
-    assert_eq!(m.prefix_cache_hits, 12);
+    assert_eq!(s.metrics().prefix_cache_hits, 12);
+
+    // A prompt sharing only the first 10 tokens: the hit of 5 blocks needs local keys from
+    // window_start(10) = 7 on, blocks 3 and 4, which the first prefill wrote although its own
+    // later queries never read them. (Written windowed, they would not exist and nothing would
+    // hit: an all-sliding-window model, Mistral's, would never reuse a prefix longer than W.)
+    let mut branch: Vec<u32> = (1..=10).collect();
+    branch.extend([50, 51, 52]);
+    add(&mut s, branch, 1);
+    let b = s.schedule().unwrap();
+    assert_eq!(b.seqs[0].kind, prefill(10, false));
+    step(&mut s, &b);
+    drain(&mut s);
+    assert_eq!(s.metrics().prefix_cache_hits, 22);
 
     // Evicting every cached block leaves no ghost behind: nothing hangs from them any more.
     for alloc in s.allocators() {
@@ -466,6 +478,35 @@ fn sliding_window_prefix_hit_adopts_only_the_window() {
         assert_eq!(a.num_ghost_entries(), 0);
         assert_eq!(a.num_cached_blocks(), 0);
     }
+}
+
+#[test]
+fn sliding_window_prefill_falls_back_to_the_window_when_the_pool_is_small() {
+    // bs 2, window 4, a local pool of 3 blocks: a 12-token prompt cannot be written whole, so
+    // its prefill keeps only what later queries read (keys 9..12), caching less instead of
+    // waiting forever.
+    let (bs, w) = (2, 4);
+    let mut c = config(16, bs, 16);
+    c.kv_cache.groups.push(KvGroupConfig {
+        num_blocks: max_window_blocks(w, bs),
+        sliding_window: Some(w),
+    });
+    c.enable_prefix_caching = true;
+    let mut s = Scheduler::new(c).unwrap();
+    add(&mut s, (1..=12).collect(), 1);
+    let b = s.schedule().unwrap();
+    assert_eq!(&b.seqs[0].groups[1].block_table[..4], &[PAD_BLOCK; 4]);
+    assert!(
+        b.seqs[0].groups[1].slot_mapping[..8]
+            .iter()
+            .all(|&x| x == PAD_SLOT)
+    );
+    step(&mut s, &b);
+    drain(&mut s);
+    assert!(
+        s.allocators()[1].num_ghost_entries() > 0,
+        "levels stay verified"
+    );
 }
 
 #[test]

@@ -124,11 +124,26 @@ impl Scheduler {
             })
             .collect();
         let first_needed = |g: usize, h: usize| self.keep_from(g, h * bs) / bs;
+        // First position of the prompt group g keeps after a hit of h blocks. A sliding-window
+        // group needs only what the queries after this prefill can see (`keep_from(len)`): the
+        // keys only this prefill's own queries read get PAD_SLOT and no memory. With prefix
+        // caching, those keys are what a later prompt sharing this one needs to hit, so the
+        // prefill writes them, registers its full blocks and trims them into the cache right
+        // after the step (vLLM also allocates the whole scheduled prompt); when the pool cannot
+        // take that, the prompt is prefilled windowed and simply caches less.
+        let caching = self.config.enable_prefix_caching;
+        let keep = |g: usize, h: usize, cache_all: bool| {
+            if cache_all {
+                self.keep_from(g, h * bs)
+            } else {
+                self.keep_from(g, len)
+            }
+        };
         // Blocks group g must take to prefill from a hit of h blocks: the matched blocks it
         // adopts that are evictable now, plus fresh ones for the uncached positions it keeps.
-        let blocks_to_take = |g: usize, h: usize| {
+        let blocks_to_take = |g: usize, h: usize, cache_all: bool| {
             let adopted = matches[g].num_evictable_in(first_needed(g, h).min(h)..h);
-            let keep = self.keep_from(g, len);
+            let keep = keep(g, h, cache_all);
             let fresh = (h..len.div_ceil(bs))
                 .filter(|j| (j + 1) * bs > keep)
                 .count();
@@ -136,14 +151,24 @@ impl Scheduler {
         };
         let longest = matches.iter().map(|m| m.num_blocks()).min().unwrap_or(0);
         let groups = || 0..matches.len();
+        let fits = |h: usize, cache_all: bool| {
+            groups().all(|g| self.allocators[g].can_allocate(blocks_to_take(g, h, cache_all)))
+        };
         let hit = (0..=longest)
             .rev()
             .filter(|&h| groups().all(|g| matches[g].holds(h, first_needed(g, h))))
             .take_while(|&h| len - h * bs <= budget) // A shorter hit computes even more tokens.
-            .find(|&h| groups().all(|g| self.allocators[g].can_allocate(blocks_to_take(g, h))));
-        let Some(hit_blocks) = hit else {
+            .find_map(|h| {
+                if caching && fits(h, true) {
+                    Some((h, true))
+                } else {
+                    fits(h, false).then_some((h, false))
+                }
+            });
+        let Some((hit_blocks, cache_all)) = hit else {
             return Ok(None);
         };
+        let keeps: Vec<usize> = groups().map(|g| keep(g, hit_blocks, cache_all)).collect();
         let cached = hit_blocks * bs;
         for (g, m) in matches.iter_mut().enumerate() {
             m.truncate(hit_blocks);
@@ -151,12 +176,11 @@ impl Scheduler {
         }
         let mut copies = Vec::with_capacity(matches.len());
         for (g, m) in matches.iter().enumerate() {
-            let keep = self.keep_from(g, len);
             let alloc = &mut self.allocators[g];
             let seq = seq_mut(&mut self.seqs, id)?;
             let table = &mut seq.block_tables[g];
             alloc.adopt_prefix(table, m)?;
-            copies.push(alloc.append_slots(table, len - cached, keep)?);
+            copies.push(alloc.append_slots(table, len - cached, keeps[g])?);
         }
         self.waiting.pop_front();
         let seq = seq_mut(&mut self.seqs, id)?;
