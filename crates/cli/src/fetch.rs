@@ -1,7 +1,10 @@
-//! Resolving `--model NAME|PATH`: a path is loaded as it is; a name is looked up in the manifest
+//! Resolving `--model NAME|PATH|ORG/NAME`: a path is loaded as it is (a llama2.c `.bin`, a
+//! `.gguf`, or a Hugging Face folder holding `config.json`); a name is looked up in the manifest
 //! (`fixtures/models.json`) and its files found in `$KVLAB_MODELS`, then the user cache
 //! directory, then downloaded from the upstream URL (Hugging Face, through hf-hub, with its
-//! progress bar) and checked against the manifest's sha256.
+//! progress bar) and checked against the manifest's sha256; a Hugging Face hub id (`org/name`)
+//! is downloaded into hf-hub's cache (`~/.cache/huggingface/hub`, or `$HF_HOME`) when online,
+//! and read from that cache otherwise.
 
 use std::path::{Path, PathBuf};
 
@@ -17,15 +20,24 @@ pub enum Resolved {
         model: Option<PathBuf>,
         tokenizer: Option<PathBuf>,
     },
-    /// A file given by path.
-    Path { path: PathBuf, gguf: bool },
+    /// A file (or Hugging Face folder) given by path, or a hub snapshot.
+    Path { path: PathBuf, kind: PathKind },
+}
+
+/// The format of a checkpoint given by path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathKind {
+    Llama2c,
+    Gguf,
+    /// A folder with `config.json`, safetensors and `tokenizer.json`.
+    Hf,
 }
 
 /// File extensions of checkpoint formats kvlab does not read, and what to do instead.
 const UNSUPPORTED: &[(&[&str], &str)] = &[
     (
         &["safetensors"],
-        "Hugging Face safetensors are not read yet; convert the model to GGUF (llama.cpp's convert_hf_to_gguf.py) or to llama2.c's format (llama2.c's export.py)",
+        "a .safetensors file holds only the weights; pass the Hugging Face folder holding it (with config.json and tokenizer.json), or a hub id such as Qwen/Qwen3-0.6B",
     ),
     (
         &["pt", "pth"],
@@ -33,7 +45,7 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
     ),
     (
         &["json"],
-        "a .json file is a config or tokenizer, not a checkpoint; pass the .bin or .gguf file",
+        "a .json file is a config or tokenizer, not a checkpoint; pass the .bin or .gguf file, or the Hugging Face folder holding config.json",
     ),
 ];
 
@@ -42,9 +54,10 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
 /// downloaded when allowed.
 ///
 /// # Errors
-/// A path that is a directory, a device or a format kvlab does not read; an unknown name; a
-/// missing file that cannot be downloaded (the message says how to get it); `--tokenizer` with a
-/// GGUF (it carries its own).
+/// A path that is a directory without `config.json`, a device or a format kvlab does not read;
+/// an unknown name; a missing file that cannot be downloaded (the message says how to get it);
+/// `--tokenizer` with a GGUF or a Hugging Face model (they carry their own); a hub id that is
+/// neither cached nor downloadable.
 pub fn resolve(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Result<Resolved> {
     let path = Path::new(spec);
     let ext = path
@@ -56,31 +69,48 @@ pub fn resolve(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Re
     if let Some((_, why)) = unsupported {
         bail!("{spec}: {why}");
     }
-    if path.is_dir() {
-        bail!(
-            "{spec} is a directory; pass a checkpoint file inside it (a llama2.c .bin or a .gguf), or set KVLAB_MODELS={spec} and pass a model name"
-        );
-    }
-    if path.exists() && !path.is_file() {
-        bail!("{spec} is not a regular file (a device or a pipe?); pass a checkpoint file");
-    }
-    let gguf_refuses_tokenizer = |what: &str| -> Result<()> {
+    let carries_tokenizer = |what: &str, kind: &str| -> Result<()> {
         if let Some(t) = tokenizer {
             bail!(
-                "{what} is a GGUF file, which carries its own tokenizer; --tokenizer {} applies to llama2.c checkpoints only: leave it out",
+                "{what} is {kind}, which carries its own tokenizer; --tokenizer {} applies to llama2.c checkpoints only: leave it out",
                 t.display()
             );
         }
         Ok(())
     };
-    if path.is_file() {
-        let gguf = ext.as_deref() == Some("gguf");
-        if gguf {
-            gguf_refuses_tokenizer(spec)?;
-        }
+    if kvlab_model::hf::is_hf_dir(path) {
+        carries_tokenizer(spec, "a Hugging Face folder")?;
         return Ok(Resolved::Path {
             path: path.into(),
-            gguf,
+            kind: PathKind::Hf,
+        });
+    }
+    if path.is_dir() {
+        bail!(
+            "{spec} is a directory without a config.json; pass a checkpoint file inside it (a llama2.c .bin or a .gguf), a Hugging Face folder, or set KVLAB_MODELS={spec} and pass a model name"
+        );
+    }
+    if path.exists() && !path.is_file() {
+        bail!("{spec} is not a regular file (a device or a pipe?); pass a checkpoint file");
+    }
+    let gguf_refuses_tokenizer = |what: &str| carries_tokenizer(what, "a GGUF file");
+    if path.is_file() {
+        let kind = if ext.as_deref() == Some("gguf") {
+            gguf_refuses_tokenizer(spec)?;
+            PathKind::Gguf
+        } else {
+            PathKind::Llama2c
+        };
+        return Ok(Resolved::Path {
+            path: path.into(),
+            kind,
+        });
+    }
+    if let Some(repo) = hub_id(spec) {
+        carries_tokenizer(spec, "a Hugging Face model")?;
+        return Ok(Resolved::Path {
+            path: hub_snapshot(repo, allow_download)?,
+            kind: PathKind::Hf,
         });
     }
     if ext.as_deref().is_some_and(|e| e == "bin" || e == "gguf") || spec.contains('/') {
@@ -144,6 +174,18 @@ pub fn load(spec: &str, tokenizer: Option<&Path>, allow_download: bool) -> Resul
             tokenizer,
         } => registry::load_entry(entry, model.as_deref(), tokenizer.as_deref())
             .with_context(|| format!("loading {}", entry.name)),
+        Resolved::Path {
+            path,
+            kind: PathKind::Hf,
+        } => {
+            let (model, tok, files) = kvlab_model::hf::load_hf_dir(&path)?;
+            Ok(Loaded {
+                name: hf_name(&path),
+                model,
+                tokenizer: Some(tok),
+                files,
+            })
+        }
         Resolved::Path { path, .. } => load_path(&path, tokenizer),
     }
 }
@@ -169,11 +211,11 @@ pub fn config(
             let files = model.into_iter().chain(tokenizer).collect();
             Ok((entry.name.clone(), c, files))
         }
-        Resolved::Path { path, gguf } => {
-            let c = if gguf {
-                kvlab_model::gguf_model::read_gguf_config(&path)?
-            } else {
-                kvlab_model::llama2c::read_config(&path)?
+        Resolved::Path { path, kind } => {
+            let c = match kind {
+                PathKind::Gguf => kvlab_model::gguf_model::read_gguf_config(&path)?,
+                PathKind::Llama2c => kvlab_model::llama2c::read_config(&path)?,
+                PathKind::Hf => kvlab_model::hf::read_hf_config(&path)?.0,
             };
             Ok((file_stem(&path), c, vec![path]))
         }
@@ -217,6 +259,114 @@ fn load_path(path: &Path, tokenizer: Option<&Path>) -> Result<Loaded> {
         tokenizer: tok,
         files,
     })
+}
+
+/// A Hugging Face model's name: the folder's, or for a hub snapshot
+/// (`models--org--name/snapshots/<sha>`) `org/name`.
+fn hf_name(dir: &Path) -> String {
+    let repo = dir
+        .ancestors()
+        .filter_map(|a| a.file_name()?.to_str()?.strip_prefix("models--"))
+        .next();
+    match repo {
+        Some(r) => r.replacen("--", "/", 1),
+        None => file_stem(dir),
+    }
+}
+
+/// `org/name` when `spec` has the shape of a Hugging Face hub id (one slash, names of letters,
+/// digits, `-`, `_`, `.`) and is not a path that exists.
+fn hub_id(spec: &str) -> Option<&str> {
+    let (org, name) = spec.split_once('/')?;
+    let ok = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with('.')
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    (ok(org) && ok(name) && !Path::new(spec).exists()).then_some(spec)
+}
+
+/// The files of a hub model kvlab reads, as the hub names them.
+const HUB_FILES: [&str; 3] = ["config.json", "tokenizer.json", "generation_config.json"];
+
+/// A hub model's snapshot folder in hf-hub's cache: its config, tokenizer, generation config
+/// (when the repository has one) and safetensors (one file, or the index and its shards).
+/// Downloaded, with hf-hub's progress bars, when `allow_download`; otherwise only the cache is
+/// read, and a missing file says how to fill it.
+fn hub_snapshot(repo: &str, allow_download: bool) -> Result<PathBuf> {
+    let cache = hf_hub::Cache::from_env();
+    let cached = cache.model(repo.to_string());
+    let api = if allow_download {
+        Some(
+            hf_hub::api::sync::ApiBuilder::from_cache(cache.clone())
+                .with_progress(true)
+                .build()?,
+        )
+    } else {
+        None
+    };
+    // Online, the repository's file list says which optional files exist.
+    let listed: Option<Vec<String>> = match &api {
+        Some(api) => Some(
+            api.model(repo.to_string())
+                .info()
+                .with_context(|| format!("asking the Hugging Face hub about {repo} (offline? pass --offline to use only the cache)"))?
+                .siblings
+                .into_iter()
+                .map(|s| s.rfilename)
+                .collect(),
+        ),
+        None => None,
+    };
+    let get = |file: &str| -> Result<Option<PathBuf>> {
+        if let Some(p) = cached.get(file) {
+            return Ok(Some(p));
+        }
+        let (Some(api), Some(listed)) = (&api, &listed) else {
+            return Ok(None);
+        };
+        if !listed.iter().any(|f| f == file) {
+            return Ok(None);
+        }
+        api.model(repo.to_string())
+            .get(file)
+            .map(Some)
+            .with_context(|| format!("downloading {file} of {repo} from the Hugging Face hub"))
+    };
+    let missing = |file: &str| {
+        anyhow::anyhow!(
+            "{repo}: {file} is not in the Hugging Face cache ({}); run once online without --offline, or pass a local folder",
+            cache.path().display()
+        )
+    };
+    let config = get(HUB_FILES[0])?.ok_or_else(|| missing(HUB_FILES[0]))?;
+    get(HUB_FILES[1])?.ok_or_else(|| missing(HUB_FILES[1]))?;
+    get(HUB_FILES[2])?;
+    match get("model.safetensors.index.json")? {
+        Some(index) => {
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)
+                .with_context(|| format!("reading {}", index.display()))?;
+            let mut shards: Vec<&str> = v["weight_map"]
+                .as_object()
+                .context("model.safetensors.index.json has no weight_map")?
+                .values()
+                .filter_map(|f| f.as_str())
+                .collect();
+            shards.sort_unstable();
+            shards.dedup();
+            for shard in shards {
+                get(shard)?.ok_or_else(|| missing(shard))?;
+            }
+        }
+        None => {
+            get("model.safetensors")?.ok_or_else(|| missing("model.safetensors"))?;
+        }
+    }
+    let dir = config
+        .parent()
+        .context("the cached config.json has no folder")?;
+    Ok(dir.to_path_buf())
 }
 
 /// A model's name from its file name: `stories260K` for `models/stories260K.bin`.

@@ -35,7 +35,9 @@ struct Cli {
 #[derive(clap::Args, Clone)]
 pub struct ModelArgs {
     /// A model name from fixtures/models.json (found through $KVLAB_MODELS, the cache, or
-    /// downloaded) or a path to a llama2.c .bin or a .gguf file.
+    /// downloaded), a path to a llama2.c .bin, a .gguf file or a Hugging Face folder
+    /// (config.json, safetensors, tokenizer.json), or a Hugging Face hub id such as
+    /// Qwen/Qwen3-0.6B (downloaded into the hf-hub cache; with --offline, read from it).
     #[arg(long, short = 'm', default_value = "stories260K")]
     pub model: String,
     /// llama2.c tokenizer.bin to use instead of the model's own.

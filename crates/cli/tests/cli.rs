@@ -321,12 +321,12 @@ fn messages_say_what_happened() {
     let cases = [
         (
             format!("info -m '{}'", dir.display()),
-            "is a directory; pass a checkpoint file inside it",
+            "is a directory without a config.json; pass a checkpoint file inside it",
         ),
         ("info -m /dev/null".into(), "is not a regular file"),
         (
             format!("info -m '{}'", st.display()),
-            "safetensors are not read yet; convert the model to GGUF",
+            "a .safetensors file holds only the weights; pass the Hugging Face folder holding it",
         ),
         (
             "info -m no-such-model".into(),
@@ -454,4 +454,97 @@ fn export_to_gguf_round_trips_through_generate() {
     assert!(from_gguf.ok, "{}", from_gguf.err);
     assert_eq!(from_gguf.out, from_bin.out);
     assert!(from_bin.out.len() > "Once upon a time".len());
+}
+
+/// Where the tiny Hugging Face checkpoints live (written by transformers, scripts/hf_oracle.py).
+fn hf_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/models")
+        .join(name)
+}
+
+/// transformers' decoded greedy text for prompt `index` of `fixtures/hf/<name>.json`, less the
+/// control characters other than whitespace, which kvlab's stream drops as run.c's
+/// `safe_printf` does (a random model emits some).
+fn hf_oracle_text(name: &str, index: usize) -> (String, String) {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/hf")
+        .join(format!("{name}.json"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let c = &v["cases"][index];
+    (
+        c["prompt"].as_str().unwrap().to_string(),
+        c["generated_text"]
+            .as_str()
+            .unwrap()
+            .chars()
+            .filter(|ch| !ch.is_ascii_control() || ch.is_ascii_whitespace())
+            .collect(),
+    )
+}
+
+#[test]
+fn a_hugging_face_folder_and_a_cached_hub_id_generate_transformers_text() {
+    // Prompt 3 of the fixture, 40 greedy tokens: the text transformers decoded.
+    let (prompt, want) = hf_oracle_text("tiny-mistral", 3);
+    let dir = hf_fixture("tiny-mistral");
+    let r = kvlab_fresh(&format!(
+        "generate --temp 0 -n 40 --model {} --prompt '{prompt}'",
+        dir.display()
+    ));
+    assert!(r.ok, "{}", r.err);
+    assert_eq!(r.out.trim_end_matches('\n'), format!("{prompt}{want}"));
+
+    // The same folder as hf-hub's cache lays out a snapshot of `kvlab/tiny-mistral`, read with
+    // --offline (no network is touched).
+    let hf_home = std::env::temp_dir().join(format!("kvlab-cli-hf-home-{}", std::process::id()));
+    let repo = hf_home.join("hub").join("models--kvlab--tiny-mistral");
+    let snapshot = repo.join("snapshots").join("0123456789abcdef");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs").join("main"), "0123456789abcdef").unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), snapshot.join(e.file_name())).unwrap();
+    }
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kvlab"));
+    command.env("HF_HOME", &hf_home);
+    let r = run(
+        command,
+        &format!("generate --offline --temp 0 -n 40 -m kvlab/tiny-mistral -p '{prompt}'"),
+    );
+    assert!(r.ok, "{}", r.err);
+    assert_eq!(r.out.trim_end_matches('\n'), format!("{prompt}{want}"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kvlab"));
+    command.env("HF_HOME", &hf_home);
+    let r = run(command, "generate --offline -m kvlab/not-cached");
+    assert!(
+        !r.ok && r.err.contains("not in the Hugging Face cache"),
+        "{}",
+        r.err
+    );
+    std::fs::remove_dir_all(&hf_home).unwrap();
+}
+
+#[test]
+fn hugging_face_inputs_kvlab_cannot_use_get_clear_errors() {
+    let dir = hf_fixture("tiny-llama");
+    let cases = [
+        (
+            format!("generate -m {}", dir.join("model.safetensors").display()),
+            "pass the Hugging Face folder",
+        ),
+        (
+            format!("generate -m {} --tokenizer x.bin", dir.display()),
+            "carries its own tokenizer",
+        ),
+        (
+            format!("generate -m {}", dir.parent().unwrap().display()),
+            "without a config.json",
+        ),
+    ];
+    for (args, needle) in cases {
+        let r = kvlab_fresh(&args);
+        assert!(!r.ok && r.err.contains(needle), "{args}: {}", r.err);
+    }
 }

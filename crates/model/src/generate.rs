@@ -251,6 +251,16 @@ pub fn generate_text(
     }
     let prompt = tokenizer.encode_special(text, true, false);
     let mut stream = crate::tokenizer::Utf8Stream::default();
+    // The loop echoes the prompt from its second token on (the first is BOS); a vocabulary
+    // without BOS (Qwen's) starts with text, printed here.
+    if let Some(&first) = prompt.first()
+        && tokenizer.bos_id() != Some(first)
+    {
+        let s = stream.push(&tokenizer.decode(u32::MAX, first));
+        if !s.is_empty() {
+            on_text(&s);
+        }
+    }
     let g = generate_tokens(engine, &prompt, opts, sampler, |e| match e {
         Event::Token { prev, token, .. } => {
             let s = stream.push(&tokenizer.decode(prev, token));

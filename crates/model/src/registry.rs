@@ -74,6 +74,9 @@ pub enum Format {
     Gguf,
     /// Seeded random weights; the tokenizer (if any) is a llama2.c file.
     Synthetic,
+    /// A Hugging Face folder (`config.json`, safetensors, `tokenizer.json`); the model file
+    /// names the folder ([`crate::hf`]).
+    Hf,
 }
 
 /// One model of the manifest.
@@ -183,11 +186,12 @@ pub fn find_file(f: &FileRef) -> Option<PathBuf> {
     find_named(&f.file)
 }
 
+/// A file, or a Hugging Face folder (a directory with a `config.json`).
 fn find_named(file: &str) -> Option<PathBuf> {
     search_dirs()
         .into_iter()
         .map(|d| d.join(file))
-        .find(|p| p.is_file())
+        .find(|p| p.is_file() || crate::hf::is_hf_dir(p))
 }
 
 /// Where a file was looked for, for error messages.
@@ -208,11 +212,15 @@ fn searched_for(file: &str) -> String {
     v.join(", ")
 }
 
-/// The sha256 of a file, as lowercase hex.
+/// The sha256 of a file, as lowercase hex; of a Hugging Face folder, its `model.safetensors`'s
+/// (what the manifest records for one).
 ///
 /// # Errors
 /// [`Error::Open`] / [`Error::Io`].
 pub fn sha256_file(path: &Path) -> Result<String> {
+    if crate::hf::is_hf_dir(path) {
+        return sha256_file(&path.join("model.safetensors"));
+    }
     let mut f = std::fs::File::open(path).map_err(|source| Error::Open {
         path: path.into(),
         source,
@@ -320,6 +328,11 @@ pub fn load_entry(
             files.truncate(1);
             (m, Some(t))
         }
+        (Format::Hf, Some(dir)) => {
+            let (m, t, read) = crate::hf::load_hf_dir(dir)?;
+            files = read;
+            (m, Some(t))
+        }
         (_, None) => return Err(no_model_file(entry)),
     };
     Ok(Loaded {
@@ -345,6 +358,7 @@ pub fn entry_config(entry: &ModelEntry, model: Option<&Path>) -> Result<crate::C
         }
         (Format::Llama2c, Some(p)) => crate::llama2c::read_config(p),
         (Format::Gguf, Some(p)) => crate::gguf_model::read_gguf_config(p),
+        (Format::Hf, Some(p)) => crate::hf::read_hf_config(p).map(|(c, _)| c),
         (_, None) => Err(no_model_file(entry)),
     }
 }

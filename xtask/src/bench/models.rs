@@ -80,7 +80,9 @@ pub fn load(name: &str, context: Option<usize>) -> Result<std::result::Result<Be
             let native = m.config.max_seq_len;
             (m, native, "llama2c")
         }
-        Format::Gguf => bail!("{name}: GGUF models are not benchmarked yet"),
+        Format::Gguf | Format::Hf => {
+            bail!("{name}: GGUF and Hugging Face models are not benchmarked yet")
+        }
     };
     if let Some(c) = context {
         if format == "llama2c" && c > native {

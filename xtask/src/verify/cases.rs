@@ -95,10 +95,15 @@ fn margins(c: &Value) -> Result<Vec<f32>> {
 
 fn oracle_cases(entry: &ModelEntry, file: &str) -> Result<Vec<Case>> {
     let v = read_fixture(file)?;
-    let source = format!(
-        "llama.cpp (llama-cpp-python {})",
-        v["provenance"]["llama_cpp_python"].as_str().unwrap_or("?")
-    );
+    // The fixture names its oracle (transformers for the tiny HF checkpoints); the Gemma
+    // fixture, older, is llama.cpp's.
+    let source = match v["provenance"]["oracle"].as_str() {
+        Some(o) => o.to_string(),
+        None => format!(
+            "llama.cpp (llama-cpp-python {})",
+            v["provenance"]["llama_cpp_python"].as_str().unwrap_or("?")
+        ),
+    };
     let strict = entry
         .strict_oracle
         .as_deref()
