@@ -47,6 +47,33 @@ from pathlib import Path  # noqa: E402
 from gemma_oracle import load_prompts, sha256  # noqa: E402  (the one reader of fixtures/prompts.txt)
 
 VOCAB = 512
+# Chat templates saved with two of the models (transformers writes chat_template.jinja), and the
+# conversations whose rendering (apply_chat_template) is recorded: ChatML as Qwen uses it, and
+# Llama 2 / Mistral's [INST] format, which calls .strip() (a Python string method) and
+# raise_exception (a system message, or roles that do not alternate, are refused).
+CHATML = (
+    "{%- for message in messages %}{%- if loop.first and message['role'] != 'system' %}"
+    "{{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+INST = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'].strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'].strip() + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+CHAT_TEMPLATES = {"tiny-qwen3": CHATML, "tiny-mistral": INST}
+CONVERSATIONS = [
+    [{"role": "user", "content": "Tell me a story about a dog."}],
+    [{"role": "system", "content": "You tell short stories."},
+     {"role": "user", "content": "  Once upon a time?  "}],
+    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello. What story?"},
+     {"role": "user", "content": "One about the sun \U0001f31e."}],
+    [{"role": "assistant", "content": "I start."}],
+]
 N_GEN = 40
 # Texts whose ids and decoding are recorded (beyond the prompts): special tokens written in text,
 # bytes no token covers, leading spaces.
@@ -245,6 +272,8 @@ def build_seed(name, make_tok, make_cfg, dtype, out_dir, models_dir, prompts, se
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=names["bos"], eos_token=names["eos"],
         unk_token="<unk>" if tok.token_to_id("<unk>") is not None else None)
+    if name in CHAT_TEMPLATES:
+        fast.chat_template = CHAT_TEMPLATES[name]
     fast.save_pretrained(folder)
     # Reload both from the folder, as a user would, and compute in f32.
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype,
@@ -276,6 +305,19 @@ def build_seed(name, make_tok, make_cfg, dtype, out_dir, models_dir, prompts, se
                       "ids_no_special": fast(t, add_special_tokens=False).input_ids,
                       "decoded": fast.decode(fast(t, add_special_tokens=False).input_ids)}
                      for t in texts]
+    chats = []
+    if name in CHAT_TEMPLATES:
+        for messages in CONVERSATIONS:
+            for gen in (True, False):
+                rec = {"messages": messages, "add_generation_prompt": gen}
+                try:
+                    text = fast.apply_chat_template(messages, tokenize=False,
+                                                    add_generation_prompt=gen)
+                    rec["text"] = text
+                    rec["ids"] = fast(text, add_special_tokens=False).input_ids
+                except Exception as e:  # jinja2's TemplateError from raise_exception
+                    rec["error"] = str(e)
+                chats.append(rec)
     files = sorted(os.listdir(folder))
     record = {
         "format_version": 1,
@@ -300,6 +342,7 @@ def build_seed(name, make_tok, make_cfg, dtype, out_dir, models_dir, prompts, se
         "bos_id": bos,
         "cases": cases,
         "tokens": token_records,
+        "chats": chats,
     }
     with open(os.path.join(out_dir, name + ".json"), "w", encoding="utf-8") as f:
         json.dump(record, f, ensure_ascii=False, indent=1)

@@ -104,6 +104,11 @@ pub enum Error {
     /// A model file whose format this crate does not read.
     #[error("unsupported model format: {0}")]
     Format(String),
+
+    /// A chat template that does not compile, or that refuses a conversation (its own
+    /// `raise_exception`), or a model without one.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
 }
 
 /// Result with kvlab-model's [`Error`].

@@ -306,11 +306,18 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
             .map(|(i, _)| i as u32)
     };
     let pieces = tokens.iter().map(str::as_bytes);
-    Ok(
-        SpmTokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
-            .with_escaped_spaces()
-            .with_verbatim(of_types(&[USER_DEFINED]))
-            .with_control(of_types(&[UNKNOWN, CONTROL]))
-            .into(),
-    )
+    let mut tok = SpmTokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
+        .with_escaped_spaces()
+        .with_verbatim(of_types(&[USER_DEFINED]))
+        .with_control(of_types(&[UNKNOWN, CONTROL]));
+    if md.contains("tokenizer.chat_template") {
+        let source = md.get_str("tokenizer.chat_template").map_err(&e)?;
+        let text = |id: u32| String::from_utf8_lossy(tok.piece(id)).into_owned();
+        tok.chat_template = Some(crate::chat::ChatTemplate::new(
+            source,
+            &text(bos),
+            &text(eos),
+        )?);
+    }
+    Ok(tok.into())
 }

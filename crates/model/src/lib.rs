@@ -10,6 +10,7 @@
 //! [`rope`] (cos/sin tables for the engines),
 //! [`engine`] (the trait), [`sampler`], [`generate`].
 
+pub mod chat;
 pub mod compare;
 pub mod config;
 pub mod engine;

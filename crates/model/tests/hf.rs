@@ -270,3 +270,47 @@ fn tokenizer_enum_keeps_spm_behaviour() {
     let ids = t.encode("Once upon a time", true, false);
     assert_eq!(t.decode_all(&ids), "Once upon a time");
 }
+
+#[test]
+fn chat_templates_render_as_transformers_renders_them() {
+    use kvlab_model::chat::Message;
+    let mut rendered = 0;
+    for name in ["tiny-qwen3", "tiny-mistral"] {
+        let (_, tok, _) = hf::load_hf_dir(&folder(name)).unwrap();
+        let template = tok
+            .chat_template()
+            .expect("the folder has chat_template.jinja");
+        for c in record(name)["chats"].as_array().unwrap() {
+            let messages: Vec<Message> = c["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect();
+            let got = template.render(&messages, c["add_generation_prompt"].as_bool().unwrap());
+            match (got, c["text"].as_str(), c["error"].as_str()) {
+                (Ok(text), Some(want), _) => {
+                    assert_eq!(text, want, "{name}: {messages:?}");
+                    // Special tokens written by the template are parsed as tokens, and nothing
+                    // is added: transformers' apply_chat_template(tokenize=True).
+                    assert_eq!(
+                        tok.encode_special(&text, false, false),
+                        ids(&c["ids"]),
+                        "{name}"
+                    );
+                    rendered += 1;
+                }
+                (Err(e), None, Some(why)) => {
+                    assert!(e.to_string().contains(why), "{name}: {e} vs {why}");
+                }
+                (got, _, _) => panic!("{name}: {messages:?}: kvlab {got:?}, transformers {c}"),
+            }
+        }
+    }
+    assert!(rendered >= 8, "{rendered} conversations rendered");
+    let (_, tok, _) = hf::load_hf_dir(&folder("tiny-llama")).unwrap();
+    assert!(
+        tok.chat_template().is_none(),
+        "tiny-llama ships no template"
+    );
+}

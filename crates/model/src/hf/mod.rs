@@ -82,7 +82,8 @@ pub fn read_hf_config(dir: &Path) -> Result<(Config, HfArch)> {
 pub fn load_hf_dir(dir: &Path) -> Result<(Model, Tokenizer, Vec<PathBuf>)> {
     let (c, arch) = read_hf_config(dir)?;
     let tok_path = dir.join("tokenizer.json");
-    let mut tok = crate::tokenizer::HfTokenizer::load(&tok_path)?;
+    let mut tok = crate::tokenizer::HfTokenizer::load(&tok_path)?
+        .with_chat_template(crate::chat::ChatTemplate::from_hf_dir(dir)?);
     if let Some(&eos) = c.stop_ids.first() {
         tok = tok.with_eos(eos);
     }

@@ -42,6 +42,8 @@ pub struct HfTokenizer {
     /// Bytes of the longest token, for [`HfTokenizer::min_tokens`]; 0 when the normalizer may
     /// shorten text, so that no bound is claimed.
     max_piece_len: usize,
+    /// The folder's chat template, set by the model loader.
+    chat_template: Option<crate::chat::ChatTemplate>,
 }
 
 impl fmt::Debug for HfTokenizer {
@@ -135,7 +137,19 @@ impl HfTokenizer {
                     strip_first_space: true,
                 },
             max_piece_len,
+            chat_template: None,
         })
+    }
+
+    /// Sets the chat template (from the model's folder).
+    pub fn with_chat_template(mut self, t: Option<crate::chat::ChatTemplate>) -> HfTokenizer {
+        self.chat_template = t;
+        self
+    }
+
+    /// The chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&crate::chat::ChatTemplate> {
+        self.chat_template.as_ref()
     }
 
     /// Sets the token `encode(.., eos = true)` appends.

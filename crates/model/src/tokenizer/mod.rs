@@ -65,6 +65,14 @@ impl Tokenizer {
         }
     }
 
+    /// The model's chat template, if it ships one (a Hugging Face folder's, a GGUF's).
+    pub fn chat_template(&self) -> Option<&crate::chat::ChatTemplate> {
+        match self {
+            Tokenizer::Spm(t) => t.chat_template.as_ref(),
+            Tokenizer::Hf(t) => t.chat_template(),
+        }
+    }
+
     /// Number of tokens the tokenizer knows (a model's embedding may have more rows).
     pub fn vocab_size(&self) -> usize {
         match self {

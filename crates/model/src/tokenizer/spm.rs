@@ -54,6 +54,8 @@ pub struct SpmTokenizer {
     /// The vocabulary writes spaces as `▁` (SentencePiece): text spaces become `▁` before BPE
     /// (llama.cpp's `llama_escape_whitespace`), and `▁` prints as a space.
     pub escape_spaces: bool,
+    /// A GGUF's `tokenizer.chat_template`, if it has one.
+    pub chat_template: Option<crate::chat::ChatTemplate>,
 }
 
 /// SentencePiece's space marker, U+2581, in UTF-8.
@@ -118,6 +120,7 @@ impl SpmTokenizer {
             eos_id,
             add_dummy_prefix,
             escape_spaces: false,
+            chat_template: None,
         };
         let mut lookup = std::mem::take(&mut tok.lookup);
         for id in 0..n as u32 {
