@@ -52,6 +52,29 @@ pub struct ContiguousKvCache {
 // ANCHOR_END: kv_cache
 
 impl ContiguousKvCache {
+    /// Forgets positions `len..` so that the next step writes at `len` (llama.cpp's
+    /// `llama_memory_seq_rm`): nothing is erased, the slots are simply written again. Possible
+    /// when every key the query at `len` reads is still stored: always in a global layer; in a
+    /// ring of `cap` slots with window `W`, which holds positions `self.len − cap..self.len`, when
+    /// `len + 1 − W ≥ self.len − cap`. Returns whether it truncated.
+    pub fn truncate(&mut self, len: usize, c: &Config) -> bool {
+        if len > self.len {
+            return false;
+        }
+        let kept = c
+            .layer_kinds
+            .iter()
+            .zip(&self.caps)
+            .all(|(kind, &cap)| match kind {
+                LayerKind::Global => true,
+                LayerKind::Local { window } => len + 1 + cap >= self.len + window,
+            });
+        if kept {
+            self.len = len;
+        }
+        kept
+    }
+
     /// Allocates the whole cache for `max_seq_len` positions.
     pub fn new(c: &Config, max_seq_len: usize) -> ContiguousKvCache {
         let caps: Vec<usize> = c

@@ -99,6 +99,11 @@ impl Engine for CpuEngine {
         self.run(seq, tokens)
     }
 
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<bool> {
+        let config = &self.model.config;
+        Ok(self.seqs.get_mut(seq)?.truncate(len, config))
+    }
+
     fn free(&mut self, seq: SeqId) {
         self.seqs.remove(seq);
     }

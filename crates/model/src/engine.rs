@@ -66,6 +66,19 @@ pub trait Engine {
         self.prefill(seq, &[token])
     }
 
+    /// Forgets positions `len..` of a sequence, so that the next step writes at `len`
+    /// (llama.cpp's `llama_memory_seq_rm`): how a chat reuses the cached part of a conversation
+    /// whose end changed. Returns `Ok(false)` when this engine cannot (the default, and what a
+    /// sliding-window ring that has overwritten the needed keys answers): the caller then starts
+    /// the sequence again.
+    ///
+    /// # Errors
+    /// [`crate::Error::UnknownSequence`].
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<bool> {
+        let _ = (seq, len);
+        Ok(false)
+    }
+
     /// Releases a sequence and its cache. Unknown ids are ignored.
     fn free(&mut self, seq: SeqId);
 

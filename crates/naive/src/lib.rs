@@ -93,6 +93,16 @@ impl Engine for NaiveEngine {
         self.run(seq, tokens)
     }
 
+    /// The naive engine keeps only the token ids: any prefix can stay.
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<bool> {
+        let s = self.seqs.get_mut(seq)?;
+        if len > s.tokens.len() {
+            return Ok(false);
+        }
+        s.tokens.truncate(len);
+        Ok(true)
+    }
+
     fn free(&mut self, seq: SeqId) {
         self.seqs.remove(seq);
     }

@@ -146,7 +146,12 @@ fn packs_a_scheduled_prefill_then_decode_step() {
 #[test]
 fn sliding_window_groups_pack_holes_and_window_limited_keys() {
     let windows = vec![None, Some(4)];
-    let mut sched = scheduler(32, &windows);
+    // Without prefix caching a prefill writes only the window's keys (with it, the whole prompt,
+    // to cache its blocks: kvlab-paged's try_admit).
+    let kv_cache = KvCacheConfig::new(windows.iter().copied(), 32, 4);
+    let mut config = SchedulerConfig::new(kv_cache, 64);
+    config.enable_prefix_caching = false;
+    let mut sched = Scheduler::new(config).unwrap();
     let prompt: Vec<u32> = (1..=13).collect();
     sched
         .add_request(prompt, StopConditions::max_tokens(8))
