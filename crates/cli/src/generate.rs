@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
 use kvlab_cli::engines::{self, EngineKind};
-use kvlab_model::{GenerateOptions, Sampler, generate_text};
+use kvlab_model::{GenerateOptions, Sampler, generate_ids_text, generate_text};
 
 use crate::{ModelArgs, bytes};
 
@@ -68,6 +68,10 @@ pub struct Args {
     /// Print the stats as one JSON object on stderr instead of text (stdout keeps the text).
     #[arg(long)]
     json: bool,
+    /// Send the prompt as a user message through the model's chat template (and the reply
+    /// starts after the template's assistant opening); `kvlab chat` for several turns.
+    #[arg(long)]
+    chat: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -89,6 +93,19 @@ pub fn run(a: Args) -> Result<()> {
             .join(" "),
         bytes(loaded.model.weights.bytes())
     );
+    // With --chat the prompt is the template's render, which writes its own BOS.
+    let chat_prompt = if a.chat {
+        let template = tok.chat_template().with_context(|| {
+            format!(
+                "{} has no chat template (llama2.c checkpoints have none); leave out --chat",
+                loaded.name
+            )
+        })?;
+        let text = template.render(&[kvlab_model::chat::Message::new("user", &a.prompt)], true)?;
+        Some(tok.encode_special(&text, false, false))
+    } else {
+        None
+    };
     let model = Arc::new(loaded.model);
     let config = model.config.clone();
     let context = a.ctx_size.unwrap_or(config.max_seq_len);
@@ -98,6 +115,7 @@ pub fn run(a: Args) -> Result<()> {
     let steps = match (a.n_predict, a.steps) {
         // The last prompt position's logits give the first new token, so n new tokens end at
         // position prompt + n − 1.
+        (Some(n), _) if chat_prompt.is_some() => chat_prompt.as_ref().map_or(0, Vec::len) + n - 1,
         (Some(n), _) if tok.min_tokens(&a.prompt) < context => {
             tok.encode_special(&a.prompt, true, false).len() + n - 1
         }
@@ -130,29 +148,42 @@ pub fn run(a: Args) -> Result<()> {
         .with_min_p(a.min_p)?
         .with_repeat_penalty(a.repeat_penalty)?;
     let mut out = std::io::stdout().lock();
-    let g = generate_text(
-        engine.as_mut(),
-        tok,
-        &a.prompt,
-        &opts,
-        &mut sampler,
-        |s| {
-            let _ = out.write_all(s.as_bytes());
-            let _ = out.flush();
-        },
-        |pos, fed, step| {
-            eprintln!("[trace] pos {pos:>5} fed {fed:?} len {}", step.len);
-            for (l, shape) in step.layer_cache_shapes.iter().enumerate() {
-                eprintln!("[trace]   layer {l:>2} K,V {shape}");
-            }
-            if let Some(bt) = &step.block_table {
-                eprintln!("[trace]   block_table {bt:?}");
-            }
-            if let Some(sm) = &step.slot_mapping {
-                eprintln!("[trace]   slot_mapping {sm:?}");
-            }
-        },
-    )?;
+    let mut on_text = |s: &str| {
+        let _ = out.write_all(s.as_bytes());
+        let _ = out.flush();
+    };
+    let on_trace = |pos: usize, fed: &[u32], step: kvlab_model::TraceStep| {
+        eprintln!("[trace] pos {pos:>5} fed {fed:?} len {}", step.len);
+        for (l, shape) in step.layer_cache_shapes.iter().enumerate() {
+            eprintln!("[trace]   layer {l:>2} K,V {shape}");
+        }
+        if let Some(bt) = &step.block_table {
+            eprintln!("[trace]   block_table {bt:?}");
+        }
+        if let Some(sm) = &step.slot_mapping {
+            eprintln!("[trace]   slot_mapping {sm:?}");
+        }
+    };
+    let g = match &chat_prompt {
+        Some(ids) => generate_ids_text(
+            engine.as_mut(),
+            tok,
+            ids,
+            &opts,
+            &mut sampler,
+            &mut on_text,
+            on_trace,
+        )?,
+        None => generate_text(
+            engine.as_mut(),
+            tok,
+            &a.prompt,
+            &opts,
+            &mut sampler,
+            &mut on_text,
+            on_trace,
+        )?,
+    };
     // A closed pipe (`kvlab generate | head`) is not an error worth reporting.
     let _ = writeln!(out);
     drop(out);

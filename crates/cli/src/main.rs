@@ -3,6 +3,7 @@
 //! stdout carries only generated text (as llama2.c's run.c prints it); stats and logs go to stderr.
 
 mod batch;
+mod chat;
 mod evict;
 mod generate;
 mod info;
@@ -61,6 +62,9 @@ pub struct ModelArgs {
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Generate(generate::Args),
+    /// A multi-turn conversation through the model's chat template, one stdin line per turn,
+    /// the KV cache kept between turns (reused and new tokens printed per turn).
+    Chat(chat::Args),
     /// Print a model's config and KV bytes per token.
     Info(info::Args),
     /// Several prompts at once through the continuous-batching scheduler and a paged engine.
@@ -107,6 +111,7 @@ fn main() {
     }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Info(args) => info::run(&args),
         Command::Mem(args) => mem::run(args),
         Command::Export { model, out } => load(&model).and_then(|l| {

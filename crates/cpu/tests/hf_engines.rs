@@ -141,3 +141,53 @@ fn first_steps_logits_are_within_the_f32_tolerance_of_transformers() {
         assert!(compared >= 4, "{name}: {compared} cases with logits");
     }
 }
+
+#[test]
+fn a_chat_session_reuses_the_conversation_cache_and_replies_as_a_fresh_run() {
+    use kvlab_model::chat::ChatSession;
+    // tiny-qwen3 ships ChatML; greedy replies of at most 12 tokens.
+    let dir = fixtures().join("models").join("tiny-qwen3");
+    let (model, tok, _) = kvlab_model::hf::load_hf_dir(&dir).unwrap();
+    let model = Arc::new(model);
+    let template = tok.chat_template().unwrap().clone();
+    let mut engine = kvlab_cpu::CpuEngine::new(model.clone());
+    let mut chat = ChatSession::new(template.clone(), None, 256);
+    let turns = ["Tell me a story.", "About a dog?", "Thanks!"];
+    for (i, user) in turns.iter().enumerate() {
+        let mut reply = String::new();
+        let stats = chat
+            .turn(&mut engine, &tok, &mut Sampler::greedy(), user, 12, |s| {
+                reply.push_str(s)
+            })
+            .unwrap();
+        // What a fresh run on the whole rendered conversation generates: the same reply.
+        let mut so_far = chat.messages().to_vec();
+        so_far.pop();
+        let ids = tok.encode_special(&template.render(&so_far, true).unwrap(), false, false);
+        let mut fresh = kvlab_cpu::CpuEngine::new(model.clone());
+        let opts = GenerateOptions {
+            steps: ids.len() + 12 - 1,
+            max_seq_len: 256,
+            trace: false,
+        };
+        let g = generate_tokens(&mut fresh, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
+        let said = &chat.messages().last().unwrap().content;
+        assert_eq!(said, &tok.decode_all(&g.tokens), "turn {i}");
+        assert!(!reply.is_empty(), "turn {i}: the reply streamed");
+        assert_eq!(
+            stats.reused_tokens + stats.prefilled_tokens,
+            ids.len(),
+            "turn {i}"
+        );
+        if i == 0 {
+            assert_eq!(stats.reused_tokens, 0);
+        } else {
+            // Everything up to the new user message came from the cache.
+            assert!(
+                stats.reused_tokens > stats.prefilled_tokens,
+                "turn {i}: {stats:?}"
+            );
+        }
+    }
+    chat.end(&mut engine);
+}

@@ -206,3 +206,179 @@ mod tests {
         );
     }
 }
+
+/// What one turn of a [`ChatSession`] cost.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TurnStats {
+    /// Tokens of the rendered conversation already in the KV cache from earlier turns.
+    pub reused_tokens: usize,
+    /// Tokens prefilled this turn (the new user message and the template's markup around it,
+    /// or everything when the history could not be reused).
+    pub prefilled_tokens: usize,
+    /// Tokens the assistant generated (a final stop token not counted).
+    pub generated_tokens: usize,
+    /// A stop token ended the reply (rather than the token limit or the context).
+    pub stopped: bool,
+    /// Positions in the sequence's cache after the turn.
+    pub cached_tokens: usize,
+}
+
+/// A multi-turn conversation whose KV cache lives across turns.
+///
+/// Each turn renders the whole conversation with the template, as transformers and llama.cpp's
+/// server do, and tokenizes it. The longest prefix of it already in the cache (the previous
+/// render plus the reply) is kept and only the rest is prefilled: the conversation so far costs
+/// no recomputation. Where the render differs from the cache (a reply whose text re-tokenizes
+/// differently, a template that rewrites earlier turns), the cache is cut back to the common
+/// prefix with [`Engine::truncate`], as llama.cpp's server does; an engine that cannot cut
+/// starts over. [`TurnStats`] says how much was reused.
+pub struct ChatSession {
+    template: ChatTemplate,
+    messages: Vec<Message>,
+    seq: Option<SeqId>,
+    /// The token ids in the sequence's cache, in order.
+    cached: Vec<u32>,
+    max_seq_len: usize,
+}
+
+use crate::{Engine, SeqId, Tokenizer};
+
+impl ChatSession {
+    /// A conversation, optionally opened by a system message, with at most `max_seq_len`
+    /// positions.
+    pub fn new(template: ChatTemplate, system: Option<&str>, max_seq_len: usize) -> ChatSession {
+        ChatSession {
+            template,
+            messages: system
+                .map(|s| Message::new("system", s))
+                .into_iter()
+                .collect(),
+            seq: None,
+            cached: Vec::new(),
+            max_seq_len,
+        }
+    }
+
+    /// The conversation so far.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Adds the user's message, generates the reply (streamed to `on_text`, at most `max_new`
+    /// tokens) and adds it to the conversation.
+    ///
+    /// # Errors
+    /// [`Error::ChatTemplate`] (the template refuses the conversation: nothing is added);
+    /// [`Error::PromptTooLong`] when the conversation no longer fits `max_seq_len`; engine and
+    /// sampling errors.
+    pub fn turn(
+        &mut self,
+        engine: &mut dyn Engine,
+        tok: &Tokenizer,
+        sampler: &mut crate::Sampler,
+        user: &str,
+        max_new: usize,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<TurnStats> {
+        self.messages.push(Message::new("user", user));
+        let rendered = match self.template.render(&self.messages, true) {
+            Ok(r) => r,
+            Err(e) => {
+                self.messages.pop();
+                return Err(e);
+            }
+        };
+        // The template writes BOS itself where the model wants it (transformers tokenizes a
+        // rendered chat with add_special_tokens=False).
+        let ids = tok.encode_special(&rendered, false, false);
+        if ids.len() >= self.max_seq_len {
+            self.messages.pop();
+            return Err(Error::PromptTooLong {
+                tokens: ids.len(),
+                max_seq_len: self.max_seq_len,
+            });
+        }
+        // The longest prefix of the new render already in the cache, leaving at least one
+        // token to prefill (its logits start the reply).
+        let common = self
+            .cached
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len() - 1);
+        let kept = match self.seq {
+            Some(seq) if common == self.cached.len() => Some(seq),
+            Some(seq) if engine.truncate(seq, common)? => {
+                self.cached.truncate(common);
+                Some(seq)
+            }
+            _ => None,
+        };
+        let seq = match kept {
+            Some(seq) => seq,
+            None => {
+                if let Some(old) = self.seq.take() {
+                    engine.free(old);
+                }
+                self.cached.clear();
+                let seq = engine.new_sequence(self.max_seq_len)?;
+                self.seq = Some(seq);
+                seq
+            }
+        };
+        let mut stats = TurnStats {
+            reused_tokens: self.cached.len(),
+            prefilled_tokens: ids.len() - self.cached.len(),
+            ..TurnStats::default()
+        };
+        let mut logits = engine.prefill(seq, &ids[self.cached.len()..])?;
+        self.cached = ids;
+        let stop_ids = engine.config().stop_ids.clone();
+        let mut stream = crate::tokenizer::Utf8Stream::default();
+        let mut reply = Vec::new();
+        let mut prev = *self.cached.last().unwrap_or(&u32::MAX);
+        loop {
+            let pos = self.cached.len() - 1;
+            let next = sampler
+                .sample(&mut logits)
+                .map_err(|e| Error::NonFiniteLogits {
+                    pos,
+                    index: e.index,
+                    value: e.value,
+                })?;
+            sampler.accept(next);
+            if stop_ids.contains(&next) {
+                stats.stopped = true;
+                break;
+            }
+            reply.push(next);
+            let text = stream.push(&tok.decode(prev, next));
+            if !text.is_empty() {
+                on_text(&text);
+            }
+            if reply.len() >= max_new || self.cached.len() >= self.max_seq_len {
+                break;
+            }
+            logits = engine.decode(seq, next)?;
+            self.cached.push(next);
+            prev = next;
+        }
+        let rest = stream.finish();
+        if !rest.is_empty() {
+            on_text(&rest);
+        }
+        stats.generated_tokens = reply.len();
+        stats.cached_tokens = self.cached.len();
+        self.messages
+            .push(Message::new("assistant", &tok.decode_all(&reply)));
+        Ok(stats)
+    }
+
+    /// Frees the conversation's cache.
+    pub fn end(mut self, engine: &mut dyn Engine) {
+        if let Some(seq) = self.seq.take() {
+            engine.free(seq);
+        }
+    }
+}

@@ -231,8 +231,8 @@ pub fn generate_text(
     text: &str,
     opts: &GenerateOptions,
     sampler: &mut Sampler,
-    mut on_text: impl FnMut(&str),
-    mut on_trace: impl FnMut(usize, &[u32], TraceStep),
+    on_text: impl FnMut(&str),
+    on_trace: impl FnMut(usize, &[u32], TraceStep),
 ) -> Result<Generation> {
     // Refuse a prompt that cannot fit before spending time encoding it: a lower bound on its
     // tokens is known from its length alone.
@@ -250,6 +250,23 @@ pub fn generate_text(
         });
     }
     let prompt = tokenizer.encode_special(text, true, false);
+    generate_ids_text(engine, tokenizer, &prompt, opts, sampler, on_text, on_trace)
+}
+
+/// [`generate_text`] from prompt ids already encoded (a chat template's render, which writes
+/// its own BOS): the prompt's text and the continuation stream to `on_text`.
+///
+/// # Errors
+/// As [`generate_tokens`].
+pub fn generate_ids_text(
+    engine: &mut dyn Engine,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
+    mut on_text: impl FnMut(&str),
+    mut on_trace: impl FnMut(usize, &[u32], TraceStep),
+) -> Result<Generation> {
     let mut stream = crate::tokenizer::Utf8Stream::default();
     // The loop echoes the prompt from its second token on (the first is BOS); a vocabulary
     // without BOS (Qwen's) starts with text, printed here.
@@ -261,7 +278,7 @@ pub fn generate_text(
             on_text(&s);
         }
     }
-    let g = generate_tokens(engine, &prompt, opts, sampler, |e| match e {
+    let g = generate_tokens(engine, prompt, opts, sampler, |e| match e {
         Event::Token { prev, token, .. } => {
             let s = stream.push(&tokenizer.decode(prev, token));
             if !s.is_empty() {

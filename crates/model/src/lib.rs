@@ -33,7 +33,9 @@ pub use compare::{LogitComparison, Tolerance, compare_logits};
 pub use config::{Activation, Config, LayerKind, RopeLayout};
 pub use engine::{Engine, KvUsage, SeqId, Sequences, TraceStep};
 pub use error::{Error, Result};
-pub use generate::{GenerateOptions, Generation, generate_text, generate_tokens, teacher_force};
+pub use generate::{
+    GenerateOptions, Generation, generate_ids_text, generate_text, generate_tokens, teacher_force,
+};
 pub use kvlab_gguf::GgmlType;
 pub use sampler::Sampler;
 pub use synthetic::SyntheticSpec;

@@ -1,5 +1,6 @@
 //! The routes: `GET /health`, `GET /v1/models`, `POST /v1/completions` (JSON or SSE),
-//! `POST /v1/chat/completions` (a 400 while no kvlab model has a chat template), `GET /metrics`
+//! `POST /v1/chat/completions` (messages through the model's chat template; a 400 for a model
+//! without one), `GET /metrics`
 //! (Prometheus text), the live pool page (`GET /`, data at `GET /pool`, in `page.rs`), and
 //! OpenAI's error shape `{"error": {"message", "type", "param", "code"}}`
 //! for every failure.
@@ -294,24 +295,6 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
     }]}))
 }
 
-/// No kvlab model carries a chat template yet (llama2.c checkpoints have none, and the GGUF
-/// reader does not keep `tokenizer.chat_template`), so a chat request is refused clearly.
-async fn chat_completions(
-    State(s): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiError {
-    if let Err(e) = body {
-        return ApiError::new(e.status(), "invalid_request_error", e.body_text());
-    }
-    ApiError::invalid(
-        format!(
-            "model {:?} has no chat template, so chat messages cannot be turned into a prompt; send a prompt to /v1/completions",
-            s.model_name
-        ),
-        Some("messages"),
-    )
-}
-
 /// Prometheus' text format: the scheduler's gauges and counters as of the engine's last step,
 /// and the requests' latency histograms (see `metrics.rs` for the names).
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
@@ -335,12 +318,14 @@ enum StopField {
     Many(Vec<String>),
 }
 
-/// The fields of OpenAI's completion request kvlab implements; any other field is refused.
+/// The fields of OpenAI's completion and chat completion requests kvlab implements; any other
+/// field is refused. A completion has `prompt`, a chat completion `messages`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CompletionRequest {
     model: Option<String>,
-    prompt: String,
+    prompt: Option<String>,
+    messages: Option<Vec<kvlab_model::chat::Message>>,
     max_tokens: Option<usize>,
     temperature: Option<f32>,
     top_p: Option<f32>,
@@ -367,7 +352,56 @@ struct Prepared {
     stream: bool,
 }
 
-fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
+/// Which OpenAI endpoint a request came to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Completions,
+    Chat,
+}
+
+/// The prompt text of a request: its `prompt`, or its `messages` rendered by the model's chat
+/// template (which writes its own BOS, so `bos` is false then).
+fn prompt_text(
+    s: &AppState,
+    req: &CompletionRequest,
+    api: Api,
+) -> Result<(String, bool), ApiError> {
+    match (api, &req.prompt, &req.messages) {
+        (Api::Completions, Some(p), None) => Ok((p.clone(), true)),
+        (Api::Completions, _, _) => Err(ApiError::invalid(
+            "a completion takes a prompt (and no messages; those go to /v1/chat/completions)",
+            Some("prompt"),
+        )),
+        (Api::Chat, None, Some(messages)) => {
+            let Some(template) = s.tokenizer.chat_template() else {
+                return Err(ApiError::invalid(
+                    format!(
+                        "model {:?} has no chat template, so chat messages cannot be turned into a prompt; send a prompt to /v1/completions",
+                        s.model_name
+                    ),
+                    Some("messages"),
+                ));
+            };
+            if messages.is_empty() {
+                return Err(ApiError::invalid("messages is empty", Some("messages")));
+            }
+            let text = template
+                .render(messages, true)
+                .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+            Ok((text, false))
+        }
+        (Api::Chat, _, _) => Err(ApiError::invalid(
+            "a chat completion takes messages (and no prompt; that goes to /v1/completions)",
+            Some("messages"),
+        )),
+    }
+}
+
+fn prepare(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    api: Api,
+) -> Result<Prepared, ApiError> {
     let body =
         body.map_err(|e| ApiError::new(e.status(), "invalid_request_error", e.body_text()))?;
     let req: CompletionRequest = serde_json::from_slice(&body)
@@ -398,14 +432,21 @@ fn prepare(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Prepared
             Some("max_tokens"),
         ));
     }
+    let (text, bos) = prompt_text(s, &req, api)?;
     // A cheap lower bound first, so a huge prompt is refused before it is encoded.
-    if s.tokenizer.min_tokens(&req.prompt) + 1 > max_model_len {
+    if s.tokenizer.min_tokens(&text) + 1 > max_model_len {
         return Err(ApiError::invalid(
             format!("the prompt is longer than the context of {max_model_len} tokens"),
             Some("prompt"),
         ));
     }
-    let prompt = s.tokenizer.encode_special(&req.prompt, true, false);
+    let prompt = s.tokenizer.encode_special(&text, bos, false);
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            "the prompt encodes to no tokens, and this vocabulary has no BOS to start from",
+            Some("prompt"),
+        ));
+    }
     if prompt.len() >= max_model_len {
         return Err(ApiError::invalid(
             format!(
@@ -546,8 +587,25 @@ async fn completions(
     State(s): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    serve_request(s, body, Api::Completions).await
+}
+
+async fn chat_completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    serve_request(s, body, Api::Chat).await
+}
+
+/// One request of either endpoint: checked, submitted to the engine, answered as one JSON body
+/// or streamed.
+async fn serve_request(
+    s: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    api: Api,
+) -> Result<Response, ApiError> {
     let arrival = Instant::now();
-    let p = prepare(&s, body)?;
+    let p = prepare(&s, body, api)?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = p.prompt.len();
     let last = p.prompt[prompt_tokens - 1];
@@ -584,12 +642,18 @@ async fn completions(
         s.engine.stop_token_ids().to_vec(),
     );
     let mut completion = Completion::new(rx, detokenizer);
-    let id = format!("cmpl-{}", s.next_id.fetch_add(1, Ordering::Relaxed));
+    let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
+    let id = format!("{prefix}-{}", s.next_id.fetch_add(1, Ordering::Relaxed));
     let created = now_s();
     if p.stream {
-        return Ok(
-            Sse::new(sse_chunks(completion, id, created, s.model_name.clone())).into_response(),
-        );
+        return Ok(Sse::new(sse_chunks(
+            completion,
+            id,
+            created,
+            s.model_name.clone(),
+            api,
+        ))
+        .into_response());
     }
     let mut text = String::new();
     let reason = loop {
@@ -605,35 +669,69 @@ async fn completions(
             }
         }
     };
+    let (object, choice) = match api {
+        Api::Completions => (
+            "text_completion",
+            json!({"text": text, "index": 0, "logprobs": null, "finish_reason": reason}),
+        ),
+        Api::Chat => (
+            "chat.completion",
+            json!({"index": 0, "message": {"role": "assistant", "content": text},
+                   "logprobs": null, "finish_reason": reason}),
+        ),
+    };
     Ok(Json(json!({
         "id": id,
-        "object": "text_completion",
+        "object": object,
         "created": created,
         "model": s.model_name,
-        "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": reason}],
+        "choices": [choice],
         "usage": usage(prompt_tokens, completion.completion_tokens),
     }))
     .into_response())
 }
 
 /// The SSE body of a streamed completion: one chunk per piece of text, a last chunk with the
-/// finish reason (or an error object), then `data: [DONE]`.
+/// finish reason (or an error object), then `data: [DONE]`. A chat chunk carries its text as
+/// `delta.content` (the first also `delta.role`), as OpenAI's `chat.completion.chunk` does.
 fn sse_chunks(
     completion: Completion,
     id: String,
     created: u64,
     model: String,
+    api: Api,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
+    let first = std::sync::atomic::AtomicBool::new(true);
     let chunk = move |text: &str, reason: Option<&str>| {
+        let (object, choice) = match api {
+            Api::Completions => (
+                "text_completion",
+                json!({"text": text, "index": 0, "logprobs": null, "finish_reason": reason}),
+            ),
+            Api::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first.swap(false, Ordering::Relaxed) {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if reason.is_none() {
+                    delta.insert("content".into(), text.into());
+                }
+                (
+                    "chat.completion.chunk",
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
+                )
+            }
+        };
         json!({
             "id": id,
-            "object": "text_completion",
+            "object": object,
             "created": created,
             "model": model,
-            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": reason}],
+            "choices": [choice],
         })
         .to_string()
     };
+    let chunk = std::sync::Arc::new(chunk);
     stream::unfold(Some(completion), move |state| {
         let chunk = chunk.clone();
         async move {

@@ -434,3 +434,118 @@ async fn live_page_shows_the_pool_and_shared_prefix_blocks() {
         "the shared prefix stays cached after both ended: {after}"
     );
 }
+
+/// `/v1/chat/completions` on a model with a chat template (tiny-qwen3's ChatML, a Hugging Face
+/// folder written by transformers): the reply is the cpu engine's greedy run on the template's
+/// render, as one `chat.completion` and as `chat.completion.chunk` deltas; a conversation the
+/// template refuses, an empty one, or a prompt instead of messages get 400s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_completions_use_the_models_template() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/tiny-qwen3");
+    let (model, tok, _) = kvlab_model::hf::load_hf_dir(&dir).unwrap();
+    let (model, tok) = (Arc::new(model), Arc::new(tok));
+    let url = start(&model, &tok, 16).await;
+    let messages = json!([{"role": "user", "content": "Tell me a story."}]);
+    // The reference: greedy on the rendered conversation's ids, 8 tokens.
+    let rendered = tok
+        .chat_template()
+        .unwrap()
+        .render(
+            &[kvlab_model::chat::Message::new("user", "Tell me a story.")],
+            true,
+        )
+        .unwrap();
+    let ids = tok.encode_special(&rendered, false, false);
+    let mut engine = kvlab_cpu::CpuEngine::new(model.clone());
+    let opts = kvlab_model::GenerateOptions {
+        steps: ids.len() + 8 - 1,
+        max_seq_len: 0,
+        trace: false,
+    };
+    let g = kvlab_model::generate_tokens(
+        &mut engine,
+        &ids,
+        &opts,
+        &mut kvlab_model::Sampler::greedy(),
+        |_| {},
+    )
+    .unwrap();
+    let mut utf8 = kvlab_model::tokenizer::Utf8Stream::default();
+    let mut prev = *ids.last().unwrap();
+    let mut want = String::new();
+    for &t in &g.tokens {
+        want += &utf8.push(&tok.decode(prev, t));
+        prev = t;
+    }
+    want += &utf8.finish();
+
+    let client = reqwest::Client::new();
+    let chat = |body: Value| {
+        client
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&body)
+            .send()
+    };
+    let r = chat(json!({"messages": messages, "max_tokens": 8, "temperature": 0}))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], want.as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+
+    let r = chat(json!({"messages": messages, "max_tokens": 8, "temperature": 0, "stream": true}))
+        .await
+        .unwrap();
+    let body = r.text().await.unwrap();
+    let chunks: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(body.trim_end().ends_with("data: [DONE]"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, want);
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+
+    for (body, needle) in [
+        (json!({"messages": []}), "messages is empty"),
+        (json!({"prompt": "x"}), "takes messages"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+            "invalid request body",
+        ),
+    ] {
+        let r = chat(body.clone()).await.unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(needle),
+            "{v}"
+        );
+    }
+    let r = client
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert_pool_free(&url, 0).await;
+}
