@@ -2,7 +2,8 @@
 """Tiny Hugging Face checkpoints and transformers' outputs on them: kvlab's HF-format oracles.
 
 Hugging Face transformers (PyPI) is the reference; no kvlab code writes any of this. For each
-architecture kvlab reads from a Hugging Face folder (llama, mistral, qwen3, gemma3_text) it:
+architecture kvlab reads from a Hugging Face folder (llama, mistral, qwen3, gemma3_text, and
+llama with Llama 3.1's RoPE scaling) it:
 
   1. trains a small BPE `tokenizer.json` with the `tokenizers` package on fixtures/hf/corpus.txt:
      byte-level (GPT-2 / Llama 3 / Qwen style) or SentencePiece-style with byte fallback (Llama 2
@@ -185,6 +186,17 @@ def architectures(corpus):
              query_pre_attn_scalar=16, max_position_embeddings=256, sliding_window=16,
              layer_types=["sliding_attention"] * 3 + ["full_attention"], rms_norm_eps=1e-6,
              bos_token_id=bos, eos_token_id=eos, pad_token_id=0), torch.float32),
+        # Llama 3.1's RoPE scaling, with an original context of 64 so that the 16-wide heads
+        # (base 500,000) have frequencies in all three bands: kept, divided by 8, interpolated.
+        ("tiny-llama3", lambda: byte_level_tokenizer(corpus, bos=True),
+         lambda v, bos, eos: C.LlamaConfig(
+             vocab_size=v, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+             rms_norm_eps=1e-5, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 64},
+             bos_token_id=bos, eos_token_id=eos), torch.float32),
     ]
 
 

@@ -1,5 +1,5 @@
 //! The tiny Hugging Face checkpoints of `fixtures/models/tiny-*` (llama, mistral, qwen3,
-//! gemma3_text, written by transformers' `save_pretrained`) on every CPU engine: the naive, cpu
+//! gemma3_text, llama with Llama 3's RoPE scaling, written by transformers' `save_pretrained`) on every CPU engine: the naive, cpu
 //! and cpu-paged engines generate transformers' greedy ids (`fixtures/hf/<name>.json`, from
 //! scripts/hf_oracle.py) for every prompt, and their first steps' logits are within the f32
 //! tolerance of transformers'. No kvlab code wrote the oracle.
@@ -17,7 +17,13 @@ use kvlab_model::{
 use kvlab_paged::{KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, drive};
 use serde_json::Value;
 
-const MODELS: [&str; 4] = ["tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma3"];
+const MODELS: [&str; 5] = [
+    "tiny-llama",
+    "tiny-mistral",
+    "tiny-qwen3",
+    "tiny-gemma3",
+    "tiny-llama3",
+];
 
 fn fixtures() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures"))
@@ -190,4 +196,35 @@ fn a_chat_session_reuses_the_conversation_cache_and_replies_as_a_fresh_run() {
         }
     }
     chat.end(&mut engine);
+}
+
+#[test]
+fn llama3_rope_scaling_matters_to_the_oracle() {
+    // Without its frequency scaling, tiny-llama3 generates other ids than transformers: the
+    // fixture tests the scaling, not only the plain Llama.
+    let (model, cases) = load("tiny-llama3");
+    let mut plain = (*model).clone();
+    plain.config.rope_scaling = None;
+    let plain = Arc::new(plain);
+    let differ = cases.iter().filter(|c| {
+        let mut engine = kvlab_cpu::CpuEngine::new(plain.clone());
+        let opts = GenerateOptions {
+            steps: c.prompt.len() + c.n_gen - 1,
+            max_seq_len: 0,
+            trace: false,
+        };
+        let g = generate_tokens(
+            &mut engine,
+            &c.prompt,
+            &opts,
+            &mut Sampler::greedy(),
+            |_| {},
+        )
+        .unwrap();
+        !c.oracle.starts_with(&g.tokens)
+    });
+    assert!(
+        differ.count() >= 6,
+        "the unscaled model still matches most cases"
+    );
 }

@@ -62,6 +62,44 @@ impl LayerKind {
     }
 }
 
+/// Llama 3.1's RoPE frequency scaling (config.json `rope_type: "llama3"`): low frequencies
+/// divided by `factor`, high ones kept, the band between interpolated, so a model trained at
+/// `original_max_position_embeddings` reads longer contexts. The formula is transformers'
+/// `_compute_llama3_parameters` (modeling_rope_utils.py), which llama.cpp's converter also
+/// bakes into its `rope_freqs` tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Llama3RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    /// Positions (the context the model was first trained at: 8192 for Llama 3.1).
+    pub original_max_position_embeddings: usize,
+}
+
+impl Llama3RopeScaling {
+    /// One frequency (radians per position), scaled: with wavelength λ = 2π/f, λ below
+    /// `original / high_freq_factor` keeps f, λ above `original / low_freq_factor` gets
+    /// f / factor, and between them s = (original/λ − low) / (high − low) mixes the two,
+    /// (1 − s)·f/factor + s·f.
+    pub fn scale(&self, f: f32) -> f32 {
+        let original = self.original_max_position_embeddings as f32;
+        let (low_wavelen, high_wavelen) = (
+            original / self.low_freq_factor,
+            original / self.high_freq_factor,
+        );
+        let wavelen = 2.0 * std::f32::consts::PI / f;
+        if wavelen < high_wavelen {
+            f
+        } else if wavelen > low_wavelen {
+            f / self.factor
+        } else {
+            let s = (original / wavelen - self.low_freq_factor)
+                / (self.high_freq_factor - self.low_freq_factor);
+            (1.0 - s) * f / self.factor + s * f
+        }
+    }
+}
+
 /// Everything the forward pass needs to know about a model's shape and arithmetic.
 ///
 /// Shapes use the field's names: `dim` is the residual width, `q_dim = n_heads · head_dim`,
@@ -89,6 +127,9 @@ pub struct Config {
     pub rope_theta: f32,
     /// RoPE base for local (sliding-window) layers (1e4 in Gemma 3).
     pub rope_theta_local: f32,
+    /// Llama 3.1's frequency scaling, when the model has it.
+    #[serde(default)]
+    pub rope_scaling: Option<Llama3RopeScaling>,
     pub activation: Activation,
     /// One entry per layer.
     pub layer_kinds: Vec<LayerKind>,
@@ -175,6 +216,7 @@ impl Config {
             rope_layout: RopeLayout::Interleaved,
             rope_theta: 10_000.0,
             rope_theta_local: 10_000.0,
+            rope_scaling: None,
             activation: Activation::Silu,
             layer_kinds: vec![LayerKind::Global; n_layers],
             embed_scale: 1.0,
@@ -208,6 +250,20 @@ impl Config {
     }
 
     /// RoPE base for layer `l`.
+    /// The rotation frequency of each pair j of a head, (head_dim/2,), for base `theta`:
+    /// theta^(−2j/head_dim) (RoFormer; computed as run.c does, 1/theta^(2j/head_dim)), scaled by
+    /// [`Llama3RopeScaling`] when the model has it. Every engine's RoPE takes its angles
+    /// `pos · freq` from here.
+    pub fn rope_freqs(&self, theta: f32) -> Vec<f32> {
+        let hd = self.head_dim;
+        (0..hd / 2)
+            .map(|j| {
+                let f = 1.0 / theta.powf((2 * j) as f32 / hd as f32);
+                self.rope_scaling.map_or(f, |s| s.scale(f))
+            })
+            .collect()
+    }
+
     pub fn rope_theta_for(&self, layer: usize) -> f32 {
         match self.layer_kinds[layer] {
             LayerKind::Global => self.rope_theta,
@@ -335,6 +391,18 @@ impl Config {
         ]
         .iter()
         .all(|v| v.is_finite());
+        if let Some(r) = self.rope_scaling {
+            let ok = [r.factor, r.low_freq_factor, r.high_freq_factor]
+                .iter()
+                .all(|v| v.is_finite() && *v > 0.0)
+                && r.high_freq_factor > r.low_freq_factor
+                && r.original_max_position_embeddings > 0;
+            if !ok {
+                return bad(format!(
+                    "rope_scaling {r:?}: factors must be finite and positive, high_freq_factor above low_freq_factor"
+                ));
+            }
+        }
         if !finite || self.norm_eps < 0.0 || self.rope_theta <= 0.0 || self.rope_theta_local <= 0.0
         {
             return bad(

@@ -16,17 +16,23 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
+    /// The plain table of base `theta` (no frequency scaling).
     pub fn new(theta: f32, head_dim: usize, max_pos: usize) -> RopeTable {
-        let half = head_dim / 2;
-        let freqs: Vec<f32> = (0..half)
+        let freqs: Vec<f32> = (0..head_dim / 2)
             .map(|j| 1.0 / theta.powf((2 * j) as f32 / head_dim as f32))
             .collect();
+        RopeTable::from_freqs(theta, &freqs, max_pos)
+    }
+
+    /// The table of the frequencies `freqs` (head_dim/2,) ([`Config::rope_freqs`]).
+    pub fn from_freqs(theta: f32, freqs: &[f32], max_pos: usize) -> RopeTable {
+        let half = freqs.len();
         let (mut cos, mut sin) = (
             Vec::with_capacity(max_pos * half),
             Vec::with_capacity(max_pos * half),
         );
         for p in 0..max_pos {
-            for &f in &freqs {
+            for &f in freqs {
                 let (s, c) = (p as f32 * f).sin_cos();
                 cos.push(c);
                 sin.push(s);
@@ -93,7 +99,7 @@ impl RopeTables {
                     .iter()
                     .position(|t| t.theta == theta)
                     .unwrap_or_else(|| {
-                        tables.push(RopeTable::new(theta, c.head_dim, max_pos));
+                        tables.push(RopeTable::from_freqs(theta, &c.rope_freqs(theta), max_pos));
                         tables.len() - 1
                     })
             })

@@ -10,7 +10,13 @@ use kvlab_model::hf::{self, HfArch};
 use kvlab_model::{Activation, LayerKind, RopeLayout, Tokenizer};
 use serde_json::Value;
 
-const MODELS: [&str; 4] = ["tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-gemma3"];
+const MODELS: [&str; 5] = [
+    "tiny-llama",
+    "tiny-mistral",
+    "tiny-qwen3",
+    "tiny-gemma3",
+    "tiny-llama3",
+];
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -63,6 +69,24 @@ fn configs_are_read_as_each_architecture_says() {
     );
     assert!(c.qk_norm && c.shared_classifier && !c.post_norms);
     assert_eq!(c.rope_theta, 1e6);
+
+    let (c, _) = hf::read_hf_config(&folder("tiny-llama3")).unwrap();
+    let s = c.rope_scaling.expect("rope_type llama3");
+    assert_eq!((s.factor, s.original_max_position_embeddings), (8.0, 64));
+    // Head 16, base 500,000: pair 0 (wavelength 6.3) is kept, pair 1 (32.5) interpolated,
+    // pairs 2.. (≥ 168) divided by 8, as transformers' _compute_llama3_parameters does.
+    let plain: Vec<f32> = (0..8)
+        .map(|j| 500_000f32.powf(-(2 * j) as f32 / 16.0))
+        .collect();
+    let f = c.rope_freqs(c.rope_theta);
+    assert_eq!(f[0], plain[0]);
+    assert!(f[1] < plain[1] && f[1] > plain[1] / 8.0);
+    assert!(
+        f[2..]
+            .iter()
+            .zip(&plain[2..])
+            .all(|(a, b)| (a - b / 8.0).abs() <= 1e-6 * b)
+    );
 
     let (c, arch) = hf::read_hf_config(&folder("tiny-gemma3")).unwrap();
     assert_eq!(arch, HfArch::Gemma3);
@@ -194,7 +218,7 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
 #[test]
 fn unsupported_features_are_refused_by_name() {
     type Edit = fn(&mut Value);
-    let cases: [(&str, Edit, &str); 7] = [
+    let cases: [(&str, Edit, &str); 8] = [
         (
             "qwen2",
             |v| v["model_type"] = "qwen2".into(),
@@ -206,9 +230,14 @@ fn unsupported_features_are_refused_by_name() {
             "attention_bias",
         ),
         (
-            "llama3-rope",
+            "yarn",
+            |v| v["rope_parameters"]["rope_type"] = "yarn".into(),
+            "rope_type \"yarn\"",
+        ),
+        (
+            "llama3-incomplete",
             |v| v["rope_parameters"]["rope_type"] = "llama3".into(),
-            "\"llama3\"",
+            "rope_type llama3 without factor",
         ),
         (
             "old-rope-scaling",

@@ -5,7 +5,7 @@
 //! `x.dot(&w.t())`.
 
 use kvlab_model::{Activation, LayerKind, Model, RopeLayout};
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis, s};
+use ndarray::{Array2, ArrayView1, ArrayView2, Axis, s};
 
 /// Logits (vocab_size,) of the last of `tokens`, computed from scratch.
 pub fn forward(model: &Model, tokens: &[u32]) -> Vec<f32> {
@@ -42,9 +42,9 @@ pub fn forward_rows(model: &Model, tokens: &[u32], from: usize) -> Array2<f32> {
             q = rmsnorm_heads(&q, hd, &lw.q_norm, c.norm_eps);
             k = rmsnorm_heads(&k, hd, &lw.k_norm, c.norm_eps);
         }
-        let theta = c.rope_theta_for(l);
-        rope_rows(&mut q, hd, theta, c.rope_layout);
-        rope_rows(&mut k, hd, theta, c.rope_layout);
+        let freqs = c.rope_freqs(c.rope_theta_for(l));
+        rope_rows(&mut q, hd, &freqs, c.rope_layout);
+        rope_rows(&mut k, hd, &freqs, c.rope_layout);
 
         // Causal mask, narrowed to a sliding window on local layers:
         // query i may see key j iff j ≤ i and i − j < window.
@@ -122,17 +122,14 @@ fn rmsnorm_heads(x: &Array2<f32>, hd: usize, w: &[f32], eps: f32) -> Array2<f32>
         .expect("same size")
 }
 
-/// RoPE on every head of every row; row i is position i. Pair j of a head turns by
-/// i · theta^(−2j/hd) (computed as run.c does: 1 / theta^(2j/hd)).
-fn rope_rows(x: &mut Array2<f32>, hd: usize, theta: f32, layout: RopeLayout) {
+/// RoPE on every head of every row; row i is position i. Pair j of a head turns by i · freqs[j]
+/// (`Config::rope_freqs`: theta^(−2j/hd), Llama 3's scaling applied where the model has it).
+fn rope_rows(x: &mut Array2<f32>, hd: usize, freqs: &[f32], layout: RopeLayout) {
     let half = hd / 2;
-    let freqs: Array1<f32> = (0..half)
-        .map(|j| 1.0 / theta.powf((2 * j) as f32 / hd as f32))
-        .collect();
     for (pos, mut row) in x.axis_iter_mut(Axis(0)).enumerate() {
         for mut head in row.exact_chunks_mut(hd) {
-            for j in 0..half {
-                let (sin, cos) = (pos as f32 * freqs[j]).sin_cos();
+            for (j, &freq) in freqs.iter().enumerate().take(half) {
+                let (sin, cos) = (pos as f32 * freq).sin_cos();
                 let (a_i, b_i) = match layout {
                     RopeLayout::Interleaved => (2 * j, 2 * j + 1),
                     RopeLayout::Neox => (j, j + half),

@@ -21,13 +21,16 @@
 //!   `rope_parameters`) and "full_attention" (`rope_theta`).
 //!
 //! RoPE's base is `rope_theta` (transformers 4) or `rope_parameters.rope_theta` (transformers
-//! 5). Refused with an error naming the field rather than computed wrongly: any other
-//! `model_type` (Qwen2's q/k/v biases, MoE), `rope_scaling`/`rope_type` other than "default"
-//! (Llama 3.1's "llama3", YaRN), `attention_bias`, `mlp_bias`, logit soft-capping, an
-//! activation other than the above, `use_sliding_window` in Qwen3, and absurd sizes.
+//! 5); `rope_type` "llama3" (Llama 3.1 and 3.2: `factor`, `low_freq_factor`, `high_freq_factor`,
+//! `original_max_position_embeddings`) scales the frequencies as `_compute_llama3_parameters`
+//! does ([`Llama3RopeScaling`]). Refused with an error naming the field rather than computed
+//! wrongly: any other `model_type` (Qwen2's q/k/v biases, MoE), any other `rope_type` (YaRN,
+//! linear, dynamic), `attention_bias`, `mlp_bias`, logit soft-capping, an activation other than
+//! the above, `use_sliding_window` in Qwen3, and absurd sizes.
 
 use serde_json::Value;
 
+use crate::config::Llama3RopeScaling;
 use crate::config::{MAX_DIM, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, check_field};
 use crate::{Activation, Config, Error, LayerKind, Result, RopeLayout};
 
@@ -104,28 +107,48 @@ fn ids(v: &Value, key: &str) -> Result<Vec<u32>> {
 }
 
 /// What `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling` (transformers 4)
-/// say: the base, after refusing any scaling. `params` is the object to read (for Gemma 3, one
-/// per layer type).
-fn rope_theta(params: &Value, cfg: &Value, what: &str) -> Result<Option<f32>> {
-    if let Some(ty) = params["rope_type"].as_str().or(params["type"].as_str())
-        && ty != "default"
-    {
-        return Err(bad(format!(
-            "{what} has rope_type {ty:?}; only unscaled RoPE (\"default\") is supported"
-        )));
-    }
-    if !cfg["rope_scaling"].is_null() && cfg["rope_parameters"].is_null() {
-        let ty = cfg["rope_scaling"]["rope_type"]
-            .as_str()
-            .or(cfg["rope_scaling"]["type"].as_str())
-            .unwrap_or("?");
-        if ty != "default" {
+/// say: the base, and Llama 3's scaling when `rope_type` is "llama3"; any other scaling is
+/// refused. `params` is the object to read (for Gemma 3, one per layer type).
+fn rope(
+    params: &Value,
+    cfg: &Value,
+    what: &str,
+) -> Result<(Option<f32>, Option<Llama3RopeScaling>)> {
+    // transformers 4 kept the scaling apart from the base, in `rope_scaling`.
+    let scaling = if cfg["rope_parameters"].is_null() && !cfg["rope_scaling"].is_null() {
+        &cfg["rope_scaling"]
+    } else {
+        params
+    };
+    let ty = scaling["rope_type"]
+        .as_str()
+        .or(scaling["type"].as_str())
+        .unwrap_or("default");
+    let llama3 = match ty {
+        "default" => None,
+        "llama3" => {
+            let f = |k: &str| {
+                float(scaling, k)?
+                    .ok_or_else(|| bad(format!("{what}: rope_type llama3 without {k}")))
+            };
+            Some(Llama3RopeScaling {
+                factor: f("factor")?,
+                low_freq_factor: f("low_freq_factor")?,
+                high_freq_factor: f("high_freq_factor")?,
+                original_max_position_embeddings: size(
+                    scaling,
+                    "original_max_position_embeddings",
+                    MAX_SEQ_LEN,
+                )?,
+            })
+        }
+        other => {
             return Err(bad(format!(
-                "rope_scaling of type {ty:?} is not supported; only unscaled RoPE is"
+                "{what} has rope_type {other:?}; kvlab reads unscaled RoPE (\"default\") and Llama 3's \"llama3\""
             )));
         }
-    }
-    float(params, "rope_theta")
+    };
+    Ok((float(params, "rope_theta")?, llama3))
 }
 
 /// The [`Config`] of a `config.json` (see the module doc for what is read and refused), and
@@ -209,8 +232,10 @@ pub fn parse(cfg: &Value) -> Result<(Config, HfArch)> {
         HfArch::Gemma3 => gemma3(cfg, &mut c)?,
         _ => {
             let from = if params.is_null() { cfg } else { params };
-            c.rope_theta = rope_theta(from, cfg, "rope_parameters")?.unwrap_or(10_000.0);
+            let (theta, scaling) = rope(from, cfg, "rope_parameters")?;
+            c.rope_theta = theta.unwrap_or(10_000.0);
             c.rope_theta_local = c.rope_theta;
+            c.rope_scaling = scaling;
         }
     }
     if arch == HfArch::Mistral
@@ -260,23 +285,26 @@ fn gemma3(cfg: &Value, c: &mut Config) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let params = &cfg["rope_parameters"];
+    // Gemma 3's larger models scale the global layers' RoPE linearly; kvlab reads the unscaled
+    // ones (270M, 1B), and a scaled one is refused by `rope`.
+    let unscaled =
+        |(theta, scaling): (Option<f32>, Option<Llama3RopeScaling>), what: &str| match scaling {
+            None => Ok(theta),
+            Some(_) => Err(bad(format!(
+                "{what}: Llama 3 RoPE scaling on a Gemma 3 model"
+            ))),
+        };
     let (full, local) = if params.is_null() {
         (
-            rope_theta(cfg, cfg, "config")?,
+            unscaled(rope(cfg, cfg, "config")?, "config")?,
             float(cfg, "rope_local_base_freq")?,
         )
     } else {
+        let full = "rope_parameters.full_attention";
+        let sliding = "rope_parameters.sliding_attention";
         (
-            rope_theta(
-                &params["full_attention"],
-                cfg,
-                "rope_parameters.full_attention",
-            )?,
-            rope_theta(
-                &params["sliding_attention"],
-                cfg,
-                "rope_parameters.sliding_attention",
-            )?,
+            unscaled(rope(&params["full_attention"], cfg, full)?, full)?,
+            unscaled(rope(&params["sliding_attention"], cfg, sliding)?, sliding)?,
         )
     };
     c.rope_theta = full.unwrap_or(1_000_000.0);
