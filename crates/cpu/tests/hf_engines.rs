@@ -228,3 +228,74 @@ fn llama3_rope_scaling_matters_to_the_oracle() {
         "the unscaled model still matches most cases"
     );
 }
+
+/// The Hugging Face folder transformers writes from the Gemma 3 270M GGUF
+/// (scripts/gemma_gguf_to_hf.py), named by `KVLAB_GEMMA_HF`. A local check: making it needs
+/// torch and transformers, which CI does not have, and the folder (1 GB) is not committed; without
+/// the variable it says so loudly and skips, even under KVLAB_REQUIRE_MODELS.
+fn gemma_hf_folder() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("KVLAB_GEMMA_HF").map(std::path::PathBuf::from);
+    if dir.is_none() {
+        eprintln!(
+            "SKIPPED (local check): set KVLAB_GEMMA_HF to the folder scripts/gemma_gguf_to_hf.py writes"
+        );
+    }
+    dir
+}
+
+#[test]
+#[ignore = "local check: needs the Gemma GGUF as a Hugging Face folder (scripts/gemma_gguf_to_hf.py) in KVLAB_GEMMA_HF"]
+fn gemma_gguf_and_its_hf_folder_are_the_same_model() {
+    let Some(dir) = gemma_hf_folder() else { return };
+    let Some(gguf) = kvlab_model::registry::test_model_file("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    let (from_gguf, gguf_tok) = kvlab_model::load_gguf(&gguf).unwrap();
+    let (from_hf, hf_tok, _) = kvlab_model::hf::load_hf_dir(&dir).unwrap();
+    // One config, read from two formats. The GGUF loader adds <end_of_turn> to the stop ids
+    // (llama.cpp's end-of-generation tokens); the converted folder's generation config has EOS
+    // only.
+    let mut c = from_hf.config.clone();
+    c.stop_ids.clone_from(&from_gguf.config.stop_ids);
+    assert_eq!(c, from_gguf.config);
+    // The tokenizer.json transformers built from the GGUF vocabulary gives llama.cpp-style
+    // parse_special ids on every fixture prompt and on chat markup.
+    let prompts = std::fs::read_to_string(fixtures().join("prompts.txt")).unwrap();
+    let mut texts: Vec<String> = prompts
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            if l == "<empty>" {
+                String::new()
+            } else {
+                l.replace("\\n", "\n")
+            }
+        })
+        .collect();
+    texts.push("<start_of_turn>user\nHello!<end_of_turn>\n<start_of_turn>model\n".into());
+    for t in &texts {
+        assert_eq!(
+            hf_tok.encode_special(t, true, false),
+            gguf_tok.encode_special(t, true, false),
+            "{t:?}"
+        );
+    }
+    // The same greedy tokens, on the GGUF's weights decoded to f32 and on the folder's f32.
+    let gguf = Arc::new(from_gguf.with_weight_format(kvlab_model::WeightFormat::F32));
+    let hf = Arc::new(from_hf);
+    for t in &texts[..4] {
+        let ids = gguf_tok.encode_special(t, true, false);
+        let opts = GenerateOptions {
+            steps: ids.len() + 24 - 1,
+            max_seq_len: 0,
+            trace: false,
+        };
+        let run = |m: &Arc<Model>| {
+            let mut e = kvlab_cpu::CpuEngine::new(m.clone());
+            generate_tokens(&mut e, &ids, &opts, &mut Sampler::greedy(), |_| {})
+                .unwrap()
+                .tokens
+        };
+        assert_eq!(run(&hf), run(&gguf), "{t:?}");
+    }
+}
