@@ -343,3 +343,48 @@ fn chat_templates_render_as_transformers_renders_them() {
         "tiny-llama ships no template"
     );
 }
+
+#[test]
+fn sharded_checkpoints_load_through_their_index() {
+    // tiny-llama's tensors split over two shards named by model.safetensors.index.json, as
+    // save_pretrained writes checkpoints larger than its shard size.
+    let dir = scratch("sharded");
+    copy_folder("tiny-llama", &dir);
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    let mut weight_map = serde_json::Map::new();
+    for (k, part) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", k + 1);
+        let views: Vec<(String, safetensors::tensor::TensorView)> = part
+            .iter()
+            .map(|n| (n.clone(), st.tensor(n).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join(&file)).unwrap();
+        for n in part {
+            weight_map.insert(n.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let (sharded, _, files) = hf::load_hf_dir(&dir).unwrap();
+    let (whole, _, _) = hf::load_hf_dir(&folder("tiny-llama")).unwrap();
+    assert_eq!(files.len(), 4, "config, tokenizer, two shards: {files:?}");
+    let all = |m: &kvlab_model::Model| -> Vec<Vec<f32>> {
+        let w = &m.weights;
+        let mut v = vec![w.token_embedding.to_vec(), w.final_norm.to_vec()];
+        for l in &w.layers {
+            v.extend(l.tensors().iter().map(|t| t.to_vec()));
+        }
+        v.push(w.classifier().to_vec());
+        v
+    };
+    assert_eq!(all(&sharded), all(&whole));
+    // A shard the index names but the folder lacks is an error naming it.
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let err = hf::load_hf_dir(&dir).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("model-00002-of-00002.safetensors"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
