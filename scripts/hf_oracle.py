@@ -2,8 +2,8 @@
 """Tiny Hugging Face checkpoints and transformers' outputs on them: kvlab's HF-format oracles.
 
 Hugging Face transformers (PyPI) is the reference; no kvlab code writes any of this. For each
-architecture kvlab reads from a Hugging Face folder (llama, mistral, qwen3, gemma3_text, and
-llama with Llama 3.1's RoPE scaling) it:
+architecture kvlab reads from a Hugging Face folder (llama, mistral, qwen3, gemma3_text, llama
+with Llama 3.1's RoPE scaling, qwen2) it:
 
   1. trains a small BPE `tokenizer.json` with the `tokenizers` package on fixtures/hf/corpus.txt:
      byte-level (GPT-2 / Llama 3 / Qwen style) or SentencePiece-style with byte fallback (Llama 2
@@ -86,12 +86,22 @@ EXTRA_TEXTS = [
 ]
 
 
-def byte_level_tokenizer(corpus, bos):
+def byte_level_tokenizer(corpus, bos, qwen2_split=False):
     """GPT-2-style byte-level BPE (Llama 3 and Qwen use this kind). With `bos`, the
-    post-processor puts <|begin_of_text|> first, as Llama 3's does; without, nothing (Qwen)."""
+    post-processor puts <|begin_of_text|> first, as Llama 3's does; without, nothing (Qwen).
+    With `qwen2_split`, the text is first split by Qwen2's own pattern (single digits), as the
+    real Qwen2 tokenizer.json does, and as transformers' Qwen2Tokenizer imposes on any tokenizer
+    of a qwen2 model whatever its tokenizer.json says."""
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if qwen2_split:
+        from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB,
@@ -197,6 +207,13 @@ def architectures(corpus):
                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 64},
              bos_token_id=bos, eos_token_id=eos), torch.float32),
+        # Qwen2: biases on q, k and v.
+        ("tiny-qwen2", lambda: byte_level_tokenizer(corpus, bos=False, qwen2_split=True),
+         lambda v, bos, eos: C.Qwen2Config(
+             vocab_size=v, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+             rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+             use_sliding_window=False, bos_token_id=eos, eos_token_id=eos), torch.float32),
     ]
 
 
@@ -205,14 +222,17 @@ def randomize(model, seed):
     token (which a tied embedding otherwise echoes): embeddings N(0, 1) divided by the model's
     embedding scale (Gemma's sqrt(hidden)), matrices N(0, 1/fan_in) and the two that write into
     the residual stream (o_proj, down_proj) N(0, 4/fan_in), norm weights U(0.5, 1.5) (for
-    Gemma's x̂·(1 + w) norms: w in U(-0.5, 0.5))."""
+    Gemma's x̂·(1 + w) norms: w in U(-0.5, 0.5)), biases N(0, 1/4)."""
     g = torch.Generator().manual_seed(seed)
     gemma = model.config.model_type == "gemma3_text"
     embed_scale = math.sqrt(model.config.hidden_size) if gemma else 1.0
     embed_std = 0.25 if gemma else 1.0
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            if p.dim() == 1:
+            if name.endswith(".bias"):
+                # Qwen2's q/k/v biases.
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif p.dim() == 1:
                 lo = -0.5 if gemma else 0.5
                 p.copy_(torch.rand(p.shape, generator=g) + lo)
             elif "embed_tokens" in name:

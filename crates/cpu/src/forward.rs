@@ -54,6 +54,13 @@ pub fn forward(
         linear(&mut q, &xn, &lw.wq, t, d, qd);
         linear(&mut k, &xn, &lw.wk, t, d, kvd);
         linear(&mut v, &xn, &lw.wv, t, d, kvd);
+        if c.qkv_bias {
+            // Qwen2: each row of q, k, v plus its projection's bias.
+            for (out, bias) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
+                out.chunks_exact_mut(bias.len())
+                    .for_each(|row| row.iter_mut().zip(bias.iter()).for_each(|(r, b)| *r += b));
+            }
+        }
         if c.qk_norm {
             q.chunks_exact_mut(hd)
                 .for_each(|h| ops::rmsnorm_in_place(h, &lw.q_norm, c.norm_eps));

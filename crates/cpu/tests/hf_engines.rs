@@ -1,5 +1,6 @@
 //! The tiny Hugging Face checkpoints of `fixtures/models/tiny-*` (llama, mistral, qwen3,
-//! gemma3_text, llama with Llama 3's RoPE scaling, written by transformers' `save_pretrained`) on every CPU engine: the naive, cpu
+//! gemma3_text, llama with Llama 3's RoPE scaling, qwen2, written by transformers'
+//! `save_pretrained`) on every CPU engine: the naive, cpu
 //! and cpu-paged engines generate transformers' greedy ids (`fixtures/hf/<name>.json`, from
 //! scripts/hf_oracle.py) for every prompt, and their first steps' logits are within the f32
 //! tolerance of transformers'. No kvlab code wrote the oracle.
@@ -17,12 +18,13 @@ use kvlab_model::{
 use kvlab_paged::{KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, drive};
 use serde_json::Value;
 
-const MODELS: [&str; 5] = [
+const MODELS: [&str; 6] = [
     "tiny-llama",
     "tiny-mistral",
     "tiny-qwen3",
     "tiny-gemma3",
     "tiny-llama3",
+    "tiny-qwen2",
 ];
 
 fn fixtures() -> &'static Path {

@@ -140,6 +140,10 @@ pub struct Config {
     pub attn_scale: f32,
     /// Per-head RMSNorm of q and k before RoPE (Gemma 3's QK-norm).
     pub qk_norm: bool,
+    /// The q, k and v projections add a bias (Qwen2's `attention_bias`; `q_proj` etc. are
+    /// `nn.Linear(..., bias=True)` in modeling_qwen2.py).
+    #[serde(default)]
+    pub qkv_bias: bool,
     /// RMSNorm of the attention and FFN outputs before they join the residual (Gemma's
     /// "sandwich" norms).
     pub post_norms: bool,
@@ -226,6 +230,7 @@ impl Config {
                 1.0 / (head_dim as f32).sqrt()
             },
             qk_norm: false,
+            qkv_bias: false,
             post_norms: false,
             shared_classifier,
             bos_id: 1,

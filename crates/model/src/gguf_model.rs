@@ -94,6 +94,7 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
                 w2: b("ffn_down")?,
                 w3: b("ffn_up")?,
                 post_ffn_norm: b("post_ffw_norm")?,
+                ..LayerWeights::default()
             })
         })
         .collect::<Result<Vec<_>>>()?;

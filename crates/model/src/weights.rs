@@ -330,6 +330,11 @@ pub struct LayerWeights {
     pub wv: Tensor,
     /// Output projection. (dim, q_dim)
     pub wo: Tensor,
+    /// Biases of the q, k, v projections (Qwen2). (q_dim,), (kv_dim,), (kv_dim,); empty when
+    /// unused.
+    pub bq: Tensor,
+    pub bk: Tensor,
+    pub bv: Tensor,
     /// QK-norm gains, shared by all heads (Gemma 3). (head_dim,) each; empty when unused.
     pub q_norm: Tensor,
     pub k_norm: Tensor,
@@ -348,14 +353,17 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
-    /// All thirteen tensors of the layer, in field order (unused ones are empty).
-    pub fn tensors(&self) -> [&Tensor; 13] {
+    /// All sixteen tensors of the layer, in field order (unused ones are empty).
+    pub fn tensors(&self) -> [&Tensor; 16] {
         [
             &self.attn_norm,
             &self.wq,
             &self.wk,
             &self.wv,
             &self.wo,
+            &self.bq,
+            &self.bk,
+            &self.bv,
             &self.q_norm,
             &self.k_norm,
             &self.post_attn_norm,
@@ -454,6 +462,9 @@ impl Weights {
                 ("wk", l.wk.len(), kv * d),
                 ("wv", l.wv.len(), kv * d),
                 ("wo", l.wo.len(), d * q),
+                ("bq", l.bq.len(), opt(c.qkv_bias, q)),
+                ("bk", l.bk.len(), opt(c.qkv_bias, kv)),
+                ("bv", l.bv.len(), opt(c.qkv_bias, kv)),
                 ("q_norm", l.q_norm.len(), opt(c.qk_norm, hd)),
                 ("k_norm", l.k_norm.len(), opt(c.qk_norm, hd)),
                 (

@@ -10,12 +10,13 @@ use kvlab_model::hf::{self, HfArch};
 use kvlab_model::{Activation, LayerKind, RopeLayout, Tokenizer};
 use serde_json::Value;
 
-const MODELS: [&str; 5] = [
+const MODELS: [&str; 6] = [
     "tiny-llama",
     "tiny-mistral",
     "tiny-qwen3",
     "tiny-gemma3",
     "tiny-llama3",
+    "tiny-qwen2",
 ];
 
 fn fixtures() -> PathBuf {
@@ -69,6 +70,10 @@ fn configs_are_read_as_each_architecture_says() {
     );
     assert!(c.qk_norm && c.shared_classifier && !c.post_norms);
     assert_eq!(c.rope_theta, 1e6);
+
+    let (c, arch) = hf::read_hf_config(&folder("tiny-qwen2")).unwrap();
+    assert_eq!(arch, HfArch::Qwen2);
+    assert!(c.qkv_bias && !c.qk_norm);
 
     let (c, _) = hf::read_hf_config(&folder("tiny-llama3")).unwrap();
     let s = c.rope_scaling.expect("rope_type llama3");
@@ -220,9 +225,9 @@ fn unsupported_features_are_refused_by_name() {
     type Edit = fn(&mut Value);
     let cases: [(&str, Edit, &str); 8] = [
         (
-            "qwen2",
-            |v| v["model_type"] = "qwen2".into(),
-            "model_type \"qwen2\"",
+            "moe",
+            |v| v["model_type"] = "qwen2_moe".into(),
+            "model_type \"qwen2_moe\"",
         ),
         (
             "bias",

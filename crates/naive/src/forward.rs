@@ -37,7 +37,13 @@ pub fn forward_rows(model: &Model, tokens: &[u32], from: usize) -> Array2<f32> {
         let xn = rmsnorm_rows(&x, &lw.attn_norm, c.norm_eps); // (T, d)
         let mut q = xn.dot(&mat(&lw.wq, c.q_dim(), d).t()); // (T, q)
         let mut k = xn.dot(&mat(&lw.wk, c.kv_dim(), d).t()); // (T, kv)
-        let v = xn.dot(&mat(&lw.wv, c.kv_dim(), d).t()); // (T, kv)
+        let mut v = xn.dot(&mat(&lw.wv, c.kv_dim(), d).t()); // (T, kv)
+        if c.qkv_bias {
+            // Qwen2: q = xn·Wqᵀ + bq, likewise k and v (broadcast over rows).
+            q += &ArrayView1::from(&lw.bq[..]);
+            k += &ArrayView1::from(&lw.bk[..]);
+            v += &ArrayView1::from(&lw.bv[..]);
+        }
         if c.qk_norm {
             q = rmsnorm_heads(&q, hd, &lw.q_norm, c.norm_eps);
             k = rmsnorm_heads(&k, hd, &lw.k_norm, c.norm_eps);

@@ -11,6 +11,8 @@
 //! * `mistral` (`modeling_mistral.py`): Llama, with every layer a sliding window of
 //!   `sliding_window` positions when it is set (the mask keeps `q − window < k ≤ q`,
 //!   `masking_utils.sliding_window_overlay`): [`LayerKind::Local`];
+//! * `qwen2` (`modeling_qwen2.py`): Llama with biases on the q, k and v projections (`q_proj`,
+//!   `k_proj`, `v_proj` are `nn.Linear(..., bias=True)`; `o_proj` has none);
 //! * `qwen3` (`modeling_qwen3.py`): Llama with per-head RMSNorm of q and k before RoPE (`q_norm`,
 //!   `k_norm`, weights (head_dim,)), no q/k/v bias;
 //! * `gemma3_text` (`modeling_gemma3.py`): Gemma 3's text model: embeddings scaled by
@@ -24,7 +26,7 @@
 //! 5); `rope_type` "llama3" (Llama 3.1 and 3.2: `factor`, `low_freq_factor`, `high_freq_factor`,
 //! `original_max_position_embeddings`) scales the frequencies as `_compute_llama3_parameters`
 //! does ([`Llama3RopeScaling`]). Refused with an error naming the field rather than computed
-//! wrongly: any other `model_type` (Qwen2's q/k/v biases, MoE), any other `rope_type` (YaRN,
+//! wrongly: any other `model_type` (MoE among them), any other `rope_type` (YaRN,
 //! linear, dynamic), `attention_bias`, `mlp_bias`, logit soft-capping, an activation other than
 //! the above, `use_sliding_window` in Qwen3, and absurd sizes.
 
@@ -39,18 +41,20 @@ use crate::{Activation, Config, Error, LayerKind, Result, RopeLayout};
 pub enum HfArch {
     Llama,
     Mistral,
+    Qwen2,
     Qwen3,
     Gemma3,
 }
 
 impl HfArch {
     /// The `model_type`s read, for error messages.
-    pub const NAMES: &'static str = "llama, mistral, qwen3, gemma3_text";
+    pub const NAMES: &'static str = "llama, mistral, qwen2, qwen3, gemma3_text";
 
     fn of(model_type: &str) -> Option<HfArch> {
         Some(match model_type {
             "llama" => HfArch::Llama,
             "mistral" => HfArch::Mistral,
+            "qwen2" => HfArch::Qwen2,
             "qwen3" => HfArch::Qwen3,
             "gemma3_text" => HfArch::Gemma3,
             _ => return None,
@@ -167,8 +171,10 @@ pub fn parse(cfg: &Value) -> Result<(Config, HfArch)> {
             HfArch::NAMES
         ))
     })?;
+    // Qwen2's q, k and v projections always have biases (modeling_qwen2.py: bias=True; its
+    // config has no attention_bias field); elsewhere a bias is refused.
     for key in ["attention_bias", "mlp_bias"] {
-        if cfg[key].as_bool() == Some(true) {
+        if arch != HfArch::Qwen2 && cfg[key].as_bool() == Some(true) {
             return Err(bad(format!(
                 "{key} is true: linear layers with biases are not supported"
             )));
@@ -182,9 +188,11 @@ pub fn parse(cfg: &Value) -> Result<(Config, HfArch)> {
             )));
         }
     }
-    if arch == HfArch::Qwen3 && cfg["use_sliding_window"].as_bool() == Some(true) {
+    if matches!(arch, HfArch::Qwen2 | HfArch::Qwen3)
+        && cfg["use_sliding_window"].as_bool() == Some(true)
+    {
         return Err(bad(
-            "use_sliding_window is true: Qwen3's sliding-window layers are not supported".into(),
+            "use_sliding_window is true: Qwen's sliding-window layers are not supported".into(),
         ));
     }
     let dim = size(cfg, "hidden_size", MAX_DIM)?;
@@ -244,6 +252,7 @@ pub fn parse(cfg: &Value) -> Result<(Config, HfArch)> {
         c.layer_kinds = vec![LayerKind::Local { window: w }; n_layers];
     }
     c.qk_norm = matches!(arch, HfArch::Qwen3 | HfArch::Gemma3);
+    c.qkv_bias = arch == HfArch::Qwen2;
     let bos = ids(cfg, "bos_token_id")?;
     c.bos_id = bos.first().copied().unwrap_or(0);
     c.stop_ids = ids(cfg, "eos_token_id")?;

@@ -4,7 +4,8 @@
 //! ids). The folder a `save_pretrained` writes, or a hub snapshot.
 //!
 //! Tensor names (transformers' modeling files): `model.embed_tokens`, per layer
-//! `model.layers.N.` + `input_layernorm`, `self_attn.{q,k,v,o}_proj`, `self_attn.{q,k}_norm`
+//! `model.layers.N.` + `input_layernorm`, `self_attn.{q,k,v,o}_proj` (with `.bias` on q, k, v
+//! for Qwen2), `self_attn.{q,k}_norm`
 //! (Qwen3, Gemma 3), `post_attention_layernorm`, `mlp.{gate,up,down}_proj`, and for Gemma 3
 //! `pre_feedforward_layernorm` and `post_feedforward_layernorm`; `model.norm`, `lm_head`. In
 //! Llama, Mistral and Qwen3 `post_attention_layernorm` is the norm *before* the MLP; in Gemma 3
@@ -127,12 +128,25 @@ pub fn load_hf_dir(dir: &Path) -> Result<(Model, Tokenizer, Vec<PathBuf>)> {
             } else {
                 (none(), none())
             };
+            let bias = |n: &str, len: usize| st.tensor(&format!("{p}{n}.bias"), &[len]);
+            let (bq, bk, bv) = if c.qkv_bias {
+                (
+                    bias("self_attn.q_proj", c.q_dim())?,
+                    bias("self_attn.k_proj", c.kv_dim())?,
+                    bias("self_attn.v_proj", c.kv_dim())?,
+                )
+            } else {
+                (none(), none(), none())
+            };
             Ok(LayerWeights {
                 attn_norm: v("input_layernorm", d)?,
                 wq: m("self_attn.q_proj", c.q_dim(), d)?,
                 wk: m("self_attn.k_proj", c.kv_dim(), d)?,
                 wv: m("self_attn.v_proj", c.kv_dim(), d)?,
                 wo: m("self_attn.o_proj", d, c.q_dim())?,
+                bq,
+                bk,
+                bv,
                 q_norm,
                 k_norm,
                 post_attn_norm,
