@@ -1,5 +1,5 @@
 // Elementwise kernels of the transformer block: the gated FFN's activation, the residual add,
-// and the row gather that picks each sequence's last token before the classifier.
+// a projection's bias, and the row gather that picks each sequence's last token before the classifier.
 //
 // v1 of each: one thread per element (grid-stride loop), f32 arithmetic. These are bound by
 // memory bandwidth; fusing them into the neighbouring GEMM epilogues would be the next version.
@@ -49,6 +49,23 @@ extern "C" __global__ void residual_add_v1_f32(float* x, const float* o, long lo
 }
 extern "C" __global__ void residual_add_v1_f16(float* x, const __half* o, long long n) {
     residual_add_v1<__half>(x, o, n);
+}
+
+// x[r, c] ← x[r, c] + bias[c]: a projection's bias (Qwen2's q, k, v). x: (rows, cols) act type,
+// flattened to n = rows·cols elements; bias: (cols,) f32.
+template <typename T>
+__device__ void add_bias_v1(T* x, const float* __restrict__ bias, long long n, int cols) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        x[i] = from_float<T>(to_float(x[i]) + bias[i % cols]);
+    }
+}
+
+extern "C" __global__ void add_bias_v1_f32(float* x, const float* bias, long long n, int cols) {
+    add_bias_v1<float>(x, bias, n, cols);
+}
+extern "C" __global__ void add_bias_v1_f16(__half* x, const float* bias, long long n, int cols) {
+    add_bias_v1<__half>(x, bias, n, cols);
 }
 
 // out[r, :] = x[rows[r], :]. out (n_rows, dim) f32, x (n_tokens, dim) f32, rows (n_rows,) i32.

@@ -116,11 +116,6 @@ impl CudaEngine {
         if opts.block_size == 0 {
             return Err(CudaError::Unsupported("block_size 0".into()));
         }
-        if c.qkv_bias {
-            return Err(CudaError::Unsupported(
-                "q/k/v projection biases (Qwen2); run it on the cpu or cpu-paged engine".into(),
-            ));
-        }
         crate::launch::check_head_dim(c.head_dim)?;
         let dev = Device::open(opts.device)?;
         let ops = Ops::new(&dev)?;

@@ -182,6 +182,11 @@ impl<A: DType, C: DType> Forward<A, C> {
             ops.linear(q, xn, ops.dev(&lw.wq), t, d, qd)?;
             ops.linear(k, xn, ops.dev(&lw.wk), t, d, kvd)?;
             ops.linear(v, xn, ops.dev(&lw.wv), t, d, kvd)?;
+            if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
+                ops.add_bias(q, ops.dev(bq), t, qd)?;
+                ops.add_bias(k, ops.dev(bk), t, kvd)?;
+                ops.add_bias(v, ops.dev(bv), t, kvd)?;
+            }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 ops.rmsnorm::<A, A>(q, q, ops.dev(qn), t * c.n_heads, hd, c.norm_eps)?;
                 ops.rmsnorm::<A, A>(k, k, ops.dev(kn), t * c.n_kv_heads, hd, c.norm_eps)?;

@@ -102,6 +102,8 @@ pub const FILES: &[KernelFile] = &[
             "glu_gelu_tanh_v1_f16",
             "residual_add_v1_f32",
             "residual_add_v1_f16",
+            "add_bias_v1_f32",
+            "add_bias_v1_f16",
             "gather_rows_v1_f32",
         ],
     },

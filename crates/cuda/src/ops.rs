@@ -566,6 +566,30 @@ impl Ops {
         unsafe { self.launch(f, launch::elementwise_config(n), &args) }
     }
 
+    /// x (rows, cols) ← x + bias (cols,), the bias broadcast over rows.
+    ///
+    /// # Errors
+    /// Short buffers, launch errors.
+    pub fn add_bias<T: DType>(
+        &self,
+        x: Dev<T>,
+        bias: Dev<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let f = self.kernels.get(&format!("add_bias_v1_{}", T::NAME))?;
+        let n = rows * cols;
+        let args = [
+            Ptr(x.need(n, "biased rows")?),
+            Ptr(bias.need(cols, "bias")?),
+            I64(n as i64),
+            I32(i32_of("bias width", cols)?),
+        ];
+        // SAFETY: matches add_bias_v1_<T> (T*, const float*, long long, int); grid-stride over n
+        // checked elements, bias indices i % cols < cols checked elements.
+        unsafe { self.launch(f, launch::elementwise_config(n), &args) }
+    }
+
     /// out (n_rows, dim) = x[rows] for x (n_tokens, dim). Rows must be < n_tokens.
     ///
     /// # Errors

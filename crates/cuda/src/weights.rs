@@ -26,6 +26,10 @@ pub struct DeviceLayer<W> {
     pub wv: CudaSlice<W>,
     /// (dim, q_dim)
     pub wo: CudaSlice<W>,
+    /// (q_dim,), (kv_dim,), (kv_dim,) f32, when the projections have biases (Qwen2).
+    pub bq: Option<CudaSlice<f32>>,
+    pub bk: Option<CudaSlice<f32>>,
+    pub bv: Option<CudaSlice<f32>>,
     /// (head_dim,) f32 each, when the model has QK-norm.
     pub q_norm: Option<CudaSlice<f32>>,
     pub k_norm: Option<CudaSlice<f32>>,
@@ -123,6 +127,9 @@ impl<W: DType> DeviceWeights<W> {
                 wk: up.matrix(&name("wk"), &l.wk)?,
                 wv: up.matrix(&name("wv"), &l.wv)?,
                 wo: up.matrix(&name("wo"), &l.wo)?,
+                bq: up.optional_gain(&l.bq)?,
+                bk: up.optional_gain(&l.bk)?,
+                bv: up.optional_gain(&l.bv)?,
                 q_norm: up.optional_gain(&l.q_norm)?,
                 k_norm: up.optional_gain(&l.k_norm)?,
                 post_attn_norm: up.optional_gain(&l.post_attn_norm)?,

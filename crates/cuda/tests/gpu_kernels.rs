@@ -369,6 +369,19 @@ fn gpu_glu_residual_gather_argmax() {
         let (xd, od) = (up::<f32>(ops, &x), up::<T>(ops, &o));
         ops.residual_add(ops.dev(&xd), ops.dev(&od), n).unwrap();
         check::<T>("residual add", &down(ops, &xd), &want);
+        // A projection's bias (Qwen2), broadcast over 30 rows of 100.
+        let (rows, cols) = (30, 100);
+        let xb = rounded::<T>(&uniform(&mut r, rows * cols, 1.0));
+        let bias = uniform(&mut r, cols, 1.0);
+        let want: Vec<f32> = xb
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + bias[i % cols])
+            .collect();
+        let (xd, bd) = (up::<T>(ops, &xb), up::<f32>(ops, &bias));
+        ops.add_bias(ops.dev(&xd), ops.dev(&bd), rows, cols)
+            .unwrap();
+        check::<T>("add bias", &down(ops, &xd), &want);
     }
     run::<f32>(&ops);
     run::<F16>(&ops);
