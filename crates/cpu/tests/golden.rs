@@ -11,21 +11,8 @@ fn stories260k_greedy_text_on_fixture_prompts() {
     let Some((model, tok)) = common::stories260k() else {
         return;
     };
-    let fixture = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/prompts.txt"
-    ))
-    .unwrap();
-    let prompts: Vec<String> = fixture
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            if l == "<empty>" {
-                String::new()
-            } else {
-                l.replace("\\n", "\n").replace("\\t", "\t")
-            }
-        })
+    let prompts: Vec<String> = common::fixture_prompts()
+        .into_iter()
         .filter(|p| p.len() < 200) // the long prompts fill the context: nothing left to generate
         .collect();
     let opts = GenerateOptions {

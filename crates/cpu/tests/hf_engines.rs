@@ -262,18 +262,7 @@ fn gemma_gguf_and_its_hf_folder_are_the_same_model() {
     assert_eq!(c, from_gguf.config);
     // The tokenizer.json transformers built from the GGUF vocabulary gives llama.cpp-style
     // parse_special ids on every fixture prompt and on chat markup.
-    let prompts = std::fs::read_to_string(fixtures().join("prompts.txt")).unwrap();
-    let mut texts: Vec<String> = prompts
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            if l == "<empty>" {
-                String::new()
-            } else {
-                l.replace("\\n", "\n")
-            }
-        })
-        .collect();
+    let mut texts = common::fixture_prompts();
     texts.push("<start_of_turn>user\nHello!<end_of_turn>\n<start_of_turn>model\n".into());
     for t in &texts {
         assert_eq!(

@@ -339,15 +339,7 @@ impl ChatSession {
         let mut reply = Vec::new();
         let mut prev = *self.cached.last().unwrap_or(&u32::MAX);
         loop {
-            let pos = self.cached.len() - 1;
-            let next = sampler
-                .sample(&mut logits)
-                .map_err(|e| Error::NonFiniteLogits {
-                    pos,
-                    index: e.index,
-                    value: e.value,
-                })?;
-            sampler.accept(next);
+            let next = sampler.next_token(&mut logits, self.cached.len() - 1)?;
             if stop_ids.contains(&next) {
                 stats.stopped = true;
                 break;

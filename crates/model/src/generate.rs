@@ -178,14 +178,7 @@ fn run(
     // ANCHOR: decode
     loop {
         // `pos` is the position whose logits these are: the next token goes to pos + 1.
-        let next = sampler
-            .sample(&mut logits)
-            .map_err(|e| Error::NonFiniteLogits {
-                pos,
-                index: e.index,
-                value: e.value,
-            })?;
-        sampler.accept(next);
+        let next = sampler.next_token(&mut logits, pos)?;
         if stop_ids.contains(&next) {
             g.stopped = true;
             break;

@@ -171,6 +171,23 @@ impl Sampler {
         Sampler::seeded(0.0, 1.0, 0)
     }
 
+    /// The token after position `pos`, from its logits: [`Sampler::sample`], recorded with
+    /// [`Sampler::accept`]. What every generate loop does once per step.
+    ///
+    /// # Errors
+    /// [`crate::Error::NonFiniteLogits`] naming `pos` and the first bad logit.
+    pub fn next_token(&mut self, logits: &mut [f32], pos: usize) -> crate::Result<u32> {
+        let next = self
+            .sample(logits)
+            .map_err(|e| crate::Error::NonFiniteLogits {
+                pos,
+                index: e.index,
+                value: e.value,
+            })?;
+        self.accept(next);
+        Ok(next)
+    }
+
     /// Samples one token. `logits` is scratch: it is overwritten with probabilities.
     ///
     /// # Errors

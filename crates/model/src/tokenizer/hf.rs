@@ -22,16 +22,15 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::pieces::Pieces;
 use crate::{Error, Result};
 
 /// A `tokenizer.json` and the bytes of each of its tokens.
 #[derive(Clone)]
 pub struct HfTokenizer {
     inner: Arc<tokenizers::Tokenizer>,
-    /// Bytes each token prints as, back to back; token i is `arena[offsets[i]..offsets[i + 1]]`.
-    arena: Vec<u8>,
-    /// (vocab_size + 1,)
-    offsets: Vec<u32>,
+    /// Bytes each token prints as. (vocab_size,)
+    pieces: Pieces,
     /// What the post-processor puts before the text (Llama's `<s>`, `<|begin_of_text|>`), if
     /// it puts exactly one token; Qwen's puts none.
     bos_id: Option<u32>,
@@ -97,25 +96,22 @@ impl HfTokenizer {
         }
         let added = inner.get_added_tokens_decoder();
         let table = byte_level_inverse();
-        let mut arena = Vec::new();
-        let mut offsets = Vec::with_capacity(n + 1);
-        offsets.push(0u32);
+        let mut pieces = Pieces::with_capacity(n);
+        let mut bytes = Vec::new();
         for id in 0..n as u32 {
+            bytes.clear();
             match (added.get(&id), inner.id_to_token(id)) {
-                (Some(a), _) => arena.extend_from_slice(a.content.as_bytes()),
-                (None, Some(text)) => token_bytes(decoding, &table, &text, &mut arena),
+                (Some(a), _) => bytes.extend_from_slice(a.content.as_bytes()),
+                (None, Some(text)) => token_bytes(decoding, &table, &text, &mut bytes),
                 (None, None) => {}
             }
-            offsets.push(
-                u32::try_from(arena.len())
-                    .map_err(|_| bad("the tokens' bytes add up to 4 GiB or more".into()))?,
-            );
+            pieces.push(&bytes)?;
         }
         let max_piece_len = if shortens_text(&json["normalizer"]) {
             0
         } else {
-            (0..n)
-                .map(|i| (offsets[i + 1] - offsets[i]) as usize)
+            (0..n as u32)
+                .map(|i| pieces.get(i).len())
                 .max()
                 .unwrap_or(0)
         };
@@ -128,8 +124,7 @@ impl HfTokenizer {
         };
         Ok(HfTokenizer {
             inner: Arc::new(inner),
-            arena,
-            offsets,
+            pieces,
             bos_id,
             eos_id: None,
             strip_first_space: decoding
@@ -160,7 +155,7 @@ impl HfTokenizer {
 
     /// Tokens, added ones included.
     pub fn vocab_size(&self) -> usize {
-        self.offsets.len() - 1
+        self.pieces.len()
     }
 
     /// The one token the post-processor puts before the text, if any.
@@ -170,11 +165,7 @@ impl HfTokenizer {
 
     /// The bytes a token prints as (empty outside the vocabulary).
     pub fn piece(&self, id: u32) -> &[u8] {
-        let i = id as usize;
-        match (self.offsets.get(i), self.offsets.get(i.wrapping_add(1))) {
-            (Some(&start), Some(&end)) => &self.arena[start as usize..end as usize],
-            _ => &[],
-        }
+        self.pieces.get(id)
     }
 
     /// transformers' `tokenizer(text, add_special_tokens=bos).input_ids`, then EOS if asked

@@ -11,6 +11,7 @@
 //! byte tokens streams correctly through [`Utf8Stream`].
 
 mod hf;
+mod pieces;
 mod spm;
 
 pub use hf::HfTokenizer;

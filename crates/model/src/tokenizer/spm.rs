@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use hashbrown::HashTable;
 
+use super::pieces::Pieces;
 use crate::{Error, Result};
 
 /// A scored vocabulary and the BPE merge rule over it.
@@ -21,11 +22,9 @@ use crate::{Error, Result};
 /// ~7 MB), with no allocation per token.
 #[derive(Clone, Debug)]
 pub struct SpmTokenizer {
-    /// Token pieces as stored, back to back: llama2.c's with ' ' for spaces, SentencePiece's
-    /// with `▁` (U+2581). Piece i is `arena[offsets[i]..offsets[i + 1]]`.
-    arena: Vec<u8>,
-    /// Byte offsets of the pieces in `arena`. (vocab_size + 1,)
-    offsets: Vec<u32>,
+    /// Token pieces as stored: llama2.c's with ' ' for spaces, SentencePiece's with `▁`
+    /// (U+2581). (vocab_size,)
+    pieces: Pieces,
     /// Merge priority of each token. (vocab_size,)
     scores: Vec<f32>,
     /// Token ids, found by their piece's bytes (hashed with `hasher`); of equal pieces, the
@@ -76,21 +75,15 @@ impl SpmTokenizer {
         eos_id: u32,
         add_dummy_prefix: bool,
     ) -> Result<SpmTokenizer> {
-        // At most one offset per score is kept, so a long iterator is not collected.
-        let mut offsets = Vec::with_capacity(scores.len() + 1);
-        offsets.push(0u32);
-        let mut arena = Vec::new();
+        // At most one piece per score is kept, so a long iterator is not collected.
+        let mut stored = Pieces::with_capacity(scores.len());
         let mut n = 0usize;
         for p in pieces {
             n += 1;
             if n > scores.len() {
                 continue;
             }
-            arena.extend_from_slice(p.as_ref());
-            let end = u32::try_from(arena.len()).map_err(|_| {
-                Error::Config("the tokenizer's pieces add up to 4 GiB or more".into())
-            })?;
-            offsets.push(end);
+            stored.push(p.as_ref())?;
         }
         if n != scores.len() || n == 0 {
             return Err(Error::Config(format!(
@@ -103,10 +96,9 @@ impl SpmTokenizer {
                 "BOS or EOS id outside the tokenizer's vocabulary".into(),
             ));
         }
-        arena.shrink_to_fit();
+        stored.shrink_to_fit();
         let mut tok = SpmTokenizer {
-            arena,
-            offsets,
+            pieces: stored,
             scores,
             lookup: HashTable::with_capacity(n),
             hasher: RandomState::new(),
@@ -256,7 +248,7 @@ impl SpmTokenizer {
 
     /// Number of tokens.
     pub fn vocab_size(&self) -> usize {
-        self.offsets.len() - 1
+        self.pieces.len()
     }
 
     /// The merge score of a token (0 for an id outside the vocabulary).
@@ -282,11 +274,7 @@ impl SpmTokenizer {
     /// The raw piece of a token as stored (llama2.c's spaces as ' ', SentencePiece's as `▁`);
     /// empty for an id outside the vocabulary.
     pub fn piece(&self, id: u32) -> &[u8] {
-        let i = id as usize;
-        match (self.offsets.get(i), self.offsets.get(i.wrapping_add(1))) {
-            (Some(&start), Some(&end)) => &self.arena[start as usize..end as usize],
-            _ => &[],
-        }
+        self.pieces.get(id)
     }
 
     /// Encodes text, optionally with BOS first and EOS last (run.c's `encode`). Control tokens
