@@ -21,7 +21,6 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use futures_util::stream::{self, Stream};
 use kvlab_model::{Sampler, Tokenizer};
-use kvlab_paged::FinishReason;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -509,15 +508,6 @@ fn now_s() -> u64 {
         .unwrap_or(0)
 }
 
-/// OpenAI's finish reason for the scheduler's.
-fn finish_reason(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop => "stop",
-        FinishReason::Length | FinishReason::MaxSeqLen => "length",
-        FinishReason::Aborted => "abort",
-    }
-}
-
 /// One completion in progress: its token channel and its text so far.
 struct Completion {
     events: UnboundedReceiver<TokenEvent>,
@@ -556,7 +546,10 @@ impl Completion {
                 let (text, stopped) = self.detokenizer.push(t);
                 (text, stopped.then_some("stop"))
             }
-            Some(TokenEvent::Finished(r)) => (self.detokenizer.finish(), Some(finish_reason(r))),
+            Some(TokenEvent::Finished(r)) => (
+                self.detokenizer.finish(),
+                Some(crate::metrics::finish_reason(r)),
+            ),
             Some(TokenEvent::Failed(m)) => {
                 self.events.close();
                 self.end = Some("abort");

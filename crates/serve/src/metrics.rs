@@ -223,12 +223,9 @@ impl ServerMetrics {
 
     /// A request ran to its end (`reason`) `since_arrival` after it arrived.
     pub fn finished(&self, reason: FinishReason, prompt_tokens: usize, since_arrival: Duration) {
-        let reason = match reason {
-            FinishReason::Stop => "stop",
-            FinishReason::Length | FinishReason::MaxSeqLen => "length",
-            FinishReason::Aborted => "abort",
-        };
-        self.request_success.with_label_values(&[reason]).inc();
+        self.request_success
+            .with_label_values(&[finish_reason(reason)])
+            .inc();
         self.prompt_tokens.inc_by(prompt_tokens as u64);
         self.e2e.observe(since_arrival.as_secs_f64());
     }
@@ -289,6 +286,16 @@ fn histogram(
         r,
         Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())),
     )
+}
+
+/// A finish reason's name, the same in OpenAI's `finish_reason` and in vLLM's
+/// `request_success` label: "stop", "length" (the token limit or the context's end), "abort".
+pub fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::MaxSeqLen => "length",
+        FinishReason::Aborted => "abort",
+    }
 }
 
 #[cfg(test)]
