@@ -18,14 +18,19 @@ use kvlab_model::{
 use kvlab_paged::{KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, drive};
 use serde_json::Value;
 
-const MODELS: [&str; 6] = [
-    "tiny-llama",
-    "tiny-mistral",
-    "tiny-qwen3",
-    "tiny-gemma3",
-    "tiny-llama3",
-    "tiny-qwen2",
-];
+/// The tiny Hugging Face checkpoints: the manifest's models of format `hf` (llama, mistral,
+/// qwen2, qwen3, gemma3_text, llama with Llama 3's RoPE scaling), listed once, in
+/// fixtures/models.json.
+fn hf_models() -> Vec<&'static str> {
+    let names: Vec<&str> = kvlab_model::registry::manifest()
+        .models
+        .iter()
+        .filter(|m| m.format == kvlab_model::registry::Format::Hf)
+        .map(|m| m.name.as_str())
+        .collect();
+    assert!(names.len() >= 6, "fixtures/models.json lists {names:?}");
+    names
+}
 
 fn fixtures() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures"))
@@ -78,7 +83,7 @@ fn load(name: &str) -> (Arc<Model>, Vec<Case>) {
 
 #[test]
 fn every_cpu_engine_generates_transformers_greedy_ids() {
-    for name in MODELS {
+    for name in hf_models() {
         let (model, cases) = load(name);
         let stop = model.config.stop_ids.clone();
         for (engine_name, mut engine) in ["naive", "cpu"]
@@ -133,7 +138,7 @@ fn every_cpu_engine_generates_transformers_greedy_ids() {
 
 #[test]
 fn first_steps_logits_are_within_the_f32_tolerance_of_transformers() {
-    for name in MODELS {
+    for name in hf_models() {
         let (model, cases) = load(name);
         let mut compared = 0;
         for mut engine in common::naive_and_cpu(&model) {

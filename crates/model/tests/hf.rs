@@ -10,14 +10,19 @@ use kvlab_model::hf::{self, HfArch};
 use kvlab_model::{Activation, LayerKind, RopeLayout, Tokenizer};
 use serde_json::Value;
 
-const MODELS: [&str; 6] = [
-    "tiny-llama",
-    "tiny-mistral",
-    "tiny-qwen3",
-    "tiny-gemma3",
-    "tiny-llama3",
-    "tiny-qwen2",
-];
+/// The tiny Hugging Face checkpoints: the manifest's models of format `hf` (llama, mistral,
+/// qwen2, qwen3, gemma3_text, llama with Llama 3's RoPE scaling), listed once, in
+/// fixtures/models.json.
+fn hf_models() -> Vec<&'static str> {
+    let names: Vec<&str> = kvlab_model::registry::manifest()
+        .models
+        .iter()
+        .filter(|m| m.format == kvlab_model::registry::Format::Hf)
+        .map(|m| m.name.as_str())
+        .collect();
+    assert!(names.len() >= 6, "fixtures/models.json lists {names:?}");
+    names
+}
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -112,7 +117,7 @@ fn configs_are_read_as_each_architecture_says() {
 
 #[test]
 fn every_folder_loads_with_its_stop_ids() {
-    for name in MODELS {
+    for name in hf_models() {
         let (m, tok, files) = hf::load_hf_dir(&folder(name)).unwrap();
         let r = record(name);
         assert_eq!(
@@ -135,7 +140,7 @@ fn every_folder_loads_with_its_stop_ids() {
 
 #[test]
 fn tokenizer_json_gives_transformers_ids_and_text() {
-    for name in MODELS {
+    for name in hf_models() {
         let (_, tok, _) = hf::load_hf_dir(&folder(name)).unwrap();
         let r = record(name);
         let mut compared = 0;
