@@ -45,7 +45,7 @@ fn tokenizers() -> Vec<(&'static str, Tokenizer)> {
         let f = kvlab_gguf::GgufFile::open(&gguf).expect("the Gemma GGUF opens");
         v.push((
             "gemma3",
-            kvlab_model::gguf_model::tokenizer_from_gguf(&f, &gguf).expect("Gemma's tokenizer"),
+            kvlab_model::tokenizer::tokenizer_from_gguf(&f, &gguf).expect("Gemma's tokenizer"),
         ));
     } else {
         eprintln!("gemma3/encode left out: gemma-3-270m-q4_k_m.gguf not found (set KVLAB_MODELS)");

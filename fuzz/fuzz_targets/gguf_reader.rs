@@ -16,7 +16,8 @@ use std::sync::OnceLock;
 
 use kvlab_fuzz::{mutate, tmp};
 use kvlab_gguf::{GgmlType, GgufBuilder, GgufFile, MetadataArray, MetadataValue};
-use kvlab_model::gguf_model::{read_gguf_config, tokenizer_from_gguf};
+use kvlab_model::gguf_model::read_gguf_config;
+use kvlab_model::tokenizer::tokenizer_from_gguf;
 use kvlab_model::load_gguf;
 use libfuzzer_sys::arbitrary::Unstructured;
 use libfuzzer_sys::fuzz_target;

@@ -130,6 +130,11 @@ pub struct Config {
     /// Llama 3.1's frequency scaling, when the model has it.
     #[serde(default)]
     pub rope_scaling: Option<Llama3RopeScaling>,
+    /// Per-frequency divisors stored with the weights instead (a GGUF's `rope_freqs.weight`,
+    /// which llama.cpp's converter computes from the same Llama 3.1 scaling; ggml_rope_ext's
+    /// `freq_factors`): frequency j becomes f_j / factor_j. Empty when absent. (head_dim/2,)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rope_freq_factors: Vec<f32>,
     pub activation: Activation,
     /// One entry per layer.
     pub layer_kinds: Vec<LayerKind>,
@@ -221,6 +226,7 @@ impl Config {
             rope_theta: 10_000.0,
             rope_theta_local: 10_000.0,
             rope_scaling: None,
+            rope_freq_factors: Vec::new(),
             activation: Activation::Silu,
             layer_kinds: vec![LayerKind::Global; n_layers],
             embed_scale: 1.0,
@@ -264,6 +270,7 @@ impl Config {
         (0..hd / 2)
             .map(|j| {
                 let f = 1.0 / theta.powf((2 * j) as f32 / hd as f32);
+                let f = self.rope_freq_factors.get(j).map_or(f, |d| f / d);
                 self.rope_scaling.map_or(f, |s| s.scale(f))
             })
             .collect()
@@ -407,6 +414,19 @@ impl Config {
                     "rope_scaling {r:?}: factors must be finite and positive, high_freq_factor above low_freq_factor"
                 ));
             }
+        }
+        if !self.rope_freq_factors.is_empty()
+            && (self.rope_freq_factors.len() != self.head_dim / 2
+                || !self
+                    .rope_freq_factors
+                    .iter()
+                    .all(|v| v.is_finite() && *v > 0.0))
+        {
+            return bad(format!(
+                "rope_freq_factors: {} values for head_dim {} (head_dim/2 expected), each finite and positive",
+                self.rope_freq_factors.len(),
+                self.head_dim
+            ));
         }
         if !finite || self.norm_eps < 0.0 || self.rope_theta <= 0.0 || self.rope_theta_local <= 0.0
         {

@@ -1,6 +1,7 @@
-//! GGUF checkpoints (llama.cpp's format) into the one model definition. Two architectures are
-//! read: `llama` (its config in [`crate::gguf_llama`], facts cited there) and `gemma3`, both as
-//! configuration of the Llama-family model, not as copies of it. For Gemma 3, each fact below was checked
+//! GGUF checkpoints (llama.cpp's format) into the one model definition. Four architectures are
+//! read: `llama`, `qwen2` and `qwen3` (their config in [`crate::gguf_llama`], facts cited there)
+//! and `gemma3`, all as configuration of the Llama-family model, not as copies of it. The
+//! vocabulary is read by [`crate::tokenizer::tokenizer_from_gguf`]. For Gemma 3, each fact below was checked
 //! against llama.cpp (src/models/gemma3.cpp, src/llama-hparams.cpp, src/llama-vocab.cpp) and
 //! Hugging Face transformers (models/gemma3/modeling_gemma3.py, configuration_gemma3.py):
 //!
@@ -31,17 +32,14 @@ use std::path::Path;
 use kvlab_gguf::GgufFile;
 
 use crate::weights::{LayerWeights, Tensor};
-use crate::{
-    Activation, Config, Error, LayerKind, Model, Result, RopeLayout, SpmTokenizer, Tokenizer,
-    Weights,
-};
+use crate::{Activation, Config, Error, LayerKind, Model, Result, RopeLayout, Tokenizer, Weights};
 
 fn gguf_err(path: &Path) -> impl Fn(kvlab_gguf::GgufError) -> Error + '_ {
     move |e| Error::Format(format!("{}: {e}", path.display()))
 }
 
-/// Loads a GGUF checkpoint (architecture `llama` or `gemma3`) and the SentencePiece tokenizer stored in its
-/// metadata. Tensors of the types the CPU kernels read (F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K; see
+/// Loads a GGUF checkpoint (architecture `llama`, `qwen2`, `qwen3` or `gemma3`) and the
+/// tokenizer stored in its metadata. Tensors of the types the CPU kernels read (F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K; see
 /// [`crate::weights::ENCODINGS`]) stay encoded, read in place from the file's memory map; F32
 /// tensors are mapped too; any other type is dequantized to f32 here.
 ///
@@ -60,42 +58,36 @@ pub fn load_gguf(path: &Path) -> Result<(Model, Tokenizer)> {
     // Everything the header says is checked before any tensor is dequantized: the config, the
     // tokenizer, and every tensor's element count against the config's shapes.
     let c = gguf_config(&f, path)?;
-    let tok = tokenizer_from_gguf(&f, path)?;
+    let tok = crate::tokenizer::tokenizer_from_gguf(&f, path)?;
     check_tensor_sizes(&f, &c, path)?;
     let t = |name: String| load_tensor(&f, &name).map_err(&e);
     let layers = (0..c.n_layers)
         .map(|l| {
             let b = |n: &str| t(format!("blk.{l}.{n}.weight"));
-            if !c.qk_norm && !c.post_norms {
-                // llama: llama-arch.cpp's names; ffn_gate is w1, ffn_down w2, ffn_up w3.
-                return Ok(LayerWeights::llama([
-                    b("attn_norm")?,
-                    b("attn_q")?,
-                    b("attn_k")?,
-                    b("attn_v")?,
-                    b("attn_output")?,
-                    b("ffn_norm")?,
-                    b("ffn_gate")?,
-                    b("ffn_down")?,
-                    b("ffn_up")?,
-                ]));
+            let bias = |n: &str| t(format!("blk.{l}.{n}.bias"));
+            // llama-arch.cpp's names; ffn_gate is w1, ffn_down w2, ffn_up w3.
+            let mut w = LayerWeights::llama([
+                b("attn_norm")?,
+                b("attn_q")?,
+                b("attn_k")?,
+                b("attn_v")?,
+                b("attn_output")?,
+                b("ffn_norm")?,
+                b("ffn_gate")?,
+                b("ffn_down")?,
+                b("ffn_up")?,
+            ]);
+            if c.qkv_bias {
+                (w.bq, w.bk, w.bv) = (bias("attn_q")?, bias("attn_k")?, bias("attn_v")?);
             }
-            Ok(LayerWeights {
-                attn_norm: b("attn_norm")?,
-                wq: b("attn_q")?,
-                wk: b("attn_k")?,
-                wv: b("attn_v")?,
-                wo: b("attn_output")?,
-                q_norm: b("attn_q_norm")?,
-                k_norm: b("attn_k_norm")?,
-                post_attn_norm: b("post_attention_norm")?,
-                ffn_norm: b("ffn_norm")?,
-                w1: b("ffn_gate")?,
-                w2: b("ffn_down")?,
-                w3: b("ffn_up")?,
-                post_ffn_norm: b("post_ffw_norm")?,
-                ..LayerWeights::default()
-            })
+            if c.qk_norm {
+                (w.q_norm, w.k_norm) = (b("attn_q_norm")?, b("attn_k_norm")?);
+            }
+            if c.post_norms {
+                w.post_attn_norm = b("post_attention_norm")?;
+                w.post_ffn_norm = b("post_ffw_norm")?;
+            }
+            Ok(w)
         })
         .collect::<Result<Vec<_>>>()?;
     let weights = Weights {
@@ -131,7 +123,7 @@ fn load_tensor(f: &GgufFile, name: &str) -> kvlab_gguf::Result<Tensor> {
     }
 }
 
-/// The [`Config`] (llama or Gemma 3) from a GGUF's metadata alone, with every tensor's size checked against
+/// The [`Config`] from a GGUF's metadata alone, with every tensor's size checked against
 /// it; no tensor is read (what `kvlab info` needs).
 ///
 /// # Errors
@@ -150,10 +142,12 @@ fn gguf_config(f: &GgufFile, path: &Path) -> Result<Config> {
     let arch = md.get_str("general.architecture").map_err(&e)?;
     match arch {
         "gemma3" => {}
-        "llama" => return crate::gguf_llama::llama_config(f, path),
+        a if crate::gguf_llama::ARCHS.contains(&a) => {
+            return crate::gguf_llama::llama_config(f, a, path);
+        }
         _ => {
             return Err(Error::Format(format!(
-                "{}: architecture {arch:?} is not supported; kvlab reads llama and gemma3 GGUF files (and llama2.c .bin files)",
+                "{}: architecture {arch:?} is not supported; kvlab reads llama, qwen2, qwen3 and gemma3 GGUF files (and llama2.c .bin files)",
                 path.display()
             )));
         }
@@ -195,11 +189,7 @@ fn gguf_config(f: &GgufFile, path: &Path) -> Result<Config> {
     c.qk_norm = true;
     c.post_norms = true;
     c.bos_id = md.get_u32("tokenizer.ggml.bos_token_id").map_err(&e)?;
-    let eos = md.get_u32("tokenizer.ggml.eos_token_id").map_err(&e)?;
-    c.stop_ids = vec![eos];
-    if let Some(eot) = tokens.iter().position(|t| t == "<end_of_turn>") {
-        c.stop_ids.push(eot as u32);
-    }
+    c.stop_ids = crate::gguf_llama::eog_ids(f, path)?;
     c.validate()?;
     if f.has_tensor("output.weight") {
         return Err(Error::Format(format!(
@@ -237,6 +227,13 @@ fn check_tensor_sizes(f: &GgufFile, c: &Config, path: &Path) -> Result<()> {
         if c.qk_norm {
             per_layer.extend([("attn_q_norm", 1, hd), ("attn_k_norm", 1, hd)]);
         }
+        let mut biases = Vec::new();
+        if c.qkv_bias {
+            biases.extend([("attn_q", q), ("attn_k", kv), ("attn_v", kv)]);
+        }
+        for (n, len) in biases {
+            expect.push((format!("blk.{l}.{n}.bias"), 1, len));
+        }
         if c.post_norms {
             per_layer.extend([("post_attention_norm", 1, d), ("post_ffw_norm", 1, d)]);
         }
@@ -264,61 +261,4 @@ fn check_tensor_sizes(f: &GgufFile, c: &Config, path: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// llama.cpp's SPM tokenizer from GGUF metadata: pieces with `▁` for spaces, scores, byte
-/// tokens `<0xXX>`, USER_DEFINED tokens (type 4) split out of the text before BPE, CONTROL and
-/// UNKNOWN tokens (types 3, 2) too when a prompt is encoded with `encode_special`, and
-/// `add_space_prefix` (default true, false for Gemma 3).
-///
-/// # Errors
-/// [`Error::Format`] for missing or inconsistent tokenizer keys.
-pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
-    let e = gguf_err(path);
-    let md = f.metadata();
-    let model = md.get_str("tokenizer.ggml.model").map_err(&e)?;
-    crate::gguf_llama::check_tokenizer_model(model, path)?;
-    let tokens = md.get_str_array("tokenizer.ggml.tokens").map_err(&e)?;
-    let scores = md.get_f32_array("tokenizer.ggml.scores").map_err(&e)?;
-    let types = md.get_i32_array("tokenizer.ggml.token_type").map_err(&e)?;
-    if types.len() != tokens.len() {
-        return Err(Error::Format(format!(
-            "{}: {} token types for {} tokens",
-            path.display(),
-            types.len(),
-            tokens.len()
-        )));
-    }
-    let bos = md.get_u32("tokenizer.ggml.bos_token_id").map_err(&e)?;
-    let eos = md.get_u32("tokenizer.ggml.eos_token_id").map_err(&e)?;
-    let prefix = md
-        .opt_bool("tokenizer.ggml.add_space_prefix")
-        .map_err(&e)?
-        .unwrap_or(true);
-    // llama.cpp's token types (gguf-py's TokenType): 2 UNKNOWN, 3 CONTROL, 4 USER_DEFINED.
-    const UNKNOWN: i32 = 2;
-    const CONTROL: i32 = 3;
-    const USER_DEFINED: i32 = 4;
-    let of_types = |wanted: &'static [i32]| {
-        types
-            .iter()
-            .enumerate()
-            .filter(move |(_, t)| wanted.contains(t))
-            .map(|(i, _)| i as u32)
-    };
-    let pieces = tokens.iter().map(str::as_bytes);
-    let mut tok = SpmTokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
-        .with_escaped_spaces()
-        .with_verbatim(of_types(&[USER_DEFINED]))
-        .with_control(of_types(&[UNKNOWN, CONTROL]));
-    if md.contains("tokenizer.chat_template") {
-        let source = md.get_str("tokenizer.chat_template").map_err(&e)?;
-        let text = |id: u32| String::from_utf8_lossy(tok.piece(id)).into_owned();
-        tok.chat_template = Some(crate::chat::ChatTemplate::new(
-            source,
-            &text(bos),
-            &text(eos),
-        )?);
-    }
-    Ok(tok.into())
 }

@@ -11,7 +11,7 @@ use serde_json::Value;
 fn gemma3_encodes_every_fixture_text_as_llama_cpp_does() {
     let Some(path) = common::gemma() else { return };
     let f = kvlab_gguf::GgufFile::open(&path).unwrap();
-    let tok = kvlab_model::gguf_model::tokenizer_from_gguf(&f, &path).unwrap();
+    let tok = kvlab_model::tokenizer::tokenizer_from_gguf(&f, &path).unwrap();
     let fixture: Value =
         serde_json::from_str(include_str!("../../../fixtures/gemma3/tokens.json")).unwrap();
     let mut failures = Vec::new();

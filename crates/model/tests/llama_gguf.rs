@@ -444,7 +444,11 @@ fn tiny_with(
     edit_tensors(&mut tensors);
     for (name, ne) in tensors {
         let n = ne.iter().product::<u64>() as usize;
-        let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.01).collect();
+        let data: Vec<f32> = if name == "rope_freqs.weight" {
+            (0..n).map(|i| 1.0 + i as f32).collect()
+        } else {
+            (0..n).map(|i| (i % 7) as f32 * 0.01).collect()
+        };
         b = b.tensor_f32(&name, &ne, &data);
     }
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -522,20 +526,129 @@ fn mixture_of_experts_is_refused_by_name() {
 }
 
 #[test]
-fn a_gpt2_tokenizer_is_refused_by_name() {
+fn unknown_tokenizer_models_and_pre_tokenizers_are_refused_by_name() {
     let p = tiny(
-        |kv| set(kv, "tokenizer.ggml.model", V::String("gpt2".into())),
+        |kv| set(kv, "tokenizer.ggml.model", V::String("bert".into())),
         "",
     );
-    refused(
-        &p,
-        &[
-            "tokenizer.ggml.model",
-            "gpt2",
-            "Llama 3",
-            "not supported yet",
-        ],
+    refused(&p, &["tokenizer.ggml.model", "bert", "not supported"]);
+    // A byte-level vocabulary with a pre-tokenizer kvlab has no regex for.
+    let p = tiny(
+        |kv| {
+            set(kv, "tokenizer.ggml.model", V::String("gpt2".into()));
+            set(kv, "tokenizer.ggml.pre", V::String("deepseek-llm".into()));
+        },
+        "",
     );
+    let e = kvlab_model::load_gguf(&p).unwrap_err().to_string();
+    for n in ["tokenizer.ggml.pre", "deepseek-llm", "not supported"] {
+        assert!(e.contains(n), "{e:?} lacks {n:?}");
+    }
+}
+
+/// The tiny llama GGUF rewritten as architecture `arch`: every `llama.` key renamed.
+fn as_arch(kv: &mut [(&'static str, V)], arch: &str) {
+    for (k, v) in kv.iter_mut() {
+        if *k == "general.architecture" {
+            *v = V::String(arch.into());
+        } else if let Some(rest) = k.strip_prefix("llama.") {
+            *k = Box::leak(format!("{arch}.{rest}").into_boxed_str());
+        }
+    }
+}
+
+#[test]
+fn qwen2_reads_its_qkv_biases_and_refuses_a_file_without_them() {
+    let biases = |ts: &mut Vec<(String, Vec<u64>)>| {
+        for n in ["attn_q", "attn_k", "attn_v"] {
+            ts.push((format!("blk.0.{n}.bias"), vec![8]));
+        }
+    };
+    let p = tiny_with(|kv| as_arch(kv, "qwen2"), biases);
+    let (m, _) = kvlab_model::load_gguf(&p).unwrap();
+    let c = &m.config;
+    assert!(c.qkv_bias && !c.qk_norm && !c.post_norms);
+    assert_eq!(c.rope_layout, kvlab_model::RopeLayout::Neox);
+    assert_eq!(m.weights.layers[0].bk.len(), 8);
+    let p = tiny_with(
+        |kv| as_arch(kv, "qwen2"),
+        |ts| {
+            biases(ts);
+            ts.retain(|(n, _)| n != "blk.0.attn_v.bias");
+        },
+    );
+    refused(&p, &["blk.0.attn_v.bias"]);
+}
+
+#[test]
+fn qwen3_reads_its_qk_norms() {
+    let p = tiny_with(
+        |kv| as_arch(kv, "qwen3"),
+        |ts| {
+            for n in ["attn_q_norm", "attn_k_norm"] {
+                ts.push((format!("blk.0.{n}.weight"), vec![4]));
+            }
+        },
+    );
+    let (m, _) = kvlab_model::load_gguf(&p).unwrap();
+    assert!(m.config.qk_norm && !m.config.qkv_bias);
+    assert_eq!(m.config.rope_layout, kvlab_model::RopeLayout::Neox);
+    assert_eq!(m.weights.layers[0].q_norm.len(), 4);
+    // Without them the file is refused, naming the tensor.
+    refused(
+        &tiny(|kv| as_arch(kv, "qwen3"), ""),
+        &["blk.0.attn_q_norm.weight"],
+    );
+}
+
+#[test]
+fn rope_freqs_become_frequency_divisors() {
+    let p = tiny_with(|_| {}, |ts| ts.push(("rope_freqs.weight".into(), vec![2])));
+    let (m, _) = kvlab_model::load_gguf(&p).unwrap();
+    let c = &m.config;
+    assert_eq!(c.rope_freq_factors, vec![1.0, 2.0]);
+    // head_dim 4: base frequencies 1 and 1/100, the second divided by 2.
+    assert_eq!(c.rope_freqs(10_000.0), vec![1.0, 0.005]);
+    let p = tiny_with(|_| {}, |ts| ts.push(("rope_freqs.weight".into(), vec![3])));
+    refused(&p, &["rope_freqs.weight", "head_dim/2"]);
+}
+
+#[test]
+fn end_of_generation_tokens_are_llama_cpps() {
+    let p = tiny(
+        |kv| {
+            set(
+                kv,
+                "tokenizer.ggml.tokens",
+                V::Array(MetadataArray::String(
+                    vec![
+                        "<unk>".to_string(),
+                        "<s>".into(),
+                        "</s>".into(),
+                        "<|im_end|>".into(),
+                    ]
+                    .into(),
+                )),
+            );
+        },
+        "",
+    );
+    let c = kvlab_model::gguf_model::read_gguf_config(&p).unwrap();
+    assert_eq!(c.stop_ids, vec![2, 3]);
+    let p = tiny(|kv| set(kv, "tokenizer.ggml.eot_token_id", V::U32(1)), "");
+    let c = kvlab_model::gguf_model::read_gguf_config(&p).unwrap();
+    assert_eq!(c.stop_ids, vec![2, 1]);
+    let p = tiny(|kv| set(kv, "tokenizer.ggml.eot_token_id", V::U32(9)), "");
+    refused(&p, &["end-of-generation token 9"]);
+}
+
+#[test]
+fn unsupported_architectures_are_refused_by_name() {
+    let p = tiny(
+        |kv| set(kv, "general.architecture", V::String("mistral3".into())),
+        "",
+    );
+    refused(&p, &["architecture \"mistral3\"", "qwen2"]);
 }
 
 #[test]
@@ -610,5 +723,92 @@ fn the_library_writer_round_trips_stories260k() {
             tok.encode(&p, true, false),
             "{p:?}"
         );
+    }
+}
+
+/// The tiny GGUF conversions of the Hugging Face fixtures (scripts/hf_to_gguf.py): byte-level
+/// BPE vocabularies (`tokenizer.ggml.model` gpt2, pre `gpt-2` or `qwen2`).
+const TINY_GGUFS: [&str; 4] = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3"];
+
+fn fixture_json(path: &str) -> serde_json::Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(path);
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn id_list(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn gpt2_style_gguf_vocabularies_tokenize_as_transformers_and_llama_cpp() {
+    for name in TINY_GGUFS {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/models")
+            .join(format!("{name}.gguf"));
+        let (_, tok) = kvlab_model::load_gguf(&p).unwrap();
+        let hf = fixture_json(&format!("hf/{name}.json"));
+        let lcpp = fixture_json(&format!("gguf/{name}.json"));
+        assert_eq!(
+            tok.bos_id(),
+            hf["bos_id"].as_u64().map(|b| b as u32),
+            "{name}: BOS is added exactly when tokenizer.ggml.add_bos_token says"
+        );
+        let texts = hf["tokens"].as_array().unwrap();
+        assert!(texts.len() >= 10);
+        for (t, l) in texts.iter().zip(lcpp["tokens"].as_array().unwrap()) {
+            let text = t["text"].as_str().unwrap();
+            assert_eq!(l["text"].as_str(), Some(text));
+            // llama.cpp's parse_special = transformers' added-token matching.
+            let with_bos = tok.encode_special(text, true, false);
+            assert_eq!(with_bos, id_list(&t["ids"]), "{name}: {text:?}");
+            assert_eq!(with_bos, id_list(&l["ids"]), "{name}: {text:?}");
+            assert_eq!(
+                tok.encode_special(text, false, false),
+                id_list(&t["ids_no_special"]),
+                "{name}: {text:?}"
+            );
+            // Without parse_special, control tokens written in the text stay text.
+            assert_eq!(
+                tok.encode(text, false, false),
+                id_list(&l["ids_plain"]),
+                "{name}: {text:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn tiny_gguf_conversions_are_their_hf_folders() {
+    for name in TINY_GGUFS {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models");
+        let (g, _) = kvlab_model::load_gguf(&fixtures.join(format!("{name}.gguf"))).unwrap();
+        let (h, _, _) = kvlab_model::hf::load_hf_dir(&fixtures.join(name)).unwrap();
+        let (gc, hc) = (&g.config, &h.config);
+        assert_eq!(
+            (gc.dim, gc.n_layers, gc.n_heads, gc.n_kv_heads, gc.head_dim),
+            (hc.dim, hc.n_layers, hc.n_heads, hc.n_kv_heads, hc.head_dim),
+            "{name}"
+        );
+        assert_eq!(
+            (gc.qk_norm, gc.qkv_bias, gc.shared_classifier),
+            (hc.qk_norm, hc.qkv_bias, hc.shared_classifier),
+            "{name}"
+        );
+        assert_eq!(gc.stop_ids[0], hc.stop_ids[0], "{name}: EOS first");
+        // The frequencies agree: llama.cpp's rope_freqs factors are transformers' Llama 3.1
+        // scaling, computed once by the converter.
+        for (a, b) in gc
+            .rope_freqs(gc.rope_theta)
+            .iter()
+            .zip(hc.rope_freqs(hc.rope_theta))
+        {
+            assert!((a - b).abs() <= 1e-6 * b.abs(), "{name}: {a} vs {b}");
+        }
     }
 }

@@ -29,6 +29,10 @@ use crate::{Error, Result};
 #[derive(Clone)]
 pub struct HfTokenizer {
     inner: Arc<tokenizers::Tokenizer>,
+    /// `inner` with special added tokens matched as plain text, for [`HfTokenizer::encode`]
+    /// when the vocabulary came from a GGUF (llama.cpp parses control tokens only when asked);
+    /// `None` for a `tokenizer.json`, which always matches them (as transformers does).
+    plain: Option<Arc<tokenizers::Tokenizer>>,
     /// Bytes each token prints as. (vocab_size,)
     pieces: Pieces,
     /// What the post-processor puts before the text (Llama's `<s>`, `<|begin_of_text|>`), if
@@ -74,18 +78,27 @@ impl HfTokenizer {
     /// crate rejects it, its decoder is of an unsupported kind (named), or it has more than
     /// [`crate::config::MAX_VOCAB`] tokens.
     pub fn load(path: &Path) -> Result<HfTokenizer> {
-        let bad = |reason: String| Error::Tokenizer {
-            path: PathBuf::from(path),
-            reason,
-        };
         let bytes = std::fs::read(path).map_err(|source| Error::Open {
             path: path.into(),
             source,
         })?;
+        HfTokenizer::from_json(&bytes, path)
+    }
+
+    /// A `tokenizer.json` given as its bytes; `origin` names it in errors (a GGUF vocabulary
+    /// is turned into one by [`crate::tokenizer::tokenizer_from_gguf`]).
+    ///
+    /// # Errors
+    /// As [`HfTokenizer::load`], less the file's opening.
+    pub fn from_json(bytes: &[u8], origin: &Path) -> Result<HfTokenizer> {
+        let bad = |reason: String| Error::Tokenizer {
+            path: PathBuf::from(origin),
+            reason,
+        };
         let json: Value =
-            serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+            serde_json::from_slice(bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
         let decoding = decoding(&json["decoder"]).map_err(&bad)?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+        let inner = tokenizers::Tokenizer::from_bytes(bytes)
             .map_err(|e| bad(format!("the tokenizers crate rejects it: {e}")))?;
         let n = inner.get_vocab_size(true);
         if n == 0 || n > crate::config::MAX_VOCAB {
@@ -125,6 +138,7 @@ impl HfTokenizer {
         Ok(HfTokenizer {
             inner: Arc::new(inner),
             pieces,
+            plain: None,
             bos_id,
             eos_id: None,
             strip_first_space: decoding
@@ -172,7 +186,34 @@ impl HfTokenizer {
     /// (and known). Added tokens written in the text become those tokens. Text the `tokenizers`
     /// crate cannot encode (it fails only on internal errors) gives no ids.
     pub fn encode(&self, text: &str, bos: bool, eos: bool) -> Vec<u32> {
-        let mut ids = match self.inner.encode(text, bos) {
+        self.encode_with(self.plain.as_ref().unwrap_or(&self.inner), text, bos, eos)
+    }
+
+    /// [`HfTokenizer::encode`] with every added token written in the text matched, control
+    /// tokens included (llama.cpp's `parse_special`); the same as `encode` for a
+    /// `tokenizer.json`.
+    pub fn encode_special(&self, text: &str, bos: bool, eos: bool) -> Vec<u32> {
+        self.encode_with(&self.inner, text, bos, eos)
+    }
+
+    /// Control tokens (special added tokens) written in a prompt stay text in
+    /// [`HfTokenizer::encode`] and are matched only by [`HfTokenizer::encode_special`], as
+    /// llama.cpp tokenizes a GGUF vocabulary. Memory: a second copy of the `tokenizers` model.
+    pub fn with_control_tokens_as_text(mut self) -> HfTokenizer {
+        let mut plain = (*self.inner).clone();
+        plain.set_encode_special_tokens(true);
+        self.plain = Some(Arc::new(plain));
+        self
+    }
+
+    fn encode_with(
+        &self,
+        inner: &tokenizers::Tokenizer,
+        text: &str,
+        bos: bool,
+        eos: bool,
+    ) -> Vec<u32> {
+        let mut ids = match inner.encode(text, bos) {
             Ok(e) => e.get_ids().to_vec(),
             Err(_) => Vec::new(),
         };

@@ -6,14 +6,19 @@
 //! * [`HfTokenizer`] (`hf.rs`): a Hugging Face `tokenizer.json`, run by the `tokenizers` crate
 //!   (the code behind transformers' fast tokenizers), byte-level BPE (GPT-2, Llama 3, Qwen) or
 //!   SentencePiece-style (Llama 2, Mistral, Gemma) alike.
+//! * `gguf.rs` reads a GGUF file's vocabulary into one of the two: a `llama` one into
+//!   [`SpmTokenizer`], a byte-level `gpt2` one into [`HfTokenizer`] ([`tokenizer_from_gguf`]).
 //!
 //! Both decode a token to the **bytes** it prints as, so that a character split over several
 //! byte tokens streams correctly through [`Utf8Stream`].
 
+mod gguf;
 mod hf;
 mod pieces;
 mod spm;
 
+pub(crate) use gguf::check_tokenizer_model;
+pub use gguf::tokenizer_from_gguf;
 pub use hf::HfTokenizer;
 pub use spm::SpmTokenizer;
 
@@ -91,9 +96,9 @@ impl Tokenizer {
     }
 
     /// Encodes text; `bos` adds what the vocabulary puts first (BOS for Llama, nothing for
-    /// Qwen), `eos` appends EOS. Control tokens written in the text stay text for a
-    /// SentencePiece vocabulary; a `tokenizer.json` always matches its added tokens (as
-    /// transformers does).
+    /// Qwen), `eos` appends EOS. Control tokens written in the text stay text for a GGUF or
+    /// llama2.c vocabulary (llama.cpp's default); a `tokenizer.json` always matches its added
+    /// tokens (as transformers does).
     pub fn encode(&self, text: &str, bos: bool, eos: bool) -> Vec<u32> {
         match self {
             Tokenizer::Spm(t) => t.encode(text, bos, eos),
@@ -106,7 +111,7 @@ impl Tokenizer {
     pub fn encode_special(&self, text: &str, bos: bool, eos: bool) -> Vec<u32> {
         match self {
             Tokenizer::Spm(t) => t.encode_special(text, bos, eos),
-            Tokenizer::Hf(t) => t.encode(text, bos, eos),
+            Tokenizer::Hf(t) => t.encode_special(text, bos, eos),
         }
     }
 
