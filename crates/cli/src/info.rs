@@ -23,6 +23,7 @@ pub fn run(a: &Args) -> Result<()> {
     if a.json {
         let v = serde_json::json!({
             "model": name,
+            "architecture": c.architecture(),
             "files": files,
             "config": c,
             "n_params": c.n_params(),
@@ -38,6 +39,7 @@ pub fn run(a: &Args) -> Result<()> {
     for f in &files {
         println!("file         {}", f.display());
     }
+    println!("architecture {}", c.architecture());
     println!("dim          {}", c.dim);
     println!("hidden_dim   {}", c.hidden_dim);
     println!("n_layers     {}", c.n_layers);

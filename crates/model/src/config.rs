@@ -276,6 +276,46 @@ impl Config {
             .collect()
     }
 
+    /// Which member of the Llama family these features make the model, and what sets it apart
+    /// from plain Llama (`kvlab info`'s "architecture" line): `gemma3` (post-norms, GeGLU,
+    /// scaled embedding), `qwen3` (QK-norm), `qwen2` (q/k/v biases), `mistral` (every layer
+    /// windowed), else `llama`. A Mistral GGUF has no window (llama.cpp drops it) and reads as
+    /// `llama`.
+    pub fn architecture(&self) -> String {
+        let windowed = |k: &LayerKind| k.window().is_some();
+        let name = if self.post_norms {
+            "gemma3"
+        } else if self.qk_norm {
+            "qwen3"
+        } else if self.qkv_bias {
+            "qwen2"
+        } else if self.layer_kinds.iter().all(windowed) {
+            "mistral"
+        } else {
+            "llama"
+        };
+        let extras: Vec<&str> = [
+            (self.qkv_bias, "q/k/v biases"),
+            (self.qk_norm, "QK-norm"),
+            (self.post_norms, "post-norms"),
+            (self.activation == Activation::GeluTanh, "GeGLU"),
+            (self.embed_scale != 1.0, "scaled embedding"),
+            (self.layer_kinds.iter().any(windowed), "sliding window"),
+            (
+                self.rope_scaling.is_some() || !self.rope_freq_factors.is_empty(),
+                "Llama 3.1 RoPE scaling",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(has, what)| has.then_some(what))
+        .collect();
+        if extras.is_empty() {
+            format!("{name} (plain Llama: RMSNorm, SwiGLU, RoPE)")
+        } else {
+            format!("{name} (Llama with {})", extras.join(", "))
+        }
+    }
+
     pub fn rope_theta_for(&self, layer: usize) -> f32 {
         match self.layer_kinds[layer] {
             LayerKind::Global => self.rope_theta,
