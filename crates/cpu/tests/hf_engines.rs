@@ -185,19 +185,36 @@ fn first_steps_logits_are_within_the_f32_tolerance_of_transformers() {
 
 #[test]
 fn a_chat_session_reuses_the_conversation_cache_and_replies_as_a_fresh_run() {
-    use kvlab_model::chat::ChatSession;
-    // tiny-qwen3 ships ChatML; greedy replies of at most 12 tokens.
+    // tiny-qwen3 ships ChatML; greedy replies of at most 12 tokens. The contiguous cache cuts
+    // its length; the paged one its block tables (blocks of 8 tokens, so turns end mid-block).
     let dir = fixtures().join("models").join("tiny-qwen3");
     let (model, tok, _) = kvlab_model::hf::load_hf_dir(&dir).unwrap();
     let model = Arc::new(model);
+    let mut cpu = kvlab_cpu::CpuEngine::new(model.clone());
+    chat_reuses_its_cache(&mut cpu, &model, &tok);
+    let kv = KvCacheConfig::new(model.config.kv_cache_groups(), 64, 8);
+    let mut paged = PagedCpuEngine::new(model.clone(), kv).unwrap();
+    chat_reuses_its_cache(&mut paged, &model, &tok);
+    assert_eq!(
+        kvlab_model::Engine::kv_usage(&paged).used_bytes,
+        0,
+        "every block is back in the pool"
+    );
+}
+
+fn chat_reuses_its_cache(
+    engine: &mut dyn kvlab_model::Engine,
+    model: &Arc<Model>,
+    tok: &kvlab_model::Tokenizer,
+) {
+    use kvlab_model::chat::ChatSession;
     let template = tok.chat_template().unwrap().clone();
-    let mut engine = kvlab_cpu::CpuEngine::new(model.clone());
     let mut chat = ChatSession::new(template.clone(), None, 256);
     let turns = ["Tell me a story.", "About a dog?", "Thanks!"];
     for (i, user) in turns.iter().enumerate() {
         let mut reply = String::new();
         let stats = chat
-            .turn(&mut engine, &tok, &mut Sampler::greedy(), user, 12, |s| {
+            .turn(engine, tok, &mut Sampler::greedy(), user, 12, |s| {
                 reply.push_str(s)
             })
             .unwrap();
@@ -213,7 +230,12 @@ fn a_chat_session_reuses_the_conversation_cache_and_replies_as_a_fresh_run() {
         };
         let g = generate_tokens(&mut fresh, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
         let said = &chat.messages().last().unwrap().content;
-        assert_eq!(said, &tok.decode_all(&g.tokens), "turn {i}");
+        assert_eq!(
+            said,
+            &tok.decode_all(&g.tokens),
+            "{}, turn {i}",
+            engine.name()
+        );
         assert!(!reply.is_empty(), "turn {i}: the reply streamed");
         assert_eq!(
             stats.reused_tokens + stats.prefilled_tokens,
@@ -226,11 +248,12 @@ fn a_chat_session_reuses_the_conversation_cache_and_replies_as_a_fresh_run() {
             // Everything up to the new user message came from the cache.
             assert!(
                 stats.reused_tokens > stats.prefilled_tokens,
-                "turn {i}: {stats:?}"
+                "{}, turn {i}: {stats:?}",
+                engine.name()
             );
         }
     }
-    chat.end(&mut engine);
+    chat.end(engine);
 }
 
 #[test]

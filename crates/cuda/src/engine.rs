@@ -280,6 +280,13 @@ impl Engine for CudaEngine {
         self.run_unscheduled(seq, tokens)
     }
 
+    /// Cuts the sequence's block tables (kvlab-paged's `UnscheduledPools::truncate`, the
+    /// device-independent part cpu-paged tests): the pool's slots past `len` are written again.
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<bool, Error> {
+        let s = self.seqs.get_mut(seq)?;
+        Ok(self.unscheduled.truncate(s, len))
+    }
+
     fn free(&mut self, seq: SeqId) {
         if let Some(mut st) = self.seqs.remove(seq) {
             self.unscheduled.free(&mut st);

@@ -92,6 +92,24 @@ impl UnscheduledPools {
         Ok(step)
     }
 
+    /// Forgets positions `len..` of `seq` in every group, or in none: `false` when a group
+    /// cannot ([`BlockAllocator::can_truncate`]: a sliding window already freed a block the
+    /// query at `len` reads), and the caller starts the sequence again.
+    pub fn truncate(&mut self, seq: &mut UnscheduledSeq, len: usize) -> bool {
+        let groups = &self.kv_cache.groups;
+        let possible = (self.allocators.iter().zip(&seq.tables).zip(groups))
+            .all(|((alloc, table), g)| alloc.can_truncate(table, len, g.sliding_window));
+        if !possible || len > seq.len {
+            return false;
+        }
+        for ((alloc, table), g) in self.allocators.iter_mut().zip(&mut seq.tables).zip(groups) {
+            // Checked above, and a table built by these pools belongs to its allocator.
+            let _ = alloc.truncate(table, len, g.sliding_window);
+        }
+        seq.len = len;
+        true
+    }
+
     /// Returns every block of `seq` to the pools.
     pub fn free(&mut self, seq: &mut UnscheduledSeq) {
         for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.tables) {

@@ -238,3 +238,39 @@ fn sliding_window_prefill_skips_keys_nobody_reads() {
     assert!(slots[..24].iter().all(|&s| s == PAD_SLOT));
     assert!(slots[24..].iter().all(|&s| s >= 0));
 }
+
+#[test]
+fn truncate_returns_the_blocks_past_the_cut_and_writes_there_next() {
+    let mut a = pool(8, 4);
+    let mut t = BlockTable::new(4);
+    a.append_slots(&mut t, 14, 0).unwrap(); // blocks 0..4 hold positions 0..14
+    assert_eq!(a.num_free_blocks(), 4);
+    // Cut to 6 positions: blocks 0 and 1 stay (position 5 is block 1, offset 1).
+    assert!(a.truncate(&mut t, 6, None).unwrap());
+    assert_eq!(t.num_tokens(), 6);
+    assert_eq!(t.blocks(), &[Some(0), Some(1)]);
+    assert_eq!(a.num_free_blocks(), 6);
+    // The next slot is position 6's: block 1, offset 2.
+    a.append_slots(&mut t, 1, 0).unwrap();
+    assert_eq!(t.slot_mapping(6..7), vec![6]);
+    // Beyond its length, or with a window whose keys are gone, nothing changes.
+    assert!(!a.truncate(&mut t, 9, None).unwrap());
+    assert_eq!(t.num_tokens(), 7);
+    assert!(a.truncate(&mut t, 0, None).unwrap());
+    assert_eq!((t.num_tokens(), a.num_free_blocks()), (0, 8));
+}
+
+#[test]
+fn truncate_under_a_window_needs_the_keys_the_next_query_reads() {
+    let mut a = pool(8, 4);
+    let mut t = BlockTable::new(4);
+    a.append_slots(&mut t, 20, 0).unwrap();
+    a.free_outside_window(&mut t, 20, 6).unwrap(); // blocks 0..3 are holes
+    // The query at 16 reads keys 11..=16: block 2 (positions 8..12) is gone.
+    assert!(!a.can_truncate(&t, 16, Some(6)));
+    assert!(!a.truncate(&mut t, 16, Some(6)).unwrap());
+    assert_eq!(t.num_tokens(), 20);
+    // The query at 18 reads keys 13..=18: blocks 3 and 4 are held.
+    assert!(a.truncate(&mut t, 18, Some(6)).unwrap());
+    assert_eq!(t.blocks(), &[None, None, None, Some(3), Some(4)]);
+}

@@ -306,6 +306,12 @@ impl Engine for PagedCpuEngine {
         self.run_unscheduled(seq, tokens)
     }
 
+    /// Cuts the sequence's block tables (see [`UnscheduledPools::truncate`]).
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<bool> {
+        let s = self.seqs.get_mut(seq)?;
+        Ok(self.unscheduled.truncate(s, len))
+    }
+
     fn free(&mut self, seq: SeqId) {
         if let Some(mut s) = self.seqs.remove(seq) {
             self.unscheduled.free(&mut s);

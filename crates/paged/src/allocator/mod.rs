@@ -210,6 +210,47 @@ impl BlockAllocator {
         Ok(())
     }
 
+    /// Whether [`Self::truncate`] can cut `table` to `len` positions: `len` is within it, the
+    /// table registered nothing in the prefix cache (the scheduler's tables do; a solo
+    /// sequence's do not), and, under a sliding window of `window` positions, every key the
+    /// query at `len` reads ([`window::window_start`]`(len, window)..len`) still has its block.
+    pub fn can_truncate(&self, table: &BlockTable, len: usize, window: Option<usize>) -> bool {
+        if len > table.num_tokens || table.chain.last.is_some() {
+            return false;
+        }
+        let first = window.map_or(0, |w| window::window_start(len, w) / self.block_size);
+        let end = len.div_ceil(self.block_size);
+        table.blocks[first.min(end)..end]
+            .iter()
+            .all(Option::is_some)
+    }
+
+    /// Forgets positions `len..` of `table` (llama.cpp's `llama_memory_seq_rm`): the blocks
+    /// wholly past `len` go back to the pool, last first, and the next slot appended is `len`'s
+    /// (into the kept partial block, copied first if shared). Returns `false`, changing
+    /// nothing, when [`Self::can_truncate`] says no.
+    ///
+    /// # Errors
+    /// [`PagedError::BlockSizeMismatch`] or [`PagedError::InvalidBlock`] (nothing changes) if
+    /// the table does not belong to this allocator.
+    pub fn truncate(
+        &mut self,
+        table: &mut BlockTable,
+        len: usize,
+        window: Option<usize>,
+    ) -> Result<bool> {
+        self.check_table(table)?;
+        if !self.can_truncate(table, len, window) {
+            return Ok(false);
+        }
+        let keep = len.div_ceil(self.block_size);
+        for block in table.blocks.drain(keep..).rev().flatten() {
+            self.release(block);
+        }
+        table.num_tokens = len;
+        Ok(true)
+    }
+
     /// A child table sharing every block of `table` (each ref count + 1): a copy-on-write fork
     /// for parallel sampling or beam search. The first write into the shared partial block
     /// copies it (see [`Self::append_slots`]).
