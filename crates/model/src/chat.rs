@@ -4,7 +4,9 @@
 //! Rendered with `minijinja` in the environment transformers builds for them
 //! (`utils/chat_template_utils.py`, `_compile_jinja_template`): `trim_blocks` and
 //! `lstrip_blocks` on, loop controls (`break`, `continue`), a `raise_exception(msg)` function
-//! that refuses a conversation, `tojson`, and Python's string methods (`.strip()`,
+//! that refuses a conversation, `strftime_now(format)` (the local time as Python's `strftime`
+//! writes it, which Llama 3.x templates put in their system prompt; chrono formats it),
+//! `tojson`, and Python's string methods (`.strip()`,
 //! `.startswith()`, …, from `minijinja-contrib`'s pycompat) since templates are written against
 //! Python's Jinja. The variables are transformers': `messages` (role and content of each),
 //! `add_generation_prompt`, `bos_token`, `eos_token`.
@@ -77,6 +79,21 @@ impl ChatTemplate {
             "raise_exception",
             |msg: String| -> std::result::Result<String, minijinja::Error> {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_function(
+            "strftime_now",
+            |format: String| -> std::result::Result<String, minijinja::Error> {
+                use std::fmt::Write;
+                let mut out = String::new();
+                // chrono reports a specifier it does not know as a formatting error.
+                write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+                    minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("strftime_now: {format:?} is not a strftime format"),
+                    )
+                })?;
+                Ok(out)
             },
         );
         env.add_template_owned(NAME, source.to_string())
@@ -204,6 +221,27 @@ mod tests {
                 .to_string()
                 .contains("does not compile")
         );
+    }
+
+    #[test]
+    fn strftime_now_writes_the_date_as_python_does() {
+        // Llama 3.1's template: the date in its system prompt, when the caller gave none.
+        let t = ChatTemplate::new(
+            "{% if strftime_now is defined %}{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y') }}{% endif %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let out = t.render(&[], false).unwrap();
+        let (date, year) = out.split_once('|').unwrap();
+        assert!(year.len() == 4 && year >= "2026", "{out}");
+        // "23 Nov 2026": day, English month abbreviation, year.
+        let parts: Vec<&str> = date.split(' ').collect();
+        assert_eq!(parts.len(), 3, "{out}");
+        assert_eq!(parts[2], year);
+        // A specifier strftime does not know is an error, not a panic.
+        let bad = ChatTemplate::new("{{ strftime_now('%Q') }}", "", "").unwrap();
+        assert!(bad.render(&[], false).is_err());
     }
 }
 
