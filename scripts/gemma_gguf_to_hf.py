@@ -8,7 +8,8 @@ config.json, model.safetensors, generation_config.json and the tokenizer (tokeni
 tokenizer_config.json) that `AutoTokenizer.from_pretrained(..., gguf_file=...)` builds from the
 GGUF vocabulary. The weights are saved in f32 by default, so that kvlab reading the folder and
 kvlab reading the GGUF with `--weights f32` compute on the same numbers; `--dtype bfloat16` writes
-the usual bf16 checkpoint instead.
+the usual bf16 checkpoint instead, which the test compares with the GGUF read with
+`--weights bf16` (teacher-forced logits within the bf16 tolerance).
 
 kvlab's test `gemma_gguf_and_its_hf_folder_are_the_same_model` (crates/cpu/tests/hf_engines.rs)
 then checks, when KVLAB_GEMMA_HF points at the folder: the same config, the same tokenizer ids
