@@ -1,5 +1,6 @@
 //! Fuzz targets run on stable as bounded random-input tests (proptest): the llama2.c loader, the
-//! tokenizer loader with encode/decode, and the sampler. Every input must give a value or a
+//! Hugging Face folder loader (safetensors header, config.json, tokenizer.json), byte-level GGUF
+//! vocabularies, the tokenizer loader with encode/decode, and the sampler. Every input must give a value or a
 //! typed error, never a panic, a hang or an allocation sized by an unchecked field. Each
 //! `proptest!` runs 256 cases by default (`PROPTEST_CASES` raises it for a longer campaign).
 
@@ -96,6 +97,97 @@ proptest! {
         match s.sample(&mut logits.clone()) {
             Ok(id) => prop_assert!(finite && (id as usize) < logits.len()),
             Err(e) => prop_assert!(!finite && !logits[e.index].is_finite()),
+        }
+    }
+}
+
+/// The files of the shipped tiny-qwen2 folder, in [`HF_FILES`] order.
+const HF_FILES: [&str; 4] = [
+    "model.safetensors",
+    "config.json",
+    "tokenizer.json",
+    "generation_config.json",
+];
+
+fn hf_folder_files() -> Vec<Vec<u8>> {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/tiny-qwen2");
+    HF_FILES
+        .iter()
+        .map(|f| std::fs::read(dir.join(f)).unwrap())
+        .collect()
+}
+
+/// One of the folder's first three files with 1–8 bytes overwritten (for the safetensors
+/// file, within its header and the first tensor bytes) or cut: (file index, its new bytes).
+fn mutated_hf_file() -> impl Strategy<Value = (usize, Vec<u8>)> {
+    let files = hf_folder_files();
+    (0usize..3).prop_flat_map(move |which| {
+        let bytes = files[which].clone();
+        let span = if which == 0 {
+            let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            (8 + header + 64).min(bytes.len())
+        } else {
+            bytes.len()
+        };
+        (
+            prop::collection::vec((0..span, any::<u8>()), 1..8),
+            prop::option::of(0..span),
+        )
+            .prop_map(move |(edits, cut)| {
+                let mut b = bytes.clone();
+                for (i, v) in edits {
+                    b[i] = v;
+                }
+                if let Some(len) = cut {
+                    b.truncate(len);
+                }
+                (which, b)
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The stable twin of fuzz/fuzz_targets/hf_folder.rs: a Hugging Face folder with a corrupt
+    /// safetensors header, config.json or tokenizer.json is a typed error, never a panic.
+    #[test]
+    fn hf_folder_loader_never_panics((which, bytes) in mutated_hf_file()) {
+        let dir = tmp("hf-fuzz");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, (name, good)) in HF_FILES.iter().zip(hf_folder_files()).enumerate() {
+            std::fs::write(dir.join(name), if i == which { &bytes } else { &good }).unwrap();
+        }
+        let _ = kvlab_model::hf::read_hf_config(&dir);
+        if let Ok((m, tok, _)) = kvlab_model::hf::load_hf_dir(&dir) {
+            prop_assert_eq!(m.weights.token_embedding.len(), m.config.vocab_size * m.config.dim);
+            let ids = tok.encode_special("<|im_start|>user\nhi 123<|im_end|>", true, true);
+            let _ = tok.decode_all(&ids);
+        }
+    }
+
+    /// tiny-qwen2.gguf with its header (metadata, the byte-level vocabulary and its merges)
+    /// mutated: the GGUF config, tokenizer and loader give a value or a typed error.
+    #[test]
+    fn byte_level_gguf_vocabularies_never_panic(
+        edits in prop::collection::vec((0usize..(64 << 10), any::<u8>()), 1..8),
+    ) {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/models/tiny-qwen2.gguf");
+        let mut b = std::fs::read(p).unwrap();
+        for (i, v) in edits {
+            let i = i % b.len();
+            b[i] = v;
+        }
+        let f = tmp("fuzz-qwen2.gguf");
+        std::fs::write(&f, &b).unwrap();
+        if let Ok(header) = kvlab_model::gguf_model::read_gguf_config(&f)
+            && let Ok((m, tok)) = kvlab_model::load_gguf(&f)
+        {
+            prop_assert_eq!(header, m.config);
+            let ids = tok.encode("hi 123 <|im_end|>", true, true);
+            let _ = tok.decode_all(&ids);
         }
     }
 }
