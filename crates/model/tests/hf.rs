@@ -4,8 +4,11 @@
 //! (records in `fixtures/hf/<name>.json`). The engines' greedy ids are checked against
 //! transformers' in kvlab-cpu's `hf_engines` test and in `cargo xtask verify`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::ids;
 use kvlab_model::hf::{self, HfArch};
 use kvlab_model::{Activation, LayerKind, RopeLayout, Tokenizer};
 use serde_json::Value;
@@ -33,16 +36,7 @@ fn folder(name: &str) -> PathBuf {
 }
 
 fn record(name: &str) -> Value {
-    let p = fixtures().join("hf").join(format!("{name}.json"));
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i.as_u64().unwrap() as u32)
-        .collect()
+    common::fixture_json(&format!("hf/{name}.json"))
 }
 
 #[test]

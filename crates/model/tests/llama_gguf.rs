@@ -730,21 +730,6 @@ fn the_library_writer_round_trips_stories260k() {
 /// BPE vocabularies (`tokenizer.ggml.model` gpt2, pre `gpt-2` or `qwen2`).
 const TINY_GGUFS: [&str; 4] = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3"];
 
-fn fixture_json(path: &str) -> serde_json::Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(path);
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn id_list(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn gpt2_style_gguf_vocabularies_tokenize_as_transformers_and_llama_cpp() {
     for name in TINY_GGUFS {
@@ -752,8 +737,8 @@ fn gpt2_style_gguf_vocabularies_tokenize_as_transformers_and_llama_cpp() {
             .join("../../fixtures/models")
             .join(format!("{name}.gguf"));
         let (_, tok) = kvlab_model::load_gguf(&p).unwrap();
-        let hf = fixture_json(&format!("hf/{name}.json"));
-        let lcpp = fixture_json(&format!("gguf/{name}.json"));
+        let hf = common::fixture_json(&format!("hf/{name}.json"));
+        let lcpp = common::fixture_json(&format!("gguf/{name}.json"));
         assert_eq!(
             tok.bos_id(),
             hf["bos_id"].as_u64().map(|b| b as u32),
@@ -766,17 +751,17 @@ fn gpt2_style_gguf_vocabularies_tokenize_as_transformers_and_llama_cpp() {
             assert_eq!(l["text"].as_str(), Some(text));
             // llama.cpp's parse_special = transformers' added-token matching.
             let with_bos = tok.encode_special(text, true, false);
-            assert_eq!(with_bos, id_list(&t["ids"]), "{name}: {text:?}");
-            assert_eq!(with_bos, id_list(&l["ids"]), "{name}: {text:?}");
+            assert_eq!(with_bos, common::ids(&t["ids"]), "{name}: {text:?}");
+            assert_eq!(with_bos, common::ids(&l["ids"]), "{name}: {text:?}");
             assert_eq!(
                 tok.encode_special(text, false, false),
-                id_list(&t["ids_no_special"]),
+                common::ids(&t["ids_no_special"]),
                 "{name}: {text:?}"
             );
             // Without parse_special, control tokens written in the text stay text.
             assert_eq!(
                 tok.encode(text, false, false),
-                id_list(&l["ids_plain"]),
+                common::ids(&l["ids_plain"]),
                 "{name}: {text:?}"
             );
         }
