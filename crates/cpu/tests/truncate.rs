@@ -7,13 +7,18 @@ mod common;
 
 use std::sync::Arc;
 
+/// A 140-token prompt and the 5 tokens fed after a cut.
+fn prompt_and_branch() -> (Vec<u32>, Vec<u32>) {
+    let ids = (0..140).map(|i| 1 + (i * 37 % 500) as u32).collect();
+    (ids, vec![7, 99, 300, 42, 5])
+}
+
 #[test]
 fn a_truncated_sequence_continues_as_a_fresh_one() {
     let Some((model, _)) = common::stories260k() else {
         return;
     };
-    let ids: Vec<u32> = (0..140).map(|i| 1 + (i * 37 % 500) as u32).collect();
-    let branch: Vec<u32> = vec![7, 99, 300, 42, 5];
+    let (ids, branch) = prompt_and_branch();
     for window in [None, Some(16)] {
         let m = Arc::new(common::windowed((*model).clone(), window));
         for (name, mut engine) in ["naive", "cpu"].into_iter().zip(common::naive_and_cpu(&m)) {
@@ -49,8 +54,7 @@ fn the_paged_engine_cuts_its_block_tables() {
     let Some((model, _)) = common::stories260k() else {
         return;
     };
-    let ids: Vec<u32> = (0..140).map(|i| 1 + (i * 37 % 500) as u32).collect();
-    let branch: Vec<u32> = vec![7, 99, 300, 42, 5];
+    let (ids, branch) = prompt_and_branch();
     for window in [None, Some(16)] {
         let m = Arc::new(common::windowed((*model).clone(), window));
         let kv = kvlab_paged::KvCacheConfig::new(m.config.kv_cache_groups(), 128, 8);
