@@ -41,23 +41,28 @@ impl Heads {
     }
 }
 
-/// Where one sequence's keys and values live: `key(j)` and `value(j)` are the (kv_dim,) rows of
-/// position j, all KV heads side by side.
+/// Where one sequence's keys and values live, as f32 rows of (kv_dim,) = all KV heads side by
+/// side, whatever type the cache stores them in.
 pub trait KvRows: Sync {
-    fn key(&self, j: usize) -> &[f32];
-    fn value(&self, j: usize) -> &[f32];
     /// The keys of positions `j..j + c` for some `1 ≤ c ≤ end − j`, stored one after another:
-    /// a slice of c·kv_dim floats (the cache up to its ring wrap, a block up to its end). The
-    /// default is one row.
-    fn keys(&self, j: usize, end: usize) -> &[f32] {
-        debug_assert!(j < end);
-        self.key(j)
-    }
+    /// (c, kv_dim), of which the columns of KV heads `kv_heads` are read. A cache of f32 returns
+    /// its own rows (up to its ring wrap, a block up to its end); one of another dtype decodes
+    /// them into `tile` (`crate::kv_store`), a run at a time.
+    fn keys<'a>(
+        &'a self,
+        j: usize,
+        end: usize,
+        kv_heads: Range<usize>,
+        tile: &'a mut Vec<f32>,
+    ) -> &'a [f32];
     /// The values of a run of positions, as [`KvRows::keys`].
-    fn values(&self, j: usize, end: usize) -> &[f32] {
-        debug_assert!(j < end);
-        self.value(j)
-    }
+    fn values<'a>(
+        &'a self,
+        j: usize,
+        end: usize,
+        kv_heads: Range<usize>,
+        tile: &'a mut Vec<f32>,
+    ) -> &'a [f32];
 }
 
 /// Keys and values stored row after row, position j at row j, without a ring: one sequence's
@@ -70,16 +75,16 @@ pub struct Contiguous<'a> {
 }
 
 impl KvRows for Contiguous<'_> {
-    fn key(&self, j: usize) -> &[f32] {
-        &self.k[j * self.kv_dim..][..self.kv_dim]
-    }
-    fn value(&self, j: usize) -> &[f32] {
-        &self.v[j * self.kv_dim..][..self.kv_dim]
-    }
-    fn keys(&self, j: usize, end: usize) -> &[f32] {
+    fn keys<'a>(&'a self, j: usize, end: usize, _: Range<usize>, _: &'a mut Vec<f32>) -> &'a [f32] {
         &self.k[j * self.kv_dim..end * self.kv_dim]
     }
-    fn values(&self, j: usize, end: usize) -> &[f32] {
+    fn values<'a>(
+        &'a self,
+        j: usize,
+        end: usize,
+        _: Range<usize>,
+        _: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
         &self.v[j * self.kv_dim..end * self.kv_dim]
     }
 }
@@ -88,11 +93,20 @@ impl KvRows for Contiguous<'_> {
 /// heads of a KV head each read the run, and the second reads it from L1 if it is short.
 const RUN: usize = 64;
 
+/// What [`attend_group`] works in, reused from call to call.
+#[derive(Default)]
+pub struct Scratch {
+    /// The scaled queries, then the scores.
+    work: Vec<f32>,
+    /// A run of keys or values decoded from the cache's dtype (unused for an f32 cache).
+    tile: Vec<f32>,
+}
+
 thread_local! {
     /// Each thread's scratch for [`attend_group`] and a buffer for the stats it returns (where
     /// the caller has nowhere else to put them), reused from step to step.
-    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static SCRATCH: std::cell::RefCell<(Scratch, Vec<f32>)> =
+        std::cell::RefCell::new((Scratch::default(), Vec::new()));
 }
 
 /// Below this many multiply-adds a step's attention runs on the calling thread: handing tasks
@@ -230,8 +244,7 @@ pub fn merge_spans(out: &mut [f32], parts: &[f32], n_heads: usize, hd: usize) {
 /// o (|kv_heads|·kv_mul, head_dim) ← attention of one row's queries q (|kv_heads|·kv_mul,
 /// head_dim) of KV heads `span.kv_heads` (kv_mul query heads share each) over the key positions
 /// `span.keys`, and stats (|kv_heads|·kv_mul, 2) ← each query head's (max score, Σ_j e^(s_j − max))
-/// over those keys: what [`merge_spans`] needs to combine spans of one row's keys. `scratch` is
-/// reused between calls.
+/// over those keys: what [`merge_spans`] needs to combine spans of one row's keys.
 ///
 /// The body is compiled once per instruction set and chosen at run time ([`simd::isa`]), so its
 /// small per-key loops vectorize with the widest registers the CPU has.
@@ -242,7 +255,7 @@ pub fn attend_group<R: KvRows>(
     span: Span,
     kv: &R,
     heads: &Heads,
-    scratch: &mut Vec<f32>,
+    scratch: &mut Scratch,
 ) {
     match simd::isa() {
         #[cfg(target_arch = "x86_64")]
@@ -264,7 +277,7 @@ unsafe fn attend_group_avx512<R: KvRows>(
     span: Span,
     kv: &R,
     heads: &Heads,
-    scratch: &mut Vec<f32>,
+    scratch: &mut Scratch,
 ) {
     attend_group_body::<R, simd::Avx512Heads>(o, stats, q, span, kv, heads, scratch)
 }
@@ -278,7 +291,7 @@ unsafe fn attend_group_avx2<R: KvRows>(
     span: Span,
     kv: &R,
     heads: &Heads,
-    scratch: &mut Vec<f32>,
+    scratch: &mut Scratch,
 ) {
     attend_group_body::<R, simd::Avx2Heads>(o, stats, q, span, kv, heads, scratch)
 }
@@ -292,7 +305,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     span: Span,
     kv: &R,
     heads: &Heads,
-    scratch: &mut Vec<f32>,
+    scratch: &mut Scratch,
 ) {
     let hd = heads.head_dim;
     let kv_dim = heads.n_kv_heads * hd; // the stride from one position's row to the next
@@ -301,8 +314,9 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     // scratch: the queries times the scale (|gs|·kv_mul, head_dim), then the scores
     // (|gs|·kv_mul, n); m counts the query heads of gs.
     let (kv_mul, group) = (heads.kv_mul(), heads.kv_mul() * hd);
-    scratch.resize(q.len() + gs.len() * kv_mul * n, 0.0);
-    let (q_scaled, scores) = scratch.split_at_mut(q.len());
+    let Scratch { work, tile } = scratch;
+    work.resize(q.len() + gs.len() * kv_mul * n, 0.0);
+    let (q_scaled, scores) = work.split_at_mut(q.len());
     q_scaled
         .iter_mut()
         .zip(q)
@@ -313,7 +327,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     // heads, where a head is 8 wide and the CPU has AVX-512).
     let mut j = lo;
     while j < end {
-        let run = kv.keys(j, (j + RUN).min(end));
+        let run = kv.keys(j, (j + RUN).min(end), gs.clone(), tile);
         let c = run.len() / kv_dim; // positions j..j + c
         for (i, g) in gs.clone().enumerate() {
             let k = &run[g * hd..]; // key b of the run for KV head g at k[b·kv_dim..][..hd]
@@ -341,7 +355,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     o.fill(0.0);
     let mut j = lo;
     while j < end {
-        let run = kv.values(j, (j + RUN).min(end));
+        let run = kv.values(j, (j + RUN).min(end), gs.clone(), tile);
         let c = run.len() / kv_dim;
         for (i, g) in gs.clone().enumerate() {
             let (v, s) = (&run[g * hd..], &scores[i * kv_mul * n..][..kv_mul * n]);
@@ -379,7 +393,7 @@ mod tests {
             let s: Vec<f64> = keys
                 .clone()
                 .map(|j| {
-                    let k = &c.key(j)[g * hd..][..hd];
+                    let k = &c.k[j * c.kv_dim + g * hd..][..hd];
                     q[h * hd..][..hd]
                         .iter()
                         .zip(k)
@@ -392,7 +406,7 @@ mod tests {
             let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
             let sum: f64 = e.iter().sum();
             for (j, e) in keys.zip(&e) {
-                let v = &c.value(j)[g * hd..][..hd];
+                let v = &c.v[j * c.kv_dim + g * hd..][..hd];
                 for d in 0..hd {
                     out[h * hd + d] += (e / sum * v[d] as f64) as f32;
                 }

@@ -16,9 +16,12 @@
 //! batch). Longer prompts run in steps of `RING_STEP` ([`ContiguousKvCache::max_step`]). For a
 //! model without windows the buffers are exactly `(n_layers, max_seq_len, kv_dim)`.
 
-use kvlab_model::{Config, KvUsage, LayerKind};
+use std::ops::Range;
+
+use kvlab_model::{Config, KvDtype, KvUsage, LayerKind};
 
 use crate::attention::{Heads, KvRows, attention};
+use crate::kv_store::KvStore;
 
 /// New positions one step may write into a ring buffer before its queries read it.
 pub const RING_STEP: usize = 64;
@@ -34,17 +37,19 @@ pub trait KvCache {
 }
 
 // ANCHOR: kv_cache
-/// Keys and values of one sequence for every layer, contiguous.
+/// Keys and values of one sequence for every layer, contiguous, in the cache's dtype.
 pub struct ContiguousKvCache {
-    /// Keys: layer l's slots at `offsets[l]..offsets[l] + caps[l]·kv_dim`. (Σ_l cap_l, kv_dim)
-    k: Vec<f32>,
+    /// Keys: layer l's slots are rows `offsets[l]..offsets[l] + caps[l]`. (Σ_l cap_l, kv_dim)
+    k: KvStore,
     /// Values, same layout as `k`. (Σ_l cap_l, kv_dim)
-    v: Vec<f32>,
+    v: KvStore,
     /// Positions layer l keeps. (n_layers,)
     caps: Vec<usize>,
-    /// Start of layer l in `k` and `v`, in floats. (n_layers,)
+    /// First row of layer l in `k` and `v`. (n_layers,)
     offsets: Vec<usize>,
     kv_dim: usize,
+    /// Bytes of one row of `k` (or `v`): n_kv_heads × `KvDtype::head_bytes(head_dim)`.
+    row_bytes: usize,
     /// Positions written so far: the position of the step's first new token.
     pub len: usize,
     pub max_seq_len: usize,
@@ -75,8 +80,8 @@ impl ContiguousKvCache {
         kept
     }
 
-    /// Allocates the whole cache for `max_seq_len` positions.
-    pub fn new(c: &Config, max_seq_len: usize) -> ContiguousKvCache {
+    /// Allocates the whole cache for `max_seq_len` positions, keys and values stored as `dtype`.
+    pub fn new(c: &Config, max_seq_len: usize, dtype: KvDtype) -> ContiguousKvCache {
         let caps: Vec<usize> = c
             .layer_kinds
             .iter()
@@ -89,17 +94,18 @@ impl ContiguousKvCache {
             .iter()
             .scan(0, |acc, &cap| {
                 let off = *acc;
-                *acc += cap * c.kv_dim();
+                *acc += cap;
                 Some(off)
             })
             .collect();
-        let total = caps.iter().sum::<usize>() * c.kv_dim();
+        let rows = caps.iter().sum::<usize>();
         ContiguousKvCache {
-            k: vec![0.0; total],
-            v: vec![0.0; total],
+            k: KvStore::new(dtype, rows, c.n_kv_heads, c.head_dim),
+            v: KvStore::new(dtype, rows, c.n_kv_heads, c.head_dim),
             caps,
             offsets,
             kv_dim: c.kv_dim(),
+            row_bytes: dtype.row_bytes(c),
             len: 0,
             max_seq_len,
         }
@@ -114,14 +120,9 @@ impl ContiguousKvCache {
         }
     }
 
-    /// Layer l's keys or values buffer range.
-    fn layer(&self, l: usize) -> std::ops::Range<usize> {
-        self.offsets[l]..self.offsets[l] + self.caps[l] * self.kv_dim
-    }
-
-    /// Used and reserved bytes (f32 = 4 bytes): a layer uses min(len, cap_l) slots.
+    /// Used and reserved bytes: a layer uses min(len, cap_l) slots of 2 rows (K and V).
     pub fn usage(&self) -> KvUsage {
-        let per_slot = 2 * self.kv_dim * 4;
+        let per_slot = 2 * self.row_bytes;
         KvUsage {
             used_bytes: self
                 .caps
@@ -160,71 +161,71 @@ impl KvCache for ContiguousKvCache {
     /// Position `len + i` of the step goes to slot `(len + i) % cap_l`: its own row for a global
     /// layer (cap = max_seq_len), a ring slot for a sliding-window layer.
     fn append(&mut self, l: usize, k: &[f32], v: &[f32]) {
-        let (kv_dim, cap, layer) = (self.kv_dim, self.caps[l], self.layer(l));
-        let (cache_k, cache_v) = (&mut self.k[layer.clone()], &mut self.v[layer]);
+        let (kv_dim, cap, first) = (self.kv_dim, self.caps[l], self.offsets[l]);
         for (i, (k, v)) in k
             .chunks_exact(kv_dim)
             .zip(v.chunks_exact(kv_dim))
             .enumerate()
         {
-            let slot = (self.len + i) % cap;
-            cache_k[slot * kv_dim..(slot + 1) * kv_dim].copy_from_slice(k);
-            cache_v[slot * kv_dim..(slot + 1) * kv_dim].copy_from_slice(v);
+            let slot = first + (self.len + i) % cap;
+            self.k.write(slot, k);
+            self.v.write(slot, v);
         }
     }
 
     /// Query row i is position `len + i`; it reads keys `first_visible..=len + i` from their slots.
     fn attend(&self, l: usize, q: &[f32], heads: &Heads, out: &mut [f32]) {
-        let layer = self.layer(l);
         let rows = Slots {
-            k: &self.k[layer.clone()],
-            v: &self.v[layer],
+            k: &self.k,
+            v: &self.v,
+            first: self.offsets[l],
             cap: self.caps[l],
-            kv_dim: self.kv_dim,
         };
         attention(out, q, heads, |i| self.len + i, |_| rows);
     }
 }
 // ANCHOR_END: append_attend
 
-/// One layer of the contiguous cache seen as rows by position: position j in slot j % cap.
+/// One layer of the contiguous cache seen as rows by position: position j in slot j % cap, the
+/// layer's slots starting at row `first` of the stores.
 #[derive(Clone, Copy)]
 struct Slots<'a> {
-    k: &'a [f32], // (cap, kv_dim)
-    v: &'a [f32], // (cap, kv_dim)
+    k: &'a KvStore, // (Σ_l cap_l, kv_dim)
+    v: &'a KvStore, // (Σ_l cap_l, kv_dim)
+    first: usize,
     cap: usize,
-    kv_dim: usize,
 }
 
 impl KvRows for Slots<'_> {
+    /// Slots run on from j's up to the end of the layer, where a ring wraps to slot 0.
     #[inline(always)]
-    fn key(&self, j: usize) -> &[f32] {
-        let s = if j < self.cap { j } else { j % self.cap };
-        &self.k[s * self.kv_dim..(s + 1) * self.kv_dim]
+    fn keys<'a>(
+        &'a self,
+        j: usize,
+        end: usize,
+        kv_heads: Range<usize>,
+        tile: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        self.k.read(self.run(j, end), kv_heads, tile)
     }
     #[inline(always)]
-    fn value(&self, j: usize) -> &[f32] {
-        let s = if j < self.cap { j } else { j % self.cap };
-        &self.v[s * self.kv_dim..(s + 1) * self.kv_dim]
-    }
-    /// Slots run on from j's up to the end of the buffer, where a ring wraps to slot 0.
-    #[inline(always)]
-    fn keys(&self, j: usize, end: usize) -> &[f32] {
-        let (s, c) = self.run(j, end);
-        &self.k[s * self.kv_dim..(s + c) * self.kv_dim]
-    }
-    #[inline(always)]
-    fn values(&self, j: usize, end: usize) -> &[f32] {
-        let (s, c) = self.run(j, end);
-        &self.v[s * self.kv_dim..(s + c) * self.kv_dim]
+    fn values<'a>(
+        &'a self,
+        j: usize,
+        end: usize,
+        kv_heads: Range<usize>,
+        tile: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        self.v.read(self.run(j, end), kv_heads, tile)
     }
 }
 
 impl Slots<'_> {
-    /// (slot of j, positions from j on stored in consecutive slots, at most end − j).
+    /// Rows of the positions from j on stored in consecutive slots, at most end − j.
     #[inline(always)]
-    fn run(&self, j: usize, end: usize) -> (usize, usize) {
+    fn run(&self, j: usize, end: usize) -> Range<usize> {
         let s = if j < self.cap { j } else { j % self.cap };
-        (s, (end - j).min(self.cap - s))
+        let c = (end - j).min(self.cap - s);
+        self.first + s..self.first + s + c
     }
 }

@@ -7,7 +7,8 @@
 //! parallel loops shared statically by a fixed team of threads ([`threads`]).
 //!
 //! Files in data-flow order: [`simd`] (dot, axpy, GEMV rows), [`quant`] (GEMV rows over bf16,
-//! f16 and quantized weights), [`softmax`], [`linear`] (GEMV/sgemm), [`attention`], [`kv_cache`] (append, then attend), [`forward`] (the
+//! f16 and quantized weights), [`softmax`], [`linear`] (GEMV/sgemm), [`attention`], [`kv_store`]
+//! (keys and values in a KV dtype), [`kv_cache`] (append, then attend), [`forward`] (the
 //! cached step), [`threads`]; [`paged`] is the same step over a block pool.
 
 pub mod attention;
@@ -15,6 +16,7 @@ pub mod elementwise;
 pub mod forward;
 pub mod head8;
 pub mod kv_cache;
+pub mod kv_store;
 pub mod linear;
 pub mod paged;
 pub mod quant;
@@ -26,7 +28,7 @@ pub mod transpose;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, KvUsage, Model, Result, SeqId, Sequences, TraceStep};
+use kvlab_model::{Config, Engine, KvDtype, KvUsage, Model, Result, SeqId, Sequences, TraceStep};
 
 use kv_cache::ContiguousKvCache;
 use kvlab_model::rope::RopeTables;
@@ -38,14 +40,24 @@ pub struct CpuEngine {
     seqs: Sequences<ContiguousKvCache>,
     /// One cos/sin table per distinct RoPE theta, covering the longest sequence asked for.
     rope: RopeTables,
+    /// The type each sequence's cache stores keys and values in.
+    kv_dtype: KvDtype,
 }
 
 impl CpuEngine {
+    /// An engine whose caches keep keys and values in f32, as computed.
     pub fn new(model: Arc<Model>) -> CpuEngine {
+        CpuEngine::with_kv_dtype(model, KvDtype::F32)
+    }
+
+    /// An engine whose caches store keys and values as `kv_dtype` (quantized on write,
+    /// dequantized inside attention: [`kv_store`]).
+    pub fn with_kv_dtype(model: Arc<Model>, kv_dtype: KvDtype) -> CpuEngine {
         CpuEngine {
             rope: RopeTables::for_config(&model.config, 0),
             model,
             seqs: Sequences::default(),
+            kv_dtype,
         }
     }
 
@@ -91,7 +103,7 @@ impl Engine for CpuEngine {
     fn new_sequence(&mut self, max_seq_len: usize) -> Result<SeqId> {
         check_max_seq_len(&self.model.config, max_seq_len)?;
         self.ensure_rope(max_seq_len);
-        let cache = ContiguousKvCache::new(&self.model.config, max_seq_len);
+        let cache = ContiguousKvCache::new(&self.model.config, max_seq_len, self.kv_dtype);
         Ok(self.seqs.insert(cache))
     }
 

@@ -20,6 +20,7 @@ pub mod gguf_llama;
 pub mod gguf_model;
 pub mod gguf_write;
 pub mod hf;
+pub mod kv_dtype;
 pub mod llama2c;
 pub mod ops;
 pub mod registry;
@@ -36,6 +37,7 @@ pub use error::{Error, Result};
 pub use generate::{
     GenerateOptions, Generation, generate_ids_text, generate_text, generate_tokens, teacher_force,
 };
+pub use kv_dtype::KvDtype;
 pub use kvlab_gguf::GgmlType;
 pub use sampler::Sampler;
 pub use synthetic::SyntheticSpec;

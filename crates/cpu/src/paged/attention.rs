@@ -5,7 +5,10 @@
 //! reads them: a sliding-window group does not keep a block for every one of them). Softmax and
 //! the weighted sum of values are `crate::attention`'s; only where a key lives differs.
 
+use std::ops::Range;
+
 use crate::attention::{Heads, KvRows, attention};
+use crate::kv_store::KvStore;
 
 /// One sequence of a step, as the attention sees it.
 #[derive(Clone, Copy)]
@@ -24,10 +27,11 @@ pub struct SeqView<'a> {
 #[derive(Clone, Copy)]
 pub struct PagedLayer<'a> {
     /// The layer's pool. (num_blocks · block_size, kv_dim) each
-    pub pool_k: &'a [f32],
-    pub pool_v: &'a [f32],
+    pub pool_k: &'a KvStore,
+    pub pool_v: &'a KvStore,
     pub block_size: usize,
-    /// Keys and values of every new token of the step. (num_tokens, kv_dim) each
+    /// Keys and values of every new token of the step, as the pool gives them back (what a
+    /// later step reads). (num_tokens, kv_dim) each
     pub k_new: &'a [f32],
     pub v_new: &'a [f32],
     pub kv_dim: usize,
@@ -42,16 +46,16 @@ struct BlockRows<'a> {
 
 // ANCHOR: paged_lookup
 impl BlockRows<'_> {
-    /// Where row j lives: (in the step's rows?, float offset).
+    /// Where row j lives: (in the step's rows?, row there).
     #[inline(always)]
     fn at(&self, j: usize) -> (bool, usize) {
-        let (s, kvd, bs) = (&self.seq, self.layer.kv_dim, self.layer.block_size);
+        let (s, bs) = (&self.seq, self.layer.block_size);
         if j >= s.pos0 {
-            (true, (s.row0 + j - s.pos0) * kvd)
+            (true, s.row0 + j - s.pos0)
         } else {
             let block = s.block_table[j / bs];
             debug_assert!(block >= 0, "position {j} is in a freed window block");
-            (false, (block as usize * bs + j % bs) * kvd)
+            (false, block as usize * bs + j % bs)
         }
     }
 }
@@ -59,58 +63,51 @@ impl BlockRows<'_> {
 
 impl KvRows for BlockRows<'_> {
     #[inline(always)]
-    fn key(&self, j: usize) -> &[f32] {
-        let kvd = self.layer.kv_dim;
-        match self.at(j) {
-            (true, off) => &self.layer.k_new[off..off + kvd],
-            (false, off) => &self.layer.pool_k[off..off + kvd],
+    fn keys<'a>(
+        &'a self,
+        j: usize,
+        end: usize,
+        kv_heads: Range<usize>,
+        tile: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        match self.run(j, end) {
+            (true, rows) => {
+                &self.layer.k_new[rows.start * self.layer.kv_dim..rows.end * self.layer.kv_dim]
+            }
+            (false, rows) => self.layer.pool_k.read(rows, kv_heads, tile),
         }
     }
     #[inline(always)]
-    fn value(&self, j: usize) -> &[f32] {
-        let kvd = self.layer.kv_dim;
-        match self.at(j) {
-            (true, off) => &self.layer.v_new[off..off + kvd],
-            (false, off) => &self.layer.pool_v[off..off + kvd],
+    fn values<'a>(
+        &'a self,
+        j: usize,
+        end: usize,
+        kv_heads: Range<usize>,
+        tile: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        match self.run(j, end) {
+            (true, rows) => {
+                &self.layer.v_new[rows.start * self.layer.kv_dim..rows.end * self.layer.kv_dim]
+            }
+            (false, rows) => self.layer.pool_v.read(rows, kv_heads, tile),
         }
-    }
-    /// A run ends at the end of j's block or where the step's own rows begin; the step's rows
-    /// of one sequence are consecutive.
-    #[inline(always)]
-    fn keys(&self, j: usize, end: usize) -> &[f32] {
-        let (new, off, c) = self.run(j, end);
-        let k = if new {
-            self.layer.k_new
-        } else {
-            self.layer.pool_k
-        };
-        &k[off..off + c * self.layer.kv_dim]
-    }
-    #[inline(always)]
-    fn values(&self, j: usize, end: usize) -> &[f32] {
-        let (new, off, c) = self.run(j, end);
-        let v = if new {
-            self.layer.v_new
-        } else {
-            self.layer.pool_v
-        };
-        &v[off..off + c * self.layer.kv_dim]
     }
 }
 
 impl BlockRows<'_> {
-    /// Where the run from j lives: (in the step's rows?, float offset, positions in the run, at
-    /// most end − j).
+    /// Where the run from j lives: (in the step's rows?, its rows there). A run ends at the end
+    /// of j's block or where the step's own rows begin (those of one sequence are consecutive),
+    /// and at end.
     #[inline(always)]
-    fn run(&self, j: usize, end: usize) -> (bool, usize, usize) {
-        let (new, off) = self.at(j);
+    fn run(&self, j: usize, end: usize) -> (bool, Range<usize>) {
+        let (new, row) = self.at(j);
         let (pos0, bs) = (self.seq.pos0, self.layer.block_size);
         let c = if new {
             end - j
         } else {
             (end.min(pos0) - j).min(bs - j % bs)
         };
-        (new, off, c)
+        (new, row..row + c)
     }
 }
 

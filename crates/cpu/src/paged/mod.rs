@@ -16,7 +16,9 @@ pub mod pool;
 use std::sync::Arc;
 
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, Model, Result, SeqId, Sequences, TraceStep};
+use kvlab_model::{
+    Config, Engine, Error, KvDtype, KvUsage, Model, Result, SeqId, Sequences, TraceStep,
+};
 use kvlab_paged::{
     BlockCopy, KvCacheConfig, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq,
 };
@@ -24,6 +26,7 @@ use kvlab_paged::{
 use crate::attention::Heads;
 use crate::forward::forward;
 use crate::kv_cache::KvCache;
+use crate::kv_store::round_trip;
 use attention::{PagedLayer, SeqView, paged_attention};
 use kvlab_model::rope::RopeTables;
 use pool::KvPool;
@@ -73,10 +76,14 @@ impl KvCache for PagedStep<'_> {
                 );
             }
         }
-        self.k_new.clear();
-        self.k_new.extend_from_slice(k);
-        self.v_new.clear();
-        self.v_new.extend_from_slice(v);
+        // What the pool gives back for these rows, so that a query reads the same key whether
+        // it comes from this step or a later one.
+        let (c, dtype) = (self.config, self.pool.dtype());
+        for (new, x) in [(&mut self.k_new, k), (&mut self.v_new, v)] {
+            new.clear();
+            new.extend_from_slice(x);
+            round_trip(dtype, c.n_kv_heads, c.head_dim, new);
+        }
     }
 
     /// Each query attends over its own sequence: earlier positions through its block table,
@@ -127,6 +134,19 @@ impl PagedCpuEngine {
     /// [`Error::Config`] for a zero size, a pool too large to index, or groups that are not the
     /// model's with one block count for all.
     pub fn new(model: Arc<Model>, kv_cache: KvCacheConfig) -> Result<PagedCpuEngine> {
+        PagedCpuEngine::with_kv_dtype(model, kv_cache, KvDtype::F32)
+    }
+
+    /// An engine whose pool stores keys and values as `kv_dtype` (quantized by
+    /// `reshape_and_cache`, dequantized inside paged attention: `crate::kv_store`).
+    ///
+    /// # Errors
+    /// As [`PagedCpuEngine::new`].
+    pub fn with_kv_dtype(
+        model: Arc<Model>,
+        kv_cache: KvCacheConfig,
+        kv_dtype: KvDtype,
+    ) -> Result<PagedCpuEngine> {
         let c = &model.config;
         let block_size = kv_cache.block_size;
         let num_blocks = kv_cache.groups.first().map_or(0, |g| g.num_blocks);
@@ -140,7 +160,13 @@ impl PagedCpuEngine {
             UnscheduledPools::new(&kv_cache).map_err(|e| Error::Config(e.to_string()))?;
         let max_pos = c.max_seq_len.min(num_blocks.saturating_mul(block_size));
         let rope = RopeTables::for_config(c, max_pos);
-        let pool = KvPool::new(c.n_layers, num_blocks, block_size, c.kv_dim());
+        let pool = KvPool::new(
+            c.n_layers,
+            num_blocks,
+            block_size,
+            (c.n_kv_heads, c.head_dim),
+            kv_dtype,
+        );
         Ok(PagedCpuEngine {
             model,
             rope,

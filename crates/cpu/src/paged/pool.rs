@@ -1,57 +1,76 @@
 //! The paged KV pool of the CPU engine: per layer, K and V of shape
-//! `(num_blocks, block_size, n_kv_heads, head_dim)`, i.e. one row of `kv_dim` floats per slot,
-//! slot = block · block_size + offset (vLLM's layout, flattened). Allocated once, up front; blocks
-//! are handed out by `kvlab_paged::BlockAllocator`, never by this struct.
+//! `(num_blocks, block_size, n_kv_heads, head_dim)`, i.e. one row of kv_dim elements per slot,
+//! slot = block · block_size + offset (vLLM's layout, flattened), stored in the pool's
+//! [`KvDtype`]. Allocated once, up front; blocks are handed out by
+//! `kvlab_paged::BlockAllocator`, never by this struct.
+
+use kvlab_model::KvDtype;
+
+use crate::kv_store::KvStore;
 
 /// K and V blocks for every layer.
 pub struct KvPool {
-    /// Per layer. (n_layers,) × (num_blocks, block_size, n_kv_heads, head_dim)
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    /// Per layer. (n_layers,) × (num_blocks · block_size, n_kv_heads, head_dim)
+    k: Vec<KvStore>,
+    v: Vec<KvStore>,
     pub num_blocks: usize,
     pub block_size: usize,
     pub kv_dim: usize,
 }
 
 impl KvPool {
-    /// Allocates `num_blocks` blocks for each of `n_layers` layers.
-    pub fn new(n_layers: usize, num_blocks: usize, block_size: usize, kv_dim: usize) -> KvPool {
-        let n = num_blocks * block_size * kv_dim;
+    /// Allocates `num_blocks` blocks for each of `n_layers` layers, elements stored as `dtype`.
+    pub fn new(
+        n_layers: usize,
+        num_blocks: usize,
+        block_size: usize,
+        (n_kv_heads, head_dim): (usize, usize),
+        dtype: KvDtype,
+    ) -> KvPool {
+        let slots = num_blocks * block_size;
+        let store = || KvStore::new(dtype, slots, n_kv_heads, head_dim);
         KvPool {
-            k: vec![vec![0.0; n]; n_layers],
-            v: vec![vec![0.0; n]; n_layers],
+            k: (0..n_layers).map(|_| store()).collect(),
+            v: (0..n_layers).map(|_| store()).collect(),
             num_blocks,
             block_size,
-            kv_dim,
+            kv_dim: n_kv_heads * head_dim,
         }
     }
 
     /// Layer `l`'s K and V, each (num_blocks · block_size, kv_dim).
-    pub fn layer(&self, l: usize) -> (&[f32], &[f32]) {
+    pub fn layer(&self, l: usize) -> (&KvStore, &KvStore) {
         (&self.k[l], &self.v[l])
     }
 
-    /// `reshape_and_cache`: stores one token's k and v (kv_dim,) at `slot` of layer `l`.
+    /// `reshape_and_cache`: stores one token's k and v (kv_dim,) at `slot` of layer `l`,
+    /// quantized to the pool's dtype.
     pub fn write(&mut self, l: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let at = slot * self.kv_dim;
-        self.k[l][at..at + self.kv_dim].copy_from_slice(k);
-        self.v[l][at..at + self.kv_dim].copy_from_slice(v);
+        self.k[l].write(slot, k);
+        self.v[l].write(slot, v);
     }
 
-    /// Copy-on-write: block `dst` of layer `l` becomes a copy of block `src`.
+    /// Copy-on-write: block `dst` of layer `l` becomes a copy of block `src` (scales included).
     pub fn copy_block(&mut self, l: usize, src: usize, dst: usize) {
-        let n = self.block_size * self.kv_dim;
-        self.k[l].copy_within(src * n..(src + 1) * n, dst * n);
-        self.v[l].copy_within(src * n..(src + 1) * n, dst * n);
+        let bs = self.block_size;
+        self.k[l].copy_rows(src * bs, dst * bs, bs);
+        self.v[l].copy_rows(src * bs, dst * bs, bs);
     }
 
-    /// Bytes of one block across K and V of one layer (f32).
+    /// The dtype keys and values are stored in.
+    pub fn dtype(&self) -> KvDtype {
+        self.k.first().map_or(KvDtype::F32, KvStore::dtype)
+    }
+
+    /// Bytes of one block across K and V of one layer.
     pub fn block_bytes(&self) -> usize {
-        2 * self.block_size * self.kv_dim * 4
+        self.k
+            .first()
+            .map_or(0, |k| 2 * self.block_size * k.bytes() / k.rows().max(1))
     }
 
     /// Bytes the whole pool reserves.
     pub fn reserved_bytes(&self) -> usize {
-        self.k.len() * self.num_blocks * self.block_bytes()
+        self.k.iter().chain(&self.v).map(KvStore::bytes).sum()
     }
 }
