@@ -9,15 +9,20 @@
 //! * `cpu/attention_decode/stories15M_6_layers`: one decode token's attention over all 6 layers
 //!   of the stories15M shape (6 heads of 48, 14 MB of keys and values at 1,024 positions): the
 //!   cache outgrows L2, as it does in a real decode step;
+//! * `cpu/attention_decode/kv_dtype`: one decode token's attention over all 6 layers of the
+//!   stories15M shape at 1,024 positions, the contiguous cache stored in each `--kv-dtype`
+//!   (decoded a run at a time inside attention): what fewer bytes per key buy or cost;
 //! * `cpu/attention_decode/stories260K`: one decode query of all heads of stories260K's shape
 //!   (8 query heads sharing 4 KV heads, head_dim 8): tiny heads, where the per-key overheads
 //!   (reductions, exp, loads) rather than the multiply-adds set the cost.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvlab_benches::{assert_close, data};
-use kvlab_cpu::attention::{Contiguous, Heads, KvRows, attention};
+use kvlab_cpu::attention::{Contiguous, Heads, attention};
+use kvlab_cpu::kv_cache::{ContiguousKvCache, KvCache};
 use kvlab_cpu::paged::attention::{PagedLayer, SeqView, paged_attention};
-use kvlab_model::ops;
+use kvlab_cpu::paged::pool::KvPool;
+use kvlab_model::{Config, KvDtype, ops};
 
 const HEAD_DIM: usize = 64;
 const CTXS: [usize; 6] = [128, 256, 512, 1024, 2048, 4096];
@@ -36,22 +41,6 @@ fn scalar(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scale: f32) {
     }
 }
 
-/// A contiguous cache without a ring: position j in row j.
-#[derive(Clone, Copy)]
-struct Rows<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
-}
-
-impl KvRows for Rows<'_> {
-    fn key(&self, j: usize) -> &[f32] {
-        &self.k[j * HEAD_DIM..(j + 1) * HEAD_DIM]
-    }
-    fn value(&self, j: usize) -> &[f32] {
-        &self.v[j * HEAD_DIM..(j + 1) * HEAD_DIM]
-    }
-}
-
 fn bench(c: &mut Criterion) {
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     for ctx in CTXS {
@@ -61,7 +50,11 @@ fn bench(c: &mut Criterion) {
         let k = data(ctx * HEAD_DIM, 2); // (ctx, head_dim): cache rows then the new row
         let v = data(ctx * HEAD_DIM, 3); // (ctx, head_dim)
         // The contiguous cache: rows 0..ctx of (ctx, head_dim), the new row written last.
-        let contiguous = Rows { k: &k, v: &v };
+        let contiguous = Contiguous {
+            k: &k,
+            v: &v,
+            kv_dim: HEAD_DIM,
+        };
         let heads = Heads {
             n_heads: 1,
             n_kv_heads: 1,
@@ -76,13 +69,18 @@ fn bench(c: &mut Criterion) {
         let nb = past.div_ceil(BLOCK).max(1);
         let num_blocks = 2 * nb;
         let table: Vec<i32> = (0..nb).map(|b| ((b * 7 + 3) % num_blocks) as i32).collect(); // (nb,)
-        let mut pool_k = vec![0.0f32; num_blocks * BLOCK * HEAD_DIM]; // (num_blocks·block, head_dim)
-        let mut pool_v = vec![0.0f32; num_blocks * BLOCK * HEAD_DIM];
+        // (num_blocks·block, head_dim) each
+        let mut pool = KvPool::new(1, num_blocks, BLOCK, (1, HEAD_DIM), KvDtype::F32);
         for j in 0..past {
             let slot = table[j / BLOCK] as usize * BLOCK + j % BLOCK;
-            pool_k[slot * HEAD_DIM..][..HEAD_DIM].copy_from_slice(&k[j * HEAD_DIM..][..HEAD_DIM]);
-            pool_v[slot * HEAD_DIM..][..HEAD_DIM].copy_from_slice(&v[j * HEAD_DIM..][..HEAD_DIM]);
+            pool.write(
+                0,
+                slot,
+                &k[j * HEAD_DIM..][..HEAD_DIM],
+                &v[j * HEAD_DIM..][..HEAD_DIM],
+            );
         }
+        let (pool_k, pool_v) = pool.layer(0);
         let seqs = [SeqView {
             row0: 0,
             n: 1,
@@ -90,8 +88,8 @@ fn bench(c: &mut Criterion) {
             block_table: &table,
         }];
         let paged = PagedLayer {
-            pool_k: &pool_k,
-            pool_v: &pool_v,
+            pool_k,
+            pool_v,
             block_size: BLOCK,
             k_new,
             v_new,
@@ -239,6 +237,44 @@ fn bench_layers(c: &mut Criterion) {
     g.finish();
 }
 
+/// The stories15M shape's 6 layers at 1,024 positions in a contiguous cache of each dtype
+/// (its correctness against round-tripped rows is kvlab-cpu's `tests/kv_dtype.rs`).
+/// Throughput: the bytes the dtype stores for those keys and values.
+fn bench_kv_dtypes(c: &mut Criterion) {
+    const CTX: usize = 1024;
+    let config = Config::llama(288, 768, 6, 6, 6, 32000, CTX, true);
+    let heads = Heads {
+        n_heads: 6,
+        n_kv_heads: 6,
+        head_dim: 48,
+        scale: 1.0 / 48f32.sqrt(),
+        window: usize::MAX,
+    };
+    let kv_dim = config.kv_dim();
+    let (k, v) = (data(CTX * kv_dim, 31), data(CTX * kv_dim, 32));
+    let q = data(heads.n_heads * heads.head_dim, 33);
+    let mut out = vec![0.0; q.len()];
+    let mut g = c.benchmark_group("cpu/attention_decode/kv_dtype");
+    for dtype in KvDtype::ALL {
+        let mut cache = ContiguousKvCache::new(&config, CTX, dtype);
+        for l in 0..config.n_layers {
+            cache.append(l, &k, &v);
+        }
+        cache.len = CTX - 1; // the query is the last position, already appended
+        g.throughput(Throughput::Bytes(
+            (dtype.bytes_per_token(&config) * CTX) as u64,
+        ));
+        g.bench_function(BenchmarkId::new(dtype.name(), CTX), |b| {
+            b.iter(|| {
+                for l in 0..config.n_layers {
+                    cache.attend(l, &q, &heads, &mut out);
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
 /// [`scalar`] for any head_dim.
 fn scalar_hd(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scale: f32) {
     let hd = q.len();
@@ -259,6 +295,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(std::time::Duration::from_millis(300))
         .measurement_time(std::time::Duration::from_secs(1));
-    targets = bench, bench_small_heads, bench_layers
+    targets = bench, bench_small_heads, bench_layers, bench_kv_dtypes
 }
 criterion_main!(benches);

@@ -2,6 +2,7 @@
 
 mod bench;
 mod book;
+mod kv_quality;
 mod prompts;
 mod table;
 mod verify;
@@ -12,6 +13,7 @@ fn main() -> anyhow::Result<()> {
         Some("verify") => verify::run(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
         Some("book") => book::run(&args[1..]),
+        Some("kv-quality") => kv_quality::run(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{}", HELP);
             Ok(())
@@ -28,4 +30,6 @@ commands:
            (cargo xtask verify --help for options)
   book     build the mdBook in docs/ and run every Reproduce-it command in it
   bench    latency, throughput, memory and roofline of every engine; JSON, table and plots under
-           target/kvlab-bench/ (cargo xtask bench --help for options)";
+           target/kvlab-bench/ (cargo xtask bench --help for options)
+  kv-quality  top-1, KL divergence, perplexity, bytes and decode speed of each --kv-dtype
+           against the f32 cache on real checkpoints (cargo xtask kv-quality --help)";

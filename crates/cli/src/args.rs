@@ -93,3 +93,10 @@ pub fn eviction_parser() -> impl clap::builder::TypedValueParser<Value = kvlab_p
     PossibleValuesParser::new(EvictionPolicy::ALL.map(EvictionPolicy::name))
         .map(|name| EvictionPolicy::from_name(&name).unwrap_or_default())
 }
+
+/// `--kv-dtype`'s parser: clap lists the dtypes in its help and its error.
+pub fn kv_dtype() -> impl clap::builder::TypedValueParser<Value = kvlab_model::KvDtype> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(kvlab_model::KvDtype::ALL.map(|d| d.name()))
+        .map(|s| s.parse().expect("clap checked the name"))
+}

@@ -46,6 +46,8 @@ pub struct Args {
     /// Each prompt arrives this many steps after the previous one.
     #[arg(long, default_value_t = 2, value_parser = usize_in(0, MAX_ARRIVAL_GAP))]
     arrival_gap: usize,
+    #[command(flatten)]
+    kv: crate::KvArgs,
     /// Print every step's batch: positions, slot_mapping, block tables.
     #[arg(long)]
     trace: bool,
@@ -102,6 +104,7 @@ pub fn run(a: Args) -> Result<()> {
     let pool = PoolOptions {
         num_blocks,
         block_size: a.block_size,
+        kv_dtype: a.kv.kv_dtype,
     };
     let mut engine = build_paged(a.engine, model.clone(), pool)?;
     let cfg = SchedulerConfig {
@@ -141,7 +144,7 @@ pub fn run(a: Args) -> Result<()> {
     let m = &report.metrics;
     let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
     let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
-    let kv_bytes_per_block = model.config.kv_bytes_per_token(4) * a.block_size;
+    let kv_bytes_per_block = a.kv.kv_dtype.bytes_per_token(&model.config) * a.block_size;
     if a.json {
         let v = serde_json::json!({
             "engine": a.engine.name(),

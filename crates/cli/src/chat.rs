@@ -12,7 +12,7 @@ use kvlab_cli::engines::{self, EngineKind};
 use kvlab_model::Sampler;
 use kvlab_model::chat::ChatSession;
 
-use crate::ModelArgs;
+use crate::{KvArgs, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -44,6 +44,8 @@ pub struct Args {
     /// most 4096).
     #[arg(long = "ctx-size", short = 'c', value_parser = usize_in(1, MAX_POSITIONS))]
     ctx_size: Option<usize>,
+    #[command(flatten)]
+    kv: KvArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -70,7 +72,7 @@ pub fn run(a: Args) -> Result<()> {
             "lower --ctx-size",
         )?;
     }
-    let mut engine = engines::build_for(a.engine, model, ctx)?;
+    let mut engine = engines::build_for(a.engine, model, ctx, a.kv.kv_dtype)?;
     let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)?;
     let mut chat = ChatSession::new(template.clone(), a.system.as_deref(), ctx);
     let interactive = std::io::stdin().is_terminal();

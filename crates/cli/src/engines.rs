@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{Context, Error, Result, bail};
-use kvlab_model::{Engine, Model};
+use kvlab_model::{Engine, KvDtype, Model};
 use kvlab_paged::{KvCacheConfig, SchedulerConfig, StepExecutor};
 
 /// Every engine kvlab knows, in the order reports list them. Adding an engine: a variant, its
@@ -163,15 +163,23 @@ pub struct PoolOptions {
     pub num_blocks: usize,
     /// Token slots per block.
     pub block_size: usize,
+    /// The type the pool stores keys and values in.
+    pub kv_dtype: KvDtype,
 }
 
 impl PoolOptions {
-    /// A pool that holds `sequences` full-length sequences of `max_seq_len` tokens.
+    /// A pool of f32 that holds `sequences` full-length sequences of `max_seq_len` tokens.
     pub fn for_sequences(sequences: usize, max_seq_len: usize, block_size: usize) -> PoolOptions {
         PoolOptions {
             num_blocks: sequences * max_seq_len.div_ceil(block_size),
             block_size,
+            kv_dtype: KvDtype::F32,
         }
+    }
+
+    /// The same pool with keys and values stored as `kv_dtype`.
+    pub fn with_kv_dtype(self, kv_dtype: KvDtype) -> PoolOptions {
+        PoolOptions { kv_dtype, ..self }
     }
 }
 
@@ -179,15 +187,28 @@ impl PoolOptions {
 /// context, capped here.
 pub const MAX_MODEL_LEN: usize = 8192;
 
-/// Builds `engine` over `model` (paged engines get a pool for two sequences of the model's whole
-/// context, capped at [`MAX_MODEL_LEN`] positions).
+/// Builds `engine` over `model` with an f32 KV cache (paged engines get a pool for two
+/// sequences of the model's whole context, capped at [`MAX_MODEL_LEN`] positions).
 ///
 /// # Errors
 /// The engine's own (a missing GPU, a pool larger than the machine).
 pub fn build(engine: EngineKind, model: Arc<Model>) -> Result<Box<dyn Engine>> {
+    build_kv(engine, model, KvDtype::F32)
+}
+
+/// [`build`] with keys and values stored as `kv_dtype`.
+///
+/// # Errors
+/// As [`build`], and a dtype the engine does not store (see [`check_kv_dtype`]).
+pub fn build_kv(
+    engine: EngineKind,
+    model: Arc<Model>,
+    kv_dtype: KvDtype,
+) -> Result<Box<dyn Engine>> {
+    check_kv_dtype(engine, kv_dtype)?;
     Ok(match engine {
         EngineKind::Naive => Box::new(kvlab_naive::NaiveEngine::new(model)),
-        EngineKind::Cpu => Box::new(kvlab_cpu::CpuEngine::new(model)),
+        EngineKind::Cpu => Box::new(kvlab_cpu::CpuEngine::with_kv_dtype(model, kv_dtype)),
         EngineKind::CpuPaged | EngineKind::Cuda => {
             // Room for two sequences of the whole context (at most 8,192 positions each).
             let pool = PoolOptions::for_sequences(
@@ -195,27 +216,47 @@ pub fn build(engine: EngineKind, model: Arc<Model>) -> Result<Box<dyn Engine>> {
                 model.config.max_seq_len.min(MAX_MODEL_LEN),
                 kvlab_paged::DEFAULT_BLOCK_SIZE,
             );
-            build_paged(engine, model, pool)?
+            build_paged(engine, model, pool.with_kv_dtype(kv_dtype))?
         }
     })
 }
 
-/// Builds `engine` for one request of `positions` positions: paged engines get a pool of
-/// exactly that (rounded up to whole blocks), so the memory follows the request, not the
-/// model's context.
+/// Whether `engine` can keep its keys and values as `kv_dtype`: the CPU caches store every
+/// dtype; the naive engine keeps no cache, and the CUDA pool's kernels are f32/f16 only.
 ///
 /// # Errors
-/// The engine's own, or a pool larger than the machine.
+/// The reason, and the engines that do store it.
+pub fn check_kv_dtype(engine: EngineKind, kv_dtype: KvDtype) -> Result<()> {
+    match (engine, kv_dtype) {
+        (_, KvDtype::F32) | (EngineKind::Cpu | EngineKind::CpuPaged, _) => Ok(()),
+        (EngineKind::Naive, _) => bail!(
+            "the naive engine keeps no KV cache, so --kv-dtype {kv_dtype} has nothing to store; use --engine cpu or cpu-paged"
+        ),
+        (EngineKind::Cuda, _) => bail!(
+            "the cuda engine's pool is not built for --kv-dtype {kv_dtype} yet; use --engine cpu or cpu-paged for it"
+        ),
+    }
+}
+
+/// Builds `engine` for one request of `positions` positions, keys and values stored as
+/// `kv_dtype`: paged engines get a pool of exactly that (rounded up to whole blocks), so the
+/// memory follows the request, not the model's context.
+///
+/// # Errors
+/// The engine's own, a pool larger than the machine, or a dtype it does not store.
 pub fn build_for(
     engine: EngineKind,
     model: Arc<Model>,
     positions: usize,
+    kv_dtype: KvDtype,
 ) -> Result<Box<dyn Engine>> {
     if engine.is_paged() {
-        let pool = PoolOptions::for_sequences(1, positions, kvlab_paged::DEFAULT_BLOCK_SIZE);
+        check_kv_dtype(engine, kv_dtype)?;
+        let pool = PoolOptions::for_sequences(1, positions, kvlab_paged::DEFAULT_BLOCK_SIZE)
+            .with_kv_dtype(kv_dtype);
         return Ok(build_paged(engine, model, pool)?);
     }
-    build(engine, model)
+    build_kv(engine, model, kv_dtype)
 }
 
 /// Builds the paged `engine` with a pool of the given size.
@@ -227,11 +268,12 @@ pub fn build_paged(
     model: Arc<Model>,
     pool: PoolOptions,
 ) -> Result<Box<dyn PagedEngine>> {
+    check_kv_dtype(engine, pool.kv_dtype)?;
     // Every KV group holds `num_blocks` blocks for its own layers, so the groups together hold
     // num_blocks × block_size × (KV bytes per token over all layers).
     let pool_bytes = (pool.num_blocks as u64)
         .checked_mul(pool.block_size as u64)
-        .and_then(|slots| slots.checked_mul(model.config.kv_bytes_per_token(4) as u64));
+        .and_then(|slots| slots.checked_mul(pool.kv_dtype.bytes_per_token(&model.config) as u64));
     match engine {
         EngineKind::CpuPaged => {
             crate::memory::ensure_fits(
@@ -243,7 +285,8 @@ pub fn build_paged(
                 "lower --num-blocks or --block-size",
             )?;
             let kv_cache = kv_cache_config(&model, pool);
-            let engine = kvlab_cpu::paged::PagedCpuEngine::new(model, kv_cache)?;
+            let engine =
+                kvlab_cpu::paged::PagedCpuEngine::with_kv_dtype(model, kv_cache, pool.kv_dtype)?;
             Ok(Box::new(engine))
         }
         // f32 weights, activations and KV pool: the parity mode verify needs.

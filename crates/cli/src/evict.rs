@@ -122,6 +122,7 @@ pub fn run(a: Args) -> Result<()> {
             let pool = PoolOptions {
                 num_blocks,
                 block_size: a.block_size,
+                kv_dtype: kvlab_model::KvDtype::F32,
             };
             let mut engine = build_paged(EngineKind::CpuPaged, model.clone(), pool)?;
             let config = SchedulerConfig {

@@ -9,7 +9,7 @@ use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
 use kvlab_cli::engines::{self, EngineKind};
 use kvlab_model::{GenerateOptions, Sampler, generate_ids_text, generate_text};
 
-use crate::{ModelArgs, bytes};
+use crate::{KvArgs, ModelArgs, bytes};
 
 /// run.c's default `-n`: positions computed, prompt included.
 const RUN_C_STEPS: usize = 256;
@@ -62,6 +62,8 @@ pub struct Args {
     #[arg(long = "ctx-size", short = 'c', visible_alias = "max-seq-len",
           value_parser = usize_in(1, MAX_POSITIONS))]
     ctx_size: Option<usize>,
+    #[command(flatten)]
+    kv: KvArgs,
     /// Print, for every step, the tokens fed and the shapes and bytes of the cache (to stderr).
     #[arg(long)]
     trace: bool,
@@ -132,12 +134,12 @@ pub fn run(a: Args) -> Result<()> {
         // The cached engines reserve this many positions (ring buffers for windowed layers).
         kvlab_cli::memory::ensure_fits(
             "the KV cache",
-            u64::try_from(config.kv_bytes_windowed(reserve, 4)).ok(),
+            u64::try_from(a.kv.kv_dtype.bytes_windowed(&config, reserve)).ok(),
             "lower --ctx-size or --n-predict",
         )?;
     }
     let threads = kvlab_cpu::threads::num_threads();
-    let mut engine = engines::build_for(a.engine, model, reserve)?;
+    let mut engine = engines::build_for(a.engine, model, reserve, a.kv.kv_dtype)?;
     let opts = GenerateOptions {
         steps,
         max_seq_len: a.ctx_size.unwrap_or(0),
@@ -190,6 +192,7 @@ pub fn run(a: Args) -> Result<()> {
     // Positions in the cache: the prompt and every token fed back (the last one sampled is
     // printed but never fed).
     let positions = g.prompt.len() + g.decode_steps;
+    let kv = a.kv.kv_dtype;
     if a.json {
         let stats = serde_json::json!({
             "model": loaded.name,
@@ -207,7 +210,8 @@ pub fn run(a: Args) -> Result<()> {
             "stopped_at_stop_token": g.stopped,
             "kv_used_bytes": g.kv.used_bytes,
             "kv_reserved_bytes": g.kv.reserved_bytes,
-            "kv_bytes_per_token": config.kv_bytes_per_token(4),
+            "kv_dtype": a.kv.kv_dtype,
+            "kv_bytes_per_token": a.kv.kv_dtype.bytes_per_token(&config),
         });
         eprintln!("{stats}");
         return Ok(());
@@ -228,15 +232,15 @@ pub fn run(a: Args) -> Result<()> {
         }
     );
     eprintln!(
-        "KV cache: {} used, {} reserved (formula: {} per token x {positions} positions = {}{})",
+        "KV cache ({kv}): {} used, {} reserved (formula: {} per token x {positions} positions = {}{})",
         bytes(g.kv.used_bytes),
         bytes(g.kv.reserved_bytes),
-        bytes(config.kv_bytes_per_token(4)),
-        bytes(config.kv_bytes_full(positions, 4)),
-        if config.kv_bytes_windowed(positions, 4) != config.kv_bytes_full(positions, 4) {
+        bytes(kv.bytes_per_token(&config)),
+        bytes(kv.bytes_per_token(&config) * positions),
+        if kv.bytes_windowed(&config, positions) != kv.bytes_per_token(&config) * positions {
             format!(
                 "; with sliding-window ring buffers {}",
-                bytes(config.kv_bytes_windowed(positions, 4))
+                bytes(kv.bytes_windowed(&config, positions))
             )
         } else {
             String::new()

@@ -29,6 +29,10 @@ pub fn run(a: &Args) -> Result<()> {
             "n_params": c.n_params(),
             "kv_bytes_per_token_f32": c.kv_bytes_per_token(4),
             "kv_bytes_per_token_f16": c.kv_bytes_per_token(2),
+            "kv_bytes_per_token": kvlab_model::KvDtype::ALL
+                .map(|d| (d.name(), d.bytes_per_token(c)))
+                .into_iter()
+                .collect::<std::collections::BTreeMap<_, _>>(),
             "kv_bytes_full_context_f32": c.kv_bytes_full(c.max_seq_len, 4),
             "kv_bytes_windowed_full_context_f32": c.kv_bytes_windowed(c.max_seq_len, 4),
         });
@@ -85,14 +89,17 @@ pub fn run(a: &Args) -> Result<()> {
     );
     weights_line(c, &files)?;
     println!();
-    println!("KV bytes per token = 2 x n_layers x n_kv_heads x head_dim x bytes per element");
-    for (name, b) in [("f32", 4), ("f16", 2)] {
+    println!(
+        "KV bytes per token = 2 x n_layers x n_kv_heads x bytes per KV head (--kv-dtype; the 8-bit ones with a 4-byte scale)"
+    );
+    for d in kvlab_model::KvDtype::ALL {
         println!(
-            "  {name}: 2 x {} x {} x {} x {b} = {}",
+            "  {:<9} 2 x {} x {} x {:>4} = {}",
+            d.name(),
             c.n_layers,
             c.n_kv_heads,
-            c.head_dim,
-            bytes(c.kv_bytes_per_token(b))
+            d.head_bytes(c.head_dim),
+            bytes(d.bytes_per_token(c))
         );
     }
     println!();

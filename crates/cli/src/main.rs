@@ -58,6 +58,17 @@ pub struct ModelArgs {
     pub weights: kvlab_model::WeightFormat,
 }
 
+/// How the engine stores the KV cache.
+#[derive(clap::Args, Clone, Copy)]
+pub struct KvArgs {
+    /// The type the KV cache stores keys and values in: f32 (as computed), f16, bf16, or
+    /// fp8-e4m3 and int8 with a scale per token and KV head; quantized when written,
+    /// dequantized inside attention. The cpu and cpu-paged engines store every dtype.
+    #[arg(long, default_value_t = kvlab_model::KvDtype::F32,
+          value_parser = kvlab_cli::args::kv_dtype())]
+    pub kv_dtype: kvlab_model::KvDtype,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.

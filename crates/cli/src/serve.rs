@@ -44,6 +44,8 @@ pub struct Args {
     /// Token slots per block.
     #[arg(long, default_value_t = kvlab_paged::DEFAULT_BLOCK_SIZE, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
     block_size: usize,
+    #[command(flatten)]
+    kv: crate::KvArgs,
     /// Require `Authorization: Bearer KEY` on every route (401 otherwise).
     #[arg(long, env = "KVLAB_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -90,8 +92,11 @@ pub fn run(a: Args) -> Result<()> {
         Some(num_blocks) => PoolOptions {
             num_blocks,
             block_size: a.block_size,
+            kv_dtype: a.kv.kv_dtype,
         },
-        None => PoolOptions::for_sequences(4, max_model_len, a.block_size),
+        None => {
+            PoolOptions::for_sequences(4, max_model_len, a.block_size).with_kv_dtype(a.kv.kv_dtype)
+        }
     };
     let stop_ids = model.config.stop_ids.clone();
     let kind = a.engine;

@@ -548,3 +548,32 @@ fn hugging_face_inputs_kvlab_cannot_use_get_clear_errors() {
         assert!(!r.ok && r.err.contains(needle), "{args}: {}", r.err);
     }
 }
+
+/// `--kv-dtype` on both CPU engines: the cache reserves the formula's bytes (stories260K: 2 × 5
+/// layers × 4 KV heads × (8 + 4) bytes = 480 B per token in int8), the paged and contiguous
+/// engines give the same greedy text, and engines without a cache of that dtype say so.
+#[test]
+fn kv_dtype_sizes_the_cache_and_is_refused_where_there_is_none() {
+    let mut texts = Vec::new();
+    for engine in ["cpu", "cpu-paged"] {
+        let r = kvlab(&format!(
+            "generate -e {engine} --kv-dtype int8 --temp 0 -p 'Once upon a time' -n 24 --json"
+        ));
+        assert!(r.ok, "{engine}: {}", r.err);
+        let stats: serde_json::Value = serde_json::from_str(r.err.trim()).unwrap();
+        assert_eq!(stats["kv_dtype"], "int8");
+        assert_eq!(stats["kv_bytes_per_token"], 480);
+        if engine == "cpu" {
+            assert_eq!(stats["kv_reserved_bytes"], 28 * 480, "5 + 23 positions");
+        }
+        texts.push(r.out);
+    }
+    assert_eq!(texts[0], texts[1]);
+    let r = kvlab("generate -e naive --kv-dtype f16 -p x");
+    assert!(!r.ok && r.err.contains("keeps no KV cache"), "{}", r.err);
+    let r = kvlab("generate --kv-dtype int3 -p x");
+    assert!(!r.ok && r.err.contains("fp8-e4m3"), "{}", r.err);
+    let v: serde_json::Value = serde_json::from_str(kvlab("info --json").out.trim()).unwrap();
+    assert_eq!(v["kv_bytes_per_token"]["fp8-e4m3"], 480);
+    assert_eq!(v["kv_bytes_per_token"]["bf16"], 640);
+}

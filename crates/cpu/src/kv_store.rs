@@ -156,37 +156,38 @@ impl KvStore {
             tile.resize(span.len(), 0.0);
         }
         let tile = &mut tile[..span.len()];
+        if kv_heads == (0..nkv) {
+            // Every column: the rows are one stretch of the store, decoded in one pass.
+            let scales = rows.start * nkv..rows.end * nkv;
+            match &self.data {
+                Data::F32(_) => unreachable!("read in place above"),
+                Data::F16(d) => d[span].convert_to_f32_slice(tile),
+                Data::Bf16(d) => d[span].convert_to_f32_slice(tile),
+                Data::Fp8 { q, scale } => decode_heads(tile, &q[span], &scale[scales], hd, |q| {
+                    FP8_TO_F32[q as usize]
+                }),
+                Data::Int8 { q, scale } => {
+                    decode_heads(tile, &q[span], &scale[scales], hd, |q| q as f32)
+                }
+            }
+            return tile;
+        }
         let cols = kv_heads.start * hd..kv_heads.end * hd;
         for (r, out) in rows.clone().zip(tile.chunks_exact_mut(kvd)) {
             let (at, out) = (
                 r * kvd + cols.start..r * kvd + cols.end,
                 &mut out[cols.clone()],
             );
+            let scales = r * nkv + kv_heads.start..r * nkv + kv_heads.end;
             match &self.data {
                 Data::F32(_) => unreachable!("read in place above"),
                 Data::F16(d) => d[at].convert_to_f32_slice(out),
                 Data::Bf16(d) => d[at].convert_to_f32_slice(out),
                 Data::Fp8 { q, scale } => {
-                    let scales = &scale[r * nkv + kv_heads.start..r * nkv + kv_heads.end];
-                    for ((o, q), s) in out
-                        .chunks_exact_mut(hd)
-                        .zip(q[at].chunks_exact(hd))
-                        .zip(scales)
-                    {
-                        o.iter_mut()
-                            .zip(q)
-                            .for_each(|(o, &q)| *o = FP8_TO_F32[q as usize] * s);
-                    }
+                    decode_heads(out, &q[at], &scale[scales], hd, |q| FP8_TO_F32[q as usize])
                 }
                 Data::Int8 { q, scale } => {
-                    let scales = &scale[r * nkv + kv_heads.start..r * nkv + kv_heads.end];
-                    for ((o, q), s) in out
-                        .chunks_exact_mut(hd)
-                        .zip(q[at].chunks_exact(hd))
-                        .zip(scales)
-                    {
-                        o.iter_mut().zip(q).for_each(|(o, &q)| *o = q as f32 * s);
-                    }
+                    decode_heads(out, &q[at], &scale[scales], hd, |q| q as f32)
                 }
             }
         }
@@ -211,6 +212,20 @@ impl KvStore {
                 scale.copy_within(sfrom, sto);
             }
         }
+    }
+}
+
+/// out ← value(q) · s head by head: `q` and `out` are heads of `hd` elements, one scale each.
+#[inline(always)]
+fn decode_heads<Q: Copy>(
+    out: &mut [f32],
+    q: &[Q],
+    scales: &[f32],
+    hd: usize,
+    value: impl Fn(Q) -> f32,
+) {
+    for ((o, q), &s) in out.chunks_exact_mut(hd).zip(q.chunks_exact(hd)).zip(scales) {
+        o.iter_mut().zip(q).for_each(|(o, &q)| *o = value(q) * s);
     }
 }
 

@@ -77,6 +77,76 @@ pub fn compare_logits(got: &[Vec<f32>], reference: &[Vec<f32>], tol: Tolerance) 
     }
 }
 
+/// How one model's next-token distributions compare with a reference's over a teacher-forced
+/// text: the quality measures of a quantized KV cache (KIVI, KVQuant and llama.cpp's
+/// `perplexity --kl-divergence` report the same three).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DistributionComparison {
+    /// Positions compared.
+    pub positions: usize,
+    /// Fraction of positions whose argmax is the reference's.
+    pub top1_agreement: f64,
+    /// Mean over positions of KL(P_ref ‖ P) = Σ_i p_ref,i (ln p_ref,i − ln p_i), in nats.
+    pub mean_kl: f64,
+    /// Largest per-position KL, in nats; NaN if any logit is.
+    pub max_kl: f64,
+    /// exp(−mean ln p(next token)) under the reference.
+    pub perplexity_reference: f64,
+    /// The same under `got`.
+    pub perplexity: f64,
+}
+
+/// Compares `got` with `reference` at every position where `next` gives the token that
+/// followed (rows and `next` are cut to the shortest of the three). Softmax in f64.
+pub fn compare_distributions(
+    got: &[Vec<f32>],
+    reference: &[Vec<f32>],
+    next: &[u32],
+) -> DistributionComparison {
+    let n = got.len().min(reference.len()).min(next.len());
+    let (mut same, mut kl_sum, mut kl_max) = (0usize, 0.0f64, 0.0f64);
+    let (mut nll_ref, mut nll) = (0.0f64, 0.0f64);
+    for ((g, r), &t) in got.iter().zip(reference).zip(next).take(n) {
+        let (lg, lr) = (log_softmax(g), log_softmax(r));
+        let kl: f64 = lr
+            .iter()
+            .zip(&lg)
+            .map(|(a, b)| {
+                if *a == f64::NEG_INFINITY {
+                    0.0
+                } else {
+                    a.exp() * (a - b)
+                }
+            })
+            .sum();
+        kl_sum += kl;
+        kl_max = if kl.is_nan() || kl_max.is_nan() {
+            f64::NAN
+        } else {
+            kl_max.max(kl)
+        };
+        nll_ref -= lr.get(t as usize).copied().unwrap_or(f64::NAN);
+        nll -= lg.get(t as usize).copied().unwrap_or(f64::NAN);
+        same += usize::from(argmax(g) == argmax(r));
+    }
+    let mean = |x: f64| if n == 0 { 0.0 } else { x / n as f64 };
+    DistributionComparison {
+        positions: n,
+        top1_agreement: if n == 0 { 1.0 } else { same as f64 / n as f64 },
+        mean_kl: mean(kl_sum),
+        max_kl: kl_max,
+        perplexity_reference: mean(nll_ref).exp(),
+        perplexity: mean(nll).exp(),
+    }
+}
+
+/// ln softmax(x), in f64.
+fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let lse = max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+    x.iter().map(|&v| v as f64 - lse).collect()
+}
+
 /// The larger of two differences, NaN if either is (f32::max would drop a NaN).
 fn nan_max(m: f32, d: f32) -> f32 {
     if m.is_nan() || d.is_nan() {
@@ -111,6 +181,29 @@ mod tests {
         // |Δ| = 0.5 on a logit of 0 passes: the position's largest logit is 10.
         assert!(compare_logits(&[vec![0.5, 10.0]], &[vec![0.0, 10.0]], tol).within_tolerance);
         assert!(!compare_logits(&[vec![1.5, 10.0]], &[vec![0.0, 10.0]], tol).within_tolerance);
+    }
+
+    /// KL of two known distributions, perplexity of a uniform one, and NaN kept.
+    #[test]
+    fn distributions_compare_by_kl_top1_and_perplexity() {
+        // p = (1/2, 1/2), q = (1/4... ): logits ln 1, ln 3 give q = (1/4, 3/4).
+        let (r, g) = (vec![vec![0.0f32, 0.0]], vec![vec![0.0f32, 3f32.ln()]]);
+        let c = compare_distributions(&g, &r, &[1]);
+        let kl = 0.5 * (0.5f64 / 0.25).ln() + 0.5 * (0.5f64 / 0.75).ln();
+        assert!(
+            (c.mean_kl - kl).abs() < 1e-6 && (c.max_kl - kl).abs() < 1e-6,
+            "{c:?}"
+        );
+        assert!(
+            (c.perplexity_reference - 2.0).abs() < 1e-9,
+            "uniform over 2: {c:?}"
+        );
+        assert!((c.perplexity - 4.0 / 3.0).abs() < 1e-6, "{c:?}");
+        assert_eq!(c.top1_agreement, 0.0, "argmax 0 (a tie, lowest id) vs 1");
+        let same = compare_distributions(&r, &r, &[0]);
+        assert_eq!((same.mean_kl, same.top1_agreement), (0.0, 1.0));
+        let nan = compare_distributions(&[vec![f32::NAN, 0.0]], &r, &[0]);
+        assert!(nan.max_kl.is_nan() && nan.mean_kl.is_nan());
     }
 
     #[test]

@@ -73,6 +73,14 @@ impl KvDtype {
     pub fn bytes_per_token(self, c: &Config) -> usize {
         2 * c.n_layers * self.row_bytes(c)
     }
+
+    /// KV bytes for a context of `positions` when sliding-window layers keep only their window
+    /// (`Config::cache_positions`): Σ_layers 2 × row bytes × positions kept.
+    pub fn bytes_windowed(self, c: &Config, positions: usize) -> usize {
+        (0..c.n_layers)
+            .map(|l| 2 * self.row_bytes(c) * c.cache_positions(l, positions))
+            .sum()
+    }
 }
 
 impl fmt::Display for KvDtype {

@@ -30,7 +30,9 @@ pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;
 
-pub use compare::{LogitComparison, Tolerance, compare_logits};
+pub use compare::{
+    DistributionComparison, LogitComparison, Tolerance, compare_distributions, compare_logits,
+};
 pub use config::{Activation, Config, LayerKind, RopeLayout};
 pub use engine::{Engine, KvUsage, SeqId, Sequences, TraceStep};
 pub use error::{Error, Result};

@@ -16,7 +16,7 @@ mod bandwidth;
 mod baseline;
 mod batch;
 mod decode;
-mod machine;
+pub mod machine;
 mod memory;
 mod models;
 mod peers;

@@ -89,6 +89,7 @@ pub(super) fn run(
         let pool = PoolOptions {
             num_blocks,
             block_size,
+            kv_dtype: kvlab_model::KvDtype::F32,
         };
         let mut exec = build_paged(engine, model.clone(), pool)?;
         let mut sched = Scheduler::new(SchedulerConfig::new(exec.kv_cache().clone(), ctx))?;

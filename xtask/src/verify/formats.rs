@@ -1,8 +1,10 @@
-//! Weight formats in tolerance mode. The token-identity suite runs every engine with f32
-//! matrices; here the cpu engine runs each model's matrices as bf16, as f16, and as the
-//! checkpoint stores them where that is not f32 (Gemma's Q8_0/Q5_0/Q4_K/Q6_K blocks), teacher-
-//! forced on the naive engine's verified tokens, against the same engine in f32. Each format
-//! reports its top-1 agreement and max |Δlogit| and must stay within its stated thresholds.
+//! Weight formats and KV cache dtypes in tolerance mode. The token-identity suite runs every
+//! engine with f32 matrices and an f32 cache; here the cpu engine runs each model's matrices as
+//! bf16, as f16, and as the checkpoint stores them where that is not f32 (Gemma's
+//! Q8_0/Q5_0/Q4_K/Q6_K blocks), and its cache as each `--kv-dtype` (f32 matrices), teacher-
+//! forced on the naive engine's verified tokens, against the same engine all in f32. Each
+//! variant reports its top-1 agreement, max |Δlogit| and mean KL divergence and must stay within
+//! its stated thresholds.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,7 +12,9 @@ use std::time::Instant;
 use anyhow::Result;
 use kvlab_cli::engines::{self, EngineKind};
 use kvlab_model::registry::ModelEntry;
-use kvlab_model::{Model, Tolerance, WeightFormat, compare_logits, teacher_force};
+use kvlab_model::{
+    KvDtype, Model, Tolerance, WeightFormat, compare_distributions, compare_logits, teacher_force,
+};
 
 use super::{Reference, Row};
 
@@ -28,7 +32,18 @@ struct Threshold {
     why: &'static str,
 }
 
-fn threshold(format: WeightFormat) -> Threshold {
+/// What runs differently from the all-f32 reference.
+#[derive(Clone, Copy, Debug)]
+enum Variant {
+    Weights(WeightFormat),
+    Kv(KvDtype),
+}
+
+fn threshold(variant: Variant) -> Threshold {
+    let format = match variant {
+        Variant::Weights(f) => f,
+        Variant::Kv(d) => return kv_threshold(d),
+    };
     match format {
         // Quantized blocks decoded in registers, f32 activations: the weights are exactly the
         // f32 path's (which decodes the same blocks), only the additions' order differs.
@@ -62,6 +77,47 @@ fn threshold(format: WeightFormat) -> Threshold {
     }
 }
 
+/// A KV dtype's thresholds, from what `cargo xtask verify` measured (stories260K and Gemma 3
+/// 270M, two cases of up to 256 teacher-forced positions each, 2026-11-23), with room for other
+/// prompts: logits move with the precision of the keys and values, and a near-tie flips its
+/// top-1 (one flip is 0.03 of a 32-position case).
+fn kv_threshold(dtype: KvDtype) -> Threshold {
+    match dtype {
+        KvDtype::F32 => unreachable!("f32 is the reference"),
+        // Measured: top-1 ≥ 0.996, max|Δlogit| ≤ 0.028, mean KL ≤ 6e-7 nats.
+        KvDtype::F16 => Threshold {
+            tolerance: Tolerance {
+                abs: 0.1,
+                rel: 0.01,
+            },
+            min_top1: 0.96,
+            why: "each key and value rounded to 11 mantissa bits (relative error ≤ 2^-12)",
+        },
+        // Measured: top-1 ≥ 0.992, max|Δlogit| ≤ 0.20, mean KL ≤ 4e-5 nats.
+        KvDtype::Bf16 => Threshold {
+            tolerance: Tolerance {
+                abs: 0.5,
+                rel: 0.05,
+            },
+            min_top1: 0.90,
+            why: "each key and value rounded to 8 mantissa bits (relative error ≤ 2^-9)",
+        },
+        // Measured: top-1 ≥ 0.953, max|Δlogit| ≤ 2.5, mean KL ≤ 6e-3 nats.
+        KvDtype::Fp8E4m3 => Threshold {
+            tolerance: Tolerance { abs: 2.0, rel: 0.2 },
+            min_top1: 0.85,
+            why: "E4M3 keeps 3 mantissa bits of x / s (relative error ≤ 2^-4), s per token and KV head",
+        },
+        // Measured: top-1 ≥ 0.969, max|Δlogit| ≤ 2.9 (Gemma: one scale spans 256 channels,
+        // outliers included), mean KL ≤ 6.5e-3 nats.
+        KvDtype::Int8 => Threshold {
+            tolerance: Tolerance { abs: 2.0, rel: 0.2 },
+            min_top1: 0.85,
+            why: "255 levels per token and KV head (error ≤ amax/254)",
+        },
+    }
+}
+
 /// The formats a model is checked in: bf16, f16, and its stored one unless every matrix of it
 /// is already f32.
 fn formats(stored: &Model) -> Vec<WeightFormat> {
@@ -77,19 +133,20 @@ fn formats(stored: &Model) -> Vec<WeightFormat> {
     v
 }
 
-/// One row per (case, format) for a model with a real checkpoint; `stored` is the model as
-/// loaded, `f32_model` the identity suite's conversion of it to f32 (the reference here too).
+/// One row per (case, format) and per (case, KV dtype) for a model with a real checkpoint;
+/// `stored` is the model as loaded, `f32_model` the identity suite's conversion of it to f32
+/// (the reference here too, with an f32 cache).
 pub fn run(
     entry: &ModelEntry,
     f32_model: &Arc<Model>,
     stored: &Model,
     refs: &[Option<Reference>],
 ) -> Vec<Row> {
-    let error = |index: usize, format: WeightFormat, e: anyhow::Error| Row {
+    let error = |index: usize, variant: Variant, e: anyhow::Error| Row {
         prompt_index: index,
         status: "ERROR".into(),
         note: format!("{e:#}"),
-        ..Row::empty(&entry.name, &engine_label(format))
+        ..Row::empty(&entry.name, &engine_label(variant))
     };
     // The cases with the most verified tokens (Gemma's first oracle cases are 32 tokens long).
     let mut cases: Vec<(usize, &Reference)> = refs
@@ -99,28 +156,42 @@ pub fn run(
         .collect();
     cases.sort_by_key(|(i, r)| (std::cmp::Reverse(r.tokens.len().min(POSITIONS)), *i));
     cases.truncate(CASES);
-    // The f32 engine's logits, once per case: what every format is compared with.
-    let references: Vec<Result<Vec<Vec<f32>>>> =
-        cases.iter().map(|(_, r)| force(f32_model, r)).collect();
+    // The f32 engine's logits, once per case: what every variant is compared with.
+    let references: Vec<Result<Vec<Vec<f32>>>> = cases
+        .iter()
+        .map(|(_, r)| force(f32_model, r, KvDtype::F32))
+        .collect();
+    let variants = formats(stored)
+        .into_iter()
+        .map(|f| {
+            (
+                Variant::Weights(f),
+                Arc::new(stored.clone().with_weight_format(f)),
+            )
+        })
+        .chain(
+            KvDtype::ALL[1..]
+                .iter()
+                .map(|&d| (Variant::Kv(d), f32_model.clone())),
+        );
     let mut rows = Vec::new();
-    for format in formats(stored) {
-        let model = Arc::new(stored.clone().with_weight_format(format));
+    for (variant, model) in variants {
         for ((index, r), reference) in cases.iter().zip(&references) {
             let row = match reference {
-                Ok(reference) => case_row(entry, &model, format, *index, r, reference),
+                Ok(reference) => case_row(entry, &model, variant, *index, r, reference),
                 Err(e) => Err(anyhow::anyhow!("the f32 reference failed: {e:#}")),
             };
-            rows.push(row.unwrap_or_else(|e| error(*index, format, e)));
+            rows.push(row.unwrap_or_else(|e| error(*index, variant, e)));
         }
     }
     rows
 }
 
 /// The cpu engine's logits at every position of the case, teacher-forced (at most
-/// [`POSITIONS`] of its tokens).
-fn force(model: &Arc<Model>, r: &Reference) -> Result<Vec<Vec<f32>>> {
+/// [`POSITIONS`] of its tokens), its cache in `kv_dtype`.
+fn force(model: &Arc<Model>, r: &Reference, kv_dtype: KvDtype) -> Result<Vec<Vec<f32>>> {
     let forced = &r.tokens[..r.tokens.len().min(POSITIONS)];
-    let mut e = engines::build(EngineKind::Cpu, model.clone())?;
+    let mut e = engines::build_kv(EngineKind::Cpu, model.clone(), kv_dtype)?;
     Ok(teacher_force(
         e.as_mut(),
         &r.prompt,
@@ -129,23 +200,31 @@ fn force(model: &Arc<Model>, r: &Reference) -> Result<Vec<Vec<f32>>> {
     )?)
 }
 
-fn engine_label(format: WeightFormat) -> String {
-    format!("{} --weights {format}", EngineKind::Cpu.name())
+fn engine_label(variant: Variant) -> String {
+    match variant {
+        Variant::Weights(f) => format!("{} --weights {f}", EngineKind::Cpu.name()),
+        Variant::Kv(d) => format!("{} --kv-dtype {d}", EngineKind::Cpu.name()),
+    }
 }
 
 fn case_row(
     entry: &ModelEntry,
     model: &Arc<Model>,
-    format: WeightFormat,
+    variant: Variant,
     index: usize,
     r: &Reference,
     reference: &[Vec<f32>],
 ) -> Result<Row> {
     let t = Instant::now();
-    let got = force(model, r)?;
+    let kv = match variant {
+        Variant::Kv(d) => d,
+        Variant::Weights(_) => KvDtype::F32,
+    };
+    let got = force(model, r, kv)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    let th = threshold(format);
+    let th = threshold(variant);
     let c = compare_logits(&got, reference, th.tolerance);
+    let kl = compare_distributions(&got, reference, &r.tokens).mean_kl;
     let ok = c.within_tolerance && c.top1_agreement >= th.min_top1;
     let Tolerance { abs, rel } = th.tolerance;
     Ok(Row {
@@ -159,9 +238,9 @@ fn case_row(
         top1_agreement: Some(c.top1_agreement),
         ms,
         note: format!(
-            "vs cpu f32: top-1 agreement {:.4} (≥ {}), max|Δlogit| {:.2e} (≤ {abs} + {rel}·max|ref| per position): {}",
+            "vs cpu f32: top-1 agreement {:.4} (≥ {}), max|Δlogit| {:.2e} (≤ {abs} + {rel}·max|ref| per position), mean KL {kl:.2e} nats: {}",
             c.top1_agreement, th.min_top1, c.max_abs_dlogit, th.why
         ),
-        ..Row::empty(&entry.name, &engine_label(format))
+        ..Row::empty(&entry.name, &engine_label(variant))
     })
 }

@@ -315,7 +315,10 @@ fn run_batched(
 fn run_formats(loaded: &[Loaded], refs: &[Vec<Option<Reference>>], rows: &mut Vec<Row>) {
     for ((entry, f32_model, .., stored), refs) in loaded.iter().zip(refs) {
         if entry.model.is_some() {
-            eprintln!("verify: weight formats of {} in tolerance mode", entry.name);
+            eprintln!(
+                "verify: weight formats and KV dtypes of {} in tolerance mode",
+                entry.name
+            );
             rows.extend(formats::run(entry, f32_model, stored, refs));
         }
     }
