@@ -90,15 +90,20 @@ pub fn run(a: &Args) -> Result<()> {
     weights_line(c, &files)?;
     println!();
     println!(
-        "KV bytes per token = 2 x n_layers x n_kv_heads x bytes per KV head (--kv-dtype; the 8-bit ones with a 4-byte scale)"
+        "KV bytes per token = 2 x n_layers x n_kv_heads x head_dim x bytes per element (--kv-dtype; fp8-e4m3 and int8 add a 4-byte scale per KV head)"
     );
     for d in kvlab_model::KvDtype::ALL {
+        let per_head = match d {
+            kvlab_model::KvDtype::Fp8E4m3 | kvlab_model::KvDtype::Int8 => {
+                format!("({} x 1 + 4)", c.head_dim)
+            }
+            _ => format!("{} x {}", c.head_dim, d.head_bytes(1)),
+        };
         println!(
-            "  {:<9} 2 x {} x {} x {:>4} = {}",
+            "  {}: 2 x {} x {} x {per_head} = {}",
             d.name(),
             c.n_layers,
             c.n_kv_heads,
-            d.head_bytes(c.head_dim),
             bytes(d.bytes_per_token(c))
         );
     }

@@ -107,6 +107,7 @@ impl KvStore {
         n / self.kv_dim().max(1)
     }
 
+    // ANCHOR: write
     /// Stores x (kv_dim,) at `row`, quantized.
     pub fn write(&mut self, row: usize, x: &[f32]) {
         let (kvd, hd) = (self.kv_dim(), self.head_dim);
@@ -137,6 +138,7 @@ impl KvStore {
             }
         }
     }
+    // ANCHOR_END: write
 
     /// Rows `rows` as f32, (|rows|, kv_dim): in place for f32; otherwise the columns of KV heads
     /// `kv_heads` decoded into `tile` (the other columns are left as they were).
