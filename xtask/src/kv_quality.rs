@@ -39,7 +39,7 @@ const RANGES: [usize; 4] = [128, 512, 1024, 2048];
     name = "cargo xtask kv-quality",
     about = "Quality, memory and speed of each KV cache dtype against f32, on real checkpoints",
     after_help = "env: KVLAB_MODELS (folder of real checkpoints). A model whose files are not \
-                  found is SKIPPED with the reason."
+                  found is SKIPPED with the reason, or fails with KVLAB_REQUIRE_MODELS=1."
 )]
 struct Args {
     /// Models to measure (default: every one with a held-out text: stories260K, gemma-3-270m).
@@ -98,6 +98,11 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         let loaded = match kvlab_cli::fetch::load(name, None, false) {
             Ok(l) => l,
+            Err(e) if std::env::var("KVLAB_REQUIRE_MODELS").is_ok_and(|v| v == "1") => {
+                return Err(e.context(format!(
+                    "KVLAB_REQUIRE_MODELS=1 and {name} is missing; set KVLAB_MODELS to the folder holding it"
+                )));
+            }
             Err(e) => {
                 eprintln!("SKIPPED {name}: {e:#}");
                 continue;
