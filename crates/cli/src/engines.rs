@@ -251,7 +251,6 @@ pub fn build_for(
     kv_dtype: KvDtype,
 ) -> Result<Box<dyn Engine>> {
     if engine.is_paged() {
-        check_kv_dtype(engine, kv_dtype)?;
         let pool = PoolOptions::for_sequences(1, positions, kvlab_paged::DEFAULT_BLOCK_SIZE)
             .with_kv_dtype(kv_dtype);
         return Ok(build_paged(engine, model, pool)?);

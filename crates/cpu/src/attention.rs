@@ -41,23 +41,23 @@ impl Heads {
     }
 }
 
+/// One of a KV cache's two tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Keys,
+    Values,
+}
+
 /// Where one sequence's keys and values live, as f32 rows of (kv_dim,) = all KV heads side by
 /// side, whatever type the cache stores them in.
 pub trait KvRows: Sync {
-    /// The keys of positions `j..j + c` for some `1 ≤ c ≤ end − j`, stored one after another:
-    /// (c, kv_dim), of which the columns of KV heads `kv_heads` are read. A cache of f32 returns
-    /// its own rows (up to its ring wrap, a block up to its end); one of another dtype decodes
-    /// them into `tile` (`crate::kv_store`), a run at a time.
-    fn keys<'a>(
+    /// The keys (or values) of positions `j..j + c` for some `1 ≤ c ≤ end − j`, stored one
+    /// after another: (c, kv_dim), of which the columns of KV heads `kv_heads` are read. A cache
+    /// of f32 returns its own rows (up to its ring wrap, a block up to its end); one of another
+    /// dtype decodes them into `tile` (`crate::kv_store`), a run at a time.
+    fn rows<'a>(
         &'a self,
-        j: usize,
-        end: usize,
-        kv_heads: Range<usize>,
-        tile: &'a mut Vec<f32>,
-    ) -> &'a [f32];
-    /// The values of a run of positions, as [`KvRows::keys`].
-    fn values<'a>(
-        &'a self,
+        part: Part,
         j: usize,
         end: usize,
         kv_heads: Range<usize>,
@@ -75,21 +75,23 @@ pub struct Contiguous<'a> {
 }
 
 impl KvRows for Contiguous<'_> {
-    fn keys<'a>(&'a self, j: usize, end: usize, _: Range<usize>, _: &'a mut Vec<f32>) -> &'a [f32] {
-        &self.k[j * self.kv_dim..end * self.kv_dim]
-    }
-    fn values<'a>(
+    fn rows<'a>(
         &'a self,
+        part: Part,
         j: usize,
         end: usize,
         _: Range<usize>,
         _: &'a mut Vec<f32>,
     ) -> &'a [f32] {
-        &self.v[j * self.kv_dim..end * self.kv_dim]
+        let x = match part {
+            Part::Keys => self.k,
+            Part::Values => self.v,
+        };
+        &x[j * self.kv_dim..end * self.kv_dim]
     }
 }
 
-/// Most positions attention takes from one run of [`KvRows::keys`] (or values): the kv_mul query
+/// Most positions attention takes from one run of [`KvRows::rows`]: the kv_mul query
 /// heads of a KV head each read the run, and the second reads it from L1 if it is short.
 const RUN: usize = 64;
 
@@ -322,12 +324,12 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
         .zip(q)
         .for_each(|(s, q)| *s = q * heads.scale);
     // s[m][j − lo] = (q_m · scale) · k_{g,j}, each key row read once for the kv_mul heads of its KV
-    // head g. Keys come in runs stored one after another (`KvRows::keys`), so the kernel walks
+    // head g. Keys come in runs stored one after another (`KvRows::rows`), so the kernel walks
     // them at stride kv_dim, eight keys per pass summed into one vector of eight scores (of two
     // heads, where a head is 8 wide and the CPU has AVX-512).
     let mut j = lo;
     while j < end {
-        let run = kv.keys(j, (j + RUN).min(end), gs.clone(), tile);
+        let run = kv.rows(Part::Keys, j, (j + RUN).min(end), gs.clone(), tile);
         let c = run.len() / kv_dim; // positions j..j + c
         for (i, g) in gs.clone().enumerate() {
             let k = &run[g * hd..]; // key b of the run for KV head g at k[b·kv_dim..][..hd]
@@ -355,7 +357,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     o.fill(0.0);
     let mut j = lo;
     while j < end {
-        let run = kv.values(j, (j + RUN).min(end), gs.clone(), tile);
+        let run = kv.rows(Part::Values, j, (j + RUN).min(end), gs.clone(), tile);
         let c = run.len() / kv_dim;
         for (i, g) in gs.clone().enumerate() {
             let (v, s) = (&run[g * hd..], &scores[i * kv_mul * n..][..kv_mul * n]);

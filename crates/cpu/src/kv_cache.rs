@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use kvlab_model::{Config, KvDtype, KvUsage, LayerKind};
 
-use crate::attention::{Heads, KvRows, attention};
+use crate::attention::{Heads, KvRows, Part, attention};
 use crate::kv_store::KvStore;
 
 /// New positions one step may write into a ring buffer before its queries read it.
@@ -48,8 +48,6 @@ pub struct ContiguousKvCache {
     /// First row of layer l in `k` and `v`. (n_layers,)
     offsets: Vec<usize>,
     kv_dim: usize,
-    /// Bytes of one row of `k` (or `v`): n_kv_heads × `KvDtype::head_bytes(head_dim)`.
-    row_bytes: usize,
     /// Positions written so far: the position of the step's first new token.
     pub len: usize,
     pub max_seq_len: usize,
@@ -105,7 +103,6 @@ impl ContiguousKvCache {
             caps,
             offsets,
             kv_dim: c.kv_dim(),
-            row_bytes: dtype.row_bytes(c),
             len: 0,
             max_seq_len,
         }
@@ -122,7 +119,7 @@ impl ContiguousKvCache {
 
     /// Used and reserved bytes: a layer uses min(len, cap_l) slots of 2 rows (K and V).
     pub fn usage(&self) -> KvUsage {
-        let per_slot = 2 * self.row_bytes;
+        let per_slot = 2 * self.k.row_bytes();
         KvUsage {
             used_bytes: self
                 .caps
@@ -199,24 +196,19 @@ struct Slots<'a> {
 impl KvRows for Slots<'_> {
     /// Slots run on from j's up to the end of the layer, where a ring wraps to slot 0.
     #[inline(always)]
-    fn keys<'a>(
+    fn rows<'a>(
         &'a self,
+        part: Part,
         j: usize,
         end: usize,
         kv_heads: Range<usize>,
         tile: &'a mut Vec<f32>,
     ) -> &'a [f32] {
-        self.k.read(self.run(j, end), kv_heads, tile)
-    }
-    #[inline(always)]
-    fn values<'a>(
-        &'a self,
-        j: usize,
-        end: usize,
-        kv_heads: Range<usize>,
-        tile: &'a mut Vec<f32>,
-    ) -> &'a [f32] {
-        self.v.read(self.run(j, end), kv_heads, tile)
+        let store = match part {
+            Part::Keys => self.k,
+            Part::Values => self.v,
+        };
+        store.read(self.run(j, end), kv_heads, tile)
     }
 }
 

@@ -90,9 +90,14 @@ impl KvStore {
         self.n_kv_heads * self.head_dim
     }
 
-    /// Bytes the store takes: rows × `KvDtype::head_bytes(head_dim)` × n_kv_heads.
+    /// Bytes of one row: n_kv_heads × `KvDtype::head_bytes(head_dim)`.
+    pub fn row_bytes(&self) -> usize {
+        self.n_kv_heads * self.dtype().head_bytes(self.head_dim)
+    }
+
+    /// Bytes the store takes: rows × [`KvStore::row_bytes`].
     pub fn bytes(&self) -> usize {
-        self.rows() * self.n_kv_heads * self.dtype().head_bytes(self.head_dim)
+        self.rows() * self.row_bytes()
     }
 
     /// Rows it holds.
@@ -160,40 +165,31 @@ impl KvStore {
         let tile = &mut tile[..span.len()];
         if kv_heads == (0..nkv) {
             // Every column: the rows are one stretch of the store, decoded in one pass.
-            let scales = rows.start * nkv..rows.end * nkv;
-            match &self.data {
-                Data::F32(_) => unreachable!("read in place above"),
-                Data::F16(d) => d[span].convert_to_f32_slice(tile),
-                Data::Bf16(d) => d[span].convert_to_f32_slice(tile),
-                Data::Fp8 { q, scale } => decode_heads(tile, &q[span], &scale[scales], hd, |q| {
-                    FP8_TO_F32[q as usize]
-                }),
-                Data::Int8 { q, scale } => {
-                    decode_heads(tile, &q[span], &scale[scales], hd, |q| q as f32)
-                }
-            }
-            return tile;
-        }
-        let cols = kv_heads.start * hd..kv_heads.end * hd;
-        for (r, out) in rows.clone().zip(tile.chunks_exact_mut(kvd)) {
-            let (at, out) = (
-                r * kvd + cols.start..r * kvd + cols.end,
-                &mut out[cols.clone()],
-            );
-            let scales = r * nkv + kv_heads.start..r * nkv + kv_heads.end;
-            match &self.data {
-                Data::F32(_) => unreachable!("read in place above"),
-                Data::F16(d) => d[at].convert_to_f32_slice(out),
-                Data::Bf16(d) => d[at].convert_to_f32_slice(out),
-                Data::Fp8 { q, scale } => {
-                    decode_heads(out, &q[at], &scale[scales], hd, |q| FP8_TO_F32[q as usize])
-                }
-                Data::Int8 { q, scale } => {
-                    decode_heads(out, &q[at], &scale[scales], hd, |q| q as f32)
-                }
+            self.decode(span, rows.start * nkv..rows.end * nkv, tile);
+        } else {
+            let cols = kv_heads.start * hd..kv_heads.end * hd;
+            for (r, out) in rows.zip(tile.chunks_exact_mut(kvd)) {
+                let at = r * kvd + cols.start..r * kvd + cols.end;
+                let scales = r * nkv + kv_heads.start..r * nkv + kv_heads.end;
+                self.decode(at, scales, &mut out[cols.clone()]);
             }
         }
         tile
+    }
+
+    /// out ← the elements `at` as f32, whole heads whose scales are `scales`.
+    #[inline(always)]
+    fn decode(&self, at: Range<usize>, scales: Range<usize>, out: &mut [f32]) {
+        let hd = self.head_dim;
+        match &self.data {
+            Data::F32(d) => out.copy_from_slice(&d[at]),
+            Data::F16(d) => d[at].convert_to_f32_slice(out),
+            Data::Bf16(d) => d[at].convert_to_f32_slice(out),
+            Data::Fp8 { q, scale } => {
+                decode_heads(out, &q[at], &scale[scales], hd, |q| FP8_TO_F32[q as usize])
+            }
+            Data::Int8 { q, scale } => decode_heads(out, &q[at], &scale[scales], hd, |q| q as f32),
+        }
     }
 
     /// Rows `src..src + n` copied over `dst..dst + n` (copy-on-write of a block), scales with them.

@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use crate::attention::{Heads, KvRows, attention};
+use crate::attention::{Heads, KvRows, Part, attention};
 use crate::kv_store::KvStore;
 
 /// One sequence of a step, as the attention sees it.
@@ -63,33 +63,22 @@ impl BlockRows<'_> {
 
 impl KvRows for BlockRows<'_> {
     #[inline(always)]
-    fn keys<'a>(
+    fn rows<'a>(
         &'a self,
+        part: Part,
         j: usize,
         end: usize,
         kv_heads: Range<usize>,
         tile: &'a mut Vec<f32>,
     ) -> &'a [f32] {
+        let l = &self.layer;
+        let (new, pool) = match part {
+            Part::Keys => (l.k_new, l.pool_k),
+            Part::Values => (l.v_new, l.pool_v),
+        };
         match self.run(j, end) {
-            (true, rows) => {
-                &self.layer.k_new[rows.start * self.layer.kv_dim..rows.end * self.layer.kv_dim]
-            }
-            (false, rows) => self.layer.pool_k.read(rows, kv_heads, tile),
-        }
-    }
-    #[inline(always)]
-    fn values<'a>(
-        &'a self,
-        j: usize,
-        end: usize,
-        kv_heads: Range<usize>,
-        tile: &'a mut Vec<f32>,
-    ) -> &'a [f32] {
-        match self.run(j, end) {
-            (true, rows) => {
-                &self.layer.v_new[rows.start * self.layer.kv_dim..rows.end * self.layer.kv_dim]
-            }
-            (false, rows) => self.layer.pool_v.read(rows, kv_heads, tile),
+            (true, rows) => &new[rows.start * l.kv_dim..rows.end * l.kv_dim],
+            (false, rows) => pool.read(rows, kv_heads, tile),
         }
     }
 }

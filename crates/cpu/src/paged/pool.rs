@@ -66,7 +66,7 @@ impl KvPool {
     pub fn block_bytes(&self) -> usize {
         self.k
             .first()
-            .map_or(0, |k| 2 * self.block_size * k.bytes() / k.rows().max(1))
+            .map_or(0, |k| 2 * self.block_size * k.row_bytes())
     }
 
     /// Bytes the whole pool reserves.
