@@ -41,12 +41,7 @@ impl Heads {
     }
 }
 
-/// One of a KV cache's two tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
-    Keys,
-    Values,
-}
+pub use crate::kv_store::Part;
 
 /// Where one sequence's keys and values live, as f32 rows of (kv_dim,) = all KV heads side by
 /// side, whatever type the cache stores them in.

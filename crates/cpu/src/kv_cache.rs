@@ -79,27 +79,33 @@ impl ContiguousKvCache {
     }
 
     /// Allocates the whole cache for `max_seq_len` positions, keys and values stored as `dtype`.
+    /// For int4, whose keys are quantized per group of [`KvDtype::INT4_GROUP`] slots, a ring
+    /// has a whole number of groups and every layer starts on a group.
     pub fn new(c: &Config, max_seq_len: usize, dtype: KvDtype) -> ContiguousKvCache {
+        let group = dtype.group(KvDtype::INT4_GROUP);
         let caps: Vec<usize> = c
             .layer_kinds
             .iter()
             .map(|kind| match kind {
                 LayerKind::Global => max_seq_len,
-                LayerKind::Local { window } => (window - 1 + RING_STEP).min(max_seq_len),
+                LayerKind::Local { window } => (window - 1 + RING_STEP)
+                    .next_multiple_of(group)
+                    .min(max_seq_len),
             })
             .collect();
         let offsets = caps
             .iter()
             .scan(0, |acc, &cap| {
                 let off = *acc;
-                *acc += cap;
+                *acc += cap.next_multiple_of(group);
                 Some(off)
             })
             .collect();
-        let rows = caps.iter().sum::<usize>();
+        let rows = caps.iter().map(|cap| cap.next_multiple_of(group)).sum();
+        let shape = (c.n_kv_heads, c.head_dim);
         ContiguousKvCache {
-            k: KvStore::new(dtype, rows, c.n_kv_heads, c.head_dim),
-            v: KvStore::new(dtype, rows, c.n_kv_heads, c.head_dim),
+            k: KvStore::new(dtype, Part::Keys, rows, shape, group),
+            v: KvStore::new(dtype, Part::Values, rows, shape, group),
             caps,
             offsets,
             kv_dim: c.kv_dim(),
@@ -117,16 +123,13 @@ impl ContiguousKvCache {
         }
     }
 
-    /// Used and reserved bytes: a layer uses min(len, cap_l) slots of 2 rows (K and V).
+    /// Used and reserved bytes: a layer uses min(len, cap_l) slots of 2 rows (K and V) and
+    /// reserves its cap (int4: whole key groups). An int4 group's f32 residual is not counted.
     pub fn usage(&self) -> KvUsage {
-        let per_slot = 2 * self.k.row_bytes();
+        let bytes = |slots| self.k.bytes_for(slots) + self.v.bytes_for(slots);
         KvUsage {
-            used_bytes: self
-                .caps
-                .iter()
-                .map(|&cap| self.len.min(cap) * per_slot)
-                .sum(),
-            reserved_bytes: self.caps.iter().map(|&cap| cap * per_slot).sum(),
+            used_bytes: self.caps.iter().map(|&cap| bytes(self.len.min(cap))).sum(),
+            reserved_bytes: self.k.bytes() + self.v.bytes(),
         }
     }
 

@@ -10,6 +10,13 @@
 //!   nearest x / s (the `float8` crate, saturating); read back through a 256-entry table × s;
 //! * int8: per (row, KV head) s = amax / 127 and round(x / s) in −127..=127 (symmetric, as
 //!   llama.cpp's q8_0 and KIVI's int8 baseline); read back as q · s.
+//! * int4 (KIVI, asymmetric, two codes per byte, low nibble first): keys per channel over a
+//!   group of `group` rows, values per row over groups of 32 channels of a head; each group has
+//!   s = (max − min) / 15 and min, and x is stored as round((x − min) / s) in 0..=15, read back
+//!   as q · s + min. A key group is quantized when its last row is written; until then its rows
+//!   are kept in f32 (the residual) and read from there. Writing a row of a quantized key group
+//!   (a ring wrapping, a truncated sequence going on) first decodes the group back into a
+//!   residual, so its other rows read the same as before.
 //!
 //! A NaN stays NaN: an element of f16/bf16 keeps it, and in the 8-bit formats it makes its
 //! head's scale NaN, so the whole head reads back NaN; a broken activation is never quantized
@@ -22,11 +29,19 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use kvlab_model::KvDtype;
 
+/// One of a KV cache's two tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Keys,
+    Values,
+}
+
 /// Rows of (n_kv_heads, head_dim) elements in one dtype.
 pub struct KvStore {
     data: Data,
     n_kv_heads: usize,
     head_dim: usize,
+    rows: usize,
 }
 
 /// The elements, and the scales of the 8-bit formats. (rows, kv_dim), scales (rows, n_kv_heads)
@@ -34,9 +49,33 @@ enum Data {
     F32(Vec<f32>),
     F16(Vec<f16>),
     Bf16(Vec<bf16>),
-    Fp8 { q: Vec<u8>, scale: Vec<f32> },
-    Int8 { q: Vec<i8>, scale: Vec<f32> },
+    Fp8 {
+        q: Vec<u8>,
+        scale: Vec<f32>,
+    },
+    Int8 {
+        q: Vec<i8>,
+        scale: Vec<f32>,
+    },
+    /// q (rows, n_kv_heads, ⌈head_dim / 2⌉) codes; scale and min (groups, kv_dim); `open`
+    /// (groups,): the (group, kv_dim) f32 rows of a group not quantized yet.
+    Int4Keys {
+        q: Vec<u8>,
+        scale: Vec<f32>,
+        min: Vec<f32>,
+        group: usize,
+        open: Vec<Option<Box<[f32]>>>,
+    },
+    /// q as keys; scale and min (rows, n_kv_heads, ⌈head_dim / 32⌉).
+    Int4Values {
+        q: Vec<u8>,
+        scale: Vec<f32>,
+        min: Vec<f32>,
+    },
 }
+
+/// Channels of a head that share one int4 value scale.
+const VALUE_GROUP: usize = KvDtype::INT4_VALUE_GROUP;
 
 /// E4M3's largest finite value.
 const FP8_MAX: f32 = 448.0;
@@ -53,26 +92,52 @@ static FP8_TO_F32: [f32; 256] = {
 };
 
 impl KvStore {
-    /// `rows` rows of zeros.
-    pub fn new(dtype: KvDtype, rows: usize, n_kv_heads: usize, head_dim: usize) -> KvStore {
+    /// `rows` rows of zeros holding the `part` of a cache. `group`: rows whose int4 keys share
+    /// their scales (rows a multiple of it, or the last group is never quantized); ignored by
+    /// the other dtypes.
+    pub fn new(
+        dtype: KvDtype,
+        part: Part,
+        rows: usize,
+        (n_kv_heads, head_dim): (usize, usize),
+        group: usize,
+    ) -> KvStore {
         let n = rows * n_kv_heads * head_dim;
-        let data = match dtype {
-            KvDtype::F32 => Data::F32(vec![0.0; n]),
-            KvDtype::F16 => Data::F16(vec![f16::ZERO; n]),
-            KvDtype::Bf16 => Data::Bf16(vec![bf16::ZERO; n]),
-            KvDtype::Fp8E4m3 => Data::Fp8 {
+        let heads = rows * n_kv_heads;
+        let codes = heads * head_dim.div_ceil(2);
+        let data = match (dtype, part) {
+            (KvDtype::F32, _) => Data::F32(vec![0.0; n]),
+            (KvDtype::F16, _) => Data::F16(vec![f16::ZERO; n]),
+            (KvDtype::Bf16, _) => Data::Bf16(vec![bf16::ZERO; n]),
+            (KvDtype::Fp8E4m3, _) => Data::Fp8 {
                 q: vec![0; n],
-                scale: vec![0.0; rows * n_kv_heads],
+                scale: vec![0.0; heads],
             },
-            KvDtype::Int8 => Data::Int8 {
+            (KvDtype::Int8, _) => Data::Int8 {
                 q: vec![0; n],
-                scale: vec![0.0; rows * n_kv_heads],
+                scale: vec![0.0; heads],
+            },
+            (KvDtype::Int4, Part::Keys) => {
+                let groups = rows.div_ceil(group.max(1));
+                Data::Int4Keys {
+                    q: vec![0; codes],
+                    scale: vec![0.0; groups * n_kv_heads * head_dim],
+                    min: vec![0.0; groups * n_kv_heads * head_dim],
+                    group: group.max(1),
+                    open: (0..groups).map(|_| None).collect(),
+                }
+            }
+            (KvDtype::Int4, Part::Values) => Data::Int4Values {
+                q: vec![0; codes],
+                scale: vec![0.0; heads * head_dim.div_ceil(VALUE_GROUP)],
+                min: vec![0.0; heads * head_dim.div_ceil(VALUE_GROUP)],
             },
         };
         KvStore {
             data,
             n_kv_heads,
             head_dim,
+            rows,
         }
     }
 
@@ -83,6 +148,7 @@ impl KvStore {
             Data::Bf16(_) => KvDtype::Bf16,
             Data::Fp8 { .. } => KvDtype::Fp8E4m3,
             Data::Int8 { .. } => KvDtype::Int8,
+            Data::Int4Keys { .. } | Data::Int4Values { .. } => KvDtype::Int4,
         }
     }
 
@@ -90,26 +156,36 @@ impl KvStore {
         self.n_kv_heads * self.head_dim
     }
 
-    /// Bytes of one row: n_kv_heads × `KvDtype::head_bytes(head_dim)`.
-    pub fn row_bytes(&self) -> usize {
-        self.n_kv_heads * self.dtype().head_bytes(self.head_dim)
+    /// Bytes `rows` rows take (scales included; int4 keys count whole groups): keys and values
+    /// together are n_kv_heads × `KvDtype::kv_head_bytes`.
+    pub fn bytes_for(&self, rows: usize) -> usize {
+        let (nkv, hd) = (self.n_kv_heads, self.head_dim);
+        match &self.data {
+            Data::Int4Keys { group, .. } => {
+                nkv * (rows * hd.div_ceil(2) + rows.div_ceil(*group) * 8 * hd)
+            }
+            Data::Int4Values { .. } => nkv * rows * (hd.div_ceil(2) + 8 * hd.div_ceil(VALUE_GROUP)),
+            _ => rows * self.dtype().kv_head_bytes(hd, 1, 1) / 2 * nkv,
+        }
     }
 
-    /// Bytes the store takes: rows × [`KvStore::row_bytes`].
+    /// Bytes the store reserves: [`KvStore::bytes_for`] all its rows.
     pub fn bytes(&self) -> usize {
-        self.rows() * self.row_bytes()
+        self.bytes_for(self.rows)
+    }
+
+    /// Bytes of int4 key groups held in f32 until they are complete (KIVI's residual), not
+    /// part of [`KvStore::bytes`]; 0 for the other formats.
+    pub fn residual_bytes(&self) -> usize {
+        match &self.data {
+            Data::Int4Keys { open, .. } => open.iter().flatten().map(|r| 4 * r.len()).sum(),
+            _ => 0,
+        }
     }
 
     /// Rows it holds.
     pub fn rows(&self) -> usize {
-        let n = match &self.data {
-            Data::F32(x) => x.len(),
-            Data::F16(x) => x.len(),
-            Data::Bf16(x) => x.len(),
-            Data::Fp8 { q, .. } => q.len(),
-            Data::Int8 { q, .. } => q.len(),
-        };
-        n / self.kv_dim().max(1)
+        self.rows
     }
 
     // ANCHOR: write
@@ -141,9 +217,121 @@ impl KvStore {
                         .for_each(|(q, x)| *q = (x * inv).round().clamp(-127.0, 127.0) as i8);
                 }
             }
+            Data::Int4Values { q, scale, min } => {
+                let (hb, vg) = (hd.div_ceil(2), hd.div_ceil(VALUE_GROUP));
+                let q = &mut q[row * self.n_kv_heads * hb..][..self.n_kv_heads * hb];
+                let stats = row * self.n_kv_heads * vg..(row + 1) * self.n_kv_heads * vg;
+                let (scale, min) = (&mut scale[stats.clone()], &mut min[stats]);
+                for (h, (q, x)) in q.chunks_exact_mut(hb).zip(x.chunks_exact(hd)).enumerate() {
+                    for (c, x) in x.chunks(VALUE_GROUP).enumerate() {
+                        let (s, m) = int4_range(x.iter().copied());
+                        (scale[h * vg + c], min[h * vg + c]) = (s, m);
+                        let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+                        for (i, &x) in x.iter().enumerate() {
+                            set_nibble(q, c * VALUE_GROUP + i, int4_code(x, m, inv));
+                        }
+                    }
+                }
+            }
+            Data::Int4Keys { .. } => self.write_key_int4(row, x),
         }
     }
     // ANCHOR_END: write
+
+    /// An int4 key row: into its group's residual (decoding the group first if it was
+    /// quantized); the group is quantized when its last row arrives.
+    fn write_key_int4(&mut self, row: usize, x: &[f32]) {
+        let kvd = self.kv_dim();
+        let Data::Int4Keys { group, open, .. } = &self.data else {
+            unreachable!("int4 keys")
+        };
+        let (group, g) = (*group, row / *group);
+        if open[g].is_none() {
+            let rows = g * group..((g + 1) * group).min(self.rows);
+            let mut residual = vec![0.0; group * kvd].into_boxed_slice();
+            self.decode_int4(rows, 0..self.n_kv_heads, &mut residual);
+            let Data::Int4Keys { open, .. } = &mut self.data else {
+                unreachable!("int4 keys")
+            };
+            open[g] = Some(residual);
+        }
+        let (nkv, hd) = (self.n_kv_heads, self.head_dim);
+        let Data::Int4Keys {
+            q,
+            scale,
+            min,
+            open,
+            ..
+        } = &mut self.data
+        else {
+            unreachable!("int4 keys")
+        };
+        let residual = open[g].as_mut().expect("opened above");
+        residual[(row % group) * kvd..][..kvd].copy_from_slice(x);
+        if row % group != group - 1 {
+            return;
+        }
+        // The group is complete: per channel, its range over the group's rows.
+        let hb = hd.div_ceil(2);
+        for ch in 0..kvd {
+            let column = residual.iter().skip(ch).step_by(kvd).copied();
+            let (s, m) = int4_range(column);
+            (scale[g * kvd + ch], min[g * kvd + ch]) = (s, m);
+            let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+            let (h, i) = (ch / hd, ch % hd);
+            for (r, x) in residual.chunks_exact(kvd).enumerate() {
+                let head = ((g * group + r) * nkv + h) * hb;
+                set_nibble(&mut q[head..head + hb], i, int4_code(x[ch], m, inv));
+            }
+        }
+        open[g] = None;
+    }
+
+    /// int4 rows `rows` into `out` (|rows|, kv_dim), only the columns of KV heads `kv_heads`.
+    fn decode_int4(&self, rows: Range<usize>, kv_heads: Range<usize>, out: &mut [f32]) {
+        let (kvd, hd, nkv) = (self.kv_dim(), self.head_dim, self.n_kv_heads);
+        let hb = hd.div_ceil(2);
+        let cols = kv_heads.start * hd..kv_heads.end * hd;
+        for (r, out) in rows.zip(out.chunks_exact_mut(kvd)) {
+            match &self.data {
+                Data::Int4Keys {
+                    q,
+                    scale,
+                    min,
+                    group,
+                    open,
+                } => {
+                    let g = r / group;
+                    if let Some(residual) = &open[g] {
+                        let row = &residual[(r % group) * kvd..][..kvd];
+                        out[cols.clone()].copy_from_slice(&row[cols.clone()]);
+                        continue;
+                    }
+                    for h in kv_heads.clone() {
+                        let at = g * kvd + h * hd..g * kvd + (h + 1) * hd;
+                        let (s, m) = (&scale[at.clone()], &min[at]);
+                        let q = &q[(r * nkv + h) * hb..][..hb];
+                        let o = &mut out[h * hd..(h + 1) * hd];
+                        unpack_int4_channels(q, s, m, o);
+                    }
+                }
+                Data::Int4Values { q, scale, min } => {
+                    let vg = hd.div_ceil(VALUE_GROUP);
+                    for h in kv_heads.clone() {
+                        let st = (r * nkv + h) * vg;
+                        let q = &q[(r * nkv + h) * hb..][..hb];
+                        let o = &mut out[h * hd..(h + 1) * hd];
+                        let (s, m) = (&scale[st..st + vg], &min[st..st + vg]);
+                        let chunks = o.chunks_mut(VALUE_GROUP).zip(q.chunks(VALUE_GROUP / 2));
+                        for ((o, q), (&s, &m)) in chunks.zip(s.iter().zip(m)) {
+                            unpack_int4_uniform(q, s, m, o);
+                        }
+                    }
+                }
+                _ => unreachable!("int4 only"),
+            }
+        }
+    }
 
     /// Rows `rows` as f32, (|rows|, kv_dim): in place for f32; otherwise the columns of KV heads
     /// `kv_heads` decoded into `tile` (the other columns are left as they were).
@@ -163,7 +351,9 @@ impl KvStore {
             tile.resize(span.len(), 0.0);
         }
         let tile = &mut tile[..span.len()];
-        if kv_heads == (0..nkv) {
+        if matches!(self.data, Data::Int4Keys { .. } | Data::Int4Values { .. }) {
+            self.decode_int4(rows, kv_heads, tile);
+        } else if kv_heads == (0..nkv) {
             // Every column: the rows are one stretch of the store, decoded in one pass.
             self.decode(span, rows.start * nkv..rows.end * nkv, tile);
         } else {
@@ -189,12 +379,15 @@ impl KvStore {
                 decode_heads(out, &q[at], &scale[scales], hd, |q| FP8_TO_F32[q as usize])
             }
             Data::Int8 { q, scale } => decode_heads(out, &q[at], &scale[scales], hd, |q| q as f32),
+            Data::Int4Keys { .. } | Data::Int4Values { .. } => unreachable!("decode_int4"),
         }
     }
 
-    /// Rows `src..src + n` copied over `dst..dst + n` (copy-on-write of a block), scales with them.
+    /// Rows `src..src + n` copied over `dst..dst + n` (copy-on-write of a block), scales with
+    /// them; int4 keys copy whole groups as stored, a run not aligned to groups row by row.
     pub fn copy_rows(&mut self, src: usize, dst: usize, n: usize) {
         let (kvd, nkv) = (self.kv_dim(), self.n_kv_heads);
+        let hb = self.head_dim.div_ceil(2);
         let (from, to) = (src * kvd..(src + n) * kvd, dst * kvd);
         let (sfrom, sto) = (src * nkv..(src + n) * nkv, dst * nkv);
         match &mut self.data {
@@ -208,6 +401,34 @@ impl KvStore {
             Data::Int8 { q, scale } => {
                 q.copy_within(from, to);
                 scale.copy_within(sfrom, sto);
+            }
+            Data::Int4Values { q, scale, min } => {
+                let vg = nkv * self.head_dim.div_ceil(VALUE_GROUP);
+                q.copy_within(src * nkv * hb..(src + n) * nkv * hb, dst * nkv * hb);
+                scale.copy_within(src * vg..(src + n) * vg, dst * vg);
+                min.copy_within(src * vg..(src + n) * vg, dst * vg);
+            }
+            Data::Int4Keys {
+                q,
+                scale,
+                min,
+                group,
+                open,
+            } if (src % *group, dst % *group, n % *group) == (0, 0, 0) => {
+                let (gs, gd, gn) = (src / *group, dst / *group, n / *group);
+                q.copy_within(src * nkv * hb..(src + n) * nkv * hb, dst * nkv * hb);
+                scale.copy_within(gs * kvd..(gs + gn) * kvd, gd * kvd);
+                min.copy_within(gs * kvd..(gs + gn) * kvd, gd * kvd);
+                for i in 0..gn {
+                    open[gd + i] = open[gs + i].clone();
+                }
+            }
+            Data::Int4Keys { .. } => {
+                let mut row = vec![0.0; kvd];
+                for i in 0..n {
+                    self.decode_int4(src + i..src + i + 1, 0..nkv, &mut row);
+                    self.write_key_int4(dst + i, &row);
+                }
             }
         }
     }
@@ -227,18 +448,90 @@ fn decode_heads<Q: Copy>(
     }
 }
 
-/// x (n_kv_heads·head_dim,) replaced by what a [`KvStore`] of `dtype` gives back for it: the
-/// values attention reads for a row that went through the cache.
-pub fn round_trip(dtype: KvDtype, n_kv_heads: usize, head_dim: usize, x: &mut [f32]) {
+/// (s, min) of int4 over the values `x`: s = (max − min) / 15 (0 if they are all equal), both
+/// NaN if any x is.
+fn int4_range(x: impl Iterator<Item = f32>) -> (f32, f32) {
+    let (mut lo, mut hi, mut nan) = (f32::INFINITY, f32::NEG_INFINITY, false);
+    for x in x {
+        nan |= x.is_nan();
+        lo = lo.min(x);
+        hi = hi.max(x);
+    }
+    if nan {
+        (f32::NAN, f32::NAN)
+    } else {
+        ((hi - lo) / 15.0, lo)
+    }
+}
+
+/// The code of x in 0..=15 on the grid min + q · s (`inv` = 1 / s, 0 for a flat group).
+#[inline(always)]
+fn int4_code(x: f32, min: f32, inv: f32) -> u8 {
+    ((x - min) * inv).round().clamp(0.0, 15.0) as u8
+}
+
+/// Element i of a head's codes ← code: byte i / 2, low nibble for even i.
+#[inline(always)]
+fn set_nibble(q: &mut [u8], i: usize, code: u8) {
+    let b = &mut q[i / 2];
+    *b = if i.is_multiple_of(2) {
+        (*b & 0xF0) | code
+    } else {
+        (*b & 0x0F) | (code << 4)
+    };
+}
+
+/// out[i] ← code i · s[i] + m[i]: a head's codes, two per byte, low nibble first, each channel
+/// with its own scale and minimum (int4 keys).
+#[inline(always)]
+fn unpack_int4_channels(q: &[u8], s: &[f32], m: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    let pairs = out.chunks_exact_mut(2).zip(q);
+    for ((o, &b), (s, m)) in pairs.zip(s.chunks_exact(2).zip(m.chunks_exact(2))) {
+        o[0] = (b & 0x0F) as f32 * s[0] + m[0];
+        o[1] = (b >> 4) as f32 * s[1] + m[1];
+    }
+    if n % 2 == 1 {
+        out[n - 1] = (q[n / 2] & 0x0F) as f32 * s[n - 1] + m[n - 1];
+    }
+}
+
+/// out[i] ← code i · s + m: codes as above sharing one scale and minimum (an int4 value group).
+#[inline(always)]
+fn unpack_int4_uniform(q: &[u8], s: f32, m: f32, out: &mut [f32]) {
+    let n = out.len();
+    for (o, &b) in out.chunks_exact_mut(2).zip(q) {
+        o[0] = (b & 0x0F) as f32 * s + m;
+        o[1] = (b >> 4) as f32 * s + m;
+    }
+    if n % 2 == 1 {
+        out[n - 1] = (q[n / 2] & 0x0F) as f32 * s + m;
+    }
+}
+
+/// x (rows, n_kv_heads·head_dim) replaced by what a [`KvStore`] of `dtype` holding the `part`
+/// with int4 key groups of `group` rows gives back once x is written into it from row 0: the
+/// values attention reads for rows that went through the cache. (int4 keys of a complete group
+/// come back quantized per channel, those of the unfinished last group as written; a group of
+/// one is a key alone, and comes back as written.)
+pub fn round_trip(
+    dtype: KvDtype,
+    part: Part,
+    (n_kv_heads, head_dim): (usize, usize),
+    group: usize,
+    x: &mut [f32],
+) {
     if dtype == KvDtype::F32 {
         return;
     }
-    let mut one = KvStore::new(dtype, 1, n_kv_heads, head_dim);
-    let mut tile = Vec::new();
-    for row in x.chunks_exact_mut(n_kv_heads * head_dim) {
-        one.write(0, row);
-        row.copy_from_slice(one.read(0..1, 0..n_kv_heads, &mut tile));
+    let kvd = n_kv_heads * head_dim;
+    let rows = x.len() / kvd;
+    let mut store = KvStore::new(dtype, part, rows, (n_kv_heads, head_dim), group);
+    for (r, row) in x.chunks_exact(kvd).enumerate() {
+        store.write(r, row);
     }
+    let mut tile = Vec::new();
+    x.copy_from_slice(store.read(0..rows, 0..n_kv_heads, &mut tile));
 }
 
 /// The scale that maps the head's largest |x| to `max` (1 for an all-zero head); NaN if any x is.
@@ -258,45 +551,76 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
+    /// The half-step of int4's grid over `x`: (max − min) / 30.
+    fn int4_half_step(x: impl Iterator<Item = f32> + Clone) -> f32 {
+        let lo = x.clone().fold(f32::INFINITY, f32::min);
+        let hi = x.fold(f32::NEG_INFINITY, f32::max);
+        (hi - lo) / 30.0
+    }
+
     /// Each format reads back within its own rounding of what was written: half an ulp of the
     /// element for f16/bf16 (2^-11, 2^-8 relative), half a step of the head's grid for int8
     /// (amax / 254), and E4M3's half ulp (2^-4 relative) of x / s for fp8, plus its subnormal
-    /// step; every row independently of its neighbours, columns of unread heads untouched.
+    /// step; int4 half a step of its group's grid (a key's channel over the group's rows, a
+    /// value's 32 channels); columns of unread heads untouched.
     #[test]
     fn every_format_reads_back_within_its_rounding() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-        let (nkv, hd, rows) = (3, 16, 7);
-        let x: Vec<f32> = (0..rows * nkv * hd)
+        let (nkv, hd, rows, group) = (3, 40, 8, 4);
+        let kvd = nkv * hd;
+        let all: Vec<f32> = (0..rows * kvd)
             .map(|i| rng.random_range(-4.0..4.0) * if i % 17 == 0 { 30.0 } else { 1.0 })
             .collect();
         for dtype in KvDtype::ALL {
-            let mut s = KvStore::new(dtype, rows, nkv, hd);
-            for (r, row) in x.chunks_exact(nkv * hd).enumerate() {
-                s.write(r, row);
-            }
-            assert_eq!(s.bytes(), rows * nkv * dtype.head_bytes(hd));
-            let mut tile = vec![f32::NAN; 2 * nkv * hd];
-            let got = s.read(2..4, 1..3, &mut tile).to_vec();
-            for r in 0..2 {
-                for h in 0..nkv {
-                    let x = &x[((2 + r) * nkv + h) * hd..][..hd];
-                    let y = &got[(r * nkv + h) * hd..][..hd];
-                    if h == 0 && dtype != KvDtype::F32 {
-                        assert!(y.iter().all(|v| v.is_nan()), "{dtype}: head 0 was not read");
-                        continue;
-                    }
-                    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                    for (a, b) in x.iter().zip(y) {
-                        let bound = match dtype {
-                            KvDtype::F32 => 0.0,
-                            KvDtype::F16 => a.abs() * 2f32.powi(-11),
-                            KvDtype::Bf16 => a.abs() * 2f32.powi(-8),
-                            KvDtype::Int8 => amax / 254.0 * 1.0001,
-                            KvDtype::Fp8E4m3 => {
-                                a.abs() * 2f32.powi(-4) + amax / FP8_MAX * 2f32.powi(-10)
-                            }
-                        };
-                        assert!((a - b).abs() <= bound, "{dtype}: {a} read back as {b}");
+            for part in [Part::Keys, Part::Values] {
+                let mut s = KvStore::new(dtype, part, rows, (nkv, hd), group);
+                for (r, row) in all.chunks_exact(kvd).enumerate() {
+                    s.write(r, row);
+                }
+                let other = match part {
+                    Part::Keys => Part::Values,
+                    Part::Values => Part::Keys,
+                };
+                let both = s.bytes() + KvStore::new(dtype, other, rows, (nkv, hd), group).bytes();
+                let formula = nkv * dtype.kv_head_bytes(hd, rows, dtype.group(group));
+                assert_eq!(both, formula, "{dtype}");
+                assert_eq!(s.residual_bytes(), 0, "{dtype}: every group is complete");
+                let mut tile = vec![f32::NAN; 2 * kvd];
+                let got = s.read(5..7, 1..3, &mut tile).to_vec();
+                for r in 0..2 {
+                    for h in 0..nkv {
+                        let x = &all[((5 + r) * nkv + h) * hd..][..hd];
+                        let y = &got[(r * nkv + h) * hd..][..hd];
+                        if h == 0 && dtype != KvDtype::F32 {
+                            assert!(y.iter().all(|v| v.is_nan()), "{dtype}: head 0 was not read");
+                            continue;
+                        }
+                        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                        for (i, (a, b)) in x.iter().zip(y).enumerate() {
+                            let bound = match (dtype, part) {
+                                (KvDtype::F32, _) => 0.0,
+                                (KvDtype::F16, _) => a.abs() * 2f32.powi(-11),
+                                (KvDtype::Bf16, _) => a.abs() * 2f32.powi(-8),
+                                (KvDtype::Int8, _) => amax / 254.0 * 1.0001,
+                                (KvDtype::Fp8E4m3, _) => {
+                                    a.abs() * 2f32.powi(-4) + amax / FP8_MAX * 2f32.powi(-10)
+                                }
+                                (KvDtype::Int4, Part::Keys) => {
+                                    let ch = h * hd + i;
+                                    let column = (4..8).map(|r| all[r * kvd + ch]);
+                                    int4_half_step(column) * 1.0001
+                                }
+                                (KvDtype::Int4, Part::Values) => {
+                                    let c = i / VALUE_GROUP * VALUE_GROUP;
+                                    let chunk = x[c..(c + VALUE_GROUP).min(hd)].iter().copied();
+                                    int4_half_step(chunk) * 1.0001
+                                }
+                            };
+                            assert!(
+                                (a - b).abs() <= bound,
+                                "{dtype} {part:?}: {a} read back as {b}"
+                            );
+                        }
                     }
                 }
             }
@@ -306,35 +630,103 @@ mod tests {
     #[test]
     fn a_nan_makes_its_head_nan_and_zeros_stay_zero() {
         for dtype in KvDtype::ALL {
-            let mut s = KvStore::new(dtype, 2, 2, 4);
-            s.write(0, &[1.0, f32::NAN, 2.0, 3.0, 1.0, 2.0, 3.0, 4.0]);
-            s.write(1, &[0.0; 8]);
-            let mut tile = Vec::new();
-            let y = s.read(0..2, 0..2, &mut tile);
-            assert!(y[1].is_nan(), "{dtype}");
-            if matches!(dtype, KvDtype::Fp8E4m3 | KvDtype::Int8) {
-                assert!(y[..4].iter().all(|v| v.is_nan()), "{dtype}: {y:?}");
+            for part in [Part::Keys, Part::Values] {
+                let mut s = KvStore::new(dtype, part, 2, (2, 4), 1);
+                s.write(0, &[1.0, f32::NAN, 2.0, 3.0, 1.0, 2.0, 3.0, 4.0]);
+                s.write(1, &[0.0; 8]);
+                let mut tile = Vec::new();
+                let y = s.read(0..2, 0..2, &mut tile);
+                assert!(y[1].is_nan(), "{dtype}");
+                if matches!(dtype, KvDtype::Fp8E4m3 | KvDtype::Int8)
+                    || (dtype, part) == (KvDtype::Int4, Part::Values)
+                {
+                    assert!(y[..4].iter().all(|v| v.is_nan()), "{dtype}: {y:?}");
+                }
+                assert!(y[4..8].iter().all(|v| v.is_finite()), "{dtype}: {y:?}");
+                assert_eq!(&y[8..], &[0.0; 8], "{dtype}");
             }
-            assert!(y[4..8].iter().all(|v| v.is_finite()), "{dtype}: {y:?}");
-            assert_eq!(&y[8..], &[0.0; 8], "{dtype}");
         }
+    }
+
+    /// An int4 key group stays f32 until its last row, and is then quantized per channel; a
+    /// NaN poisons its channel across the group.
+    #[test]
+    fn int4_keys_are_exact_until_their_group_is_complete() {
+        let (nkv, hd, group) = (2, 5, 4);
+        let mut s = KvStore::new(KvDtype::Int4, Part::Keys, 8, (nkv, hd), group);
+        let row = |r: usize| -> Vec<f32> {
+            (0..nkv * hd)
+                .map(|c| (r * 13 + c * 7) as f32 / 10.0 + 0.0123)
+                .collect()
+        };
+        let mut tile = Vec::new();
+        for r in 0..3 {
+            s.write(r, &row(r));
+        }
+        assert_eq!(s.residual_bytes(), 4 * group * nkv * hd);
+        assert_eq!(
+            s.read(0..3, 0..nkv, &mut tile),
+            [row(0), row(1), row(2)].concat()
+        );
+        s.write(3, &row(3));
+        assert_eq!(s.residual_bytes(), 0);
+        assert_ne!(
+            s.read(0..4, 0..nkv, &mut tile),
+            [row(0), row(1), row(2), row(3)].concat()
+        );
+        let mut poisoned = row(5);
+        poisoned[7] = f32::NAN;
+        for r in 4..8 {
+            let x = if r == 5 { poisoned.clone() } else { row(r) };
+            s.write(r, &x);
+        }
+        let y = s.read(4..8, 0..nkv, &mut tile).to_vec();
+        for (r, y) in y.chunks_exact(nkv * hd).enumerate() {
+            assert!(y[7].is_nan(), "row {r}: channel 7 is NaN across the group");
+            assert!(y.iter().enumerate().all(|(c, v)| c == 7 || v.is_finite()));
+        }
+    }
+
+    /// Writing into a quantized group (a ring wrapping, a truncated sequence going on) keeps
+    /// the group's other rows as they read before.
+    #[test]
+    fn reopening_an_int4_group_keeps_its_other_rows() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let mut s = KvStore::new(KvDtype::Int4, Part::Keys, 8, (1, 8), 8);
+        for r in 0..8 {
+            let x: Vec<f32> = (0..8).map(|_| rng.random_range(-1.0..1.0)).collect();
+            s.write(r, &x);
+        }
+        let mut tile = Vec::new();
+        let before = s.read(0..8, 0..1, &mut tile).to_vec();
+        s.write(3, &[9.0; 8]);
+        let after = s.read(0..8, 0..1, &mut tile).to_vec();
+        assert_eq!(&after[..24], &before[..24]);
+        assert_eq!(&after[24..32], &[9.0; 8]);
+        assert_eq!(&after[32..], &before[32..]);
     }
 
     #[test]
     fn copied_rows_read_back_identical_and_round_trip_matches_the_store() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         for dtype in KvDtype::ALL {
-            let mut s = KvStore::new(dtype, 6, 2, 8);
-            let x: Vec<f32> = (0..3 * 16).map(|_| rng.random_range(-1.0..1.0)).collect();
-            for (r, row) in x.chunks_exact(16).enumerate() {
-                s.write(r, row);
+            for part in [Part::Keys, Part::Values] {
+                let mut s = KvStore::new(dtype, part, 6, (2, 8), 3);
+                let x: Vec<f32> = (0..3 * 16).map(|_| rng.random_range(-1.0..1.0)).collect();
+                for (r, row) in x.chunks_exact(16).enumerate() {
+                    s.write(r, row);
+                }
+                s.copy_rows(0, 3, 3);
+                let (mut t1, mut t2) = (Vec::new(), Vec::new());
+                assert_eq!(s.read(0..3, 0..2, &mut t1), s.read(3..6, 0..2, &mut t2));
+                let mut one = KvStore::new(dtype, part, 6, (2, 8), 1);
+                for (r, row) in x.chunks_exact(16).enumerate() {
+                    one.write(r, row);
+                }
+                let mut y = x.clone();
+                round_trip(dtype, part, (2, 8), 1, &mut y);
+                assert_eq!(&y[..], one.read(0..3, 0..2, &mut t1), "{dtype}");
             }
-            s.copy_rows(0, 3, 3);
-            let (mut t1, mut t2) = (Vec::new(), Vec::new());
-            assert_eq!(s.read(0..3, 0..2, &mut t1), s.read(3..6, 0..2, &mut t2));
-            let mut y = x.clone();
-            round_trip(dtype, 2, 8, &mut y);
-            assert_eq!(&y[..], s.read(0..3, 0..2, &mut t1), "{dtype}");
         }
     }
 }

@@ -1,9 +1,10 @@
-//! `--kv-dtype`: a cache that stores keys and values in f16, bf16, fp8-e4m3 or int8.
+//! `--kv-dtype`: a cache that stores keys and values in f16, bf16, fp8-e4m3, int8 or int4.
 //!
-//! The reference of a quantized cache is attention over the rows it was given, each rounded
-//! through the dtype (`kv_store::round_trip`) and kept in f32: the contiguous cache (ring buffers
-//! included) and the paged pool (blocks in any order) must give its output within f32 rounding,
-//! on random inputs. Whole engines: every dtype runs on both CPU engines; f32 is the identity
+//! The reference of a quantized cache is attention over the rows it was given, rounded through
+//! the dtype (`kv_store::round_trip`: row by row, int4 keys by groups of positions, the
+//! unfinished group as written) and kept in f32: the contiguous cache (ring buffers included)
+//! and the paged pool (blocks in any order) must give its output within f32 rounding, on random
+//! inputs. Whole engines: every dtype runs on both CPU engines; f32 is the identity
 //! suite's cache, bit for bit; the others move the logits, less for the finer formats. (The two
 //! engines' f32 logits differ by rounding, and a key that lands on the other side of an f16
 //! rounding boundary moves by a whole f16 step, so engine against engine is compared by top-1,
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use kvlab_cpu::CpuEngine;
 use kvlab_cpu::attention::{Contiguous, Heads, attention};
 use kvlab_cpu::kv_cache::{ContiguousKvCache, KvCache};
-use kvlab_cpu::kv_store::round_trip;
+use kvlab_cpu::kv_store::{Part, round_trip};
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_cpu::paged::attention::{PagedLayer, SeqView, paged_attention};
 use kvlab_cpu::paged::pool::KvPool;
@@ -72,13 +73,13 @@ fn both_caches_attend_over_exactly_the_rounded_rows() {
             let mut draw =
                 |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-3.0..3.0)).collect() };
             let (k, v, q) = (draw(ctx * kvd), draw(ctx * kvd), draw(ctx * qd));
-            let (mut k_rt, mut v_rt) = (k.clone(), v.clone());
-            round_trip(dtype, n_kv_heads, head_dim, &mut k_rt);
-            round_trip(dtype, n_kv_heads, head_dim, &mut v_rt);
-            let rounded = Contiguous {
-                k: &k_rt,
-                v: &v_rt,
-                kv_dim: kvd,
+            // Positions 0..n as a cache with int4 key groups of `group` gives them back.
+            let rounded_rows = |n: usize, group: usize| {
+                let (mut k_rt, mut v_rt) = (k[..n * kvd].to_vec(), v[..n * kvd].to_vec());
+                let shape = (n_kv_heads, head_dim);
+                round_trip(dtype, Part::Keys, shape, group, &mut k_rt);
+                round_trip(dtype, Part::Values, shape, group, &mut v_rt);
+                (k_rt, v_rt)
             };
             let what =
                 format!("{dtype} ({n_heads}, {n_kv_heads}, {head_dim}) ctx {ctx} {window:?}");
@@ -87,6 +88,12 @@ fn both_caches_attend_over_exactly_the_rounded_rows() {
             for p in 0..ctx {
                 cache.append(0, &k[p * kvd..][..kvd], &v[p * kvd..][..kvd]);
                 if p + 3 >= ctx || p == 64 {
+                    let (k_rt, v_rt) = rounded_rows(p + 1, KvDtype::INT4_GROUP);
+                    let rounded = Contiguous {
+                        k: &k_rt,
+                        v: &v_rt,
+                        kv_dim: kvd,
+                    };
                     let (mut got, mut want) = (vec![f32::NAN; qd], vec![f32::NAN; qd]);
                     cache.attend(0, &q[p * qd..][..qd], &heads, &mut got);
                     attention(&mut want, &q[p * qd..][..qd], &heads, |_| p, |_| rounded);
@@ -95,8 +102,16 @@ fn both_caches_attend_over_exactly_the_rounded_rows() {
                 cache.len += 1;
             }
             // The paged pool: every position but the last 5 in blocks of 16, in reverse order;
-            // the last 5 are the step's own rows, every query of them checked.
+            // the last 5 are the step's own rows, every query of them checked. (The last block
+            // is not full, so its int4 keys are as written in the pool as in the step.)
             let (bs, pos0) = (16, ctx - 5);
+            assert!(ctx % bs > 5);
+            let (k_rt, v_rt) = rounded_rows(ctx, bs);
+            let rounded = Contiguous {
+                k: &k_rt,
+                v: &v_rt,
+                kv_dim: kvd,
+            };
             let num_blocks = ctx.div_ceil(bs);
             let mut pool = KvPool::new(1, num_blocks, bs, (n_kv_heads, head_dim), dtype);
             let table: Vec<i32> = (0..num_blocks as i32).rev().collect();
@@ -168,7 +183,14 @@ fn every_dtype_runs_on_both_engines_and_finer_formats_move_the_logits_less() {
         let mut moved = Vec::new();
         for dtype in KvDtype::ALL {
             let cpu = force(&mut CpuEngine::with_kv_dtype(m.clone(), dtype));
-            let pool = force(&mut paged(&m, dtype));
+            // int4 groups keys by 32 positions in the contiguous cache, by the block in the
+            // pool: blocks of 32 make the groups the same.
+            let pool = if dtype == KvDtype::Int4 {
+                let kv = kvlab_paged::KvCacheConfig::new(m.config.kv_cache_groups(), 16, 32);
+                force(&mut PagedCpuEngine::with_kv_dtype(m.clone(), kv, dtype).unwrap())
+            } else {
+                force(&mut paged(&m, dtype))
+            };
             let same_top1 = cpu
                 .iter()
                 .zip(&pool)
@@ -191,31 +213,38 @@ fn every_dtype_runs_on_both_engines_and_finer_formats_move_the_logits_less() {
         );
         assert!(d(KvDtype::Bf16) > d(KvDtype::F16), "{moved:?}");
         assert!(d(KvDtype::Fp8E4m3) > d(KvDtype::Bf16), "{moved:?}");
+        assert!(d(KvDtype::Int4) > d(KvDtype::Bf16), "{moved:?}");
         assert!(moved.iter().all(|(_, x)| x.is_finite()), "{moved:?}");
     }
 }
 
-/// Reserved bytes are the formula's: bytes per token × positions, for the contiguous cache
-/// (`max_seq_len` positions) and the pool (`num_blocks × block_size` per layer).
+/// Reserved bytes are the formula's: for the contiguous cache, `max_seq_len` positions (int4:
+/// rounded up to whole key groups of 32) and for the pool `num_blocks` blocks per layer.
 #[test]
 fn reserved_bytes_follow_each_dtypes_formula() {
     let Some((model, _)) = common::stories260k() else {
         return;
     };
+    let c = &model.config;
     for dtype in KvDtype::ALL {
-        let per_token = dtype.bytes_per_token(&model.config);
+        let g = dtype.group(KvDtype::INT4_GROUP);
+        let bytes = |tokens| c.n_layers * c.n_kv_heads * dtype.kv_head_bytes(c.head_dim, tokens, g);
         let mut cpu = CpuEngine::with_kv_dtype(model.clone(), dtype);
         let seq = cpu.new_sequence(100).unwrap();
         cpu.prefill(seq, &[1, 2, 3]).unwrap();
         let u = cpu.kv_usage();
         assert_eq!(
             (u.reserved_bytes, u.used_bytes),
-            (per_token * 100, per_token * 3)
+            (bytes(100usize.next_multiple_of(g)), bytes(3)),
+            "{dtype}"
         );
+        if g == 1 {
+            assert_eq!(u.reserved_bytes, dtype.bytes_per_token(c) * 100);
+        }
         let pool = paged(&model, dtype);
         assert_eq!(
             pool.kv_usage().reserved_bytes,
-            per_token * 64 * 8,
+            dtype.bytes_per_block(c, 8) * 64,
             "{dtype}"
         );
     }

@@ -26,7 +26,7 @@ use kvlab_paged::{
 use crate::attention::Heads;
 use crate::forward::forward;
 use crate::kv_cache::KvCache;
-use crate::kv_store::round_trip;
+use crate::kv_store::{Part, round_trip};
 use attention::{PagedLayer, SeqView, paged_attention};
 use kvlab_model::rope::RopeTables;
 use pool::KvPool;
@@ -76,13 +76,30 @@ impl KvCache for PagedStep<'_> {
                 );
             }
         }
-        // What the pool gives back for these rows, so that a query reads the same key whether
-        // it comes from this step or a later one.
+        // What the pool gives back for these rows, read back once all are written (an int4
+        // key group changes when its last row arrives), so that a query reads the same key
+        // whether it comes from this step or a later one. A row not kept reads as written alone.
         let (c, dtype) = (self.config, self.pool.dtype());
-        for (new, x) in [(&mut self.k_new, k), (&mut self.v_new, v)] {
+        let (pool_k, pool_v) = self.pool.layer(l);
+        let slots = self.seqs.iter().flat_map(|s| s.slot_mapping[g].iter());
+        let mut tile = Vec::new();
+        for (part, new, x, store) in [
+            (Part::Keys, &mut self.k_new, k, pool_k),
+            (Part::Values, &mut self.v_new, v, pool_v),
+        ] {
             new.clear();
             new.extend_from_slice(x);
-            round_trip(dtype, c.n_kv_heads, c.head_dim, new);
+            if dtype == KvDtype::F32 {
+                continue;
+            }
+            for (row, &slot) in new.chunks_exact_mut(kvd).zip(slots.clone()) {
+                if slot >= 0 {
+                    let slot = slot as usize;
+                    row.copy_from_slice(store.read(slot..slot + 1, 0..c.n_kv_heads, &mut tile));
+                } else {
+                    round_trip(dtype, part, (c.n_kv_heads, c.head_dim), 1, row);
+                }
+            }
         }
     }
 

@@ -6,7 +6,7 @@
 
 use kvlab_model::KvDtype;
 
-use crate::kv_store::KvStore;
+use crate::kv_store::{KvStore, Part};
 
 /// K and V blocks for every layer.
 pub struct KvPool {
@@ -19,7 +19,8 @@ pub struct KvPool {
 }
 
 impl KvPool {
-    /// Allocates `num_blocks` blocks for each of `n_layers` layers, elements stored as `dtype`.
+    /// Allocates `num_blocks` blocks for each of `n_layers` layers, elements stored as `dtype`
+    /// (int4 keys grouped by block: a group never holds two sequences' tokens).
     pub fn new(
         n_layers: usize,
         num_blocks: usize,
@@ -28,10 +29,10 @@ impl KvPool {
         dtype: KvDtype,
     ) -> KvPool {
         let slots = num_blocks * block_size;
-        let store = || KvStore::new(dtype, slots, n_kv_heads, head_dim);
+        let store = |part| KvStore::new(dtype, part, slots, (n_kv_heads, head_dim), block_size);
         KvPool {
-            k: (0..n_layers).map(|_| store()).collect(),
-            v: (0..n_layers).map(|_| store()).collect(),
+            k: (0..n_layers).map(|_| store(Part::Keys)).collect(),
+            v: (0..n_layers).map(|_| store(Part::Values)).collect(),
             num_blocks,
             block_size,
             kv_dim: n_kv_heads * head_dim,
@@ -64,13 +65,20 @@ impl KvPool {
 
     /// Bytes of one block across K and V of one layer.
     pub fn block_bytes(&self) -> usize {
-        self.k
-            .first()
-            .map_or(0, |k| 2 * self.block_size * k.row_bytes())
+        let (k, v) = (self.k.first(), self.v.first());
+        k.zip(v).map_or(0, |(k, v)| {
+            k.bytes_for(self.block_size) + v.bytes_for(self.block_size)
+        })
     }
 
     /// Bytes the whole pool reserves.
     pub fn reserved_bytes(&self) -> usize {
         self.k.iter().chain(&self.v).map(KvStore::bytes).sum()
+    }
+
+    /// Bytes of int4 key blocks not yet full, held in f32 beside the pool (0 for the other
+    /// dtypes).
+    pub fn residual_bytes(&self) -> usize {
+        self.k.iter().map(KvStore::residual_bytes).sum()
     }
 }
