@@ -144,7 +144,7 @@ pub fn run(a: Args) -> Result<()> {
     let m = &report.metrics;
     let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
     let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
-    let kv_bytes_per_block = a.kv.kv_dtype.bytes_per_token(&model.config) * a.block_size;
+    let kv_bytes_per_block = a.kv.kv_dtype.bytes_per_block(&model.config, a.block_size);
     if a.json {
         let v = serde_json::json!({
             "engine": a.engine.name(),

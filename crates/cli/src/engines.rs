@@ -269,10 +269,12 @@ pub fn build_paged(
 ) -> Result<Box<dyn PagedEngine>> {
     check_kv_dtype(engine, pool.kv_dtype)?;
     // Every KV group holds `num_blocks` blocks for its own layers, so the groups together hold
-    // num_blocks × block_size × (KV bytes per token over all layers).
-    let pool_bytes = (pool.num_blocks as u64)
-        .checked_mul(pool.block_size as u64)
-        .and_then(|slots| slots.checked_mul(pool.kv_dtype.bytes_per_token(&model.config) as u64));
+    // num_blocks × (KV bytes of a block over all layers; the block size is bounded by
+    // `args::MAX_BLOCK_SIZE`, the model's shape by its loader).
+    let pool_bytes = (pool
+        .kv_dtype
+        .bytes_per_block(&model.config, pool.block_size) as u64)
+        .checked_mul(pool.num_blocks as u64);
     match engine {
         EngineKind::CpuPaged => {
             crate::memory::ensure_fits(

@@ -2,6 +2,7 @@
 //! header without building the weights.
 
 use anyhow::Result;
+use kvlab_model::KvDtype;
 
 use crate::{ModelArgs, bytes};
 
@@ -90,14 +91,18 @@ pub fn run(a: &Args) -> Result<()> {
     weights_line(c, &files)?;
     println!();
     println!(
-        "KV bytes per token = 2 x n_layers x n_kv_heads x head_dim x bytes per element (--kv-dtype; fp8-e4m3 and int8 add a 4-byte scale per KV head)"
+        "KV bytes per token = 2 x n_layers x n_kv_heads x head_dim x bytes per element (--kv-dtype; fp8-e4m3 and int8 add a 4-byte scale per KV head; int4 packs two codes per byte, with an 8-byte scale and minimum per key channel per 32 tokens and per 32 value channels)"
     );
     for d in kvlab_model::KvDtype::ALL {
+        let hd = c.head_dim;
         let per_head = match d {
-            kvlab_model::KvDtype::Fp8E4m3 | kvlab_model::KvDtype::Int8 => {
-                format!("({} x 1 + 4)", c.head_dim)
-            }
-            _ => format!("{} x {}", c.head_dim, d.head_bytes(1)),
+            KvDtype::Fp8E4m3 | KvDtype::Int8 => format!("({hd} x 1 + 4)"),
+            KvDtype::Int4 => format!(
+                "({hd} x 0.5 + ({hd} x 8 / {} + {} x 8) / 2)",
+                KvDtype::INT4_GROUP,
+                hd.div_ceil(KvDtype::INT4_VALUE_GROUP)
+            ),
+            _ => format!("{hd} x {}", d.kv_head_bytes(1, 1, 1) / 2),
         };
         println!(
             "  {}: 2 x {} x {} x {per_head} = {}",

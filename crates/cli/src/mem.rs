@@ -142,12 +142,16 @@ pub const PRESETS: &[Shape] = &[
 ];
 
 /// Bytes per KV element of a precision name at `head_dim`. A `--kv-dtype` name (f32, f16,
-/// bf16, fp8-e4m3, int8) is what kvlab's caches really take, scales included
-/// (`KvDtype::head_bytes(head_dim) / head_dim`: int8 at head_dim 128 is 132/128 bytes); the
-/// other names are nominal: fp8 as vLLM stores it (one scale per tensor, so 1 byte), q8, int4.
+/// bf16, fp8-e4m3, int8, int4) is what kvlab's caches really take, scales included
+/// (`KvDtype::kv_head_bytes` over 2 × head_dim elements: int8 at head_dim 128 is 132/128 bytes,
+/// int4 with key groups of 32 tokens 192/256); the other names are nominal: fp8 as vLLM stores
+/// it (one scale per tensor, so 1 byte), q8, q4 (0.5 bytes).
 pub fn kv_dtype_bytes(dtype: &str, head_dim: usize) -> Result<f64> {
     match dtype.parse::<kvlab_model::KvDtype>() {
-        Ok(d) => Ok(d.head_bytes(head_dim) as f64 / head_dim as f64),
+        Ok(d) => {
+            let g = d.group(kvlab_model::KvDtype::INT4_GROUP);
+            Ok(d.kv_head_bytes(head_dim, g, g) as f64 / (2 * head_dim * g) as f64)
+        }
         Err(_) => dtype_bytes(dtype),
     }
 }
@@ -159,7 +163,11 @@ pub fn dtype_bytes(dtype: &str) -> Result<f64> {
         "f16" | "fp16" | "bf16" => 2.0,
         "fp8" | "fp8-e4m3" | "int8" | "q8" => 1.0,
         "int4" | "q4" => 0.5,
-        other => bail!("unknown precision {other:?}; use f32, f16, bf16, fp8-e4m3, int8 or int4"),
+        other => {
+            bail!(
+                "unknown precision {other:?}; use f32, f16, bf16, fp8-e4m3, int8, int4, fp8, q8 or q4"
+            )
+        }
     })
 }
 
@@ -202,9 +210,9 @@ pub struct Args {
     /// How many layers use the sliding window (default: all, with --window).
     #[arg(long, value_parser = usize_in(0, MAX_LAYERS))]
     local_layers: Option<usize>,
-    /// KV precision: f32, f16, bf16, fp8-e4m3 or int8 as `--kv-dtype` stores them (the 8-bit
-    /// ones with a 4-byte scale per token and KV head), or nominal: fp8 (vLLM's, one scale per
-    /// tensor: 1 byte), int4 (0.5 bytes).
+    /// KV precision: f32, f16, bf16, fp8-e4m3, int8 or int4 as `--kv-dtype` stores them (the
+    /// 8-bit ones with a 4-byte scale per token and KV head, int4 with KIVI's scales), or
+    /// nominal: fp8 (vLLM's, one scale per tensor: 1 byte), q8 (1 byte), q4 (0.5 bytes).
     #[arg(long, default_value = "f16")]
     dtype: String,
     /// Tokens per sequence (default: the preset's context).

@@ -576,4 +576,19 @@ fn kv_dtype_sizes_the_cache_and_is_refused_where_there_is_none() {
     let v: serde_json::Value = serde_json::from_str(kvlab("info --json").out.trim()).unwrap();
     assert_eq!(v["kv_bytes_per_token"]["fp8-e4m3"], 480);
     assert_eq!(v["kv_bytes_per_token"]["bf16"], 640);
+    // int4: per KV head, keys 4 B + 8 channels × 8 B per 32 tokens, values 4 B + 8 B of scales:
+    // 2 × 5 × 4 × 9 = 360 B per token; 28 positions reserve one whole key group of 32.
+    assert_eq!(v["kv_bytes_per_token"]["int4"], 360);
+    for engine in ["cpu", "cpu-paged"] {
+        let r = kvlab(&format!(
+            "generate -e {engine} --kv-dtype int4 --temp 0 -p 'Once upon a time' -n 24 --json"
+        ));
+        assert!(r.ok, "{engine}: {}", r.err);
+        let stats: serde_json::Value = serde_json::from_str(r.err.trim()).unwrap();
+        assert_eq!(stats["kv_dtype"], "int4");
+        if engine == "cpu" {
+            assert_eq!(stats["kv_reserved_bytes"], 32 * 360);
+        }
+        assert!(r.out.starts_with("Once upon a time"), "{}", r.out);
+    }
 }
