@@ -140,14 +140,16 @@ impl ContiguousKvCache {
             .map(|&cap| {
                 if cap == self.max_seq_len {
                     format!(
-                        "(max_seq_len={cap}, kv_dim={}), {} written",
+                        "(max_seq_len={cap}, kv_dim={}) {}, {} written",
                         self.kv_dim,
+                        self.k.dtype(),
                         self.len.min(cap)
                     )
                 } else {
                     format!(
-                        "ring (slots={cap}, kv_dim={}), {} valid",
+                        "ring (slots={cap}, kv_dim={}) {}, {} valid",
                         self.kv_dim,
+                        self.k.dtype(),
                         self.len.min(cap)
                     )
                 }

@@ -381,8 +381,8 @@ impl Engine for PagedCpuEngine {
             .map(|l| {
                 let t = &s.tables[c.layer_cache_group(l)];
                 format!(
-                    "pool (num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}); this sequence holds {} blocks",
-                    self.pool.num_blocks, self.pool.block_size, c.n_kv_heads, c.head_dim,
+                    "pool (num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}) {}; this sequence holds {} blocks",
+                    self.pool.num_blocks, self.pool.block_size, c.n_kv_heads, c.head_dim, self.pool.dtype(),
                     t.blocks().iter().flatten().count()
                 )
             })
