@@ -120,6 +120,7 @@ pub fn run(a: Args) -> Result<()> {
             stop: StopConditions::max_tokens(a.max_tokens)
                 .with_stop_tokens(model.config.stop_ids.clone()),
             arrival_step: i * a.arrival_gap,
+            tenant: 0,
         })
         .collect();
     let mut picture = None;

@@ -154,6 +154,7 @@ fn every_cpu_engine_generates_transformers_greedy_ids() {
                     ..StopConditions::max_tokens(c.n_gen)
                 },
                 arrival_step: 0,
+                tenant: 0,
             })
             .collect();
         let report = drive(&mut paged, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();

@@ -77,6 +77,7 @@ fn batched_run_with_preemption_and_prefix_hits_equals_solo_naive_runs() {
             prompt: p.clone(),
             stop: StopConditions::max_tokens(n_new),
             arrival_step: i % 3 * 2,
+            tenant: 0,
         })
         .collect();
     // 30 blocks of 4: at the peak the 8 sequences want ≈ 66 blocks, even sharing their prefix.
@@ -114,6 +115,7 @@ fn an_unscheduled_sequence_and_a_scheduled_batch_never_overlap_in_one_pool() {
         prompt: vec![9, 8, 7],
         stop: StopConditions::max_tokens(4),
         arrival_step: 0,
+        tenant: 0,
     }];
     let cfg = SchedulerConfig::new(engine.kv_cache().clone(), 96);
     let mut sched = Scheduler::new(cfg.clone()).unwrap();

@@ -45,7 +45,12 @@ pub struct BlockTable {
     pub(crate) num_tokens: usize,
     /// How far the prefix cache has registered this table's full blocks.
     pub(crate) chain: PrefixChain,
+    /// Whose blocks these are: the blocks it registers count against this tenant's quota.
+    pub(crate) tenant: Tenant,
 }
+
+/// Who a request belongs to, for per-tenant prefix-cache quotas (0 when nobody says).
+pub type Tenant = u32;
 
 impl BlockTable {
     /// An empty table for blocks of `block_size` tokens.
@@ -55,7 +60,19 @@ impl BlockTable {
             blocks: Vec::new(),
             num_tokens: 0,
             chain: PrefixChain::default(),
+            tenant: 0,
         }
+    }
+
+    /// The same empty table, owned by `tenant`.
+    pub fn with_tenant(mut self, tenant: Tenant) -> Self {
+        self.tenant = tenant;
+        self
+    }
+
+    /// The tenant whose quota this table's cached blocks count against.
+    pub fn tenant(&self) -> Tenant {
+        self.tenant
     }
 
     /// Tokens per block.

@@ -68,6 +68,7 @@ impl KvCacheConfig {
         &self,
         prefix_caching: bool,
         eviction: EvictionPolicy,
+        tenant_quota: Option<usize>,
     ) -> Result<Vec<BlockAllocator>> {
         self.groups
             .iter()
@@ -75,6 +76,7 @@ impl KvCacheConfig {
                 BlockAllocator::new(g.num_blocks, self.block_size).map(|a| {
                     a.with_prefix_caching(prefix_caching)
                         .with_eviction_policy(eviction)
+                        .with_tenant_quota(tenant_quota)
                 })
             })
             .collect()
@@ -98,6 +100,9 @@ pub struct SchedulerConfig {
     pub enable_prefix_caching: bool,
     /// Which evictable cached block goes first when a pool runs out of free ones.
     pub eviction_policy: EvictionPolicy,
+    /// Cached blocks per pool each tenant keeps safe from other tenants' demand (`None`: no
+    /// quotas; see `BlockAllocator::with_tenant_quota`).
+    pub tenant_quota: Option<usize>,
 }
 
 impl SchedulerConfig {
@@ -111,6 +116,7 @@ impl SchedulerConfig {
             max_model_len,
             enable_prefix_caching: true,
             eviction_policy: EvictionPolicy::Lru,
+            tenant_quota: None,
         }
     }
 

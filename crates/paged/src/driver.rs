@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::{FinishReason, Metrics, PagedError, ScheduledBatch, Scheduler, SeqId, StopConditions};
+use crate::{
+    FinishReason, Metrics, PagedError, ScheduledBatch, Scheduler, SeqId, StopConditions, Tenant,
+};
 
 /// An engine that runs scheduled steps over a paged KV cache (CPU or CUDA).
 pub trait StepExecutor {
@@ -33,6 +35,8 @@ pub struct Request {
     pub stop: StopConditions,
     /// The step at which it arrives (0: before the first step).
     pub arrival_step: usize,
+    /// Whose request it is, for per-tenant prefix-cache quotas and hit rates (0 if nobody's).
+    pub tenant: Tenant,
 }
 
 /// One step of a batched run, for reports and plots.
@@ -103,7 +107,8 @@ where
     loop {
         for (i, r) in requests.iter().enumerate() {
             if ids[i].is_none() && r.arrival_step <= step {
-                ids[i] = Some(scheduler.add_request(r.prompt.clone(), r.stop.clone())?);
+                let (prompt, stop) = (r.prompt.clone(), r.stop.clone());
+                ids[i] = Some(scheduler.add_request_for(prompt, stop, r.tenant)?);
             }
         }
         if !scheduler.has_unfinished() && step >= last_arrival {

@@ -166,6 +166,14 @@ impl EvictionQueue {
         }
     }
 
+    /// Takes `block` out of the queue to evict it (another queue chose it): as [`Self::pop`]
+    /// would, its hit count and second chance reset.
+    pub(crate) fn take(&mut self, block: BlockId) {
+        self.remove(block);
+        self.hits[block as usize] = 0;
+        self.referenced[block as usize] = false;
+    }
+
     /// The block to evict now, out of the queue, its hit count and second chance reset (its
     /// content is about to be dropped). `None` when nothing is evictable.
     pub(crate) fn pop(&mut self) -> Option<BlockId> {

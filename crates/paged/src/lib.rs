@@ -93,7 +93,7 @@ mod unscheduled;
 pub use allocator::{
     AllocatorStats, BlockAllocator, BlockCopy, DEFAULT_BLOCK_SIZE, max_window_blocks, window_start,
 };
-pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables};
+pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables, Tenant};
 pub use config::{KvCacheConfig, KvGroupConfig, SchedulerConfig};
 pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive};
 pub use error::{PagedError, Result};

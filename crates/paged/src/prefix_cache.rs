@@ -32,10 +32,10 @@
 //! Sequences release their blocks last-to-first, so under LRU a sequence's tail is evicted before
 //! its head, which more requests share.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::eviction::EvictionQueue;
-use crate::{BlockHash, BlockId, EvictionPolicy, HashFn};
+use crate::{BlockHash, BlockId, EvictionPolicy, HashFn, Tenant};
 
 /// Identity of one cached content. Unique for the allocator's lifetime, so an entry can never be
 /// confused with a later, different content that happens to reuse its hash or its block.
@@ -96,6 +96,14 @@ pub(crate) struct PrefixCache {
     /// The evictable blocks, in the order the policy evicts them.
     evictable: EvictionQueue,
     next_entry: EntryId,
+    /// Cached blocks each tenant may keep safe from other tenants' demand (`None`: no quotas).
+    tenant_quota: Option<usize>,
+    /// (num_blocks,) the tenant whose sequence filled each cached block.
+    block_tenant: Vec<Tenant>,
+    /// Cached blocks (held or evictable) per tenant.
+    cached_by_tenant: BTreeMap<Tenant, usize>,
+    /// With quotas: each tenant's evictable blocks, in the policy's order.
+    by_tenant: BTreeMap<Tenant, EvictionQueue>,
 }
 
 impl PrefixCache {
@@ -108,7 +116,27 @@ impl PrefixCache {
             num_cached: 0,
             evictable: EvictionQueue::new(num_blocks, policy),
             next_entry: 0,
+            tenant_quota: None,
+            block_tenant: vec![0; num_blocks],
+            cached_by_tenant: BTreeMap::new(),
+            by_tenant: BTreeMap::new(),
         }
+    }
+
+    /// The same empty cache with a per-tenant quota of cached blocks (`None`: none).
+    pub(crate) fn with_tenant_quota(mut self, quota: Option<usize>) -> Self {
+        self.tenant_quota = quota;
+        self
+    }
+
+    /// The per-tenant quota of cached blocks, if any.
+    pub(crate) fn tenant_quota(&self) -> Option<usize> {
+        self.tenant_quota
+    }
+
+    /// Cached blocks (held or evictable) whose content `tenant`'s sequences computed.
+    pub(crate) fn num_cached_of(&self, tenant: Tenant) -> usize {
+        self.cached_by_tenant.get(&tenant).copied().unwrap_or(0)
     }
 
     /// The eviction policy.
@@ -118,7 +146,7 @@ impl PrefixCache {
 
     /// An empty cache of the same size with another eviction policy (chosen before any use).
     pub(crate) fn with_eviction_policy(self, policy: EvictionPolicy) -> Self {
-        Self::new(self.block_entry.len(), self.hash_fn, policy)
+        Self::new(self.block_entry.len(), self.hash_fn, policy).with_tenant_quota(self.tenant_quota)
     }
 
     /// Looks up the block after `parent` (None for the first block) holding `tokens`.
@@ -140,14 +168,15 @@ impl PrefixCache {
     }
 
     /// Registers `tokens` after `parent`, stored in `block` (`None`: a ghost, which the caller
-    /// pins or gives a child at once). The caller has seen `Lookup::Miss` for this hash and
-    /// checked that the block holds no entry yet.
+    /// pins or gives a child at once) by a sequence of `tenant`. The caller has seen
+    /// `Lookup::Miss` for this hash and checked that the block holds no entry yet.
     pub(crate) fn insert(
         &mut self,
         block: Option<BlockId>,
         hash: BlockHash,
         parent: Option<EntryId>,
         tokens: &[u32],
+        tenant: Tenant,
     ) -> EntryId {
         let id = self.next_entry;
         self.next_entry += 1;
@@ -169,18 +198,21 @@ impl PrefixCache {
             },
         );
         if let Some(b) = block {
-            self.attach(id, b);
+            self.attach(id, b, tenant);
         }
         id
     }
 
-    /// Stores ghost `entry` in `block` again (the same content was computed once more). The
-    /// caller has seen the ghost hit and checked that the block holds no entry.
-    pub(crate) fn attach(&mut self, entry: EntryId, block: BlockId) {
+    /// Stores ghost `entry` in `block` again (the same content was computed once more, by a
+    /// sequence of `tenant`). The caller has seen the ghost hit and checked that the block
+    /// holds no entry.
+    pub(crate) fn attach(&mut self, entry: EntryId, block: BlockId, tenant: Tenant) {
         if let Some(e) = self.entries.get_mut(&entry) {
             e.block = Some(block);
             self.block_entry[block as usize] = Some(entry);
             self.num_cached += 1;
+            self.block_tenant[block as usize] = tenant;
+            *self.cached_by_tenant.entry(tenant).or_default() += 1;
         }
     }
 
@@ -258,21 +290,66 @@ impl PrefixCache {
             .and_then(|e| self.entries.get(&e))
             .map_or(0, |e| e.depth as usize);
         self.evictable.push(block, depth);
+        if self.tenant_quota.is_some() {
+            let (n, policy) = (self.block_entry.len(), self.evictable.policy());
+            let tenant = self.block_tenant[block as usize];
+            let q = self.by_tenant.entry(tenant);
+            q.or_insert_with(|| EvictionQueue::new(n, policy))
+                .push(block, depth);
+        }
     }
 
     /// Someone references a cached block again (a prefix hit or a duplicate found): out of the
     /// eviction queue if it was there, one more hit for the policy.
     pub(crate) fn hit(&mut self, block: BlockId) {
         self.evictable.hit(block);
+        let tenant = self.block_tenant[block as usize];
+        if let Some(q) = self.by_tenant.get_mut(&tenant) {
+            q.hit(block);
+        }
+    }
+
+    /// The tenant to evict from under quotas: the one furthest over its quota that has an
+    /// evictable block (ties: the lowest id). `None` without quotas or when every tenant with
+    /// evictable blocks is within its quota.
+    fn over_quota(&self) -> Option<Tenant> {
+        let quota = self.tenant_quota?;
+        self.by_tenant
+            .iter()
+            .filter(|(_, q)| q.len() > 0)
+            .map(|(&t, _)| (self.num_cached_of(t), t))
+            .filter(|&(cached, _)| cached > quota)
+            .max_by_key(|&(cached, t)| (cached, std::cmp::Reverse(t)))
+            .map(|(_, t)| t)
     }
 
     /// Evicts the block the policy picks: its entry becomes a ghost (dropped unless something
     /// hangs from it) and the block is returned as a plain free block. `None` when nothing is
-    /// evictable.
+    /// evictable. With a tenant quota, the block comes from the tenant furthest over its quota
+    /// (its policy order), so a tenant within its quota loses no cached block while another is
+    /// over; when nobody is over, from the policy's order over all tenants.
     pub(crate) fn evict(&mut self) -> Option<BlockId> {
-        let block = self.evictable.pop()?;
+        let block = match self.over_quota() {
+            Some(t) => {
+                let block = self.by_tenant.get_mut(&t)?.pop()?;
+                self.evictable.take(block);
+                block
+            }
+            None => {
+                let block = self.evictable.pop()?;
+                let tenant = self.block_tenant[block as usize];
+                if let Some(q) = self.by_tenant.get_mut(&tenant) {
+                    q.take(block);
+                }
+                block
+            }
+        };
         if let Some(entry) = self.block_entry[block as usize].take() {
             self.num_cached -= 1;
+            let tenant = self.block_tenant[block as usize];
+            if let Some(n) = self.cached_by_tenant.get_mut(&tenant) {
+                *n -= 1;
+            }
             if let Some(e) = self.entries.get_mut(&entry) {
                 e.block = None;
             }

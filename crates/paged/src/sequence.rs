@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::BlockTable;
+use crate::{BlockTable, Tenant};
 
 /// Identifies a sequence for its whole life (unique per scheduler, never reused). Ids are given
 /// in arrival order (a fork arrives when forked): the running queue is sorted by id, and
@@ -102,12 +102,18 @@ pub struct Sequence {
     /// (num_groups,) one block table per KV cache group.
     pub(crate) block_tables: Vec<BlockTable>,
     pub(crate) num_preemptions: usize,
+    /// Whose request it is (0 unless the caller says).
+    pub(crate) tenant: Tenant,
 }
 
 impl Sequence {
     /// The id.
     pub fn id(&self) -> SeqId {
         self.id
+    }
+    /// The tenant it belongs to.
+    pub fn tenant(&self) -> Tenant {
+        self.tenant
     }
     /// The prompt tokens.
     pub fn prompt_token_ids(&self) -> &[u32] {

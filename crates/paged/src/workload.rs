@@ -8,7 +8,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{PagedError, RequestLen, Result};
+use crate::{PagedError, RequestLen, Result, Tenant};
 
 /// The range of the standard uniform workload, for prompts and outputs alike.
 pub const UNIFORM_RANGE: std::ops::RangeInclusive<usize> = 100..=1024;
@@ -122,6 +122,12 @@ pub struct Sessions {
     /// Token ids are drawn from `first_token..vocab_size` (above BOS/EOS and friends).
     pub first_token: u32,
     pub vocab_size: u32,
+    /// Tenants the sessions belong to: session `i` is tenant `i % num_tenants`.
+    pub num_tenants: usize,
+    /// Sessions of one more tenant (id `num_tenants`), each with a system prompt of its own
+    /// that nobody shares: a noisy neighbour that fills the prefix cache with blocks nobody
+    /// else reuses. They start alongside the others.
+    pub noisy_sessions: usize,
 }
 
 impl Default for Sessions {
@@ -140,6 +146,8 @@ impl Default for Sessions {
             session_gap_steps: 6,
             first_token: 3,
             vocab_size: 512,
+            num_tenants: 1,
+            noisy_sessions: 0,
         }
     }
 }
@@ -147,8 +155,10 @@ impl Default for Sessions {
 /// One request of a [`Sessions`] workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionTurn {
+    /// Sessions `0..num_sessions`, then the noisy ones.
     pub session: usize,
     pub turn: usize,
+    pub tenant: Tenant,
     /// System prompt, then every earlier turn's user message and reply, then this turn's user
     /// message (no BOS: the caller adds one if its model wants it).
     pub prompt: Vec<u32>,
@@ -166,10 +176,12 @@ pub fn session_turns(seed: u64, w: Sessions) -> Result<Vec<SessionTurn>> {
         || w.num_system_prompts == 0
         || w.turns_per_session == 0
         || w.user_len.0 > w.user_len.1
+        || w.num_tenants == 0
+        || Tenant::try_from(w.num_tenants).is_err()
     {
         return Err(PagedError::InvalidWorkload(format!(
             "sessions workload {w:?} needs first_token < vocab_size, at least one system \
-             prompt and one turn, and user_len.0 <= user_len.1"
+             prompt, turn and tenant, and user_len.0 <= user_len.1"
         )));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -182,19 +194,38 @@ pub fn session_turns(seed: u64, w: Sessions) -> Result<Vec<SessionTurn>> {
         .map(|_| tokens(w.system_len, &mut rng))
         .collect();
     let mut turns = Vec::new();
+    let mut add_session =
+        |session: usize, start: usize, system: Vec<u32>, tenant: Tenant, rng: &mut ChaCha8Rng| {
+            let mut history = system;
+            for turn in 0..w.turns_per_session {
+                let user_len = rng.random_range(w.user_len.0..=w.user_len.1);
+                history.extend(tokens(user_len, rng));
+                turns.push(SessionTurn {
+                    session,
+                    turn,
+                    tenant,
+                    prompt: history.clone(),
+                    arrival_step: start + turn * w.turn_gap_steps,
+                });
+                history.extend(tokens(w.reply_len, rng));
+            }
+        };
     for session in 0..w.num_sessions {
-        let mut history = systems[session % w.num_system_prompts].clone();
-        for turn in 0..w.turns_per_session {
-            let user_len = rng.random_range(w.user_len.0..=w.user_len.1);
-            history.extend(tokens(user_len, &mut rng));
-            turns.push(SessionTurn {
-                session,
-                turn,
-                prompt: history.clone(),
-                arrival_step: session * w.session_gap_steps + turn * w.turn_gap_steps,
-            });
-            history.extend(tokens(w.reply_len, &mut rng));
-        }
+        let system = systems[session % w.num_system_prompts].clone();
+        let tenant = (session % w.num_tenants) as Tenant;
+        add_session(
+            session,
+            session * w.session_gap_steps,
+            system,
+            tenant,
+            &mut rng,
+        );
+    }
+    // Drawn after the others, so that adding noisy sessions leaves the rest as they were.
+    for j in 0..w.noisy_sessions {
+        let system = tokens(w.system_len, &mut rng);
+        let (session, start) = (w.num_sessions + j, j * w.session_gap_steps);
+        add_session(session, start, system, w.num_tenants as Tenant, &mut rng);
     }
     turns.sort_by_key(|t| (t.arrival_step, t.session));
     Ok(turns)
@@ -236,6 +267,52 @@ mod tests {
                 Sessions {
                     user_len: (5, 4),
                     ..w
+                }
+            )
+            .is_err()
+        );
+    }
+
+    /// Tenants take sessions round robin; noisy sessions come after, as one more tenant, each
+    /// with a system prompt nobody else has, and leave the other sessions exactly as they were.
+    #[test]
+    fn tenants_split_the_sessions_and_noisy_ones_share_nothing() {
+        let quiet = Sessions {
+            num_tenants: 3,
+            ..Sessions::default()
+        };
+        let noisy = Sessions {
+            noisy_sessions: 5,
+            ..quiet
+        };
+        let (a, b) = (
+            session_turns(1, quiet).unwrap(),
+            session_turns(1, noisy).unwrap(),
+        );
+        assert!(a.iter().all(|t| t.tenant as usize == t.session % 3));
+        let others = b.iter().filter(|t| t.session < quiet.num_sessions).cloned();
+        assert_eq!(others.collect::<Vec<_>>(), a);
+        let loud: Vec<_> = b
+            .iter()
+            .filter(|t| t.session >= quiet.num_sessions)
+            .collect();
+        assert_eq!(loud.len(), 5 * quiet.turns_per_session);
+        assert!(loud.iter().all(|t| t.tenant == 3));
+        for t in &loud {
+            let system = &t.prompt[..quiet.system_len];
+            let sharing = b.iter().filter(|o| o.session != t.session);
+            assert!(
+                sharing
+                    .clone()
+                    .all(|o| &o.prompt[..quiet.system_len] != system)
+            );
+        }
+        assert!(
+            session_turns(
+                1,
+                Sessions {
+                    num_tenants: 0,
+                    ..quiet
                 }
             )
             .is_err()

@@ -238,3 +238,54 @@ fn evicted_levels_stay_verified_as_ghosts_and_reattach_when_recomputed() {
     a.allocate(6).unwrap();
     assert_eq!((a.num_cached_blocks(), a.num_ghost_entries()), (0, 0));
 }
+
+/// Allocates and "computes" `tokens` for `tenant`, then releases it: its full blocks stay
+/// cached, evictable, owned by `tenant`.
+fn cache_for(a: &mut BlockAllocator, tenant: u32, tokens: &[u32]) {
+    let mut t = BlockTable::new(a.block_size()).with_tenant(tenant);
+    let m = a.match_prefix(tokens, (tokens.len() - 1) / a.block_size());
+    let cached = a.adopt_prefix(&mut t, &m).unwrap();
+    a.append_slots(&mut t, tokens.len() - cached, 0).unwrap();
+    a.register_full_blocks(&mut t, tokens, tokens.len())
+        .unwrap();
+    a.free(&mut t).unwrap();
+}
+
+/// Tenant 0 caches two blocks first (the oldest, LRU's first victims); tenant 1 then caches
+/// four. Without quotas LRU evicts tenant 0's blocks for tenant 1's next demand; with a quota
+/// of two blocks each, tenant 1 is over its quota and loses its own blocks instead, while
+/// tenant 0's stay hits. Every policy obeys the quota.
+#[test]
+fn a_tenant_over_its_quota_is_evicted_before_one_within_it() {
+    for quota in [None, Some(2)] {
+        for policy in kvlab_paged::EvictionPolicy::ALL {
+            let mut a = BlockAllocator::new(8, 2)
+                .unwrap()
+                .with_eviction_policy(policy)
+                .with_tenant_quota(quota);
+            cache_for(&mut a, 0, &[1, 1, 2, 2, 0]); // 2 cached blocks (+1 private, freed)
+            for i in 0..2 {
+                cache_for(&mut a, 1, &[5 + i, 5, 6, 6, 0]); // 2 cached blocks each
+            }
+            assert_eq!(
+                (a.num_cached_blocks_of(0), a.num_cached_blocks_of(1)),
+                (2, 4)
+            );
+            // 8 blocks: 6 cached, 2 plain free. Ask for 4: two evictions.
+            let _held = a.allocate(4).unwrap();
+            assert_eq!(a.stats().num_evictions, 2, "{policy:?} {quota:?}");
+            let kept0 = a.match_prefix(&[1, 1, 2, 2, 0], 2).num_blocks();
+            match quota {
+                Some(q) => {
+                    assert_eq!(kept0, 2, "{policy:?}: tenant 0 is within its quota");
+                    assert_eq!(a.num_cached_blocks_of(1), q, "{policy:?}");
+                }
+                None if policy == kvlab_paged::EvictionPolicy::Lru => {
+                    assert_eq!(kept0, 0, "LRU alone takes the oldest: tenant 0's")
+                }
+                None => {}
+            }
+            assert_eq!(a.tenant_quota(), quota);
+        }
+    }
+}

@@ -414,6 +414,7 @@ proptest! {
         window in prop::option::of(1..8usize),
         caching in any::<bool>(),
         eviction in prop::sample::select(EvictionPolicy::ALL.to_vec()),
+        tenant_quota in prop::option::of(0..4usize),
         hash_kind in 0..3u8,
         requests in vec(request(), 1..10),
         forks in vec((0..16usize, any::<usize>()), 0..4),
@@ -433,6 +434,7 @@ proptest! {
             max_model_len,
             enable_prefix_caching: caching,
             eviction_policy: eviction,
+            tenant_quota,
         };
         let mut s = Scheduler::new(config.clone()).unwrap().with_hash_fn(hash_fn(hash_kind));
         let mut shadow: Vec<Vec<Option<Vec<u32>>>> =
@@ -440,14 +442,15 @@ proptest! {
         let mut finished = Vec::new();
         let last_arrival = requests.iter().map(|r| r.arrival).max().unwrap_or(0);
         for step in 0..500 {
-            for r in requests.iter().filter(|r| r.arrival == step) {
+            for (i, r) in requests.iter().enumerate().filter(|(_, r)| r.arrival == step) {
                 let mut stop = StopConditions::max_tokens(r.max_tokens);
                 if r.stop_on_3 {
                     stop = stop.with_stop_tokens([3]);
                 }
                 let mut p = r.prompt.clone();
                 p.truncate(max_model_len);
-                s.add_request(p, stop).unwrap();
+                // Three tenants, so that quotas choose between them.
+                s.add_request_for(p, stop, (i % 3) as u32).unwrap();
             }
             for &(_, pick) in forks.iter().filter(|f| f.0 == step) {
                 if let Some(&parent) = s.running().get(pick % s.running().len().max(1)) {

@@ -24,6 +24,7 @@ fn config(num_blocks: usize, block_size: usize, max_model_len: usize) -> Schedul
         max_model_len,
         enable_prefix_caching: false,
         eviction_policy: EvictionPolicy::Lru,
+        tenant_quota: None,
     }
 }
 

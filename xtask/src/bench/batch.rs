@@ -84,6 +84,7 @@ pub fn paged(
             prompt: p.clone(),
             stop: StopConditions::max_tokens(generate + 1),
             arrival_step: 0,
+            tenant: 0,
         })
         .collect();
     let report = drive(engine, model, pool, max_len, &requests)?;
@@ -174,6 +175,7 @@ pub fn trace(prompts: Vec<Vec<u32>>, outputs: &[usize], gap: f64) -> Vec<Request
             prompt,
             stop: StopConditions::max_tokens(o),
             arrival_step: (i as f64 * gap) as usize,
+            tenant: 0,
         })
         .collect()
 }

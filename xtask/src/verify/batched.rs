@@ -83,6 +83,7 @@ pub(super) fn run(
             prompt: p.clone(),
             stop: StopConditions::max_tokens(e.len()),
             arrival_step: (i % 4) * 3,
+            tenant: 0,
         })
         .collect();
     let report = loop {

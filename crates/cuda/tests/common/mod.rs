@@ -200,6 +200,7 @@ where
                 prompt: p,
                 stop: StopConditions::max_tokens(24),
                 arrival_step: 2 * i,
+                tenant: 0,
             }
         })
         .collect();

@@ -102,6 +102,25 @@ impl BlockAllocator {
         self
     }
 
+    /// Gives every tenant a quota of `quota` cached blocks (`None`: no quotas, the default):
+    /// when a block must be evicted and some tenant holds more cached blocks than its quota,
+    /// the block comes from the tenant furthest over it, so one tenant's demand cannot evict a
+    /// tenant within its quota. Call it on a fresh allocator.
+    pub fn with_tenant_quota(mut self, quota: Option<usize>) -> Self {
+        self.cache = self.cache.with_tenant_quota(quota);
+        self
+    }
+
+    /// The per-tenant quota of cached blocks, if any.
+    pub fn tenant_quota(&self) -> Option<usize> {
+        self.cache.tenant_quota()
+    }
+
+    /// Cached blocks (held or evictable) whose content `tenant`'s sequences computed.
+    pub fn num_cached_blocks_of(&self, tenant: crate::Tenant) -> usize {
+        self.cache.num_cached_of(tenant)
+    }
+
     /// The prefix cache's eviction policy.
     pub fn eviction_policy(&self) -> EvictionPolicy {
         self.cache.eviction_policy()

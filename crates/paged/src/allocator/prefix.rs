@@ -166,14 +166,15 @@ impl BlockAllocator {
                     },
                     Some(own),
                 ) if free_of_entry => {
-                    self.cache.attach(entry, own);
+                    self.cache.attach(entry, own, table.tenant);
                     (hash, entry)
                 }
                 (Lookup::Hit { hash, entry, .. }, None) => (hash, entry),
                 (Lookup::Miss { hash }, _) if free_of_entry => {
-                    let entry =
-                        self.cache
-                            .insert(block, hash, parent.map(|(_, e)| e), block_tokens);
+                    let parent = parent.map(|(_, e)| e);
+                    let entry = self
+                        .cache
+                        .insert(block, hash, parent, block_tokens, table.tenant);
                     (hash, entry)
                 }
                 _ => {

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
     BlockAllocator, BlockTable, HashFn, Metrics, PagedError, Result, SchedulerConfig, SeqId,
-    Sequence, SequenceStatus, StopConditions,
+    Sequence, SequenceStatus, StopConditions, Tenant,
 };
 
 /// Totals the scheduler counts itself (the allocators count the rest).
@@ -60,6 +60,8 @@ pub struct Scheduler {
     pub(crate) aborted_in_flight: Vec<SeqId>,
     pub(crate) next_id: u64,
     pub(crate) counters: Counters,
+    /// Per tenant: (prompt tokens looked up, tokens the prefix cache served).
+    pub(crate) tenant_hits: BTreeMap<Tenant, (u64, u64)>,
 }
 
 impl Scheduler {
@@ -69,9 +71,11 @@ impl Scheduler {
     /// [`PagedError::InvalidConfig`] from [`SchedulerConfig::validate`] or from the pool sizes.
     pub fn new(config: SchedulerConfig) -> Result<Self> {
         config.validate()?;
-        let allocators = config
-            .kv_cache
-            .allocators(config.enable_prefix_caching, config.eviction_policy)?;
+        let allocators = config.kv_cache.allocators(
+            config.enable_prefix_caching,
+            config.eviction_policy,
+            config.tenant_quota,
+        )?;
         Ok(Self {
             config,
             allocators,
@@ -82,6 +86,7 @@ impl Scheduler {
             aborted_in_flight: Vec::new(),
             next_id: 0,
             counters: Counters::default(),
+            tenant_hits: BTreeMap::new(),
         })
     }
 
@@ -103,6 +108,21 @@ impl Scheduler {
     /// `max_model_len` (it could never fit); [`PagedError::InvalidRequest`] if `max_tokens` is 0
     /// or `max_seq_len` is below the prompt length.
     pub fn add_request(&mut self, prompt: Vec<u32>, stop: StopConditions) -> Result<SeqId> {
+        self.add_request_for(prompt, stop, 0)
+    }
+
+    /// [`Scheduler::add_request`] for a request of `tenant`: the blocks it caches count against
+    /// that tenant's quota (`SchedulerConfig::tenant_quota`), and its prefix hits against its
+    /// row of [`Scheduler::tenant_prefix_hits`].
+    ///
+    /// # Errors
+    /// As [`Scheduler::add_request`].
+    pub fn add_request_for(
+        &mut self,
+        prompt: Vec<u32>,
+        stop: StopConditions,
+        tenant: Tenant,
+    ) -> Result<SeqId> {
         let max_model_len = self.config.max_model_len;
         if prompt.is_empty() {
             return Err(PagedError::EmptyPrompt);
@@ -134,8 +154,9 @@ impl Scheduler {
             status: SequenceStatus::Waiting,
             num_computed_tokens: 0,
             max_computed_tokens: 0,
-            block_tables: self.empty_tables(),
+            block_tables: self.empty_tables(tenant),
             num_preemptions: 0,
+            tenant,
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -218,8 +239,15 @@ impl Scheduler {
         self.seqs.get(&id).ok_or(PagedError::UnknownSequence(id))
     }
 
-    pub(crate) fn empty_tables(&self) -> Vec<BlockTable> {
-        vec![BlockTable::new(self.config.kv_cache.block_size); self.allocators.len()]
+    pub(crate) fn empty_tables(&self, tenant: Tenant) -> Vec<BlockTable> {
+        let table = BlockTable::new(self.config.kv_cache.block_size).with_tenant(tenant);
+        vec![table; self.allocators.len()]
+    }
+
+    /// Per tenant: (prompt tokens looked up in the prefix cache, tokens it served), over every
+    /// admission so far.
+    pub fn tenant_prefix_hits(&self) -> &BTreeMap<Tenant, (u64, u64)> {
+        &self.tenant_hits
     }
 
     pub(crate) fn new_id(&mut self) -> SeqId {

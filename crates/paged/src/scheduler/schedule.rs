@@ -190,6 +190,8 @@ impl Scheduler {
         let recomputed = seq.max_computed_tokens.min(len).saturating_sub(cached);
         self.counters.prefix_cache_queries += len as u64;
         self.counters.prefix_cache_hits += cached as u64;
+        let tenant = self.tenant_hits.entry(seq.tenant).or_default();
+        (tenant.0, tenant.1) = (tenant.0 + len as u64, tenant.1 + cached as u64);
         self.counters.num_recomputed_tokens += recomputed as u64;
         let pos = self.running.partition_point(|&r| r < id);
         self.running.insert(pos, id);
