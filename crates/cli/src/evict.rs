@@ -38,6 +38,17 @@ pub struct Args {
     /// Distinct system prompts shared by the sessions.
     #[arg(long, default_value_t = Sessions::default().num_system_prompts, value_parser = usize_in(1, 10_000))]
     system_prompts: usize,
+    /// Tenants the sessions are spread over (session i belongs to tenant i mod N).
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1, 1_000))]
+    tenants: usize,
+    /// Sessions of one more, noisy tenant: each with a system prompt nobody shares, filling the
+    /// prefix cache with blocks nobody reuses.
+    #[arg(long, default_value_t = 0, value_parser = usize_in(0, 10_000))]
+    noisy_sessions: usize,
+    /// Cached blocks per tenant safe from other tenants' demand (repeat the flag to compare;
+    /// each run is also made without a quota).
+    #[arg(long = "tenant-quota", value_parser = usize_in(0, MAX_NUM_BLOCKS))]
+    quotas: Vec<usize>,
     /// New tokens per turn (llama.cpp's -n).
     #[arg(long = "n-predict", short = 'n', default_value_t = 8, value_parser = usize_in(1, 4096))]
     max_tokens: usize,
@@ -56,6 +67,11 @@ pub struct Args {
 struct Row {
     num_blocks: usize,
     policy: &'static str,
+    /// Cached blocks per tenant kept safe from the others (None: no quota).
+    tenant_quota: Option<usize>,
+    /// Hit rate of the noisy tenant's requests and of everyone else's (with --noisy-sessions).
+    noisy_hit_rate: Option<f64>,
+    others_hit_rate: Option<f64>,
     /// Prompt tokens served by the prefix cache / prompt tokens looked up (admissions).
     prefix_hit_rate: f64,
     /// Prefill tokens computed (prompt tokens not served by the cache, recomputation included).
@@ -79,6 +95,8 @@ pub fn run(a: Args) -> Result<()> {
         num_sessions: a.sessions,
         turns_per_session: a.turns,
         vocab_size: vocab,
+        num_tenants: a.tenants,
+        noisy_sessions: a.noisy_sessions,
         ..Sessions::default()
     };
     let turns = session_turns(a.seed, workload)?;
@@ -93,6 +111,7 @@ pub fn run(a: Args) -> Result<()> {
             // comparison wants the same work everywhere, so only the length stops.
             stop: StopConditions::max_tokens(a.max_tokens),
             arrival_step: t.arrival_step,
+            tenant: t.tenant,
         })
         .collect();
     let longest = requests.iter().map(|r| r.prompt.len()).max().unwrap_or(1) + a.max_tokens;
@@ -115,10 +134,17 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         a.policies.clone()
     };
+    let quotas: Vec<Option<usize>> = std::iter::once(None)
+        .chain(a.quotas.iter().copied().map(Some))
+        .collect();
+    let noisy = (a.noisy_sessions > 0).then_some(a.tenants as kvlab_paged::Tenant);
     let mut rows = Vec::new();
     let mut reference: Option<Vec<Vec<u32>>> = None;
     for &num_blocks in &pools {
-        for &policy in &policies {
+        for (&policy, &tenant_quota) in policies
+            .iter()
+            .flat_map(|p| quotas.iter().map(move |q| (p, q)))
+        {
             let pool = PoolOptions {
                 num_blocks,
                 block_size: a.block_size,
@@ -127,6 +153,7 @@ pub fn run(a: Args) -> Result<()> {
             let mut engine = build_paged(EngineKind::CpuPaged, model.clone(), pool)?;
             let config = SchedulerConfig {
                 eviction_policy: policy,
+                tenant_quota,
                 ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
             };
             let mut sched = Scheduler::new(config)?;
@@ -135,13 +162,26 @@ pub fn run(a: Args) -> Result<()> {
             match &reference {
                 None => reference = Some(outputs),
                 Some(r) if *r != outputs => bail!(
-                    "{} blocks, {}: the generated tokens differ from the first run's; eviction must never change them",
+                    "{} blocks, {}, quota {:?}: the generated tokens differ from the first run's; eviction must never change them",
                     num_blocks,
-                    policy.name()
+                    policy.name(),
+                    tenant_quota
                 ),
                 Some(_) => {}
             }
-            rows.push(row(num_blocks, policy, &requests, &report));
+            let mut r = row(num_blocks, policy, &requests, &report);
+            r.tenant_quota = tenant_quota;
+            if let Some(noisy) = noisy {
+                let rate = |(q, h): (u64, u64)| h as f64 / q.max(1) as f64;
+                let hits = sched.tenant_prefix_hits();
+                let others = hits
+                    .iter()
+                    .filter(|(t, _)| **t != noisy)
+                    .fold((0, 0), |(q, h), (_, &(q2, h2))| (q + q2, h + h2));
+                r.noisy_hit_rate = Some(rate(hits.get(&noisy).copied().unwrap_or_default()));
+                r.others_hit_rate = Some(rate(others));
+            }
+            rows.push(r);
         }
     }
     if a.json {
@@ -160,7 +200,19 @@ pub fn run(a: Args) -> Result<()> {
         a.block_size,
         seq_blocks
     );
-    println!(
+    if a.tenants > 1 || a.noisy_sessions > 0 {
+        println!(
+            "tenants: {} ({} sessions each, round robin){}",
+            a.tenants,
+            a.sessions.div_ceil(a.tenants),
+            noisy.map_or(String::new(), |t| format!(
+                ", plus noisy tenant {t}: {} sessions with system prompts of their own",
+                a.noisy_sessions
+            ))
+        );
+    }
+    let tenant_cols = noisy.is_some() || !a.quotas.is_empty();
+    print!(
         "{:>7} {:<11} {:>9} {:>15} {:>10} {:>12} {:>15} {:>14} {:>9}",
         "blocks",
         "eviction",
@@ -172,8 +224,13 @@ pub fn run(a: Args) -> Result<()> {
         "TTFT p90, ms",
         "engine s"
     );
+    if tenant_cols {
+        print!(" {:>6} {:>11} {:>10}", "quota", "others hit", "noisy hit");
+    }
+    println!();
+    let percent = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x));
     for r in &rows {
-        println!(
+        print!(
             "{:>7} {:<11} {:>8.1}% {:>15} {:>10} {:>12} {:>15.2} {:>14.2} {:>9.3}",
             r.num_blocks,
             r.policy,
@@ -185,6 +242,15 @@ pub fn run(a: Args) -> Result<()> {
             r.ttft_ms_p90,
             r.engine_s
         );
+        if tenant_cols {
+            let quota = r.tenant_quota.map_or("none".into(), |q| q.to_string());
+            print!(
+                " {quota:>6} {:>11} {:>10}",
+                percent(r.others_hit_rate),
+                percent(r.noisy_hit_rate)
+            );
+        }
+        println!();
     }
     println!("every policy gave every turn the same tokens");
     Ok(())
@@ -218,6 +284,9 @@ fn row(num_blocks: usize, policy: EvictionPolicy, requests: &[Request], r: &Driv
     Row {
         num_blocks,
         policy: policy.name(),
+        tenant_quota: None,
+        noisy_hit_rate: None,
+        others_hit_rate: None,
         prefix_hit_rate: m.prefix_cache_hit_rate(),
         prefill_tokens: computed - decode_tokens,
         evictions: m.num_evictions,

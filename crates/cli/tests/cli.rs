@@ -440,6 +440,26 @@ fn evict_compares_policies_on_the_same_sessions() {
     );
 }
 
+/// Tenants: with a noisy tenant filling the cache with prompts nobody shares, a quota of
+/// cached blocks per tenant makes the noisy one evict its own blocks first, and the other
+/// tenants' hit rate does not fall (the same tokens either way, checked by the command).
+#[test]
+fn a_tenant_quota_keeps_a_noisy_tenant_from_evicting_the_others() {
+    let r = kvlab(
+        "evict --eviction lru --tenants 4 --noisy-sessions 24 --tenant-quota 8 --num-blocks 128 --json",
+    );
+    assert!(r.ok, "{}", r.err);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(r.out.trim()).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0]["tenant_quota"].is_null());
+    assert_eq!(rows[1]["tenant_quota"], 8);
+    let others = |r: &serde_json::Value| r["others_hit_rate"].as_f64().unwrap();
+    assert!(others(&rows[1]) >= others(&rows[0]), "{rows:?}");
+    assert!(rows[0]["noisy_hit_rate"].as_f64().is_some());
+    let r = kvlab("evict --tenant-quota 4 --num-blocks 60 --eviction lfu --sessions 4 --turns 2");
+    assert!(r.ok && r.out.contains("quota"), "{}", r.out);
+}
+
 /// `export --out FILE.gguf` writes a `llama` GGUF that generates what the model it came from
 /// generates.
 #[test]
