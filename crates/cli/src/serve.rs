@@ -41,6 +41,10 @@ pub struct Args {
     /// leaf-first.
     #[arg(long, default_value = "lru", value_parser = kvlab_cli::args::eviction_parser())]
     eviction: kvlab_paged::EvictionPolicy,
+    /// Cached blocks each tenant (a request's OpenAI `user`) keeps safe from other tenants'
+    /// demand (default: no quotas).
+    #[arg(long, value_parser = usize_in(0, MAX_NUM_BLOCKS))]
+    tenant_quota: Option<usize>,
     /// Token slots per block.
     #[arg(long, default_value_t = kvlab_paged::DEFAULT_BLOCK_SIZE, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
     block_size: usize,
@@ -100,13 +104,14 @@ pub fn run(a: Args) -> Result<()> {
     };
     let stop_ids = model.config.stop_ids.clone();
     let kind = a.engine;
-    let eviction = a.eviction;
+    let (eviction, tenant_quota) = (a.eviction, a.tenant_quota);
     let step_delay = Duration::from_millis(a.step_delay_ms as u64);
     let engine = kvlab_serve::spawn_engine(
         move || {
             let e = build_paged(kind, model, pool).map_err(|e| format!("{e:#}"))?;
             let config = SchedulerConfig {
                 eviction_policy: eviction,
+                tenant_quota,
                 ..SchedulerConfig::new(e.kv_cache().clone(), max_model_len)
             };
             let executor = PagedExecutor {

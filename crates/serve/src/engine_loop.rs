@@ -54,6 +54,8 @@ pub struct GenerationRequest {
     pub events: UnboundedSender<TokenEvent>,
     /// When the request reached the server (its latencies are measured from here).
     pub arrival: Instant,
+    /// Whose request it is (the OpenAI `user` field; 0 when none), for prefix-cache quotas.
+    pub tenant: kvlab_paged::Tenant,
 }
 
 /// What the engine thread sends back for one request.
@@ -317,7 +319,7 @@ impl EngineLoop {
         let stop = StopConditions::max_tokens(r.max_tokens)
             .with_stop_tokens(self.stop_token_ids.iter().copied());
         let num_prompt_tokens = r.prompt.len();
-        match self.sched.add_request(r.prompt, stop) {
+        match self.sched.add_request_for(r.prompt, stop, r.tenant) {
             Ok(id) => {
                 self.live.insert(
                     id,

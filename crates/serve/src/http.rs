@@ -333,6 +333,8 @@ struct CompletionRequest {
     #[serde(default)]
     stream: bool,
     n: Option<u32>,
+    /// OpenAI's end-user identifier: kvlab's tenant for prefix-cache quotas (`--tenant-quota`).
+    user: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -349,6 +351,7 @@ struct Prepared {
     sampler: Sampler,
     stop: Vec<String>,
     stream: bool,
+    tenant: kvlab_paged::Tenant,
 }
 
 /// Which OpenAI endpoint a request came to.
@@ -498,7 +501,17 @@ fn prepare(
         sampler,
         stop,
         stream: req.stream,
+        tenant: req.user.as_deref().map_or(0, tenant_of),
     })
+}
+
+/// The tenant of an OpenAI `user`: 1 + its FNV-1a hash modulo 2³² − 1 (0 is everyone who gives
+/// none). Two users whose hashes meet share a quota; nothing else depends on it.
+fn tenant_of(user: &str) -> kvlab_paged::Tenant {
+    let h = user.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
+    });
+    1 + h % (u32::MAX - 1)
 }
 
 fn now_s() -> u64 {
@@ -610,6 +623,7 @@ async fn serve_request(
                 sampler: p.sampler,
                 events: tx,
                 arrival,
+                tenant: p.tenant,
             },
             s.max_waiting,
         )
@@ -744,4 +758,20 @@ fn sse_chunks(
         }
     })
     .chain(stream::once(async { Ok(Event::default().data("[DONE]")) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_are_tenants_and_nobody_is_tenant_0() {
+        assert_ne!(tenant_of("alice"), tenant_of("bob"));
+        assert_eq!(tenant_of("alice"), tenant_of("alice"));
+        assert!(
+            ["", "alice", "bob", "\u{10ffff}"]
+                .iter()
+                .all(|u| tenant_of(u) != 0)
+        );
+    }
 }

@@ -116,6 +116,14 @@ async fn completions_match_the_cpu_engine_stream_and_free_the_pool() {
         tok.encode(PROMPT, true, false).len()
     );
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // OpenAI's `user` names the tenant (for --tenant-quota); it changes no token.
+    let (status, v) = post(
+        &url,
+        json!({"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "user": "alice"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], expected.as_str());
 
     // Streaming: the chunks' text joined equals the whole, and the stream ends with [DONE].
     let body = reqwest::Client::new()
@@ -184,10 +192,10 @@ async fn completions_match_the_cpu_engine_stream_and_free_the_pool() {
         "vllm:kv_cache_usage_perc{model_name=\"stories260K\"} 0",
         "# TYPE vllm:prefix_cache_hits_total counter",
         "# TYPE vllm:time_to_first_token_seconds histogram",
-        // The two requests that ran to their end (the 40-token ones; the other two were
+        // The three requests that ran to their end (the 40-token ones; the other two were
         // cancelled by their handlers).
-        "vllm:request_success_total{finished_reason=\"length\",model_name=\"stories260K\"} 2",
-        "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} 2",
+        "vllm:request_success_total{finished_reason=\"length\",model_name=\"stories260K\"} 3",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} 3",
         "kvlab:requests_cancelled_total{model_name=\"stories260K\"} 2",
     ] {
         assert!(
