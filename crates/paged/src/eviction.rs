@@ -166,21 +166,21 @@ impl EvictionQueue {
         }
     }
 
-    /// Takes `block` out of the queue to evict it (another queue chose it): as [`Self::pop`]
-    /// would, its hit count and second chance reset.
-    pub(crate) fn take(&mut self, block: BlockId) {
-        self.remove(block);
-        self.hits[block as usize] = 0;
-        self.referenced[block as usize] = false;
-    }
-
     /// The block to evict now, out of the queue, its hit count and second chance reset (its
     /// content is about to be dropped). `None` when nothing is evictable.
     pub(crate) fn pop(&mut self) -> Option<BlockId> {
+        self.pop_where(|_| true)
+    }
+
+    /// [`Self::pop`] among the blocks `wanted` accepts (a tenant's, under quotas): the first of
+    /// them in the policy's order; the others keep their places (and CLOCK's bits). `None` when
+    /// no evictable block is wanted.
+    pub(crate) fn pop_where(&mut self, wanted: impl Fn(BlockId) -> bool) -> Option<BlockId> {
         let block = match self.policy {
-            EvictionPolicy::Clock => self.advance_hand()?,
+            EvictionPolicy::Clock => self.advance_hand(wanted)?,
             _ => {
-                let (_, block) = self.order.pop_first()?;
+                let (&k, &block) = self.order.iter().find(|(_, b)| wanted(**b))?;
+                self.order.remove(&k);
                 self.key[block as usize] = None;
                 block
             }
@@ -191,21 +191,26 @@ impl EvictionQueue {
         Some(block)
     }
 
-    /// CLOCK's hand: skips stale entries, gives referenced blocks a second round (bit cleared,
-    /// back of the ring), and takes the first block without one. Ends: each live entry is
-    /// passed over at most once before its bit is clear.
-    fn advance_hand(&mut self) -> Option<BlockId> {
-        while let Some((block, generation)) = self.ring.pop_front() {
+    /// CLOCK's hand over the wanted blocks: drops stale entries, passes over unwanted ones,
+    /// gives referenced wanted blocks a second round (bit cleared, back of the ring), and takes
+    /// the first wanted block without one. Ends: each wanted entry goes to the back at most once
+    /// before its bit is clear, and every other step moves the hand on.
+    fn advance_hand(&mut self, wanted: impl Fn(BlockId) -> bool) -> Option<BlockId> {
+        let mut i = 0;
+        while let Some(&(block, generation)) = self.ring.get(i) {
             let b = block as usize;
             if self.in_ring[b] != Some(generation) {
-                continue;
-            }
-            if std::mem::take(&mut self.referenced[b]) {
+                self.ring.remove(i);
+            } else if !wanted(block) {
+                i += 1;
+            } else if std::mem::take(&mut self.referenced[b]) {
+                self.ring.remove(i);
                 self.ring.push_back((block, generation));
-                continue;
+            } else {
+                self.ring.remove(i);
+                self.in_ring[b] = None;
+                return Some(block);
             }
-            self.in_ring[b] = None;
-            return Some(block);
         }
         None
     }
@@ -301,6 +306,29 @@ mod tests {
             got.sort_unstable();
             assert_eq!(got, (0..16).collect::<Vec<_>>(), "{policy:?}");
             assert_eq!(EvictionPolicy::from_name(policy.name()), Some(policy));
+        }
+    }
+
+    /// pop_where takes the first wanted block in each policy's order and leaves the others
+    /// where they were: after it, a plain pop gives the rest in their original order.
+    #[test]
+    fn pop_where_takes_the_first_wanted_block_and_keeps_the_rest_in_order() {
+        for policy in EvictionPolicy::ALL {
+            let mut q = EvictionQueue::new(6, policy);
+            for b in 0..6 {
+                q.push(b, 0);
+            }
+            let mut all = q.clone();
+            let order = drain(&mut all);
+            let odd = q.pop_where(|b| b % 2 == 1).unwrap();
+            assert_eq!(
+                odd,
+                *order.iter().find(|b| *b % 2 == 1).unwrap(),
+                "{policy:?}"
+            );
+            let rest: Vec<BlockId> = order.iter().copied().filter(|&b| b != odd).collect();
+            assert_eq!(drain(&mut q), rest, "{policy:?}");
+            assert_eq!(q.pop_where(|_| true), None);
         }
     }
 }

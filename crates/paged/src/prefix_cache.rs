@@ -100,10 +100,26 @@ pub(crate) struct PrefixCache {
     tenant_quota: Option<usize>,
     /// (num_blocks,) the tenant whose sequence filled each cached block.
     block_tenant: Vec<Tenant>,
-    /// Cached blocks (held or evictable) per tenant.
+    /// Cached blocks (held or evictable) per tenant; tenants with none are not kept.
     cached_by_tenant: BTreeMap<Tenant, usize>,
-    /// With quotas: each tenant's evictable blocks, in the policy's order.
-    by_tenant: BTreeMap<Tenant, EvictionQueue>,
+    /// Evictable blocks per tenant; tenants with none are not kept.
+    evictable_by_tenant: BTreeMap<Tenant, usize>,
+}
+
+/// counts[t] += 1.
+fn count_up(counts: &mut BTreeMap<Tenant, usize>, t: Tenant) {
+    *counts.entry(t).or_default() += 1;
+}
+
+/// counts[t] −= 1, forgetting a tenant that reaches 0 (so the maps hold at most one entry per
+/// cached block, whatever tenants requests name).
+fn count_down(counts: &mut BTreeMap<Tenant, usize>, t: Tenant) {
+    if let Some(n) = counts.get_mut(&t) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(&t);
+        }
+    }
 }
 
 impl PrefixCache {
@@ -119,7 +135,7 @@ impl PrefixCache {
             tenant_quota: None,
             block_tenant: vec![0; num_blocks],
             cached_by_tenant: BTreeMap::new(),
-            by_tenant: BTreeMap::new(),
+            evictable_by_tenant: BTreeMap::new(),
         }
     }
 
@@ -212,7 +228,7 @@ impl PrefixCache {
             self.block_entry[block as usize] = Some(entry);
             self.num_cached += 1;
             self.block_tenant[block as usize] = tenant;
-            *self.cached_by_tenant.entry(tenant).or_default() += 1;
+            count_up(&mut self.cached_by_tenant, tenant);
         }
     }
 
@@ -289,24 +305,25 @@ impl PrefixCache {
             .entry_id(block)
             .and_then(|e| self.entries.get(&e))
             .map_or(0, |e| e.depth as usize);
-        self.evictable.push(block, depth);
-        if self.tenant_quota.is_some() {
-            let (n, policy) = (self.block_entry.len(), self.evictable.policy());
-            let tenant = self.block_tenant[block as usize];
-            let q = self.by_tenant.entry(tenant);
-            q.or_insert_with(|| EvictionQueue::new(n, policy))
-                .push(block, depth);
+        if !self.evictable.contains(block) {
+            count_up(
+                &mut self.evictable_by_tenant,
+                self.block_tenant[block as usize],
+            );
         }
+        self.evictable.push(block, depth);
     }
 
     /// Someone references a cached block again (a prefix hit or a duplicate found): out of the
     /// eviction queue if it was there, one more hit for the policy.
     pub(crate) fn hit(&mut self, block: BlockId) {
-        self.evictable.hit(block);
-        let tenant = self.block_tenant[block as usize];
-        if let Some(q) = self.by_tenant.get_mut(&tenant) {
-            q.hit(block);
+        if self.evictable.contains(block) {
+            count_down(
+                &mut self.evictable_by_tenant,
+                self.block_tenant[block as usize],
+            );
         }
+        self.evictable.hit(block);
     }
 
     /// The tenant to evict from under quotas: the one furthest over its quota that has an
@@ -314,10 +331,9 @@ impl PrefixCache {
     /// evictable blocks is within its quota.
     fn over_quota(&self) -> Option<Tenant> {
         let quota = self.tenant_quota?;
-        self.by_tenant
-            .iter()
-            .filter(|(_, q)| q.len() > 0)
-            .map(|(&t, _)| (self.num_cached_of(t), t))
+        self.evictable_by_tenant
+            .keys()
+            .map(|&t| (self.num_cached_of(t), t))
             .filter(|&(cached, _)| cached > quota)
             .max_by_key(|&(cached, t)| (cached, std::cmp::Reverse(t)))
             .map(|(_, t)| t)
@@ -325,31 +341,27 @@ impl PrefixCache {
 
     /// Evicts the block the policy picks: its entry becomes a ghost (dropped unless something
     /// hangs from it) and the block is returned as a plain free block. `None` when nothing is
-    /// evictable. With a tenant quota, the block comes from the tenant furthest over its quota
-    /// (its policy order), so a tenant within its quota loses no cached block while another is
-    /// over; when nobody is over, from the policy's order over all tenants.
+    /// evictable. With a tenant quota, the block is the first in the policy's order of the
+    /// tenant furthest over its quota, so a tenant within its quota loses no cached block while
+    /// another is over; when nobody is over, the policy chooses across all tenants.
     pub(crate) fn evict(&mut self) -> Option<BlockId> {
         let block = match self.over_quota() {
             Some(t) => {
-                let block = self.by_tenant.get_mut(&t)?.pop()?;
-                self.evictable.take(block);
-                block
+                let owner = &self.block_tenant;
+                self.evictable.pop_where(|b| owner[b as usize] == t)?
             }
-            None => {
-                let block = self.evictable.pop()?;
-                let tenant = self.block_tenant[block as usize];
-                if let Some(q) = self.by_tenant.get_mut(&tenant) {
-                    q.take(block);
-                }
-                block
-            }
+            None => self.evictable.pop()?,
         };
+        count_down(
+            &mut self.evictable_by_tenant,
+            self.block_tenant[block as usize],
+        );
         if let Some(entry) = self.block_entry[block as usize].take() {
             self.num_cached -= 1;
-            let tenant = self.block_tenant[block as usize];
-            if let Some(n) = self.cached_by_tenant.get_mut(&tenant) {
-                *n -= 1;
-            }
+            count_down(
+                &mut self.cached_by_tenant,
+                self.block_tenant[block as usize],
+            );
             if let Some(e) = self.entries.get_mut(&entry) {
                 e.block = None;
             }
