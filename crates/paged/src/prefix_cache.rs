@@ -31,6 +31,12 @@
 //! [`EvictionPolicy`] (`eviction.rs`; LRU by default, oldest release first) picks the block.
 //! Sequences release their blocks last-to-first, so under LRU a sequence's tail is evicted before
 //! its head, which more requests share.
+//!
+//! **Tenants can have quotas.** A cached block remembers the tenant whose sequence computed it.
+//! With a quota of Q blocks, an eviction first takes, in the policy's order, a block of the tenant
+//! holding the most cached blocks above Q; only when no tenant with an evictable block is over Q
+//! does the policy choose among all of them. A tenant within its quota thus keeps its cached
+//! blocks while any other is over (a noisy neighbour evicts itself first).
 
 use std::collections::{BTreeMap, HashMap};
 
