@@ -237,7 +237,12 @@ pub fn run(a: Args) -> Result<()> {
         bytes(g.kv.reserved_bytes),
         bytes(kv.bytes_per_token(&config)),
         bytes(kv.bytes_per_token(&config) * positions),
-        if kv.bytes_windowed(&config, positions) != kv.bytes_per_token(&config) * positions {
+        if config
+            .layer_kinds
+            .iter()
+            .any(|k| matches!(k, kvlab_model::LayerKind::Local { .. }))
+            && kv.bytes_windowed(&config, positions) != kv.bytes_per_token(&config) * positions
+        {
             format!(
                 "; with sliding-window ring buffers {}",
                 bytes(kv.bytes_windowed(&config, positions))
