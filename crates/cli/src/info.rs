@@ -102,7 +102,7 @@ pub fn run(a: &Args) -> Result<()> {
                 KvDtype::INT4_GROUP,
                 hd.div_ceil(KvDtype::INT4_VALUE_GROUP)
             ),
-            _ => format!("{hd} x {}", d.kv_head_bytes(1, 1, 1) / 2),
+            _ => format!("{hd} x {}", d.value_bytes(1, 1)),
         };
         println!(
             "  {}: 2 x {} x {} x {per_head} = {}",

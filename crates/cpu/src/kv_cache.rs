@@ -93,15 +93,17 @@ impl ContiguousKvCache {
                     .min(max_seq_len),
             })
             .collect();
-        let offsets = caps
-            .iter()
-            .scan(0, |acc, &cap| {
+        // Rows each layer takes in the stores: its cap, in whole int4 key groups.
+        let padded = caps.iter().map(|cap| cap.next_multiple_of(group));
+        let offsets = padded
+            .clone()
+            .scan(0, |acc, rows| {
                 let off = *acc;
-                *acc += cap.next_multiple_of(group);
+                *acc += rows;
                 Some(off)
             })
             .collect();
-        let rows = caps.iter().map(|cap| cap.next_multiple_of(group)).sum();
+        let rows = padded.sum();
         let shape = (c.n_kv_heads, c.head_dim);
         ContiguousKvCache {
             k: KvStore::new(dtype, Part::Keys, rows, shape, group),

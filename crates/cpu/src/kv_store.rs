@@ -118,12 +118,13 @@ impl KvStore {
                 scale: vec![0.0; heads],
             },
             (KvDtype::Int4, Part::Keys) => {
-                let groups = rows.div_ceil(group.max(1));
+                let group = group.max(1);
+                let groups = rows.div_ceil(group);
                 Data::Int4Keys {
                     q: vec![0; codes],
                     scale: vec![0.0; groups * n_kv_heads * head_dim],
                     min: vec![0.0; groups * n_kv_heads * head_dim],
-                    group: group.max(1),
+                    group,
                     open: (0..groups).map(|_| None).collect(),
                 }
             }
@@ -156,16 +157,13 @@ impl KvStore {
         self.n_kv_heads * self.head_dim
     }
 
-    /// Bytes `rows` rows take (scales included; int4 keys count whole groups): keys and values
-    /// together are n_kv_heads × `KvDtype::kv_head_bytes`.
+    /// Bytes `rows` rows take, scales included: n_kv_heads × `KvDtype::key_bytes` (int4 keys:
+    /// whole groups) or `KvDtype::value_bytes`.
     pub fn bytes_for(&self, rows: usize) -> usize {
-        let (nkv, hd) = (self.n_kv_heads, self.head_dim);
+        let (nkv, hd, dtype) = (self.n_kv_heads, self.head_dim, self.dtype());
         match &self.data {
-            Data::Int4Keys { group, .. } => {
-                nkv * (rows * hd.div_ceil(2) + rows.div_ceil(*group) * 8 * hd)
-            }
-            Data::Int4Values { .. } => nkv * rows * (hd.div_ceil(2) + 8 * hd.div_ceil(VALUE_GROUP)),
-            _ => rows * self.dtype().kv_head_bytes(hd, 1, 1) / 2 * nkv,
+            Data::Int4Keys { group, .. } => nkv * dtype.key_bytes(hd, rows, *group),
+            _ => nkv * dtype.value_bytes(hd, rows),
         }
     }
 
@@ -241,21 +239,18 @@ impl KvStore {
     /// An int4 key row: into its group's residual (decoding the group first if it was
     /// quantized); the group is quantized when its last row arrives.
     fn write_key_int4(&mut self, row: usize, x: &[f32]) {
-        let kvd = self.kv_dim();
+        let (kvd, nkv, hd) = (self.kv_dim(), self.n_kv_heads, self.head_dim);
         let Data::Int4Keys { group, open, .. } = &self.data else {
             unreachable!("int4 keys")
         };
         let (group, g) = (*group, row / *group);
-        if open[g].is_none() {
+        // A quantized group is decoded back first, so its other rows read as before.
+        let reopened = open[g].is_none().then(|| {
             let rows = g * group..((g + 1) * group).min(self.rows);
             let mut residual = vec![0.0; group * kvd].into_boxed_slice();
-            self.decode_int4(rows, 0..self.n_kv_heads, &mut residual);
-            let Data::Int4Keys { open, .. } = &mut self.data else {
-                unreachable!("int4 keys")
-            };
-            open[g] = Some(residual);
-        }
-        let (nkv, hd) = (self.n_kv_heads, self.head_dim);
+            self.decode_int4(rows, 0..nkv, &mut residual);
+            residual
+        });
         let Data::Int4Keys {
             q,
             scale,
@@ -266,7 +261,10 @@ impl KvStore {
         else {
             unreachable!("int4 keys")
         };
-        let residual = open[g].as_mut().expect("opened above");
+        let residual = match reopened {
+            Some(residual) => open[g].insert(residual),
+            None => open[g].as_mut().expect("a group not quantized is open"),
+        };
         residual[(row % group) * kvd..][..kvd].copy_from_slice(x);
         if row % group != group - 1 {
             return;

@@ -90,22 +90,32 @@ impl KvDtype {
         }
     }
 
-    /// Bytes `tokens` tokens' keys and values take together in one KV head of `head_dim`
-    /// elements, scales included (the module's table), with int4 key groups of `group` tokens
-    /// (a partial group costs a whole one's scales).
-    pub const fn kv_head_bytes(self, head_dim: usize, tokens: usize, group: usize) -> usize {
-        let per_token = match self {
-            Self::F32 => 2 * 4 * head_dim,
-            Self::F16 | Self::Bf16 => 2 * 2 * head_dim,
-            Self::Fp8E4m3 | Self::Int8 => 2 * (head_dim + 4),
-            Self::Int4 => {
-                let q = head_dim.div_ceil(2);
-                let value_scales = 8 * head_dim.div_ceil(Self::INT4_VALUE_GROUP);
-                let key_groups = tokens.div_ceil(group);
-                return tokens * (2 * q + value_scales) + key_groups * 8 * head_dim;
+    /// Bytes `tokens` tokens' keys take in one KV head of `head_dim` elements, scales included
+    /// (the module's table), with int4 key groups of `group` tokens (a partial group costs a
+    /// whole one's scales).
+    pub const fn key_bytes(self, head_dim: usize, tokens: usize, group: usize) -> usize {
+        match self {
+            Self::Int4 => tokens * head_dim.div_ceil(2) + tokens.div_ceil(group) * 8 * head_dim,
+            _ => self.value_bytes(head_dim, tokens),
+        }
+    }
+
+    /// Bytes `tokens` tokens' values take in one KV head of `head_dim` elements, scales
+    /// included (the module's table).
+    pub const fn value_bytes(self, head_dim: usize, tokens: usize) -> usize {
+        tokens
+            * match self {
+                Self::F32 => 4 * head_dim,
+                Self::F16 | Self::Bf16 => 2 * head_dim,
+                Self::Fp8E4m3 | Self::Int8 => head_dim + 4,
+                Self::Int4 => head_dim.div_ceil(2) + 8 * head_dim.div_ceil(Self::INT4_VALUE_GROUP),
             }
-        };
-        tokens * per_token
+    }
+
+    /// Bytes `tokens` tokens' keys and values take together in one KV head:
+    /// [`KvDtype::key_bytes`] + [`KvDtype::value_bytes`].
+    pub const fn kv_head_bytes(self, head_dim: usize, tokens: usize, group: usize) -> usize {
+        self.key_bytes(head_dim, tokens, group) + self.value_bytes(head_dim, tokens)
     }
 
     /// KV bytes per token: n_layers × n_kv_heads × [`KvDtype::kv_head_bytes`] of one token
