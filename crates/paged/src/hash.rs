@@ -46,6 +46,11 @@ fn fnv1a_bytes(mut h: u64, bytes: &[u8]) -> u64 {
     h
 }
 
+/// FNV-1a 64 of `bytes`: the same hash, for names that are not token blocks (a tenant).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    fnv1a_bytes(FNV_OFFSET, bytes)
+}
+
 /// The default block hash: FNV-1a 64 over a tag byte (0 for a first block, 1 for a block with a
 /// parent), the parent hash as 8 little-endian bytes (if any), then each token id as 4
 /// little-endian bytes. The tag keeps "no parent" distinct from "a parent whose hash is 0".

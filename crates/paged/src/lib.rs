@@ -98,7 +98,7 @@ pub use config::{KvCacheConfig, KvGroupConfig, SchedulerConfig};
 pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive};
 pub use error::{PagedError, Result};
 pub use eviction::EvictionPolicy;
-pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a_block_hash};
+pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a, fnv1a_block_hash};
 pub use metrics::Metrics;
 pub use pool_view::{BlockState, GroupView, PoolView, SeqView};
 pub use prefix_cache::PrefixMatch;

@@ -2,7 +2,7 @@
 //! deduplication, and ghost entries that keep evicted levels verified.
 
 use kvlab_paged::{
-    BlockAllocator, BlockHash, BlockTable, PagedError, chain_hashes, fnv1a_block_hash,
+    BlockAllocator, BlockHash, BlockTable, PagedError, chain_hashes, fnv1a, fnv1a_block_hash,
 };
 
 /// Allocates and "computes" `tokens` into a fresh table, registering its full blocks.
@@ -27,6 +27,9 @@ fn fnv1a_is_pinned() {
         fnv1a_block_hash(None, &[1]),
         BlockHash(0x44c1_a3d0_cef6_2cbe)
     );
+    // FNV-1a 64 of plain bytes: the offset basis for none, the published value for "a".
+    assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
 }
 
 #[test]

@@ -508,10 +508,8 @@ fn prepare(
 /// The tenant of an OpenAI `user`: 1 + its FNV-1a hash modulo 2³² − 1 (0 is everyone who gives
 /// none). Two users whose hashes meet share a quota; nothing else depends on it.
 fn tenant_of(user: &str) -> kvlab_paged::Tenant {
-    let h = user.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ b as u32).wrapping_mul(0x0100_0193)
-    });
-    1 + h % (u32::MAX - 1)
+    let h = kvlab_paged::fnv1a(user.as_bytes()) % u64::from(u32::MAX - 1);
+    1 + h as kvlab_paged::Tenant
 }
 
 fn now_s() -> u64 {
