@@ -10,7 +10,9 @@
 
 use serde::Serialize;
 
-use crate::{BlockAllocator, EvictionPolicy, PagedError, Result, max_window_blocks, window_start};
+use crate::{
+    BlockAllocator, EvictionPolicy, PagedError, Result, TierConfig, max_window_blocks, window_start,
+};
 
 /// One KV cache group: a set of layers sharing an attention kind, served by its own pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -69,6 +71,7 @@ impl KvCacheConfig {
         prefix_caching: bool,
         eviction: EvictionPolicy,
         tenant_quota: Option<usize>,
+        tier_capacity: Option<usize>,
     ) -> Result<Vec<BlockAllocator>> {
         self.groups
             .iter()
@@ -77,6 +80,7 @@ impl KvCacheConfig {
                     a.with_prefix_caching(prefix_caching)
                         .with_eviction_policy(eviction)
                         .with_tenant_quota(tenant_quota)
+                        .with_tier(tier_capacity)
                 })
             })
             .collect()
@@ -103,6 +107,9 @@ pub struct SchedulerConfig {
     /// Cached blocks per pool each tenant keeps safe from other tenants' demand (`None`: no
     /// quotas; see `BlockAllocator::with_tenant_quota`).
     pub tenant_quota: Option<usize>,
+    /// Tiers below the pools that evicted cached blocks spill to and hits restore from
+    /// (`None`: evicted content is dropped; see [`crate::tier`]). Needs prefix caching.
+    pub tiers: Option<TierConfig>,
 }
 
 impl SchedulerConfig {
@@ -117,6 +124,7 @@ impl SchedulerConfig {
             enable_prefix_caching: true,
             eviction_policy: EvictionPolicy::Lru,
             tenant_quota: None,
+            tiers: None,
         }
     }
 
@@ -127,7 +135,7 @@ impl SchedulerConfig {
     /// group; a full-attention pool holds fewer than `max_model_len` tokens; a sliding-window
     /// pool holds fewer blocks than one sequence needs (`ceil(W / block_size) + 1`, or
     /// `ceil(max_model_len / block_size)` if smaller); `max_num_batched_tokens` is below
-    /// `max_model_len` or `max_num_seqs`.
+    /// `max_model_len` or `max_num_seqs`; tiers without prefix caching or of 0 blocks.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(PagedError::InvalidConfig(msg));
         let KvCacheConfig { block_size, groups } = &self.kv_cache;
@@ -147,6 +155,18 @@ impl SchedulerConfig {
                  it or lower the others",
                 self.max_num_batched_tokens, self.max_model_len, self.max_num_seqs
             ));
+        }
+        if let Some(t) = &self.tiers {
+            if !self.enable_prefix_caching {
+                return bad(
+                    "tiers hold evicted prefix-cache blocks; turn prefix caching on \
+                            or the tiers off"
+                        .into(),
+                );
+            }
+            if t.capacity() == 0 {
+                return bad("tiers of 0 blocks; give host_blocks or disk_blocks a size".into());
+            }
         }
         let seq_blocks = self.max_model_len.div_ceil(*block_size);
         for (g, group) in groups.iter().enumerate() {

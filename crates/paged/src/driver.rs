@@ -1,8 +1,8 @@
 //! The continuous-batching loop, written once for every paged engine.
 //!
 //! Each step: requests whose arrival step has come join the waiting queue; the [`Scheduler`]
-//! picks a batch; the engine ([`StepExecutor`]) performs the batch's block copies and runs its
-//! tokens, returning one row of logits per scheduled sequence; a token is sampled for each; the
+//! picks a batch; blocks move between the pool and the tiers below it if it has any; the engine
+//! ([`StepExecutor`]) performs the batch's block copies and runs its tokens, returning one row of logits per scheduled sequence; a token is sampled for each; the
 //! scheduler appends them, frees finished sequences and registers full blocks for reuse.
 
 use std::time::{Duration, Instant};
@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::{
-    FinishReason, Metrics, PagedError, ScheduledBatch, Scheduler, SeqId, StopConditions, Tenant,
+    BlockId, FinishReason, Metrics, PagedError, ScheduledBatch, Scheduler, SeqId, StopConditions,
+    Tenant,
 };
 
 /// An engine that runs scheduled steps over a paged KV cache (CPU or CUDA).
@@ -25,6 +26,52 @@ pub trait StepExecutor {
     /// # Errors
     /// Whatever the engine fails with (out of device memory, a kernel failure, ...).
     fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error>;
+
+    /// The bytes of `block` of KV cache group `group`: every layer of the group, keys and
+    /// values, exactly as the pool stores them (scales included), for a tier below the pool
+    /// ([`crate::tier`]). `None` (the default): this engine cannot move blocks, and what the
+    /// tiers would hold is dropped instead.
+    ///
+    /// # Errors
+    /// Whatever the engine fails with reading its pool.
+    fn read_block(&mut self, group: usize, block: BlockId) -> Result<Option<Vec<u8>>, Self::Error> {
+        let _ = (group, block);
+        Ok(None)
+    }
+
+    /// Overwrites `block` of `group` with bytes [`Self::read_block`] returned, so that it reads
+    /// back bit-identical. `false` (the default): this engine cannot move blocks.
+    ///
+    /// # Errors
+    /// Whatever the engine fails with, including bytes of the wrong length for a block.
+    fn write_block(
+        &mut self,
+        group: usize,
+        block: BlockId,
+        bytes: &[u8],
+    ) -> Result<bool, Self::Error> {
+        let _ = (group, block, bytes);
+        Ok(false)
+    }
+}
+
+/// Runs one scheduled step: the tier moves it needs ([`Scheduler::move_tier_blocks`]), then the
+/// engine's copies and forward pass ([`StepExecutor::execute`]).
+///
+/// # Errors
+/// [`DriveError::Tier`] from the moves, [`DriveError::Engine`] from the step.
+pub fn execute_step<E: StepExecutor + ?Sized>(
+    engine: &mut E,
+    scheduler: &mut Scheduler,
+    batch: &ScheduledBatch,
+) -> Result<Vec<Vec<f32>>, DriveError<E::Error>>
+where
+    E::Error: std::fmt::Display,
+{
+    scheduler
+        .move_tier_blocks(engine)
+        .map_err(|e| DriveError::Tier(e.to_string()))?;
+    engine.execute(batch).map_err(DriveError::Engine)
 }
 
 /// A request of a batched run.
@@ -75,6 +122,8 @@ pub enum DriveError<E: std::fmt::Display> {
     Paged(#[from] PagedError),
     #[error("engine: {0}")]
     Engine(E),
+    #[error("tier move: {0}")]
+    Tier(String),
     #[error(
         "the scheduler made no progress at step {0} with requests still unfinished; the pool is too small for them"
     )]
@@ -124,7 +173,7 @@ where
         }
         on_step(step, &batch, scheduler);
         let t = Instant::now();
-        let logits = engine.execute(&batch).map_err(DriveError::Engine)?;
+        let logits = execute_step(engine, scheduler, &batch)?;
         let seconds = t.elapsed();
         engine_time += seconds;
         let sampled: Vec<(SeqId, u32)> = batch

@@ -48,6 +48,10 @@ pub enum PagedError {
     )]
     StalePrefixMatch { level: usize },
 
+    /// The disk tier's directory cannot be created or written.
+    #[error("disk tier at {path}: {reason}")]
+    Tier { path: String, reason: String },
+
     /// A sliding window of zero tokens would attend to nothing.
     #[error("sliding window must be at least 1 token, got {window}")]
     InvalidWindow { window: usize },

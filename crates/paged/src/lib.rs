@@ -76,6 +76,7 @@ pub mod block_table;
 pub mod driver;
 pub mod hash;
 pub mod metrics;
+pub mod tier;
 pub mod waste;
 pub mod workload;
 
@@ -95,7 +96,7 @@ pub use allocator::{
 };
 pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables, Tenant};
 pub use config::{KvCacheConfig, KvGroupConfig, SchedulerConfig};
-pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive};
+pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive, execute_step};
 pub use error::{PagedError, Result};
 pub use eviction::EvictionPolicy;
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a, fnv1a_block_hash};
@@ -105,8 +106,9 @@ pub use prefix_cache::PrefixMatch;
 pub use scheduled_batch::{
     FinishedSeq, GroupInput, GroupStep, ModelInput, ScheduledBatch, ScheduledSeq, StepKind,
 };
-pub use scheduler::Scheduler;
+pub use scheduler::{Scheduler, TierMoveError};
 pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
+pub use tier::{KvTierStore, TierConfig, TierKey, TierOp, TierStats, TierStoreStats};
 pub use unscheduled::{UnscheduledPools, UnscheduledSeq};
 pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};
 pub use workload::{

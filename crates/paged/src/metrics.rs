@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::BlockAllocator;
+use crate::{BlockAllocator, TierStoreStats};
 
 /// A snapshot of the KV cache and scheduler. Block counts add up over all KV cache groups.
 ///
@@ -43,6 +43,16 @@ pub struct Metrics {
     pub num_waiting: usize,
     /// Non-empty steps scheduled so far.
     pub num_steps: u64,
+    /// Evicted cached blocks whose bytes went down a tier instead of away ([`crate::tier`]).
+    pub num_spills: u64,
+    /// Prefix-cache levels restored from a tier into a fresh block (their prefill skipped).
+    pub num_restores: u64,
+    /// Levels the tiers let go (full, a lost file, or the content computed again).
+    pub num_tier_drops: u64,
+    /// Levels the tiers hold now.
+    pub num_tiered_blocks: usize,
+    /// Bytes per tier now and moved so far (zeros without tiers).
+    pub tier_store: TierStoreStats,
 }
 
 impl Metrics {
@@ -72,6 +82,11 @@ impl Metrics {
             num_running: 0,
             num_waiting: 0,
             num_steps: 0,
+            num_spills: stat(|a| a.tier_stats().spills),
+            num_restores: stat(|a| a.tier_stats().restores),
+            num_tier_drops: stat(|a| a.tier_stats().drops),
+            num_tiered_blocks: pools.iter().map(BlockAllocator::num_tiered_blocks).sum(),
+            tier_store: TierStoreStats::default(),
         }
     }
 

@@ -37,10 +37,19 @@
 //! holding the most cached blocks above Q; only when no tenant with an evictable block is over Q
 //! does the policy choose among all of them. A tenant within its quota thus keeps its cached
 //! blocks while any other is over (a noisy neighbour evicts itself first).
+//!
+//! **Evicted blocks can go down a tier instead of away** ([`crate::tier`]). With tiers, an
+//! evicted block's entry becomes a *tiered* ghost: the tiers hold one `refs` on it, the block's
+//! bytes are spilled, and a later lookup that reaches the entry can restore it into a fresh
+//! block instead of recomputing it. When the tiers are full the oldest spill is dropped (its
+//! ghost goes the way of any ghost); when the same content is computed again, the copy below
+//! is dropped too.
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::eviction::EvictionQueue;
+use crate::tier::TierStats;
+use crate::tier::index::{IndexOp, TierIndex};
 use crate::{BlockHash, BlockId, EvictionPolicy, HashFn, Tenant};
 
 /// Identity of one cached content. Unique for the allocator's lifetime, so an entry can never be
@@ -110,6 +119,8 @@ pub(crate) struct PrefixCache {
     cached_by_tenant: BTreeMap<Tenant, usize>,
     /// Evictable blocks per tenant; tenants with none are not kept.
     evictable_by_tenant: BTreeMap<Tenant, usize>,
+    /// The entries a lower tier holds (`None`: evicted blocks are dropped).
+    tier: Option<TierIndex>,
 }
 
 /// counts[t] += 1.
@@ -142,6 +153,79 @@ impl PrefixCache {
             block_tenant: vec![0; num_blocks],
             cached_by_tenant: BTreeMap::new(),
             evictable_by_tenant: BTreeMap::new(),
+            tier: None,
+        }
+    }
+
+    /// The same empty cache spilling evicted blocks to tiers that hold `capacity` blocks
+    /// (`None`: no tiers, evicted content is dropped).
+    pub(crate) fn with_tier(mut self, capacity: Option<usize>) -> Self {
+        self.tier = capacity.map(TierIndex::new);
+        self
+    }
+
+    /// Blocks the tiers below hold at most (`None`: no tiers).
+    pub(crate) fn tier_capacity(&self) -> Option<usize> {
+        self.tier.as_ref().map(TierIndex::capacity)
+    }
+
+    /// Whether a lower tier holds `entry`'s bytes (a ghost that can be restored).
+    pub(crate) fn is_tiered(&self, entry: EntryId) -> bool {
+        self.tier.as_ref().is_some_and(|t| t.contains(entry))
+    }
+
+    /// Entries the tiers hold now.
+    pub(crate) fn num_tiered(&self) -> usize {
+        self.tier.as_ref().map_or(0, TierIndex::len)
+    }
+
+    /// Spills, restores and drops so far.
+    pub(crate) fn tier_counts(&self) -> TierStats {
+        self.tier
+            .as_ref()
+            .map_or_else(TierStats::default, |t| t.stats)
+    }
+
+    /// The moves decided since the last call, in order.
+    pub(crate) fn take_tier_ops(&mut self) -> Vec<IndexOp> {
+        self.tier
+            .as_mut()
+            .map_or_else(Vec::new, |t| std::mem::take(&mut t.ops))
+    }
+
+    /// Whether a spill of `entry` is among the moves not yet taken.
+    pub(crate) fn spill_pending(&self, entry: EntryId) -> bool {
+        self.tier.as_ref().is_some_and(|t| {
+            t.ops
+                .iter()
+                .any(|op| matches!(op, IndexOp::Spill { entry: e, .. } if *e == entry))
+        })
+    }
+
+    /// Takes tiered `entry` out of the tiers ahead of [`Self::restore`], keeping the tiers' hold
+    /// on it until then (so that evictions in between cannot push it out). Whether it was there.
+    pub(crate) fn take_tiered(&mut self, entry: EntryId) -> bool {
+        self.tier.as_mut().is_some_and(|t| t.remove(entry))
+    }
+
+    /// Entry `entry`, taken by [`Self::take_tiered`], comes back into `block` for a sequence of
+    /// `tenant`: a restore move is recorded and the tiers' hold dropped.
+    pub(crate) fn restore(&mut self, entry: EntryId, block: BlockId, tenant: Tenant) {
+        self.attach(entry, block, tenant);
+        if let Some(t) = self.tier.as_mut() {
+            t.restore(entry, block);
+        }
+        self.unpin(entry);
+    }
+
+    /// The tiers lost `entry`'s bytes (an unreadable file, a failed write): forget it below, so
+    /// the next lookup is a plain ghost hit (recompute).
+    pub(crate) fn forget_tiered(&mut self, entry: EntryId) {
+        if self.take_tiered(entry) {
+            if let Some(t) = self.tier.as_mut() {
+                t.drop_entry(entry);
+            }
+            self.unpin(entry);
         }
     }
 
@@ -168,7 +252,9 @@ impl PrefixCache {
 
     /// An empty cache of the same size with another eviction policy (chosen before any use).
     pub(crate) fn with_eviction_policy(self, policy: EvictionPolicy) -> Self {
-        Self::new(self.block_entry.len(), self.hash_fn, policy).with_tenant_quota(self.tenant_quota)
+        Self::new(self.block_entry.len(), self.hash_fn, policy)
+            .with_tenant_quota(self.tenant_quota)
+            .with_tier(self.tier_capacity())
     }
 
     /// Looks up the block after `parent` (None for the first block) holding `tokens`.
@@ -226,8 +312,8 @@ impl PrefixCache {
     }
 
     /// Stores ghost `entry` in `block` again (the same content was computed once more, by a
-    /// sequence of `tenant`). The caller has seen the ghost hit and checked that the block
-    /// holds no entry.
+    /// sequence of `tenant`; a copy in the tiers below is dropped). The caller has seen the
+    /// ghost hit and checked that the block holds no entry.
     pub(crate) fn attach(&mut self, entry: EntryId, block: BlockId, tenant: Tenant) {
         if let Some(e) = self.entries.get_mut(&entry) {
             e.block = Some(block);
@@ -236,6 +322,7 @@ impl PrefixCache {
             self.block_tenant[block as usize] = tenant;
             count_up(&mut self.cached_by_tenant, tenant);
         }
+        self.forget_tiered(entry);
     }
 
     /// Keeps `entry` alive: a block table's registration chain ends there.
@@ -371,6 +458,16 @@ impl PrefixCache {
             if let Some(e) = self.entries.get_mut(&entry) {
                 e.block = None;
             }
+            if let Some(tier) = self.tier.as_mut() {
+                let pushed_out = tier.spill(block, entry);
+                // The tiers' hold keeps the ghost (and so its chain) alive while they keep it.
+                if let Some(e) = self.entries.get_mut(&entry) {
+                    e.refs += 1;
+                }
+                for old in pushed_out {
+                    self.unpin(old);
+                }
+            }
             self.drop_unused_ghosts(entry);
         }
         Some(block)
@@ -387,11 +484,14 @@ pub struct PrefixMatch {
     pub(crate) blocks: Vec<Option<BlockId>>,
     /// Hash and entry of each matched level, to re-check at adoption and to continue the chain.
     pub(crate) links: Vec<(BlockHash, EntryId)>,
-    /// Whether each matched block is currently unreferenced (adopting takes it out of the free
-    /// count).
+    /// Whether adopting each level takes a block out of the free count: a matched block that is
+    /// unreferenced now, or the fresh block a restored level is copied into.
     pub(crate) evictable: Vec<bool>,
-    /// Levels before the first hole: `holds(h, 0)` in O(1), so scanning hit lengths for a
-    /// long prompt stays linear.
+    /// Whether each level is a ghost whose bytes a lower tier holds: adopting it restores them
+    /// into a fresh block ([`crate::tier`]).
+    pub(crate) restore: Vec<bool>,
+    /// Levels before the first hole (a restorable level is no hole): `holds(h, 0)` in O(1), so
+    /// scanning hit lengths for a long prompt stays linear.
     pub(crate) num_leading_held: usize,
     pub(crate) collision: bool,
 }
@@ -407,13 +507,14 @@ impl PrefixMatch {
         self.blocks.len()
     }
 
-    /// Matched blocks that are unreferenced now: adopting them lowers the free count by this.
+    /// Blocks adopting the match takes out of the free count: matched blocks unreferenced now,
+    /// plus one fresh block per restored level.
     pub fn num_evictable(&self) -> usize {
         self.num_evictable_in(0..self.evictable.len())
     }
 
-    /// Matched blocks among `levels` that are unreferenced now (what adopting only those levels
-    /// takes out of the free count); levels past the match count nothing.
+    /// What adopting only `levels` takes out of the free count (see [`Self::num_evictable`]);
+    /// levels past the match count nothing.
     pub(crate) fn num_evictable_in(&self, levels: std::ops::Range<usize>) -> usize {
         let end = levels.end.min(self.evictable.len());
         let start = levels.start.min(end);
@@ -426,14 +527,19 @@ impl PrefixMatch {
         self.collision
     }
 
+    /// Levels a lower tier holds, which adopting restores (a subset of the `None` levels).
+    pub fn num_restores(&self) -> usize {
+        self.restore.iter().filter(|&&r| r).count()
+    }
+
     /// Whether a hit of `num_blocks` levels is usable by a table that needs the blocks from
     /// logical block `first_needed` on (0 for full attention): all those levels are matched and
-    /// held.
+    /// held, in the pool or in a tier below.
     pub fn holds(&self, num_blocks: usize, first_needed: usize) -> bool {
         match first_needed.min(num_blocks) {
             _ if num_blocks > self.blocks.len() => false,
             0 => num_blocks <= self.num_leading_held,
-            first => self.blocks[first..num_blocks].iter().all(Option::is_some),
+            first => (first..num_blocks).all(|i| self.blocks[i].is_some() || self.restore[i]),
         }
     }
 
@@ -442,6 +548,7 @@ impl PrefixMatch {
         self.blocks.truncate(num_blocks);
         self.links.truncate(num_blocks);
         self.evictable.truncate(num_blocks);
+        self.restore.truncate(num_blocks);
         self.num_leading_held = self.num_leading_held.min(num_blocks);
     }
 
@@ -451,8 +558,18 @@ impl PrefixMatch {
         let end = first_needed.min(self.blocks.len());
         self.blocks[..end].fill(None);
         self.evictable[..end].fill(false);
+        self.restore[..end].fill(false);
         if end > 0 {
             self.num_leading_held = 0;
+        }
+    }
+
+    /// Makes restorable `level` a hole (its bytes cannot be read back this step).
+    pub(crate) fn unhold(&mut self, level: usize) {
+        if self.restore.get(level) == Some(&true) {
+            self.restore[level] = false;
+            self.evictable[level] = false;
+            self.num_leading_held = self.num_leading_held.min(level);
         }
     }
 }

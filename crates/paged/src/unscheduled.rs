@@ -35,7 +35,7 @@ impl UnscheduledPools {
     /// [`crate::PagedError::InvalidConfig`] for sizes the allocator refuses (zero, too large to index).
     pub fn new(kv_cache: &KvCacheConfig) -> Result<UnscheduledPools> {
         Ok(UnscheduledPools {
-            allocators: kv_cache.allocators(false, crate::EvictionPolicy::Lru, None)?,
+            allocators: kv_cache.allocators(false, crate::EvictionPolicy::Lru, None, None)?,
             kv_cache: kv_cache.clone(),
         })
     }

@@ -11,8 +11,8 @@
 
 use kvlab_paged::{
     BlockAllocator, BlockHash, BlockTable, EvictionPolicy, HashFn, KvCacheConfig, KvGroupConfig,
-    PAD_BLOCK, PAD_SLOT, Scheduler, SchedulerConfig, SeqId, StopConditions, fnv1a_block_hash,
-    max_window_blocks, window_start,
+    PAD_BLOCK, PAD_SLOT, Scheduler, SchedulerConfig, SeqId, StepExecutor, StopConditions,
+    TierConfig, fnv1a_block_hash, max_window_blocks, window_start,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -319,6 +319,56 @@ fn request() -> impl Strategy<Value = Request> {
         })
 }
 
+/// The shadow pool's blocks as bytes, for the tiers: per slot a flag, a length and the token
+/// history whose k and v the slot holds.
+struct ShadowBlocks<'a> {
+    shadow: &'a mut [Vec<Option<Vec<u32>>>],
+    bs: usize,
+}
+
+impl StepExecutor for ShadowBlocks<'_> {
+    type Error = String;
+
+    fn execute(&mut self, _: &kvlab_paged::ScheduledBatch) -> Result<Vec<Vec<f32>>, String> {
+        Err("only moves blocks".into())
+    }
+
+    fn read_block(&mut self, group: usize, block: u32) -> Result<Option<Vec<u8>>, String> {
+        let at = block as usize * self.bs;
+        let mut out = Vec::new();
+        for slot in &self.shadow[group][at..at + self.bs] {
+            let words = slot.as_ref().map_or(vec![0], |h| {
+                [1, h.len() as u32]
+                    .into_iter()
+                    .chain(h.iter().copied())
+                    .collect()
+            });
+            out.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        }
+        Ok(Some(out))
+    }
+
+    fn write_block(&mut self, group: usize, block: u32, bytes: &[u8]) -> Result<bool, String> {
+        let words: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let mut w = words.iter().copied();
+        let at = block as usize * self.bs;
+        for slot in &mut self.shadow[group][at..at + self.bs] {
+            *slot = match w.next() {
+                Some(1) => {
+                    let n = w.next().unwrap() as usize;
+                    Some(w.by_ref().take(n).collect())
+                }
+                _ => None,
+            };
+        }
+        assert!(w.next().is_none(), "a block's bytes are one block");
+        Ok(true)
+    }
+}
+
 /// One scheduler step run by the stand-in engine; checks every read and write.
 fn run_step(
     s: &mut Scheduler,
@@ -326,6 +376,9 @@ fn run_step(
 ) -> Vec<kvlab_paged::FinishedSeq> {
     let batch = s.schedule().unwrap();
     let bs = s.config().kv_cache.block_size;
+    // Tier moves first: spilled blocks read before restores write (see `tier`).
+    s.move_tier_blocks(&mut ShadowBlocks { shadow, bs })
+        .unwrap();
     let windows: Vec<Option<usize>> = s
         .config()
         .kv_cache
@@ -415,6 +468,7 @@ proptest! {
         caching in any::<bool>(),
         eviction in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         tenant_quota in prop::option::of(0..4usize),
+        tier in prop::option::of((1..4usize, 0..3usize)),
         hash_kind in 0..3u8,
         requests in vec(request(), 1..10),
         forks in vec((0..16usize, any::<usize>()), 0..4),
@@ -435,6 +489,10 @@ proptest! {
             enable_prefix_caching: caching,
             eviction_policy: eviction,
             tenant_quota,
+            // Host blocks, then files in a temporary directory.
+            tiers: tier.filter(|_| caching).map(|(host, disk)| {
+                TierConfig::host(host).with_disk(std::env::temp_dir(), disk)
+            }),
         };
         let mut s = Scheduler::new(config.clone()).unwrap().with_hash_fn(hash_fn(hash_kind));
         let mut shadow: Vec<Vec<Option<Vec<u32>>>> =
@@ -479,7 +537,19 @@ proptest! {
             prop_assert_eq!(alloc.num_free_blocks(), alloc.num_blocks(), "blocks leaked");
             let mut evict_all = alloc.clone();
             evict_all.allocate(alloc.num_blocks()).unwrap();
-            prop_assert_eq!(evict_all.num_ghost_entries(), 0, "ghost entries leaked");
+            // Only the tiers keep ghosts: each tiered level and the levels before it.
+            let tiered = evict_all.num_tiered_blocks();
+            let capacity = config.tiers.as_ref().map_or(0, TierConfig::capacity);
+            prop_assert!(tiered <= capacity, "tiers over capacity");
+            prop_assert!(
+                evict_all.num_ghost_entries() <= tiered * seq_blocks,
+                "ghost entries leaked"
+            );
+        }
+        if let Some(store) = s.tier_store() {
+            let st = store.stats();
+            let tiered: usize = s.allocators().iter().map(|a| a.num_tiered_blocks()).sum();
+            prop_assert_eq!(st.host_blocks + st.disk_blocks, tiered, "store and index agree");
         }
         for f in &finished {
             let mut history = f.prompt_token_ids.clone();

@@ -25,6 +25,7 @@ fn config(num_blocks: usize, block_size: usize, max_model_len: usize) -> Schedul
         enable_prefix_caching: false,
         eviction_policy: EvictionPolicy::Lru,
         tenant_quota: None,
+        tiers: None,
     }
 }
 

@@ -111,6 +111,39 @@ impl BlockAllocator {
         self
     }
 
+    /// Spills evicted cached blocks to tiers below the pool that hold `capacity` blocks of this
+    /// pool (`None`: evicted content is dropped, the default); see [`crate::tier`]. Call it on a
+    /// fresh allocator.
+    pub fn with_tier(mut self, capacity: Option<usize>) -> Self {
+        self.cache = self.cache.with_tier(capacity);
+        self
+    }
+
+    /// Spills, restores and drops so far (zeros without tiers).
+    pub fn tier_stats(&self) -> crate::TierStats {
+        self.cache.tier_counts()
+    }
+
+    /// Prefix-cache levels whose bytes the tiers below hold now.
+    pub fn num_tiered_blocks(&self) -> usize {
+        self.cache.num_tiered()
+    }
+
+    /// The tier moves decided since the last call, in order.
+    pub(crate) fn take_tier_ops(&mut self) -> Vec<crate::tier::index::IndexOp> {
+        self.cache.take_tier_ops()
+    }
+
+    /// Whether a spill of `entry` was decided and not yet taken by [`Self::take_tier_ops`].
+    pub(crate) fn spill_pending(&self, entry: u64) -> bool {
+        self.cache.spill_pending(entry)
+    }
+
+    /// The tiers lost `entry`'s bytes: its level becomes a plain ghost (recomputed on a hit).
+    pub(crate) fn forget_tiered(&mut self, entry: u64) {
+        self.cache.forget_tiered(entry);
+    }
+
     /// The per-tenant quota of cached blocks, if any.
     pub fn tenant_quota(&self) -> Option<usize> {
         self.cache.tenant_quota()

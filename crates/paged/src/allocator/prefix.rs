@@ -23,7 +23,7 @@
 //! adopting. A model with both kinds of layers takes the longest `h` that every group holds,
 //! which is what vLLM's hybrid KV cache coordinator computes.
 
-use crate::prefix_cache::{Lookup, PrefixChain};
+use crate::prefix_cache::{EntryId, Lookup, PrefixChain};
 use crate::{BlockAllocator, BlockTable, PagedError, PrefixMatch, Result};
 
 impl BlockAllocator {
@@ -48,13 +48,15 @@ impl BlockAllocator {
         for block_tokens in tokens.chunks_exact(self.block_size).take(max_blocks) {
             match self.cache.lookup(m.links.last().copied(), block_tokens) {
                 Lookup::Hit { block, hash, entry } => {
-                    if block.is_some() && m.num_leading_held == m.blocks.len() {
+                    let restore = block.is_none() && self.cache.is_tiered(entry);
+                    if (block.is_some() || restore) && m.num_leading_held == m.blocks.len() {
                         m.num_leading_held += 1;
                     }
                     m.blocks.push(block);
                     m.links.push((hash, entry));
                     m.evictable
-                        .push(block.is_some_and(|b| self.cache.is_evictable(b)));
+                        .push(restore || block.is_some_and(|b| self.cache.is_evictable(b)));
+                    m.restore.push(restore);
                 }
                 Lookup::Miss { .. } => break,
                 Lookup::Collision { .. } => {
@@ -67,14 +69,16 @@ impl BlockAllocator {
     }
 
     /// Makes the empty `table` start with the matched levels (ref count + 1 on each held block,
-    /// a hole for each level without one) and marks their tokens as present. Returns the number
-    /// of cached tokens, which the engine skips. A full-attention table must only adopt matches
-    /// without holes (what [`Self::match_prefix`] returns).
+    /// a fresh block for each level a lower tier holds, whose bytes the step restores — see
+    /// [`crate::tier`] —, a hole for each level without either) and marks their tokens as
+    /// present. Returns the number of cached tokens, which the engine skips. A full-attention
+    /// table must only adopt matches without holes (what [`Self::match_prefix`] returns).
     ///
     /// # Errors
     /// [`PagedError::TableNotEmpty`] or [`PagedError::BlockSizeMismatch`] for an unsuitable
-    /// table; [`PagedError::StalePrefixMatch`] if a matched block was evicted since
-    /// `match_prefix` (nothing changes in either case).
+    /// table; [`PagedError::StalePrefixMatch`] if a matched block was evicted, or a tiered level
+    /// dropped, since `match_prefix`; [`PagedError::OutOfBlocks`] if the restores do not fit
+    /// (nothing changes in any case).
     pub fn adopt_prefix(&mut self, table: &mut BlockTable, m: &PrefixMatch) -> Result<usize> {
         if table.num_tokens != 0 || !table.blocks.is_empty() {
             return Err(PagedError::TableNotEmpty {
@@ -85,16 +89,33 @@ impl BlockAllocator {
         for (level, (&block, &(_, entry))) in m.blocks.iter().zip(&m.links).enumerate() {
             let fresh = match block {
                 Some(b) => self.cache.entry_id(b) == Some(entry),
+                None if m.restore[level] => self.cache.is_tiered(entry),
                 None => self.cache.contains(entry),
             };
             if !fresh {
                 return Err(PagedError::StalePrefixMatch { level });
             }
         }
+        self.ensure_free(m.num_evictable())?;
         for &block in m.blocks.iter().flatten() {
             self.acquire(block);
         }
         table.blocks = m.blocks.clone();
+        // Restored levels last: the held blocks are out of the eviction queue by now, and every
+        // level to restore out of the tiers, so the evictions these allocations cause (and the
+        // spills they push) touch neither.
+        let restores: Vec<(usize, EntryId)> = (0..m.blocks.len())
+            .filter(|&l| m.restore[l])
+            .map(|l| (l, m.links[l].1))
+            .collect();
+        for &(_, entry) in &restores {
+            self.cache.take_tiered(entry);
+        }
+        for (level, entry) in restores {
+            let block = self.alloc_one()?;
+            self.cache.restore(entry, block, table.tenant);
+            table.blocks[level] = Some(block);
+        }
         table.num_tokens = m.blocks.len() * self.block_size;
         table.chain = PrefixChain {
             num_blocks: m.blocks.len(),

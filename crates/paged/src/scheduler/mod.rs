@@ -3,7 +3,9 @@
 //! * here: the state (queues, sequences, pools), admission of requests, queries and metrics;
 //! * `schedule.rs`: building a step (decodes, preemption by recompute, prefix-cached prefills);
 //! * `update.rs`: taking the step's sampled tokens back, and a sequence's end (stop, abort), fork
-//!   and token replacement.
+//!   and token replacement;
+//! * `tiers.rs`: the tiers below the pools — restores checked before they are scheduled, a
+//!   step's spills and restores performed with the engine.
 //!
 //! Two queues, as in vLLM: `waiting` (FCFS; new requests at the back, preempted ones at the
 //! front) and `running` (sorted by arrival, oldest first). A driver loop:
@@ -25,13 +27,16 @@
 //! ```
 
 mod schedule;
+mod tiers;
 mod update;
+
+pub use tiers::TierMoveError;
 
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
-    BlockAllocator, BlockTable, HashFn, Metrics, PagedError, Result, SchedulerConfig, SeqId,
-    Sequence, SequenceStatus, StopConditions, Tenant,
+    BlockAllocator, BlockTable, HashFn, KvTierStore, Metrics, PagedError, Result, SchedulerConfig,
+    SeqId, Sequence, SequenceStatus, StopConditions, Tenant, TierOp,
 };
 
 /// Totals the scheduler counts itself (the allocators count the rest).
@@ -45,7 +50,7 @@ pub(crate) struct Counters {
 }
 
 /// The continuous-batching scheduler over one block pool per KV cache group.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Scheduler {
     pub(crate) config: SchedulerConfig,
     /// (num_groups,) one pool per KV cache group.
@@ -62,20 +67,30 @@ pub struct Scheduler {
     pub(crate) counters: Counters,
     /// Per tenant: (prompt tokens looked up, tokens the prefix cache served).
     pub(crate) tenant_hits: BTreeMap<Tenant, (u64, u64)>,
+    /// The bytes of the blocks the tiers below the pools hold (`None`: no tiers).
+    pub(crate) tiers: Option<KvTierStore>,
+    /// The tier moves of the step last scheduled, until `move_tier_blocks` makes them.
+    pub(crate) pending_tier_ops: Vec<TierOp>,
 }
 
 impl Scheduler {
     /// A scheduler with empty queues and all blocks free.
     ///
     /// # Errors
-    /// [`PagedError::InvalidConfig`] from [`SchedulerConfig::validate`] or from the pool sizes.
+    /// [`PagedError::InvalidConfig`] from [`SchedulerConfig::validate`] or from the pool sizes;
+    /// [`PagedError::Tier`] if the disk tier's directory cannot be created or written.
     pub fn new(config: SchedulerConfig) -> Result<Self> {
         config.validate()?;
         let allocators = config.kv_cache.allocators(
             config.enable_prefix_caching,
             config.eviction_policy,
             config.tenant_quota,
+            config.tiers.as_ref().map(|t| t.capacity()),
         )?;
+        let tiers = match &config.tiers {
+            Some(t) => Some(KvTierStore::new(t, allocators.len())?),
+            None => None,
+        };
         Ok(Self {
             config,
             allocators,
@@ -87,6 +102,8 @@ impl Scheduler {
             next_id: 0,
             counters: Counters::default(),
             tenant_hits: BTreeMap::new(),
+            tiers,
+            pending_tier_ops: Vec::new(),
         })
     }
 
@@ -209,6 +226,10 @@ impl Scheduler {
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
             num_steps: c.num_steps,
+            tier_store: self
+                .tiers
+                .as_ref()
+                .map_or_else(Default::default, KvTierStore::stats),
             ..Metrics::of_pools(&self.allocators)
         }
     }

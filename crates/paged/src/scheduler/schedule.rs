@@ -33,6 +33,7 @@ impl Scheduler {
         if self.in_flight.is_some() {
             return Err(PagedError::UpdatePending);
         }
+        self.forget_unmoved();
         let mut batch = ScheduledBatch::default();
         let mut i = 0;
         while i < self.running.len() {
@@ -63,10 +64,12 @@ impl Scheduler {
                 self.running.len()
             )));
         }
+        self.collect_tier_ops();
         if !batch.is_empty() {
             self.in_flight = Some(batch.seqs.iter().map(|s| s.seq_id).collect());
             self.counters.num_steps += 1;
         }
+        batch.tier_ops = self.pending_tier_ops.clone();
         Ok(batch)
     }
 
@@ -123,6 +126,9 @@ impl Scheduler {
                 }
             })
             .collect();
+        for (g, m) in matches.iter_mut().enumerate() {
+            self.check_restores(g, m);
+        }
         let first_needed = |g: usize, h: usize| self.keep_from(g, h * bs) / bs;
         // First position of the prompt group g keeps after a hit of h blocks. A sliding-window
         // group needs only what the queries after this prefill can see (`keep_from(len)`): the

@@ -57,6 +57,7 @@ impl Scheduler {
                 None => self.trim_windows(id)?,
             }
         }
+        self.apply_tier_drops();
         Ok(finished)
     }
 

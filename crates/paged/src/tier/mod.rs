@@ -1,0 +1,104 @@
+//! Tiers below the block pool: host memory, then files on disk (LMCache's CPU DRAM and
+//! local-disk tiers; vLLM's CPU swap space).
+//!
+//! With tiers, a cached block that the prefix cache evicts is **spilled** (its bytes copied
+//! down) instead of dropped, and a later prompt that starts with the same tokens **restores** it
+//! into a fresh block instead of computing it again. Blocks move whole, with their prefix-cache
+//! identity (the entry, verified on tokens and parent like any hit), and come back
+//! bit-identical, so a restored prefix gives exactly the tokens a recomputed one gives.
+//!
+//! Who does what:
+//! * `index.rs`, inside each pool's prefix cache: which entries the tiers hold (at most
+//!   `host_blocks + disk_blocks` per pool, the oldest spill dropped first) and the moves a step
+//!   must make, in the order they were decided.
+//! * `store.rs` ([`KvTierStore`], owned by the [`crate::Scheduler`]): the bytes. Host memory
+//!   first; past `host_blocks` per pool its least recently stored blocks go to files under the
+//!   disk directory, each written with a CRC-32 and read back only if header, length and
+//!   checksum match. A corrupt, missing or unwritable file is a cache miss: the level is
+//!   computed again, never read wrong.
+//! * the engine ([`crate::StepExecutor::read_block`] and `write_block`): a block's bytes, every
+//!   layer of its group, keys and values as the pool stores them (scales included).
+//! * [`crate::driver::execute_step`]: the order, before the step's copies and forward pass —
+//!   read every block to spill (a block evicted this step may be the target of a restore), then
+//!   write every restore, then hand the spilled bytes to the store.
+//!
+//! A level is restorable only once its bytes are in the store: one spilled in the step being
+//! built is a miss until the step has run. Before a restore is scheduled the store checks its
+//! bytes (a file is read and verified then, and kept in host memory), so the move itself cannot
+//! fail.
+
+pub(crate) mod index;
+mod store;
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+pub use store::{KvTierStore, TierStoreStats};
+
+use crate::BlockId;
+
+/// The tiers below every pool: how many blocks each holds and where the disk tier lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TierConfig {
+    /// Blocks per pool kept in host memory.
+    pub host_blocks: usize,
+    /// Blocks per pool kept in files once host memory is full (0: no disk tier).
+    pub disk_blocks: usize,
+    /// Directory the disk tier writes under (a fresh subdirectory per run, removed at the end);
+    /// required when `disk_blocks > 0`.
+    pub disk_dir: Option<PathBuf>,
+}
+
+impl TierConfig {
+    /// `host_blocks` blocks per pool in host memory, no disk tier.
+    pub fn host(host_blocks: usize) -> Self {
+        Self {
+            host_blocks,
+            disk_blocks: 0,
+            disk_dir: None,
+        }
+    }
+
+    /// The same tiers plus `disk_blocks` blocks per pool in files under `dir`.
+    pub fn with_disk(mut self, dir: impl Into<PathBuf>, disk_blocks: usize) -> Self {
+        self.disk_dir = Some(dir.into());
+        self.disk_blocks = disk_blocks;
+        self
+    }
+
+    /// Blocks per pool the tiers hold in all.
+    pub fn capacity(&self) -> usize {
+        self.host_blocks.saturating_add(self.disk_blocks)
+    }
+}
+
+/// Where a block's bytes are kept below the pool: the KV cache group (pool) and the
+/// prefix-cache entry (unique for the run) whose content they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct TierKey {
+    pub group: u32,
+    pub entry: u64,
+}
+
+/// One move between a pool and the tiers below it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TierOp {
+    /// Copy `block`'s bytes down under `key`, before anything of the step writes the block.
+    Spill { key: TierKey, block: BlockId },
+    /// Copy `key`'s bytes into `block` (a fresh block of the sequence adopting the level).
+    Restore { key: TierKey, block: BlockId },
+    /// Forget `key` below (the tiers are full, or the content is in a block again).
+    Drop { key: TierKey },
+}
+
+/// Running totals of one pool's moves, in blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TierStats {
+    /// Evicted blocks whose bytes went down a tier.
+    pub spills: u64,
+    /// Levels brought back from a tier into a fresh block (their prefill skipped).
+    pub restores: u64,
+    /// Entries the tiers let go: full, lost (an unreadable file) or computed again.
+    pub drops: u64,
+}
