@@ -432,6 +432,148 @@ impl KvStore {
     }
 }
 
+/// Appends `x` to `out` as little-endian bytes.
+fn put<T: Copy, const N: usize>(out: &mut Vec<u8>, x: &[T], to_bytes: impl Fn(T) -> [u8; N]) {
+    out.reserve(x.len() * N);
+    for &v in x {
+        out.extend_from_slice(&to_bytes(v));
+    }
+}
+
+/// Fills `x` from the front of `bytes` (little-endian), advancing it; `None` if too short.
+fn get<T, const N: usize>(
+    bytes: &mut &[u8],
+    x: &mut [T],
+    from: impl Fn([u8; N]) -> T,
+) -> Option<()> {
+    let (head, rest) = bytes.split_at_checked(x.len() * N)?;
+    for (v, b) in x.iter_mut().zip(head.chunks_exact(N)) {
+        *v = from(b.try_into().ok()?);
+    }
+    *bytes = rest;
+    Some(())
+}
+
+impl KvStore {
+    /// Appends rows `start..start + n` to `out` exactly as stored (codes, scales, and an int4
+    /// key group's f32 residual), for a tier below the pool; [`KvStore::load_rows`] reads them
+    /// back bit-identical. `None` for int4 keys when the rows are not whole groups.
+    pub fn save_rows(&self, start: usize, n: usize, out: &mut Vec<u8>) -> Option<()> {
+        let (kvd, nkv, hb) = (self.kv_dim(), self.n_kv_heads, self.head_dim.div_ceil(2));
+        let rows = start * kvd..(start + n) * kvd;
+        let heads = start * nkv..(start + n) * nkv;
+        match &self.data {
+            Data::F32(d) => put(out, &d[rows], f32::to_le_bytes),
+            Data::F16(d) => put(out, &d[rows], |v| v.to_bits().to_le_bytes()),
+            Data::Bf16(d) => put(out, &d[rows], |v| v.to_bits().to_le_bytes()),
+            Data::Fp8 { q, scale } => {
+                out.extend_from_slice(&q[rows]);
+                put(out, &scale[heads], f32::to_le_bytes);
+            }
+            Data::Int8 { q, scale } => {
+                put(out, &q[rows], i8::to_le_bytes);
+                put(out, &scale[heads], f32::to_le_bytes);
+            }
+            Data::Int4Values { q, scale, min } => {
+                let vg = nkv * self.head_dim.div_ceil(VALUE_GROUP);
+                out.extend_from_slice(&q[start * nkv * hb..(start + n) * nkv * hb]);
+                put(out, &scale[start * vg..(start + n) * vg], f32::to_le_bytes);
+                put(out, &min[start * vg..(start + n) * vg], f32::to_le_bytes);
+            }
+            Data::Int4Keys {
+                q,
+                scale,
+                min,
+                group,
+                open,
+            } => {
+                if !start.is_multiple_of(*group) || !n.is_multiple_of(*group) {
+                    return None;
+                }
+                let groups = start / group..(start + n) / group;
+                let per_group = groups.start * kvd..groups.end * kvd;
+                out.extend_from_slice(&q[start * nkv * hb..(start + n) * nkv * hb]);
+                put(out, &scale[per_group.clone()], f32::to_le_bytes);
+                put(out, &min[per_group], f32::to_le_bytes);
+                for residual in &open[groups] {
+                    out.push(u8::from(residual.is_some()));
+                    if let Some(r) = residual {
+                        put(out, r, f32::to_le_bytes);
+                    }
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// Overwrites rows `start..start + n` from the front of `bytes`, written by
+    /// [`KvStore::save_rows`] for the same rows of a store of this shape and dtype, and advances
+    /// `bytes` past them. `None` (rows possibly half written) if `bytes` is too short or
+    /// malformed, or int4 key rows are not whole groups.
+    pub fn load_rows(&mut self, start: usize, n: usize, bytes: &mut &[u8]) -> Option<()> {
+        let (kvd, nkv, hb) = (self.kv_dim(), self.n_kv_heads, self.head_dim.div_ceil(2));
+        let rows = start * kvd..(start + n) * kvd;
+        let heads = start * nkv..(start + n) * nkv;
+        let le_f32 = f32::from_le_bytes;
+        match &mut self.data {
+            Data::F32(d) => get(bytes, &mut d[rows], le_f32),
+            Data::F16(d) => get(bytes, &mut d[rows], |b| {
+                f16::from_bits(u16::from_le_bytes(b))
+            }),
+            Data::Bf16(d) => get(bytes, &mut d[rows], |b| {
+                bf16::from_bits(u16::from_le_bytes(b))
+            }),
+            Data::Fp8 { q, scale } => {
+                get(bytes, &mut q[rows], |[b]: [u8; 1]| b)?;
+                get(bytes, &mut scale[heads], le_f32)
+            }
+            Data::Int8 { q, scale } => {
+                get(bytes, &mut q[rows], i8::from_le_bytes)?;
+                get(bytes, &mut scale[heads], le_f32)
+            }
+            Data::Int4Values { q, scale, min } => {
+                let vg = nkv * self.head_dim.div_ceil(VALUE_GROUP);
+                let codes = start * nkv * hb..(start + n) * nkv * hb;
+                get(bytes, &mut q[codes], |[b]: [u8; 1]| b)?;
+                get(bytes, &mut scale[start * vg..(start + n) * vg], le_f32)?;
+                get(bytes, &mut min[start * vg..(start + n) * vg], le_f32)
+            }
+            Data::Int4Keys {
+                q,
+                scale,
+                min,
+                group,
+                open,
+            } => {
+                let group = *group;
+                if !start.is_multiple_of(group) || !n.is_multiple_of(group) {
+                    return None;
+                }
+                let groups = start / group..(start + n) / group;
+                let per_group = groups.start * kvd..groups.end * kvd;
+                let codes = start * nkv * hb..(start + n) * nkv * hb;
+                get(bytes, &mut q[codes], |[b]: [u8; 1]| b)?;
+                get(bytes, &mut scale[per_group.clone()], le_f32)?;
+                get(bytes, &mut min[per_group], le_f32)?;
+                for residual in &mut open[groups] {
+                    let (&flag, rest) = bytes.split_first()?;
+                    *bytes = rest;
+                    *residual = match flag {
+                        0 => None,
+                        1 => {
+                            let mut r = vec![0.0; group * kvd].into_boxed_slice();
+                            get(bytes, &mut r, le_f32)?;
+                            Some(r)
+                        }
+                        _ => return None,
+                    };
+                }
+                Some(())
+            }
+        }
+    }
+}
+
 /// out ← value(q) · s head by head: `q` and `out` are heads of `hd` elements, one scale each.
 #[inline(always)]
 fn decode_heads<Q: Copy>(
@@ -726,5 +868,46 @@ mod tests {
                 assert_eq!(&y[..], one.read(0..3, 0..2, &mut t1), "{dtype}");
             }
         }
+    }
+
+    /// What `save_rows` gives, `load_rows` puts back bit for bit, in another store of the same
+    /// shape and at another place: codes, scales and an open int4 group's f32 residual. Bytes
+    /// of the wrong length or a bad residual flag are refused.
+    #[test]
+    fn saved_rows_load_back_bit_identical() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        for dtype in KvDtype::ALL {
+            for part in [Part::Keys, Part::Values] {
+                // Rows 0..4 one complete group of 4, rows 4..6 an open one (int4 keys).
+                let mut s = KvStore::new(dtype, part, 8, (2, 40), 4);
+                let x: Vec<f32> = (0..6 * 80).map(|_| rng.random_range(-3.0..3.0)).collect();
+                for (r, row) in x.chunks_exact(80).enumerate() {
+                    s.write(r, row);
+                }
+                let mut bytes = Vec::new();
+                s.save_rows(0, 8, &mut bytes).unwrap();
+                let mut t = KvStore::new(dtype, part, 16, (2, 40), 4);
+                let mut rest = &bytes[..];
+                t.load_rows(8, 8, &mut rest).unwrap();
+                assert!(rest.is_empty(), "{dtype} {part:?}: all bytes read");
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                let (a, b) = (s.read(0..8, 0..2, &mut a), t.read(8..16, 0..2, &mut b));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(a), bits(b), "{dtype} {part:?}");
+                let mut again = Vec::new();
+                t.save_rows(8, 8, &mut again).unwrap();
+                assert_eq!(
+                    bytes, again,
+                    "{dtype} {part:?}: saved again, the same bytes"
+                );
+                let mut short = &bytes[..bytes.len() - 1];
+                assert!(t.load_rows(8, 8, &mut short).is_none(), "{dtype} {part:?}");
+            }
+        }
+        let s = KvStore::new(KvDtype::Int4, Part::Keys, 8, (2, 40), 4);
+        assert!(
+            s.save_rows(2, 4, &mut Vec::new()).is_none(),
+            "int4 keys: whole groups only"
+        );
     }
 }

@@ -10,7 +10,9 @@ use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Engine, Model, SyntheticSpec, teacher_force};
 use kvlab_naive::NaiveEngine;
-use kvlab_paged::{KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, drive};
+use kvlab_paged::{
+    KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, TierConfig, drive,
+};
 use proptest::prelude::*;
 
 /// The model of the batched tests: 2 layers, GQA (4 heads, 2 KV heads), 96 positions.
@@ -97,6 +99,59 @@ fn batched_run_with_preemption_and_prefix_hits_equals_solo_naive_runs() {
     );
     for (i, (p, (out, _))) in prompts.iter().zip(&report.outputs).enumerate() {
         assert_eq!(out, &naive_greedy(&model, p, n_new), "request {i}");
+    }
+}
+
+/// Prefixes evicted from a small pool go down to host memory and disk, and requests that come
+/// back with the same prefixes restore them instead of recomputing: the tokens are the naive
+/// engine's, and the same as without tiers.
+#[test]
+fn spilled_prefixes_restore_from_host_and_disk_and_give_the_same_tokens() {
+    let model = small_model();
+    let prefixes: Vec<Vec<u32>> = (0..6u32)
+        .map(|p| (0..16).map(|i| (p * 11 + i * 7) % 64).collect())
+        .collect();
+    let n_new = 8;
+    let mut requests = Vec::new();
+    let mut prompts = Vec::new();
+    for (wave, arrival) in [(0u32, 0), (1, 60)] {
+        for (i, prefix) in prefixes.iter().enumerate() {
+            let prompt = [&prefix[..], &[wave + 1, i as u32 + 2, 3]].concat();
+            prompts.push(prompt.clone());
+            requests.push(Request {
+                prompt,
+                stop: StopConditions::max_tokens(n_new),
+                arrival_step: arrival + i,
+                tenant: 0,
+            });
+        }
+    }
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 30, 4);
+    let run = |tiers: Option<TierConfig>| {
+        let mut engine = PagedCpuEngine::new(model.clone(), kv_cache.clone()).unwrap();
+        let config = SchedulerConfig {
+            tiers,
+            ..SchedulerConfig::new(engine.kv_cache().clone(), 96)
+        };
+        let mut sched = Scheduler::new(config).unwrap();
+        drive(&mut engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap()
+    };
+    let plain = run(None);
+    let tiered = run(Some(
+        TierConfig::host(4).with_disk(std::env::temp_dir(), 60),
+    ));
+    let m = &tiered.metrics;
+    assert!(m.num_spills > 0 && m.num_restores > 0, "{m:?}");
+    assert!(m.tier_store.bytes_read_from_disk > 0, "{m:?}");
+    assert!(
+        m.prefix_cache_hits > plain.metrics.prefix_cache_hits,
+        "restores add hits: {m:?} vs {:?}",
+        plain.metrics
+    );
+    for (i, p) in prompts.iter().enumerate() {
+        let want = naive_greedy(&model, p, n_new);
+        assert_eq!(tiered.outputs[i].0, want, "request {i} with tiers");
+        assert_eq!(plain.outputs[i].0, want, "request {i} without");
     }
 }
 

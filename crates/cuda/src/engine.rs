@@ -239,7 +239,7 @@ impl CudaEngine {
             })?;
         let batch = ScheduledBatch {
             seqs: vec![step],
-            preempted: Vec::new(),
+            ..ScheduledBatch::default()
         };
         let n = self.run(&batch)?;
         let mut logits = with_runner!(&self.runner, f => f.logits(n))?;

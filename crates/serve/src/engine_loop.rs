@@ -389,9 +389,10 @@ impl EngineLoop {
                 "the scheduler made no progress: the KV pool is too small for the live requests",
             );
         }
-        let logits = match self.engine.execute(&batch) {
+        let logits = match kvlab_paged::execute_step(self.engine.as_mut(), &mut self.sched, &batch)
+        {
             Ok(l) => l,
-            Err(e) => return self.fail_all(&format!("engine: {e}")),
+            Err(e) => return self.fail_all(&e.to_string()),
         };
         let mut sampled = Vec::with_capacity(batch.seqs.len());
         for (s, row) in batch.seqs.iter().zip(logits) {

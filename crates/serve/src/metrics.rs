@@ -50,6 +50,11 @@ pub struct ServerMetrics {
     recomputed_tokens: IntCounter,
     cow_copies: IntCounter,
     evictions: IntCounter,
+    tier_spills: IntCounter,
+    tier_restores: IntCounter,
+    tier_drops: IntCounter,
+    tier_file_errors: IntCounter,
+    tier_bytes: IntGaugeVec,
     steps: IntCounter,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
@@ -134,6 +139,36 @@ impl ServerMetrics {
                 "kvlab:evictions_total",
                 "Cached blocks whose content was dropped to make room.",
             )?,
+            tier_spills: counter(
+                r,
+                "kvlab:kv_tier_spills_total",
+                "Evicted cached blocks whose bytes went down to host memory or disk (--host-tier-blocks, --disk-tier).",
+            )?,
+            tier_restores: counter(
+                r,
+                "kvlab:kv_tier_restores_total",
+                "Prefix-cache blocks restored from a tier instead of recomputed.",
+            )?,
+            tier_drops: counter(
+                r,
+                "kvlab:kv_tier_drops_total",
+                "Blocks the tiers let go (full, unreadable, or computed again).",
+            )?,
+            tier_file_errors: counter(
+                r,
+                "kvlab:kv_tier_file_errors_total",
+                "Disk-tier files that failed to write or to verify (each a clean miss).",
+            )?,
+            tier_bytes: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kvlab:kv_tier_bytes",
+                        "Bytes of KV blocks each tier holds now.",
+                    ),
+                    &["tier"],
+                ),
+            )?,
             steps: counter(r, "kvlab:steps_total", "Engine steps run.")?,
             prompt_tokens: counter(
                 r,
@@ -196,6 +231,14 @@ impl ServerMetrics {
             set(&self.blocks_cached_free, a.num_evictable_blocks());
             set(&self.blocks_total, a.num_blocks());
         }
+        for (tier, bytes) in [
+            ("host", m.tier_store.host_bytes),
+            ("disk", m.tier_store.disk_bytes),
+        ] {
+            self.tier_bytes
+                .with_label_values(&[tier])
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
         for (c, total) in [
             (&self.prefix_queries, m.prefix_cache_queries),
             (&self.prefix_hits, m.prefix_cache_hits),
@@ -204,6 +247,13 @@ impl ServerMetrics {
             (&self.cow_copies, m.num_cow_copies),
             (&self.evictions, m.num_evictions),
             (&self.steps, m.num_steps),
+            (&self.tier_spills, m.num_spills),
+            (&self.tier_restores, m.num_restores),
+            (&self.tier_drops, m.num_tier_drops),
+            (
+                &self.tier_file_errors,
+                m.tier_store.disk_read_errors + m.tier_store.disk_write_errors,
+            ),
         ] {
             c.inc_by(total.saturating_sub(c.get()));
         }

@@ -20,7 +20,8 @@ use kvlab_model::{
     Config, Engine, Error, KvDtype, KvUsage, Model, Result, SeqId, Sequences, TraceStep,
 };
 use kvlab_paged::{
-    BlockCopy, KvCacheConfig, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq,
+    BlockCopy, BlockId, KvCacheConfig, ScheduledBatch, StepExecutor, UnscheduledPools,
+    UnscheduledSeq,
 };
 
 use crate::attention::Heads;
@@ -257,7 +258,7 @@ impl PagedCpuEngine {
             })?;
         let batch = ScheduledBatch {
             seqs: vec![step],
-            preempted: Vec::new(),
+            ..ScheduledBatch::default()
         };
         let mut logits = self.run_batch(&batch)?;
         if let Ok(s) = self.seqs.get_mut(seq) {
@@ -322,6 +323,58 @@ impl StepExecutor for PagedCpuEngine {
             });
         }
         self.run_batch(batch)
+    }
+
+    /// K and V of every layer of `group`, as the pool stores them.
+    ///
+    /// # Errors
+    /// [`Error::Engine`] for a group or block outside the pool.
+    fn read_block(&mut self, group: usize, block: BlockId) -> Result<Option<Vec<u8>>> {
+        let layers = self.block_layers(group, block)?;
+        let mut out = Vec::new();
+        Ok(self
+            .pool
+            .save_block(&layers, block as usize, &mut out)
+            .map(|()| out))
+    }
+
+    /// # Errors
+    /// [`Error::Engine`] for a group or block outside the pool, or bytes that are not one
+    /// block of this pool's layers and dtype.
+    fn write_block(&mut self, group: usize, block: BlockId, bytes: &[u8]) -> Result<bool> {
+        let layers = self.block_layers(group, block)?;
+        self.pool
+            .load_block(&layers, block as usize, bytes)
+            .ok_or_else(|| Error::Engine {
+                engine: NAME,
+                reason: format!(
+                    "{} bytes are not one {} block of KV cache group {group}",
+                    bytes.len(),
+                    self.pool.dtype()
+                ),
+            })?;
+        Ok(true)
+    }
+}
+
+impl PagedCpuEngine {
+    /// The layers of KV cache group `group`, after checking that `block` is in the pool.
+    fn block_layers(&self, group: usize, block: BlockId) -> Result<Vec<usize>> {
+        let c = &self.model.config;
+        let layers: Vec<usize> = (0..c.n_layers)
+            .filter(|&l| c.layer_cache_group(l) == group)
+            .collect();
+        if layers.is_empty() || block as usize >= self.pool.num_blocks {
+            return Err(Error::Engine {
+                engine: NAME,
+                reason: format!(
+                    "block {block} of KV cache group {group} is outside the pool ({} groups of {} blocks)",
+                    c.kv_cache_groups().len(),
+                    self.pool.num_blocks
+                ),
+            });
+        }
+        Ok(layers)
     }
 }
 

@@ -58,6 +58,28 @@ impl KvPool {
         self.v[l].copy_rows(src * bs, dst * bs, bs);
     }
 
+    /// Appends block `block` of `layers` (K then V of each, as stored) to `out`: what a tier
+    /// below the pool keeps. `None` only for int4 keys not grouped by block (never: see `new`).
+    pub fn save_block(&self, layers: &[usize], block: usize, out: &mut Vec<u8>) -> Option<()> {
+        let bs = self.block_size;
+        for &l in layers {
+            self.k[l].save_rows(block * bs, bs, out)?;
+            self.v[l].save_rows(block * bs, bs, out)?;
+        }
+        Some(())
+    }
+
+    /// Overwrites block `block` of `layers` with bytes [`KvPool::save_block`] gave for the same
+    /// layers. `None` if `bytes` is not exactly that long or malformed.
+    pub fn load_block(&mut self, layers: &[usize], block: usize, mut bytes: &[u8]) -> Option<()> {
+        let bs = self.block_size;
+        for &l in layers {
+            self.k[l].load_rows(block * bs, bs, &mut bytes)?;
+            self.v[l].load_rows(block * bs, bs, &mut bytes)?;
+        }
+        bytes.is_empty().then_some(())
+    }
+
     /// The dtype keys and values are stored in.
     pub fn dtype(&self) -> KvDtype {
         self.k.first().map_or(KvDtype::F32, KvStore::dtype)

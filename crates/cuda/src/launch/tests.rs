@@ -263,7 +263,7 @@ fn unscheduled_windowed_steps_pack() {
         let s = pools.reserve(&mut seq, 7, &tokens).unwrap();
         let batch = kvlab_paged::ScheduledBatch {
             seqs: vec![s],
-            preempted: vec![],
+            ..Default::default()
         };
         let p =
             pack_step(&batch.model_input(), &geom).unwrap_or_else(|e| panic!("step {step}: {e}"));
