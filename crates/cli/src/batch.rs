@@ -13,7 +13,7 @@ use kvlab_cli::engines::{self, EngineKind, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
 use kvlab_paged::{
     BlockState, PoolView, Request, ScheduledBatch, Scheduler, SchedulerConfig, StepKind,
-    StopConditions, drive,
+    StopConditions, TierOp, drive,
 };
 
 use crate::{ModelArgs, bytes};
@@ -48,6 +48,8 @@ pub struct Args {
     arrival_gap: usize,
     #[command(flatten)]
     kv: crate::KvArgs,
+    #[command(flatten)]
+    tiers: crate::TierArgs,
     /// Print every step's batch: positions, slot_mapping, block tables.
     #[arg(long)]
     trace: bool,
@@ -109,6 +111,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut engine = build_paged(a.engine, model.clone(), pool)?;
     let cfg = SchedulerConfig {
         eviction_policy: a.eviction,
+        tiers: a.tiers.config(),
         ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
     };
     let mut sched = Scheduler::new(cfg)?;
@@ -161,6 +164,10 @@ pub fn run(a: Args) -> Result<()> {
             "prefix_cache_hits": m.prefix_cache_hits,
             "prefix_cache_queries": m.prefix_cache_queries,
             "recomputed_tokens": m.num_recomputed_tokens,
+            "tier_spills": m.num_spills,
+            "tier_restores": m.num_restores,
+            "tier_drops": m.num_tier_drops,
+            "tier_store": m.tier_store,
         });
         eprintln!("{v}");
     } else {
@@ -176,6 +183,9 @@ pub fn run(a: Args) -> Result<()> {
             m.prefix_cache_queries,
             m.num_recomputed_tokens
         );
+        if a.tiers.config().is_some() {
+            eprintln!("{}", crate::tier_summary(m));
+        }
     }
     if let Some(path) = &a.svg {
         let svg = picture.with_context(|| format!("the run ended before step {}", a.svg_step))?;
@@ -226,6 +236,19 @@ fn print_step(step: usize, batch: &ScheduledBatch) {
         println!("    slot_mapping {:?}", g.slot_mapping);
         for c in &g.block_copies {
             println!("    copy-on-write: block {} -> {}", c.src, c.dst);
+        }
+    }
+    for op in &batch.tier_ops {
+        match op {
+            TierOp::Spill { key, block } => {
+                println!("  tier: spill block {block} (group {}) down", key.group)
+            }
+            TierOp::Restore { key, block } => {
+                println!("  tier: restore into block {block} (group {})", key.group)
+            }
+            TierOp::Drop { key } => {
+                println!("  tier: drop entry {} (group {})", key.entry, key.group)
+            }
         }
     }
 }

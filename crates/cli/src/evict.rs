@@ -49,6 +49,8 @@ pub struct Args {
     /// each run is also made without a quota).
     #[arg(long = "tenant-quota", value_parser = usize_in(0, MAX_NUM_BLOCKS))]
     quotas: Vec<usize>,
+    #[command(flatten)]
+    tiers: crate::TierArgs,
     /// New tokens per turn (llama.cpp's -n).
     #[arg(long = "n-predict", short = 'n', default_value_t = 8, value_parser = usize_in(1, 4096))]
     max_tokens: usize,
@@ -69,6 +71,11 @@ struct Row {
     policy: &'static str,
     /// Cached blocks per tenant kept safe from the others (None: no quota).
     tenant_quota: Option<usize>,
+    /// Blocks per pool the tiers below hold (None: no tiers; evicted blocks are dropped).
+    tier_blocks: Option<usize>,
+    /// Evicted blocks spilled to the tiers, and levels restored from them.
+    spills: u64,
+    restores: u64,
     /// Hit rate of the noisy tenant's requests and of everyone else's (with --noisy-sessions).
     noisy_hit_rate: Option<f64>,
     others_hit_rate: Option<f64>,
@@ -141,9 +148,13 @@ pub fn run(a: Args) -> Result<()> {
     let mut rows = Vec::new();
     let mut reference: Option<Vec<Vec<u32>>> = None;
     for &num_blocks in &pools {
-        for (&policy, &tenant_quota) in policies
+        let tiers: Vec<_> = std::iter::once(None)
+            .chain(a.tiers.config().map(Some))
+            .collect();
+        for ((&policy, &tenant_quota), tiers) in policies
             .iter()
             .flat_map(|p| quotas.iter().map(move |q| (p, q)))
+            .flat_map(|pq| tiers.iter().map(move |t| (pq, t)))
         {
             let pool = PoolOptions {
                 num_blocks,
@@ -154,6 +165,7 @@ pub fn run(a: Args) -> Result<()> {
             let config = SchedulerConfig {
                 eviction_policy: policy,
                 tenant_quota,
+                tiers: tiers.clone(),
                 ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
             };
             let mut sched = Scheduler::new(config)?;
@@ -162,15 +174,17 @@ pub fn run(a: Args) -> Result<()> {
             match &reference {
                 None => reference = Some(outputs),
                 Some(r) if *r != outputs => bail!(
-                    "{} blocks, {}, quota {:?}: the generated tokens differ from the first run's; eviction must never change them",
+                    "{} blocks, {}, quota {:?}, tiers {:?}: the generated tokens differ from the first run's; eviction and tiers must never change them",
                     num_blocks,
                     policy.name(),
-                    tenant_quota
+                    tenant_quota,
+                    tiers.as_ref().map(|t| t.capacity())
                 ),
                 Some(_) => {}
             }
             let mut r = row(num_blocks, policy, &requests, &report);
             r.tenant_quota = tenant_quota;
+            r.tier_blocks = tiers.as_ref().map(|t| t.capacity());
             if let Some(noisy) = noisy {
                 let rate = |(q, h): (u64, u64)| h as f64 / q.max(1) as f64;
                 let hits = sched.tenant_prefix_hits();
@@ -212,6 +226,7 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     let tenant_cols = noisy.is_some() || !a.quotas.is_empty();
+    let tier_cols = a.tiers.config().is_some();
     print!(
         "{:>7} {:<11} {:>9} {:>15} {:>10} {:>12} {:>15} {:>14} {:>9}",
         "blocks",
@@ -226,6 +241,9 @@ pub fn run(a: Args) -> Result<()> {
     );
     if tenant_cols {
         print!(" {:>6} {:>11} {:>10}", "quota", "others hit", "noisy hit");
+    }
+    if tier_cols {
+        print!(" {:>11} {:>7} {:>9}", "tier blocks", "spills", "restores");
     }
     println!();
     let percent = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x));
@@ -250,9 +268,20 @@ pub fn run(a: Args) -> Result<()> {
                 percent(r.noisy_hit_rate)
             );
         }
+        if tier_cols {
+            let blocks = r.tier_blocks.map_or("none".into(), |b| b.to_string());
+            print!(" {blocks:>11} {:>7} {:>9}", r.spills, r.restores);
+        }
         println!();
     }
-    println!("every policy gave every turn the same tokens");
+    println!(
+        "every policy{} gave every turn the same tokens",
+        if tier_cols {
+            ", with and without tiers,"
+        } else {
+            ""
+        }
+    );
     Ok(())
 }
 
@@ -285,6 +314,9 @@ fn row(num_blocks: usize, policy: EvictionPolicy, requests: &[Request], r: &Driv
         num_blocks,
         policy: policy.name(),
         tenant_quota: None,
+        tier_blocks: None,
+        spills: m.num_spills,
+        restores: m.num_restores,
         noisy_hit_rate: None,
         others_hit_rate: None,
         prefix_hit_rate: m.prefix_cache_hit_rate(),

@@ -69,6 +69,51 @@ pub struct KvArgs {
     pub kv_dtype: kvlab_model::KvDtype,
 }
 
+/// Tiers below a paged engine's pool: evicted prefix-cache blocks are spilled to host memory,
+/// then to files, and restored on a later hit instead of recomputed.
+#[derive(clap::Args, Clone)]
+pub struct TierArgs {
+    /// Blocks per KV cache group kept in host memory below the pool (0: none).
+    #[arg(long, default_value_t = 0, value_parser = kvlab_cli::args::usize_in(0, kvlab_cli::args::MAX_NUM_BLOCKS))]
+    pub host_tier_blocks: usize,
+    /// Directory for a disk tier below host memory (a subdirectory per run, removed at the
+    /// end); blocks are written with a CRC-32 and a corrupt file is a miss.
+    #[arg(long)]
+    pub disk_tier: Option<std::path::PathBuf>,
+    /// Blocks per KV cache group the disk tier holds.
+    #[arg(long, default_value_t = 4096, value_parser = kvlab_cli::args::usize_in(1, kvlab_cli::args::MAX_NUM_BLOCKS))]
+    pub disk_tier_blocks: usize,
+}
+
+impl TierArgs {
+    /// The tiers asked for, `None` when neither flag is given.
+    pub fn config(&self) -> Option<kvlab_paged::TierConfig> {
+        let host = kvlab_paged::TierConfig::host(self.host_tier_blocks);
+        match &self.disk_tier {
+            Some(dir) => Some(host.with_disk(dir, self.disk_tier_blocks)),
+            None => (self.host_tier_blocks > 0).then_some(host),
+        }
+    }
+}
+
+/// One line on what the tiers did, from a run's metrics.
+pub fn tier_summary(m: &kvlab_paged::Metrics) -> String {
+    let t = &m.tier_store;
+    format!(
+        "tiers: {} blocks spilled, {} restored ({} read back from disk), {} dropped; now {} blocks ({}) in host memory and {} ({}) on disk; {} unreadable files, {} failed writes",
+        m.num_spills,
+        m.num_restores,
+        bytes(t.bytes_read_from_disk as usize),
+        m.num_tier_drops,
+        t.host_blocks,
+        bytes(t.host_bytes as usize),
+        t.disk_blocks,
+        bytes(t.disk_bytes as usize),
+        t.disk_read_errors,
+        t.disk_write_errors
+    )
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.

@@ -45,6 +45,8 @@ pub struct Args {
     /// demand (default: no quotas).
     #[arg(long, value_parser = usize_in(0, MAX_NUM_BLOCKS))]
     tenant_quota: Option<usize>,
+    #[command(flatten)]
+    tiers: crate::TierArgs,
     /// Token slots per block.
     #[arg(long, default_value_t = kvlab_paged::DEFAULT_BLOCK_SIZE, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
     block_size: usize,
@@ -75,6 +77,23 @@ impl StepExecutor for PagedExecutor {
         }
         logits
     }
+
+    fn read_block(
+        &mut self,
+        group: usize,
+        block: kvlab_paged::BlockId,
+    ) -> Result<Option<Vec<u8>>, Self::Error> {
+        self.engine.read_block(group, block)
+    }
+
+    fn write_block(
+        &mut self,
+        group: usize,
+        block: kvlab_paged::BlockId,
+        bytes: &[u8],
+    ) -> Result<bool, Self::Error> {
+        self.engine.write_block(group, block, bytes)
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -104,7 +123,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let stop_ids = model.config.stop_ids.clone();
     let kind = a.engine;
-    let (eviction, tenant_quota) = (a.eviction, a.tenant_quota);
+    let (eviction, tenant_quota, tiers) = (a.eviction, a.tenant_quota, a.tiers.config());
     let step_delay = Duration::from_millis(a.step_delay_ms as u64);
     let engine = kvlab_serve::spawn_engine(
         move || {
@@ -112,6 +131,7 @@ pub fn run(a: Args) -> Result<()> {
             let config = SchedulerConfig {
                 eviction_policy: eviction,
                 tenant_quota,
+                tiers,
                 ..SchedulerConfig::new(e.kv_cache().clone(), max_model_len)
             };
             let executor = PagedExecutor {

@@ -410,6 +410,34 @@ refused! {
     batch_unknown_policy: "batch --eviction fifo" => "[possible values: lru, lfu, clock, leaf-first]";
     evict_num_blocks_zero: "evict --num-blocks 0" => "is not in 1..=16777216";
     evict_turns_too_many_for_the_context: "evict --turns 64" => "use fewer --turns";
+    disk_tier_not_a_directory: "batch --disk-tier Cargo.toml" => "choose a writable directory for the disk tier";
+    disk_tier_blocks_zero: "batch --disk-tier target --disk-tier-blocks 0" => "is not in 1..=16777216";
+}
+
+/// Tiers: `kvlab evict` runs each policy without and with them (the command checks that both
+/// give every turn the same tokens); with them, evicted blocks are spilled and some restored,
+/// and the hit rate does not fall. `kvlab batch` reports what the tiers did.
+#[test]
+fn tiers_spill_and_restore_and_keep_the_tokens() {
+    let r = kvlab(
+        "evict --sessions 8 --turns 3 --num-blocks 30 --eviction lru --host-tier-blocks 4 --disk-tier target --json",
+    );
+    assert!(r.ok, "{}", r.err);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(r.out.trim()).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0]["tier_blocks"].is_null());
+    assert_eq!(rows[1]["tier_blocks"], 4 + 4096);
+    assert!(rows[1]["spills"].as_u64().unwrap() > 0, "{rows:?}");
+    assert!(rows[1]["restores"].as_u64().unwrap() > 0, "{rows:?}");
+    let rate = |r: &serde_json::Value| r["prefix_hit_rate"].as_f64().unwrap();
+    assert!(rate(&rows[1]) > rate(&rows[0]), "{rows:?}");
+    let r = kvlab("batch --num-blocks 12 --host-tier-blocks 8 -n 24");
+    assert!(r.ok, "{}", r.err);
+    assert!(
+        r.err.contains("tiers: ") && r.err.contains("blocks spilled"),
+        "{}",
+        r.err
+    );
 }
 
 /// `kvlab evict` compares the policies on the same sessions: the same work everywhere (the

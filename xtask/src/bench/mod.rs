@@ -29,6 +29,7 @@ mod roofline;
 mod serve;
 mod stats;
 mod suite;
+mod tiers;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -115,6 +116,14 @@ struct Opts {
     /// --serve: seed of the prompt order and the arrival times
     #[arg(long, value_name = "N", default_value_t = 0)]
     seed: u64,
+    /// Instead: the TTFT of a returning request whose evicted prefix is recomputed, or restored
+    /// from host memory or disk (default Gemma 3 270M at 256..8192 tokens, --quick:
+    /// stories260K); writes tiers.json and tiers_ttft.svg/.png
+    #[arg(long, conflicts_with_all = ["peers", "serve"])]
+    tiers: bool,
+    /// --tiers: a context length in tokens (repeatable)
+    #[arg(long = "context", value_name = "N", value_parser = usize_in(1, 1 << 20))]
+    contexts: Vec<usize>,
 }
 
 /// A request rate: a positive number of requests/s, or "inf".
@@ -210,6 +219,45 @@ fn run_serve(o: &Opts) -> Result<()> {
     Ok(())
 }
 
+/// `--tiers`: restore versus recompute (tiers.rs), table, tiers.json and the plot.
+fn run_tiers(o: &Opts) -> Result<()> {
+    if o.models.len() > 1 {
+        bail!("--tiers takes one --model");
+    }
+    let m = machine::detect();
+    let out = o.out();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let quick = o.quick && !o.full;
+    let t = tiers::TierOpts {
+        quick,
+        model: o.models.first().cloned(),
+        contexts: o.contexts.clone(),
+        reps: if quick { 1 } else { o.reps },
+        seed: o.seed,
+        out: out.clone(),
+        plots: !o.no_plots,
+        machine: format!(
+            "{} ({} logical CPUs), load {:.1} at the start, {}",
+            m.cpu_model,
+            m.logical_cpus,
+            m.loadavg_start.map_or(0.0, |l| l[0]),
+            m.date_utc
+        ),
+    };
+    let report = tiers::run(&t)?;
+    tiers::print(&report);
+    let json = out.join("tiers.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")?;
+    println!(
+        "wrote {} and {} plots in {} ({:.0} s)",
+        json.display(),
+        report.plots.len(),
+        out.display(),
+        report.wall_seconds
+    );
+    Ok(())
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     // Hidden: the peak-RSS child process (memory.rs).
     if args.first().map(String::as_str) == Some("__rss") {
@@ -221,6 +269,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if o.serve {
         return run_serve(&o);
+    }
+    if o.tiers {
+        return run_tiers(&o);
     }
     let started = Instant::now();
     plot::register_font();

@@ -3,6 +3,11 @@
 //! paged engine, with a block pool small enough to force preemption. Every sequence's greedy
 //! tokens must equal its solo naive run: batch invariance, whatever else is in the batch, whatever
 //! is shared through the prefix cache, and whether or not the sequence was preempted.
+//!
+//! A second run sends every request twice, the second wave after the first, through the same
+//! small pool with tiers below it (a few blocks of host memory, then files): the first wave's
+//! evicted prefixes are spilled, the second wave restores them, and every token must still be
+//! the solo naive run's.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,7 +17,9 @@ use kvlab_cli::engines::{EngineKind, PoolOptions, build_paged};
 use kvlab_model::registry::ModelEntry;
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Model, Tokenizer};
-use kvlab_paged::{Request, Scheduler, SchedulerConfig, StopConditions, drive};
+use kvlab_paged::{
+    DriveReport, Request, Scheduler, SchedulerConfig, StopConditions, TierConfig, drive,
+};
 
 use super::{BatchInfo, Divergence, Reference, Row, reference_run};
 
@@ -25,7 +32,7 @@ pub(super) fn run(
     tok: &Tokenizer,
     refs: &[Option<Reference>],
     engine: EngineKind,
-) -> Result<Row> {
+) -> Result<Vec<Row>> {
     let t = Instant::now();
     let ctx = entry
         .verify_max_seq_len
@@ -86,13 +93,13 @@ pub(super) fn run(
             tenant: 0,
         })
         .collect();
+    let pool = |num_blocks| PoolOptions {
+        num_blocks,
+        block_size,
+        kv_dtype: kvlab_model::KvDtype::F32,
+    };
     let report = loop {
-        let pool = PoolOptions {
-            num_blocks,
-            block_size,
-            kv_dtype: kvlab_model::KvDtype::F32,
-        };
-        let mut exec = build_paged(engine, model.clone(), pool)?;
+        let mut exec = build_paged(engine, model.clone(), pool(num_blocks))?;
         let mut sched = Scheduler::new(SchedulerConfig::new(exec.kv_cache().clone(), ctx))?;
         let report = drive(exec.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;
         if report.metrics.num_preemptions > 0 || num_blocks == min_blocks {
@@ -100,7 +107,60 @@ pub(super) fn run(
         }
         num_blocks = min_blocks.max(num_blocks / 2);
     };
+    let batched = row(
+        entry,
+        engine,
+        "batched",
+        &cases,
+        &report,
+        (num_blocks, block_size),
+        t,
+    );
 
+    // The same requests twice, the second wave arriving once the first has run, over tiers of
+    // a quarter of the pool in host memory and the rest of the demand on disk.
+    let t = Instant::now();
+    let wave = report.steps.len() + 1;
+    let twice: Vec<Request> = requests
+        .iter()
+        .cloned()
+        .chain(requests.iter().map(|r| Request {
+            arrival_step: r.arrival_step + wave,
+            ..r.clone()
+        }))
+        .collect();
+    let cases2 = [&cases[..], &cases[..]].concat();
+    let tiers = TierConfig::host(num_blocks / 4 + 1).with_disk(std::env::temp_dir(), 2 * demand);
+    let mut exec = build_paged(engine, model.clone(), pool(num_blocks))?;
+    let config = SchedulerConfig {
+        tiers: Some(tiers),
+        ..SchedulerConfig::new(exec.kv_cache().clone(), ctx)
+    };
+    let mut sched = Scheduler::new(config)?;
+    let report = drive(exec.as_mut(), &mut sched, &twice, argmax, |_, _, _| {})?;
+    let tiered = row(
+        entry,
+        engine,
+        "batched, tiers",
+        &cases2,
+        &report,
+        (num_blocks, block_size),
+        t,
+    );
+    Ok(vec![batched, tiered])
+}
+
+/// The verify row of a batched run of `cases` (prompt, expected tokens): identical tokens, and
+/// the preemptions, prefix hits (and with tiers, restores) the run is meant to exercise.
+fn row(
+    entry: &ModelEntry,
+    engine: EngineKind,
+    label: &str,
+    cases: &[(Vec<u32>, Vec<u32>)],
+    report: &DriveReport,
+    (num_blocks, block_size): (usize, usize),
+    t: Instant,
+) -> Row {
     let mut first: Option<(usize, Divergence)> = None;
     let mut compared = 0;
     for (i, ((_, expected), (got, _))) in cases.iter().zip(&report.outputs).enumerate() {
@@ -131,9 +191,16 @@ pub(super) fn run(
     if m.prefix_cache_hits == 0 {
         problems.push("no prefix-cache hit".into());
     }
+    let with_tiers = label.contains("tiers");
+    if with_tiers && (m.num_restores == 0 || m.tier_store.bytes_read_from_disk == 0) {
+        problems.push(format!(
+            "the tiers restored {} blocks, {} bytes from disk; both should be > 0",
+            m.num_restores, m.tier_store.bytes_read_from_disk
+        ));
+    }
     let note = problems.join("; ");
-    Ok(Row {
-        prompt: format!("batched: {} requests", cases.len()),
+    Row {
+        prompt: format!("{label}: {} requests", cases.len()),
         prompt_tokens: cases.iter().map(|(p, _)| p.len()).sum(),
         status: if problems.is_empty() {
             "ok"
@@ -155,7 +222,9 @@ pub(super) fn run(
             num_preemptions: m.num_preemptions,
             prefix_cache_hits: m.prefix_cache_hits,
             num_recomputed_tokens: m.num_recomputed_tokens,
+            num_spills: m.num_spills,
+            num_restores: m.num_restores,
         }),
         ..Row::empty(&entry.name, engine.name())
-    })
+    }
 }

@@ -121,6 +121,9 @@ struct BatchInfo {
     /// Prompt tokens served from the prefix cache.
     prefix_cache_hits: u64,
     num_recomputed_tokens: u64,
+    /// Blocks spilled to the tiers and restored from them (the run with tiers; 0 otherwise).
+    num_spills: u64,
+    num_restores: u64,
 }
 
 /// A model ready to verify: its manifest entry, weights (matrices in f32), tokenizer, cases, and
@@ -298,12 +301,14 @@ fn run_batched(
     for &name in engines.iter().filter(|e| e.is_paged()) {
         for ((entry, model, tok, ..), refs) in loaded.iter().zip(refs) {
             eprintln!("verify: batched run of {} on {name}", entry.name);
-            rows.push(
-                batched::run(entry, model, tok, refs, name).unwrap_or_else(|e| Row {
-                    prompt: "batched".into(),
-                    status: "ERROR".into(),
-                    note: format!("{e:#}"),
-                    ..Row::empty(&entry.name, name.name())
+            rows.extend(
+                batched::run(entry, model, tok, refs, name).unwrap_or_else(|e| {
+                    vec![Row {
+                        prompt: "batched".into(),
+                        status: "ERROR".into(),
+                        note: format!("{e:#}"),
+                        ..Row::empty(&entry.name, name.name())
+                    }]
                 }),
             );
         }
@@ -786,7 +791,8 @@ fn report(rows: &[Row], out: &Path) -> Result<()> {
     for r in rows {
         if let Some(b) = &r.batch {
             println!(
-                "batched {} / {}: {} requests in {} steps, pool {} blocks x {} tokens: {} preemptions, {} prefix-cache hit tokens, {} recomputed tokens",
+                "{} {} / {}: {} requests in {} steps, pool {} blocks x {} tokens: {} preemptions, {} prefix-cache hit tokens, {} recomputed tokens{}",
+                r.prompt.split(':').next().unwrap_or("batched"),
                 r.model,
                 r.engine,
                 b.requests,
@@ -795,7 +801,15 @@ fn report(rows: &[Row], out: &Path) -> Result<()> {
                 b.block_size,
                 b.num_preemptions,
                 b.prefix_cache_hits,
-                b.num_recomputed_tokens
+                b.num_recomputed_tokens,
+                if b.num_spills > 0 {
+                    format!(
+                        ", {} blocks spilled and {} restored",
+                        b.num_spills, b.num_restores
+                    )
+                } else {
+                    String::new()
+                }
             );
         }
     }
