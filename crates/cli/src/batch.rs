@@ -166,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
             "recomputed_tokens": m.num_recomputed_tokens,
             "tier_spills": m.num_spills,
             "tier_restores": m.num_restores,
-            "tier_drops": m.num_tier_drops,
+            "tier_drops": m.tier_drops,
             "tier_store": m.tier_store,
         });
         eprintln!("{v}");

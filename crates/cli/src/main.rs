@@ -83,12 +83,17 @@ pub struct TierArgs {
     /// Blocks per KV cache group the disk tier holds.
     #[arg(long, default_value_t = 4096, value_parser = kvlab_cli::args::usize_in(1, kvlab_cli::args::MAX_NUM_BLOCKS))]
     pub disk_tier_blocks: usize,
+    /// Scheduler steps a spilled block may stay below before it is dropped (default: until
+    /// the tiers are full and it is the oldest).
+    #[arg(long, value_parser = kvlab_cli::args::usize_in(1, 1 << 40))]
+    pub tier_ttl_steps: Option<usize>,
 }
 
 impl TierArgs {
     /// The tiers asked for, `None` when neither flag is given.
     pub fn config(&self) -> Option<kvlab_paged::TierConfig> {
-        let host = kvlab_paged::TierConfig::host(self.host_tier_blocks);
+        let host = kvlab_paged::TierConfig::host(self.host_tier_blocks)
+            .with_ttl_steps(self.tier_ttl_steps.map(|s| s as u64));
         match &self.disk_tier {
             Some(dir) => Some(host.with_disk(dir, self.disk_tier_blocks)),
             None => (self.host_tier_blocks > 0).then_some(host),
@@ -100,11 +105,15 @@ impl TierArgs {
 pub fn tier_summary(m: &kvlab_paged::Metrics) -> String {
     let t = &m.tier_store;
     format!(
-        "tiers: {} blocks spilled, {} restored ({} read back from disk), {} dropped; now {} blocks ({}) in host memory and {} ({}) on disk; {} unreadable files, {} failed writes",
+        "tiers: {} blocks spilled, {} restored ({} read back from disk), {} dropped ({} full, {} expired, {} computed again, {} lost); now {} blocks ({}) in host memory and {} ({}) on disk; {} unreadable files, {} failed writes",
         m.num_spills,
         m.num_restores,
         bytes(t.bytes_read_from_disk as usize),
-        m.num_tier_drops,
+        m.tier_drops.total(),
+        m.tier_drops.full,
+        m.tier_drops.expired,
+        m.tier_drops.recomputed,
+        m.tier_drops.lost,
         t.host_blocks,
         bytes(t.host_bytes as usize),
         t.disk_blocks,

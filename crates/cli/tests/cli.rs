@@ -431,6 +431,15 @@ fn tiers_spill_and_restore_and_keep_the_tokens() {
     assert!(rows[1]["restores"].as_u64().unwrap() > 0, "{rows:?}");
     let rate = |r: &serde_json::Value| r["prefix_hit_rate"].as_f64().unwrap();
     assert!(rate(&rows[1]) > rate(&rows[0]), "{rows:?}");
+    // A time to live shorter than a preempted sequence's wait: its spilled blocks expire.
+    let r = kvlab("batch --num-blocks 8 --host-tier-blocks 8 --tier-ttl-steps 2 --json");
+    assert!(r.ok, "{}", r.err);
+    let stats: serde_json::Value = serde_json::from_str(r.err.trim()).unwrap();
+    assert!(
+        stats["tier_drops"]["expired"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    assert_eq!(stats["tier_restores"], 0, "{stats}");
     let r = kvlab("batch --num-blocks 12 --host-tier-blocks 8 -n 24");
     assert!(r.ok, "{}", r.err);
     assert!(

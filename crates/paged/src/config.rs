@@ -71,7 +71,7 @@ impl KvCacheConfig {
         prefix_caching: bool,
         eviction: EvictionPolicy,
         tenant_quota: Option<usize>,
-        tier_capacity: Option<usize>,
+        tier: Option<(usize, Option<u64>)>,
     ) -> Result<Vec<BlockAllocator>> {
         self.groups
             .iter()
@@ -80,7 +80,7 @@ impl KvCacheConfig {
                     a.with_prefix_caching(prefix_caching)
                         .with_eviction_policy(eviction)
                         .with_tenant_quota(tenant_quota)
-                        .with_tier(tier_capacity)
+                        .with_tier(tier)
                 })
             })
             .collect()

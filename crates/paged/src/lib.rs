@@ -108,7 +108,7 @@ pub use scheduled_batch::{
 };
 pub use scheduler::{Scheduler, TierMoveError};
 pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
-pub use tier::{KvTierStore, TierConfig, TierKey, TierOp, TierStats, TierStoreStats};
+pub use tier::{KvTierStore, TierConfig, TierDrops, TierKey, TierOp, TierStats, TierStoreStats};
 pub use unscheduled::{UnscheduledPools, UnscheduledSeq};
 pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};
 pub use workload::{

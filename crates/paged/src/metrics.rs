@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::{BlockAllocator, TierStoreStats};
+use crate::{BlockAllocator, TierDrops, TierStoreStats};
 
 /// A snapshot of the KV cache and scheduler. Block counts add up over all KV cache groups.
 ///
@@ -47,8 +47,8 @@ pub struct Metrics {
     pub num_spills: u64,
     /// Prefix-cache levels restored from a tier into a fresh block (their prefill skipped).
     pub num_restores: u64,
-    /// Levels the tiers let go (full, a lost file, or the content computed again).
-    pub num_tier_drops: u64,
+    /// Levels the tiers let go, by why (full, expired, computed again, lost).
+    pub tier_drops: TierDrops,
     /// Levels the tiers hold now.
     pub num_tiered_blocks: usize,
     /// Bytes per tier now and moved so far (zeros without tiers).
@@ -84,7 +84,9 @@ impl Metrics {
             num_steps: 0,
             num_spills: stat(|a| a.tier_stats().spills),
             num_restores: stat(|a| a.tier_stats().restores),
-            num_tier_drops: stat(|a| a.tier_stats().drops),
+            tier_drops: pools
+                .iter()
+                .fold(TierDrops::default(), |d, a| d.add(a.tier_stats().drops)),
             num_tiered_blocks: pools.iter().map(BlockAllocator::num_tiered_blocks).sum(),
             tier_store: TierStoreStats::default(),
         }

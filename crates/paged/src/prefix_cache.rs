@@ -121,6 +121,8 @@ pub(crate) struct PrefixCache {
     evictable_by_tenant: BTreeMap<Tenant, usize>,
     /// The entries a lower tier holds (`None`: evicted blocks are dropped).
     tier: Option<TierIndex>,
+    /// The scheduler step now (stamps spills for the tiers' time to live).
+    now: u64,
 }
 
 /// counts[t] += 1.
@@ -154,19 +156,36 @@ impl PrefixCache {
             cached_by_tenant: BTreeMap::new(),
             evictable_by_tenant: BTreeMap::new(),
             tier: None,
+            now: 0,
         }
     }
 
-    /// The same empty cache spilling evicted blocks to tiers that hold `capacity` blocks
-    /// (`None`: no tiers, evicted content is dropped).
-    pub(crate) fn with_tier(mut self, capacity: Option<usize>) -> Self {
-        self.tier = capacity.map(TierIndex::new);
+    /// The same empty cache spilling evicted blocks to tiers that hold `capacity` blocks, each
+    /// for at most `ttl_steps` scheduler steps (`None`: no tiers, evicted content is dropped).
+    pub(crate) fn with_tier(mut self, tier: Option<(usize, Option<u64>)>) -> Self {
+        self.tier = tier.map(|(capacity, ttl)| TierIndex::new(capacity, ttl));
         self
     }
 
-    /// Blocks the tiers below hold at most (`None`: no tiers).
-    pub(crate) fn tier_capacity(&self) -> Option<usize> {
-        self.tier.as_ref().map(TierIndex::capacity)
+    /// The tiers' capacity in blocks and time to live in steps (`None`: no tiers).
+    pub(crate) fn tier_config(&self) -> Option<(usize, Option<u64>)> {
+        self.tier.as_ref().map(|t| (t.capacity(), t.ttl_steps()))
+    }
+
+    /// The scheduler's step count, which spills are stamped with.
+    pub(crate) fn set_step(&mut self, now: u64) {
+        self.now = now;
+    }
+
+    /// Drops the tiered entries whose time to live is over.
+    pub(crate) fn expire_tiered(&mut self) {
+        let expired = self
+            .tier
+            .as_mut()
+            .map_or_else(Vec::new, |t| t.expire(self.now));
+        for entry in expired {
+            self.unpin(entry);
+        }
     }
 
     /// Whether a lower tier holds `entry`'s bytes (a ghost that can be restored).
@@ -218,12 +237,13 @@ impl PrefixCache {
         self.unpin(entry);
     }
 
-    /// The tiers lost `entry`'s bytes (an unreadable file, a failed write): forget it below, so
-    /// the next lookup is a plain ghost hit (recompute).
-    pub(crate) fn forget_tiered(&mut self, entry: EntryId) {
+    /// Forgets `entry` below: its content was computed again (`lost` false), or the tiers lost
+    /// its bytes (an unreadable file, a failed write: `lost` true), so the next lookup is a plain
+    /// ghost hit (recompute).
+    pub(crate) fn forget_tiered(&mut self, entry: EntryId, lost: bool) {
         if self.take_tiered(entry) {
             if let Some(t) = self.tier.as_mut() {
-                t.drop_entry(entry);
+                t.drop_entry(entry, lost);
             }
             self.unpin(entry);
         }
@@ -254,7 +274,7 @@ impl PrefixCache {
     pub(crate) fn with_eviction_policy(self, policy: EvictionPolicy) -> Self {
         Self::new(self.block_entry.len(), self.hash_fn, policy)
             .with_tenant_quota(self.tenant_quota)
-            .with_tier(self.tier_capacity())
+            .with_tier(self.tier_config())
     }
 
     /// Looks up the block after `parent` (None for the first block) holding `tokens`.
@@ -322,7 +342,7 @@ impl PrefixCache {
             self.block_tenant[block as usize] = tenant;
             count_up(&mut self.cached_by_tenant, tenant);
         }
-        self.forget_tiered(entry);
+        self.forget_tiered(entry, false);
     }
 
     /// Keeps `entry` alive: a block table's registration chain ends there.
@@ -459,7 +479,7 @@ impl PrefixCache {
                 e.block = None;
             }
             if let Some(tier) = self.tier.as_mut() {
-                let pushed_out = tier.spill(block, entry);
+                let pushed_out = tier.spill(block, entry, self.now);
                 // The tiers' hold keeps the ghost (and so its chain) alive while they keep it.
                 if let Some(e) = self.entries.get_mut(&entry) {
                     e.refs += 1;

@@ -468,7 +468,7 @@ proptest! {
         caching in any::<bool>(),
         eviction in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         tenant_quota in prop::option::of(0..4usize),
-        tier in prop::option::of((1..4usize, 0..3usize)),
+        tier in prop::option::of((1..4usize, 0..3usize, prop::option::of(1..6u64))),
         hash_kind in 0..3u8,
         requests in vec(request(), 1..10),
         forks in vec((0..16usize, any::<usize>()), 0..4),
@@ -490,8 +490,10 @@ proptest! {
             eviction_policy: eviction,
             tenant_quota,
             // Host blocks, then files in a temporary directory.
-            tiers: tier.filter(|_| caching).map(|(host, disk)| {
-                TierConfig::host(host).with_disk(std::env::temp_dir(), disk)
+            tiers: tier.filter(|_| caching).map(|(host, disk, ttl)| {
+                TierConfig::host(host)
+                    .with_disk(std::env::temp_dir(), disk)
+                    .with_ttl_steps(ttl)
             }),
         };
         let mut s = Scheduler::new(config.clone()).unwrap().with_hash_fn(hash_fn(hash_kind));

@@ -52,7 +52,7 @@ pub struct ServerMetrics {
     evictions: IntCounter,
     tier_spills: IntCounter,
     tier_restores: IntCounter,
-    tier_drops: IntCounter,
+    tier_drops: IntCounterVec,
     tier_file_errors: IntCounter,
     tier_bytes: IntGaugeVec,
     steps: IntCounter,
@@ -149,10 +149,15 @@ impl ServerMetrics {
                 "kvlab:kv_tier_restores_total",
                 "Prefix-cache blocks restored from a tier instead of recomputed.",
             )?,
-            tier_drops: counter(
+            tier_drops: register(
                 r,
-                "kvlab:kv_tier_drops_total",
-                "Blocks the tiers let go (full, unreadable, or computed again).",
+                IntCounterVec::new(
+                    Opts::new(
+                        "kvlab:kv_tier_drops_total",
+                        "Blocks the tiers let go, by reason: full (oldest spill pushed out), expired (--tier-ttl-steps), recomputed (the content computed again), lost (a file failed to write or verify).",
+                    ),
+                    &["reason"],
+                ),
             )?,
             tier_file_errors: counter(
                 r,
@@ -231,6 +236,16 @@ impl ServerMetrics {
             set(&self.blocks_cached_free, a.num_evictable_blocks());
             set(&self.blocks_total, a.num_blocks());
         }
+        let d = m.tier_drops;
+        for (reason, total) in [
+            ("full", d.full),
+            ("expired", d.expired),
+            ("recomputed", d.recomputed),
+            ("lost", d.lost),
+        ] {
+            let c = self.tier_drops.with_label_values(&[reason]);
+            c.inc_by(total.saturating_sub(c.get()));
+        }
         for (tier, bytes) in [
             ("host", m.tier_store.host_bytes),
             ("disk", m.tier_store.disk_bytes),
@@ -249,7 +264,6 @@ impl ServerMetrics {
             (&self.steps, m.num_steps),
             (&self.tier_spills, m.num_spills),
             (&self.tier_restores, m.num_restores),
-            (&self.tier_drops, m.num_tier_drops),
             (
                 &self.tier_file_errors,
                 m.tier_store.disk_read_errors + m.tier_store.disk_write_errors,

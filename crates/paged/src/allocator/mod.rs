@@ -112,11 +112,18 @@ impl BlockAllocator {
     }
 
     /// Spills evicted cached blocks to tiers below the pool that hold `capacity` blocks of this
-    /// pool (`None`: evicted content is dropped, the default); see [`crate::tier`]. Call it on a
-    /// fresh allocator.
-    pub fn with_tier(mut self, capacity: Option<usize>) -> Self {
-        self.cache = self.cache.with_tier(capacity);
+    /// pool, each for at most `ttl_steps` scheduler steps (`None`: evicted content is dropped,
+    /// the default); see [`crate::tier`]. Call it on a fresh allocator.
+    pub fn with_tier(mut self, tier: Option<(usize, Option<u64>)>) -> Self {
+        self.cache = self.cache.with_tier(tier);
         self
+    }
+
+    /// Tells the pool the scheduler's step (spills are stamped with it) and drops the tiered
+    /// levels whose time to live is over.
+    pub(crate) fn tick(&mut self, step: u64) {
+        self.cache.set_step(step);
+        self.cache.expire_tiered();
     }
 
     /// Spills, restores and drops so far (zeros without tiers).
@@ -141,7 +148,7 @@ impl BlockAllocator {
 
     /// The tiers lost `entry`'s bytes: its level becomes a plain ghost (recomputed on a hit).
     pub(crate) fn forget_tiered(&mut self, entry: u64) {
-        self.cache.forget_tiered(entry);
+        self.cache.forget_tiered(entry, true);
     }
 
     /// The per-tenant quota of cached blocks, if any.

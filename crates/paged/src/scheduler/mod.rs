@@ -85,7 +85,7 @@ impl Scheduler {
             config.enable_prefix_caching,
             config.eviction_policy,
             config.tenant_quota,
-            config.tiers.as_ref().map(|t| t.capacity()),
+            config.tiers.as_ref().map(|t| (t.capacity(), t.ttl_steps)),
         )?;
         let tiers = match &config.tiers {
             Some(t) => Some(KvTierStore::new(t, allocators.len())?),

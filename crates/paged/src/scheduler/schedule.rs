@@ -34,6 +34,9 @@ impl Scheduler {
             return Err(PagedError::UpdatePending);
         }
         self.forget_unmoved();
+        for alloc in &mut self.allocators {
+            alloc.tick(self.counters.num_steps);
+        }
         let mut batch = ScheduledBatch::default();
         let mut i = 0;
         while i < self.running.len() {

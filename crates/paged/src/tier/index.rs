@@ -21,8 +21,11 @@ pub(crate) enum IndexOp {
 #[derive(Debug, Clone)]
 pub(crate) struct TierIndex {
     capacity: usize,
-    /// spill stamp → entry, the oldest first out when a spill finds the tiers full.
-    order: BTreeMap<u64, EntryId>,
+    /// Scheduler steps an entry may stay below after its spill (`None`: until pushed out).
+    ttl_steps: Option<u64>,
+    /// spill stamp → (entry, scheduler step of the spill), the oldest first out when a spill
+    /// finds the tiers full or its time is up.
+    order: BTreeMap<u64, (EntryId, u64)>,
     stamp: HashMap<EntryId, u64>,
     next: u64,
     /// Moves decided since the scheduler last took them.
@@ -31,9 +34,10 @@ pub(crate) struct TierIndex {
 }
 
 impl TierIndex {
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize, ttl_steps: Option<u64>) -> Self {
         Self {
             capacity,
+            ttl_steps,
             order: BTreeMap::new(),
             stamp: HashMap::new(),
             next: 0,
@@ -46,6 +50,10 @@ impl TierIndex {
         self.capacity
     }
 
+    pub(crate) fn ttl_steps(&self) -> Option<u64> {
+        self.ttl_steps
+    }
+
     pub(crate) fn contains(&self, entry: EntryId) -> bool {
         self.stamp.contains_key(&entry)
     }
@@ -54,22 +62,43 @@ impl TierIndex {
         self.stamp.len()
     }
 
-    /// Records the spill of `block` holding `entry`; returns the entries pushed out to make
-    /// room (each with a `Drop` recorded after the spill), oldest first.
-    pub(crate) fn spill(&mut self, block: BlockId, entry: EntryId) -> Vec<EntryId> {
+    /// Records the spill of `block` holding `entry` at scheduler step `now`; returns the
+    /// entries pushed out to make room (each with a `Drop` recorded after the spill), oldest
+    /// first.
+    pub(crate) fn spill(&mut self, block: BlockId, entry: EntryId, now: u64) -> Vec<EntryId> {
         self.ops.push(IndexOp::Spill { block, entry });
         self.stats.spills += 1;
         self.stamp.insert(entry, self.next);
-        self.order.insert(self.next, entry);
+        self.order.insert(self.next, (entry, now));
         self.next += 1;
         let mut out = Vec::new();
         while self.stamp.len() > self.capacity {
-            let Some((_, old)) = self.order.pop_first() else {
+            let Some((_, (old, _))) = self.order.pop_first() else {
                 break;
             };
             self.stamp.remove(&old);
             self.ops.push(IndexOp::Drop { entry: old });
-            self.stats.drops += 1;
+            self.stats.drops.full += 1;
+            out.push(old);
+        }
+        out
+    }
+
+    /// Drops the entries spilled more than `ttl_steps` steps before `now`, oldest first, and
+    /// returns them.
+    pub(crate) fn expire(&mut self, now: u64) -> Vec<EntryId> {
+        let Some(ttl) = self.ttl_steps else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        while let Some((_, &(old, at))) = self.order.first_key_value() {
+            if at.saturating_add(ttl) >= now {
+                break;
+            }
+            self.order.pop_first();
+            self.stamp.remove(&old);
+            self.ops.push(IndexOp::Drop { entry: old });
+            self.stats.drops.expired += 1;
             out.push(old);
         }
         out
@@ -93,9 +122,49 @@ impl TierIndex {
         self.stats.restores += 1;
     }
 
-    /// `entry`, taken out by [`Self::remove`], is forgotten below.
-    pub(crate) fn drop_entry(&mut self, entry: EntryId) {
+    /// `entry`, taken out by [`Self::remove`], is forgotten below: its content was computed
+    /// again (`lost` false) or its bytes are gone (`lost` true).
+    pub(crate) fn drop_entry(&mut self, entry: EntryId, lost: bool) {
         self.ops.push(IndexOp::Drop { entry });
-        self.stats.drops += 1;
+        if lost {
+            self.stats.drops.lost += 1;
+        } else {
+            self.stats.drops.recomputed += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_spill_goes_when_full_or_when_its_time_is_up() {
+        let mut t = TierIndex::new(2, Some(3));
+        assert!(t.spill(10, 1, 0).is_empty());
+        assert!(t.spill(11, 2, 1).is_empty());
+        assert_eq!(
+            t.spill(12, 3, 2),
+            vec![1],
+            "full: entry 1, the oldest, goes"
+        );
+        assert!(
+            t.expire(4).is_empty(),
+            "entry 2 spilled at 1 lives through step 4"
+        );
+        assert_eq!(t.expire(5), vec![2]);
+        assert_eq!(t.expire(100), vec![3]);
+        assert_eq!(t.len(), 0);
+        let d = t.stats.drops;
+        assert_eq!((d.full, d.expired, t.stats.spills), (1, 2, 3));
+        let drops = t
+            .ops
+            .iter()
+            .filter(|op| matches!(op, IndexOp::Drop { .. }))
+            .count();
+        assert_eq!(drops, 3);
+        let mut no_ttl = TierIndex::new(4, None);
+        no_ttl.spill(0, 7, 0);
+        assert!(no_ttl.expire(u64::MAX).is_empty());
     }
 }

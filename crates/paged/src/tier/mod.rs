@@ -48,6 +48,9 @@ pub struct TierConfig {
     /// Directory the disk tier writes under (a fresh subdirectory per run, removed at the end);
     /// required when `disk_blocks > 0`.
     pub disk_dir: Option<PathBuf>,
+    /// Scheduler steps a spilled block may stay below before it is dropped (`None`: until the
+    /// tiers are full and it is the oldest spill).
+    pub ttl_steps: Option<u64>,
 }
 
 impl TierConfig {
@@ -57,7 +60,14 @@ impl TierConfig {
             host_blocks,
             disk_blocks: 0,
             disk_dir: None,
+            ttl_steps: None,
         }
+    }
+
+    /// The same tiers dropping what was spilled more than `steps` scheduler steps ago.
+    pub fn with_ttl_steps(mut self, steps: Option<u64>) -> Self {
+        self.ttl_steps = steps;
+        self
     }
 
     /// The same tiers plus `disk_blocks` blocks per pool in files under `dir`.
@@ -99,6 +109,37 @@ pub struct TierStats {
     pub spills: u64,
     /// Levels brought back from a tier into a fresh block (their prefill skipped).
     pub restores: u64,
-    /// Entries the tiers let go: full, lost (an unreadable file) or computed again.
-    pub drops: u64,
+    /// Entries the tiers let go, by why.
+    pub drops: TierDrops,
+}
+
+/// Why the tiers let entries go: the two policies that bound them (size, time to live), and
+/// the two events that make a copy below useless.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TierDrops {
+    /// The oldest spill, pushed out by a new one when the tiers were full.
+    pub full: u64,
+    /// Spilled more than `ttl_steps` steps ago.
+    pub expired: u64,
+    /// The same content was computed again into a block (the copy below is redundant).
+    pub recomputed: u64,
+    /// The bytes were lost: an unreadable file, a failed write, an engine that cannot move
+    /// blocks, or a step run without the moves.
+    pub lost: u64,
+}
+
+impl TierDrops {
+    pub fn total(&self) -> u64 {
+        self.full + self.expired + self.recomputed + self.lost
+    }
+
+    /// Adds `other`'s counts (summing pools).
+    pub fn add(self, other: TierDrops) -> TierDrops {
+        TierDrops {
+            full: self.full + other.full,
+            expired: self.expired + other.expired,
+            recomputed: self.recomputed + other.recomputed,
+            lost: self.lost + other.lost,
+        }
+    }
 }
