@@ -86,7 +86,7 @@ impl Metrics {
             num_restores: stat(|a| a.tier_stats().restores),
             tier_drops: pools
                 .iter()
-                .fold(TierDrops::default(), |d, a| d.add(a.tier_stats().drops)),
+                .fold(TierDrops::default(), |d, a| d + a.tier_stats().drops),
             num_tiered_blocks: pools.iter().map(BlockAllocator::num_tiered_blocks).sum(),
             tier_store: TierStoreStats::default(),
         }

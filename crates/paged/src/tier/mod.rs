@@ -132,9 +132,13 @@ impl TierDrops {
     pub fn total(&self) -> u64 {
         self.full + self.expired + self.recomputed + self.lost
     }
+}
 
-    /// Adds `other`'s counts (summing pools).
-    pub fn add(self, other: TierDrops) -> TierDrops {
+/// Counts of two pools summed.
+impl std::ops::Add for TierDrops {
+    type Output = TierDrops;
+
+    fn add(self, other: TierDrops) -> TierDrops {
         TierDrops {
             full: self.full + other.full,
             expired: self.expired + other.expired,
