@@ -23,6 +23,10 @@ pub trait DType:
     fn from_f32_slice(x: &[f32]) -> std::borrow::Cow<'_, [Self]> {
         std::borrow::Cow::Owned(x.iter().map(|&v| Self::from_f32(v)).collect())
     }
+    /// The element's bits, little-endian (`BYTES` of them), for a block moved to a tier.
+    fn to_le(self, out: &mut Vec<u8>);
+    /// The element whose bits `to_le` wrote (`bytes.len() == BYTES`).
+    fn from_le(bytes: &[u8]) -> Self;
 }
 
 impl DType for f32 {
@@ -38,6 +42,12 @@ impl DType for f32 {
     fn from_f32_slice(x: &[f32]) -> std::borrow::Cow<'_, [Self]> {
         std::borrow::Cow::Borrowed(x)
     }
+    fn to_le(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn from_le(bytes: &[u8]) -> Self {
+        f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    }
 }
 
 impl DType for half::f16 {
@@ -49,6 +59,12 @@ impl DType for half::f16 {
     }
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
+    }
+    fn to_le(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_bits().to_le_bytes());
+    }
+    fn from_le(bytes: &[u8]) -> Self {
+        half::f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]]))
     }
 }
 
@@ -106,5 +122,26 @@ mod tests {
         assert_eq!(<half::f16 as DType>::BYTES, 2);
         assert_eq!("f16".parse::<Precision>(), Ok(Precision::F16));
         assert!("bf16".parse::<Precision>().is_err());
+    }
+
+    /// A block's elements go to a tier as their bits and come back the same bits, NaN and
+    /// subnormals included.
+    #[test]
+    fn elements_round_trip_through_their_bytes() {
+        fn round_trip<C: DType + PartialEq>(xs: &[C]) -> Vec<C> {
+            let mut out = Vec::new();
+            xs.iter().for_each(|x| x.to_le(&mut out));
+            assert_eq!(out.len(), xs.len() * C::BYTES);
+            out.chunks_exact(C::BYTES).map(C::from_le).collect()
+        }
+        let f = [1.5f32, -0.0, f32::MIN_POSITIVE / 4.0, f32::MAX, f32::NAN];
+        let back = round_trip(&f);
+        assert!(f.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let h: Vec<half::f16> = [0x3c00u16, 0x8000, 0x0001, 0x7bff, 0x7e01]
+            .into_iter()
+            .map(half::f16::from_bits)
+            .collect();
+        let back = round_trip(&h);
+        assert!(h.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
 use kvlab_model::{Config, Engine, Error, KvUsage, Model, SeqId, Sequences, TraceStep};
 use kvlab_paged::{
-    KvCacheConfig, PagedError, ScheduledBatch, StepExecutor, UnscheduledPools, UnscheduledSeq,
+    BlockId, KvCacheConfig, PagedError, ScheduledBatch, StepExecutor, UnscheduledPools,
+    UnscheduledSeq,
 };
 
 use crate::device::{Device, DeviceInfo};
@@ -357,4 +358,36 @@ impl StepExecutor for CudaEngine {
         let n = self.run(batch)?;
         Ok(with_runner!(&self.runner, f => f.logits(n))?)
     }
+
+    /// Every layer of `group`, K then V, as the pool stores them (f32 or f16), copied to the
+    /// host. Not yet run on a GPU (crates/cuda/README.md lists the check).
+    fn read_block(&mut self, group: usize, block: BlockId) -> Result<Option<Vec<u8>>, Error> {
+        let bytes = with_runner!(&self.runner, f => {
+            let layers = group_layers(&f.pool.plan, group)?;
+            f.pool.read_block(&f.dev.stream, layers, block as usize, f.config.kv_dim())
+        })?;
+        Ok(Some(bytes))
+    }
+
+    fn write_block(&mut self, group: usize, block: BlockId, bytes: &[u8]) -> Result<bool, Error> {
+        with_runner!(&mut self.runner, f => {
+            let layers = group_layers(&f.pool.plan, group)?.to_vec();
+            let kv_dim = f.config.kv_dim();
+            f.pool.write_block(&f.dev.stream, &layers, block as usize, kv_dim, bytes)
+        })?;
+        Ok(true)
+    }
+}
+
+/// The layers of KV cache group `group` of the pool.
+fn group_layers(plan: &crate::pool::PoolPlan, group: usize) -> crate::error::Result<&[usize]> {
+    plan.groups
+        .get(group)
+        .map(|g| g.layers.as_slice())
+        .ok_or_else(|| {
+            CudaError::BadInput(format!(
+                "KV cache group {group} is not one of the pool's {}",
+                plan.groups.len()
+            ))
+        })
 }

@@ -165,6 +165,77 @@ impl<C: DType> KvPool<C> {
         }
         Ok(KvPool { k, v, plan })
     }
+
+    /// Block `block` of `layers`, K then V of each, copied to the host as little-endian bytes
+    /// (what a tier below the pool keeps; `kvlab_paged::tier`).
+    ///
+    /// # Errors
+    /// [`CudaError::BadInput`] for a block outside the pool; driver errors.
+    pub fn read_block(
+        &self,
+        stream: &Arc<CudaStream>,
+        layers: &[usize],
+        block: usize,
+        kv_dim: usize,
+    ) -> Result<Vec<u8>> {
+        let range = self.block_range(block, kv_dim)?;
+        let mut out = Vec::with_capacity(2 * layers.len() * range.len() * C::BYTES);
+        for &l in layers {
+            for t in [&self.k[l], &self.v[l]] {
+                for x in stream.clone_dtoh(&t.slice(range.clone()))? {
+                    x.to_le(&mut out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Overwrites block `block` of `layers` with bytes [`KvPool::read_block`] gave for the
+    /// same layers.
+    ///
+    /// # Errors
+    /// [`CudaError::BadInput`] for a block outside the pool or bytes of another length;
+    /// driver errors.
+    pub fn write_block(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        layers: &[usize],
+        block: usize,
+        kv_dim: usize,
+        bytes: &[u8],
+    ) -> Result<()> {
+        let range = self.block_range(block, kv_dim)?;
+        let per_tensor = range.len() * C::BYTES;
+        if bytes.len() != 2 * layers.len() * per_tensor {
+            return Err(CudaError::BadInput(format!(
+                "{} bytes are not one block of {} layers ({} bytes)",
+                bytes.len(),
+                layers.len(),
+                2 * layers.len() * per_tensor
+            )));
+        }
+        let mut chunks = bytes.chunks_exact(per_tensor);
+        for &l in layers {
+            for t in [&mut self.k[l], &mut self.v[l]] {
+                let chunk = chunks.next().unwrap_or_default();
+                let host: Vec<C> = chunk.chunks_exact(C::BYTES).map(C::from_le).collect();
+                stream.memcpy_htod(&host, &mut t.slice_mut(range.clone()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The elements of block `block` in a layer's tensor.
+    fn block_range(&self, block: usize, kv_dim: usize) -> Result<std::ops::Range<usize>> {
+        if block >= self.plan.num_blocks {
+            return Err(CudaError::BadInput(format!(
+                "block {block} is outside the pool of {} blocks",
+                self.plan.num_blocks
+            )));
+        }
+        let n = self.plan.block_size * kv_dim;
+        Ok(block * n..(block + 1) * n)
+    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    BATCHED_POOL, FORK_POOL, assert_same, batched_scenario, fork_scenario, gemma_like, greedy,
-    prompt, synthetic,
+    BATCHED_POOL, FORK_POOL, TIERS_POOL, assert_same, batched_scenario, fork_scenario, gemma_like,
+    greedy, prompt, synthetic, tiers_scenario,
 };
 use kvlab_cuda::{CudaEngine, CudaOptions, Precision};
 use kvlab_model::{Model, Tolerance, compare_logits, registry, teacher_force};
@@ -108,6 +108,17 @@ fn gpu_f32_batched_with_preemption_and_prefix_hits_matches_naive() {
         };
         batched_scenario(name, &mut cuda, &model);
     }
+}
+
+/// The tiers' block copies on the device: spilled blocks read back to the host, restored ones
+/// written into the pool, every token the naive engine's.
+#[test]
+fn gpu_f32_tiers_spill_and_restore_match_naive() {
+    let model = synthetic("synth-gqa");
+    let Some(mut cuda) = engine(&model, pool(TIERS_POOL), "gpu_tiers") else {
+        return;
+    };
+    tiers_scenario("synth-gqa", &mut cuda, &model);
 }
 
 #[test]

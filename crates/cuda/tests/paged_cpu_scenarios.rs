@@ -9,8 +9,8 @@
 mod common;
 
 use common::{
-    BATCHED_POOL, FORK_POOL, assert_same, batched_scenario, fork_scenario, gemma_like, greedy,
-    prompt, synthetic,
+    BATCHED_POOL, FORK_POOL, TIERS_POOL, assert_same, batched_scenario, fork_scenario, gemma_like,
+    greedy, prompt, synthetic, tiers_scenario,
 };
 use std::sync::Arc;
 
@@ -34,6 +34,12 @@ fn batched_with_preemption_and_prefix_hits_matches_naive() {
     ] {
         batched_scenario(name, &mut engine(&model, BATCHED_POOL), &model);
     }
+}
+
+#[test]
+fn tiers_spill_and_restore_match_naive() {
+    let model = synthetic("synth-gqa");
+    tiers_scenario("synth-gqa", &mut engine(&model, TIERS_POOL), &model);
 }
 
 #[test]

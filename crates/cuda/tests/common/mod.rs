@@ -15,7 +15,8 @@ use kvlab_model::sampler::{argmax, top2_margin};
 use kvlab_model::{Activation, Engine, LayerKind, Model, RopeLayout, registry};
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::{
-    KvCacheConfig, Request, Scheduler, SchedulerConfig, StepExecutor, StopConditions, drive,
+    KvCacheConfig, Request, Scheduler, SchedulerConfig, StepExecutor, StopConditions, TierConfig,
+    drive,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -225,6 +226,56 @@ where
         assert!(
             m.prefix_cache_hits > 0,
             "{name}: the shared prefix was meant to hit"
+        );
+    }
+}
+
+/// Pool of [`tiers_scenario`]: 16 blocks of 8, a third of what its first wave wants.
+pub const TIERS_POOL: (usize, usize) = (16, 8);
+
+/// Six prompts of distinct 24-token prefixes, each sent twice (the second wave after the
+/// first), through a pool too small to keep the first wave's prefixes, with tiers below it
+/// (host memory, then files): the second wave restores spilled blocks, and every output must be
+/// the naive engine's greedy one. The engine's `read_block`/`write_block` carry the bytes.
+pub fn tiers_scenario<E>(name: &str, engine: &mut E, model: &Arc<Model>)
+where
+    E: StepExecutor,
+    E::Error: std::fmt::Display + std::fmt::Debug,
+{
+    let vocab = model.config.vocab_size;
+    let requests: Vec<Request> = (0..12)
+        .map(|i| Request {
+            prompt: prompt(27, 200 + (i % 6) as u64, vocab),
+            stop: StopConditions::max_tokens(8),
+            arrival_step: if i < 6 { i } else { 60 + i },
+            tenant: 0,
+        })
+        .collect();
+    let mut naive = NaiveEngine::new(model.clone());
+    let mut sched = scheduler_for(model, TIERS_POOL, 40);
+    let mut cfg = sched.config().clone();
+    cfg.tiers = Some(TierConfig::host(2).with_disk(std::env::temp_dir(), 64));
+    if cfg.enable_prefix_caching {
+        sched = Scheduler::new(cfg).unwrap();
+    }
+    let report = drive(engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
+    for (i, (r, (got, _))) in requests.iter().zip(&report.outputs).enumerate() {
+        let (want, margins) = greedy(&mut naive, &r.prompt, got.len());
+        assert_same(&format!("{name} tiers request {i}"), &want, got, &margins);
+    }
+    let m = &report.metrics;
+    eprintln!(
+        "{name}: tiers token-identical; {} spills, {} restores, {} bytes read back from disk",
+        m.num_spills, m.num_restores, m.tier_store.bytes_read_from_disk
+    );
+    if sched.config().enable_prefix_caching {
+        assert!(
+            m.num_restores > 0,
+            "{name}: the second wave was meant to restore"
+        );
+        assert!(
+            m.tier_store.bytes_read_from_disk > 0,
+            "{name}: and to read files"
         );
     }
 }
