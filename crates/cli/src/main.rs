@@ -87,13 +87,39 @@ pub struct TierArgs {
     /// the tiers are full and it is the oldest).
     #[arg(long, value_parser = kvlab_cli::args::usize_in(1, 1 << 40))]
     pub tier_ttl_steps: Option<usize>,
+    /// Restore a request's spilled levels only when faster than recomputing them, by the cost
+    /// model NS_PER_TOKEN,HOST_BYTES_PER_S,DISK_BYTES_PER_S (prefill nanoseconds per token;
+    /// bytes per second restored from memory and from files; `cargo xtask bench --tiers`
+    /// prints this machine's). Default: always restore.
+    #[arg(long, value_name = "NS,HOST_BPS,DISK_BPS", value_parser = parse_restore_cost)]
+    pub restore_cost: Option<kvlab_paged::RestoreCost>,
+}
+
+/// `--restore-cost NS_PER_TOKEN,HOST_BYTES_PER_S,DISK_BYTES_PER_S`.
+fn parse_restore_cost(s: &str) -> Result<kvlab_paged::RestoreCost, String> {
+    let v: Vec<u64> = s
+        .split(',')
+        .map(|x| x.trim().parse::<u64>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{s:?}: {e}; expected three whole numbers NS,HOST_BPS,DISK_BPS"))?;
+    match v[..] {
+        [ns, host, disk] if host > 0 && disk > 0 => Ok(kvlab_paged::RestoreCost {
+            prefill_ns_per_token: ns,
+            host_bytes_per_s: host,
+            disk_bytes_per_s: disk,
+        }),
+        _ => Err(format!(
+            "{s:?}: expected NS_PER_TOKEN,HOST_BYTES_PER_S,DISK_BYTES_PER_S with both rates above 0"
+        )),
+    }
 }
 
 impl TierArgs {
     /// The tiers asked for, `None` when neither flag is given.
     pub fn config(&self) -> Option<kvlab_paged::TierConfig> {
         let host = kvlab_paged::TierConfig::host(self.host_tier_blocks)
-            .with_ttl_steps(self.tier_ttl_steps.map(|s| s as u64));
+            .with_ttl_steps(self.tier_ttl_steps.map(|s| s as u64))
+            .with_restore_cost(self.restore_cost);
         match &self.disk_tier {
             Some(dir) => Some(host.with_disk(dir, self.disk_tier_blocks)),
             None => (self.host_tier_blocks > 0).then_some(host),
@@ -105,10 +131,11 @@ impl TierArgs {
 pub fn tier_summary(m: &kvlab_paged::Metrics) -> String {
     let t = &m.tier_store;
     format!(
-        "tiers: {} blocks spilled, {} restored ({} read back from disk), {} dropped ({} full, {} expired, {} computed again, {} lost); now {} blocks ({}) in host memory and {} ({}) on disk; {} unreadable files, {} failed writes",
+        "tiers: {} blocks spilled, {} restored ({} read back from disk, {} declined by the cost model), {} dropped ({} full, {} expired, {} computed again, {} lost); now {} blocks ({}) in host memory and {} ({}) on disk; {} unreadable files, {} failed writes",
         m.num_spills,
         m.num_restores,
         bytes(t.bytes_read_from_disk as usize),
+        m.num_restores_declined,
         m.tier_drops.total(),
         m.tier_drops.full,
         m.tier_drops.expired,

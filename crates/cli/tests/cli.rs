@@ -412,6 +412,8 @@ refused! {
     evict_turns_too_many_for_the_context: "evict --turns 64" => "use fewer --turns";
     disk_tier_not_a_directory: "batch --disk-tier Cargo.toml" => "choose a writable directory for the disk tier";
     disk_tier_blocks_zero: "batch --disk-tier target --disk-tier-blocks 0" => "is not in 1..=16777216";
+    restore_cost_malformed: "batch --host-tier-blocks 4 --restore-cost 1,0,3" => "both rates above 0";
+    restore_cost_not_numbers: "batch --host-tier-blocks 4 --restore-cost fast" => "expected three whole numbers";
 }
 
 /// Tiers: `kvlab evict` runs each policy without and with them (the command checks that both

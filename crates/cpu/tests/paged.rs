@@ -11,7 +11,8 @@ use kvlab_model::sampler::argmax;
 use kvlab_model::{Engine, Model, SyntheticSpec, teacher_force};
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::{
-    KvCacheConfig, Request, Scheduler, SchedulerConfig, StopConditions, TierConfig, drive,
+    KvCacheConfig, Request, RestoreCost, Scheduler, SchedulerConfig, StopConditions, TierConfig,
+    drive,
 };
 use proptest::prelude::*;
 
@@ -148,10 +149,33 @@ fn spilled_prefixes_restore_from_host_and_disk_and_give_the_same_tokens() {
         "restores add hits: {m:?} vs {:?}",
         plain.metrics
     );
+    // A cost model under which recomputing is cheaper (1 ns a token) declines every restore;
+    // one under which it is dearer (1 ms a token) restores as before. Same tokens.
+    let cost = |prefill_ns_per_token| {
+        TierConfig::host(64).with_restore_cost(Some(RestoreCost {
+            prefill_ns_per_token,
+            host_bytes_per_s: 1 << 30,
+            disk_bytes_per_s: 1 << 28,
+        }))
+    };
+    let declined = run(Some(cost(1)));
+    assert_eq!(declined.metrics.num_restores, 0, "{:?}", declined.metrics);
+    assert!(declined.metrics.num_restores_declined > 0);
+    let accepted = run(Some(cost(1_000_000)));
+    assert!(accepted.metrics.num_restores > 0, "{:?}", accepted.metrics);
+    assert_eq!(accepted.metrics.num_restores_declined, 0);
     for (i, p) in prompts.iter().enumerate() {
         let want = naive_greedy(&model, p, n_new);
         assert_eq!(tiered.outputs[i].0, want, "request {i} with tiers");
         assert_eq!(plain.outputs[i].0, want, "request {i} without");
+        assert_eq!(
+            declined.outputs[i].0, want,
+            "request {i}, restores declined"
+        );
+        assert_eq!(
+            accepted.outputs[i].0, want,
+            "request {i}, restores accepted"
+        );
     }
 }
 

@@ -108,7 +108,9 @@ pub use scheduled_batch::{
 };
 pub use scheduler::{Scheduler, TierMoveError};
 pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
-pub use tier::{KvTierStore, TierConfig, TierDrops, TierKey, TierOp, TierStats, TierStoreStats};
+pub use tier::{
+    KvTierStore, RestoreCost, TierConfig, TierDrops, TierKey, TierOp, TierStats, TierStoreStats,
+};
 pub use unscheduled::{UnscheduledPools, UnscheduledSeq};
 pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};
 pub use workload::{

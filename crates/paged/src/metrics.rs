@@ -51,6 +51,9 @@ pub struct Metrics {
     pub tier_drops: TierDrops,
     /// Levels the tiers hold now.
     pub num_tiered_blocks: usize,
+    /// Restorable levels recomputed instead because the restore cost model said so, counted
+    /// once per admission.
+    pub num_restores_declined: u64,
     /// Bytes per tier now and moved so far (zeros without tiers).
     pub tier_store: TierStoreStats,
 }
@@ -88,6 +91,7 @@ impl Metrics {
                 .iter()
                 .fold(TierDrops::default(), |d, a| d + a.tier_stats().drops),
             num_tiered_blocks: pools.iter().map(BlockAllocator::num_tiered_blocks).sum(),
+            num_restores_declined: 0,
             tier_store: TierStoreStats::default(),
         }
     }

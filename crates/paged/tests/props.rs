@@ -11,8 +11,8 @@
 
 use kvlab_paged::{
     BlockAllocator, BlockHash, BlockTable, EvictionPolicy, HashFn, KvCacheConfig, KvGroupConfig,
-    PAD_BLOCK, PAD_SLOT, Scheduler, SchedulerConfig, SeqId, StepExecutor, StopConditions,
-    TierConfig, fnv1a_block_hash, max_window_blocks, window_start,
+    PAD_BLOCK, PAD_SLOT, RestoreCost, Scheduler, SchedulerConfig, SeqId, StepExecutor,
+    StopConditions, TierConfig, fnv1a_block_hash, max_window_blocks, window_start,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -468,7 +468,7 @@ proptest! {
         caching in any::<bool>(),
         eviction in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         tenant_quota in prop::option::of(0..4usize),
-        tier in prop::option::of((1..4usize, 0..3usize, prop::option::of(1..6u64))),
+        tier in prop::option::of((1..4usize, 0..3usize, prop::option::of(1..6u64), prop::option::of(any::<bool>()))),
         hash_kind in 0..3u8,
         requests in vec(request(), 1..10),
         forks in vec((0..16usize, any::<usize>()), 0..4),
@@ -490,10 +490,17 @@ proptest! {
             eviction_policy: eviction,
             tenant_quota,
             // Host blocks, then files in a temporary directory.
-            tiers: tier.filter(|_| caching).map(|(host, disk, ttl)| {
+            // A cost model that always restores (prefill dear) or always declines (free).
+            tiers: tier.filter(|_| caching).map(|(host, disk, ttl, restore)| {
+                let cost = restore.map(|r| RestoreCost {
+                    prefill_ns_per_token: if r { u64::MAX / 4 } else { 0 },
+                    host_bytes_per_s: 1,
+                    disk_bytes_per_s: 1,
+                });
                 TierConfig::host(host)
                     .with_disk(std::env::temp_dir(), disk)
                     .with_ttl_steps(ttl)
+                    .with_restore_cost(cost)
             }),
         };
         let mut s = Scheduler::new(config.clone()).unwrap().with_hash_fn(hash_fn(hash_kind));

@@ -61,6 +61,9 @@ pub struct TierReport {
     pub rows: Vec<TierRow>,
     /// Per mode: the shortest context whose restore is faster than recomputing (None: none).
     pub crossover: Vec<(String, Option<usize>)>,
+    /// The restore cost model fitted to these rows (`kvlab ... --restore-cost`): each rate the
+    /// slope between the shortest and the longest context. `None` if a slope is not positive.
+    pub restore_cost: Option<kvlab_paged::RestoreCost>,
     pub plots: Vec<String>,
     pub wall_seconds: f64,
 }
@@ -140,14 +143,19 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
         .with_context(|| format!("loading {name}; set KVLAB_MODELS to the folder holding it"))?;
     let model = Arc::new(loaded.model);
     let max = model.config.max_seq_len - 1;
-    let mut contexts: Vec<usize> = if !o.contexts.is_empty() {
+    let contexts: Vec<usize> = if !o.contexts.is_empty() {
         o.contexts.clone()
     } else if o.quick {
-        vec![16, 32, 64, 128, 256, 511]
+        vec![32, 64, 128, 256, 511]
     } else {
         vec![256, 512, 1024, 2048, 4096, 8192]
     };
-    contexts.retain(|&c| c >= 1);
+    let bs = DEFAULT_BLOCK_SIZE;
+    if let Some(&c) = contexts.iter().find(|&&c| c <= bs) {
+        bail!(
+            "context {c}: a returning prompt of at most {bs} tokens (one block) has no full block to restore before its last token; choose --context values above {bs}"
+        );
+    }
     if let Some(&c) = contexts.iter().find(|&&c| c > max) {
         bail!("context {c} is beyond {name}'s {max} positions; choose shorter --context values");
     }
@@ -156,7 +164,6 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
     let disk_dir = o.out.join("tier-files");
     std::fs::create_dir_all(&disk_dir)
         .with_context(|| format!("creating {}", disk_dir.display()))?;
-    let bs = DEFAULT_BLOCK_SIZE;
     let kv_bytes_per_block = KvDtype::F32.bytes_per_block(&model.config, bs);
     let progress = indicatif::ProgressBar::new((contexts.len() * o.reps * MODES.len()) as u64);
     let mut rows = Vec::new();
@@ -224,6 +231,7 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
             (mode.to_string(), c)
         })
         .collect();
+    let restore_cost = fit_cost(&rows);
     let mut report = TierReport {
         model: name,
         machine: o.machine.clone(),
@@ -236,6 +244,7 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
             .into(),
         rows,
         crossover,
+        restore_cost,
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
@@ -245,6 +254,26 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
     }
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The cost model's three rates from the rows: prefill nanoseconds per token (recompute TTFT
+/// against context), and bytes per second restored from memory and from files (restore TTFT
+/// against bytes restored), each the slope between the shortest and the longest context.
+fn fit_cost(rows: &[TierRow]) -> Option<kvlab_paged::RestoreCost> {
+    let slope = |mode: &str, x: &dyn Fn(&TierRow) -> f64| -> Option<f64> {
+        let of: Vec<&TierRow> = rows.iter().filter(|r| r.mode == mode).collect();
+        let (a, b) = (of.first()?, of.last()?);
+        let (dx, dy) = (x(b) - x(a), (b.ttft_ms.median - a.ttft_ms.median) * 1e-3);
+        (dx > 0.0 && dy > 0.0).then_some(dy / dx)
+    };
+    let prefill = slope("recompute", &|r| r.context as f64)?;
+    let host = slope("host", &|r| r.bytes_restored as f64)?;
+    let disk = slope("disk", &|r| r.bytes_restored as f64)?;
+    Some(kvlab_paged::RestoreCost {
+        prefill_ns_per_token: (prefill * 1e9).round() as u64,
+        host_bytes_per_s: (1.0 / host).round() as u64,
+        disk_bytes_per_s: (1.0 / disk).round() as u64,
+    })
 }
 
 pub fn print(r: &TierReport) {
@@ -279,5 +308,16 @@ pub fn print(r: &TierReport) {
             Some(c) => println!("{mode}: restoring beats recomputing from context {c} on"),
             None => println!("{mode}: restoring never beat recomputing here"),
         }
+    }
+    if let Some(c) = &r.restore_cost {
+        println!(
+            "cost model fitted here: prefill {:.2} ms/token, restores {:.0} MB/s from memory and {:.0} MB/s from files: --restore-cost {},{},{}",
+            c.prefill_ns_per_token as f64 * 1e-6,
+            c.host_bytes_per_s as f64 * 1e-6,
+            c.disk_bytes_per_s as f64 * 1e-6,
+            c.prefill_ns_per_token,
+            c.host_bytes_per_s,
+            c.disk_bytes_per_s
+        );
     }
 }

@@ -47,6 +47,7 @@ pub(crate) struct Counters {
     pub(crate) num_preemptions: u64,
     pub(crate) num_recomputed_tokens: u64,
     pub(crate) num_steps: u64,
+    pub(crate) num_restores_declined: u64,
 }
 
 /// The continuous-batching scheduler over one block pool per KV cache group.
@@ -226,6 +227,7 @@ impl Scheduler {
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
             num_steps: c.num_steps,
+            num_restores_declined: c.num_restores_declined,
             tier_store: self
                 .tiers
                 .as_ref()

@@ -129,6 +129,7 @@ impl Scheduler {
                 }
             })
             .collect();
+        let declined = self.weigh_restores(&mut matches);
         for (g, m) in matches.iter_mut().enumerate() {
             self.check_restores(g, m);
         }
@@ -202,6 +203,7 @@ impl Scheduler {
         let tenant = self.tenant_hits.entry(seq.tenant).or_default();
         (tenant.0, tenant.1) = (tenant.0 + len as u64, tenant.1 + cached as u64);
         self.counters.num_recomputed_tokens += recomputed as u64;
+        self.counters.num_restores_declined += declined as u64;
         let pos = self.running.partition_point(|&r| r < id);
         self.running.insert(pos, id);
         let kind = StepKind::Prefill {

@@ -18,6 +18,49 @@ pub enum TierMoveError<E: std::fmt::Display> {
 }
 
 impl Scheduler {
+    /// With a [`crate::tier::RestoreCost`], declines this request's restores when the model
+    /// says recomputing them is cheaper: every restorable level of every group's match becomes
+    /// a hole. Returns the levels declined (0 without a cost model, or when restoring wins).
+    pub(crate) fn weigh_restores(&self, matches: &mut [PrefixMatch]) -> usize {
+        let Some(cost) = self.config.tiers.as_ref().and_then(|t| t.restore_cost) else {
+            return 0;
+        };
+        let Some(store) = self.tiers.as_ref() else {
+            return 0;
+        };
+        let (mut host, mut disk, mut levels) = (0u64, 0u64, 0usize);
+        let depth = matches.iter().map(|m| m.restore.len()).max().unwrap_or(0);
+        for level in 0..depth {
+            let mut any = false;
+            for (g, m) in matches.iter().enumerate() {
+                if m.restore.get(level) != Some(&true) {
+                    continue;
+                }
+                any = true;
+                let key = TierKey {
+                    group: g as u32,
+                    entry: m.links[level].1,
+                };
+                match store.locate(key) {
+                    Some((true, n)) => disk += n as u64,
+                    Some((false, n)) => host += n as u64,
+                    None => {}
+                }
+            }
+            levels += usize::from(any);
+        }
+        let tokens = levels * self.config.kv_cache.block_size;
+        if levels == 0 || cost.restore_wins(tokens, host, disk) {
+            return 0;
+        }
+        for m in matches.iter_mut() {
+            for level in 0..m.restore.len() {
+                m.unhold(level);
+            }
+        }
+        levels
+    }
+
     /// Keeps in `m` (group `g`'s match) only the restorable levels whose bytes the store can
     /// give back now; the others become holes. A level spilled in the step being built waits
     /// for the next step; one whose bytes are lost (an unreadable file) is forgotten.

@@ -51,6 +51,42 @@ pub struct TierConfig {
     /// Scheduler steps a spilled block may stay below before it is dropped (`None`: until the
     /// tiers are full and it is the oldest spill).
     pub ttl_steps: Option<u64>,
+    /// When to restore: `None` always (a level whose bytes are below is restored); with a
+    /// cost model, per request, only when restoring is cheaper than recomputing.
+    pub restore_cost: Option<RestoreCost>,
+}
+
+/// The cost model that chooses, per request, between restoring a prefix's levels from the
+/// tiers and recomputing them (vLLM's swap-or-recompute question):
+///
+/// ```text
+/// restore   = host bytes / host_bytes_per_s + disk bytes / disk_bytes_per_s
+/// recompute = tokens × prefill_ns_per_token
+/// ```
+///
+/// Recompute cost grows with the prefix's tokens, restore cost with its bytes (per token: 2 ×
+/// layers × KV heads × head_dim × element bytes). The linear prefill term leaves out attention's
+/// quadratic part, so long prefixes cost more to recompute than it says: the model errs towards
+/// recomputing. `cargo xtask bench --tiers` measures the three rates for a model on a machine
+/// and prints them as a `--restore-cost` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RestoreCost {
+    /// Nanoseconds to prefill one token.
+    pub prefill_ns_per_token: u64,
+    /// Bytes per second a restore moves from host memory.
+    pub host_bytes_per_s: u64,
+    /// Bytes per second a restore reads and verifies from a file.
+    pub disk_bytes_per_s: u64,
+}
+
+impl RestoreCost {
+    /// Whether restoring `host_bytes` from memory and `disk_bytes` from files is expected to be
+    /// faster than prefilling `tokens` tokens again.
+    pub fn restore_wins(&self, tokens: usize, host_bytes: u64, disk_bytes: u64) -> bool {
+        let s = |bytes: u64, per_s: u64| bytes as f64 / per_s.max(1) as f64;
+        let restore = s(host_bytes, self.host_bytes_per_s) + s(disk_bytes, self.disk_bytes_per_s);
+        restore < tokens as f64 * self.prefill_ns_per_token as f64 * 1e-9
+    }
 }
 
 impl TierConfig {
@@ -61,7 +97,14 @@ impl TierConfig {
             disk_blocks: 0,
             disk_dir: None,
             ttl_steps: None,
+            restore_cost: None,
         }
+    }
+
+    /// The same tiers restoring only when `cost` says it beats recomputing.
+    pub fn with_restore_cost(mut self, cost: Option<RestoreCost>) -> Self {
+        self.restore_cost = cost;
+        self
     }
 
     /// The same tiers dropping what was spilled more than `steps` scheduler steps ago.
@@ -145,5 +188,25 @@ impl std::ops::Add for TierDrops {
             recomputed: self.recomputed + other.recomputed,
             lost: self.lost + other.lost,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restoring_wins_when_its_bytes_move_faster_than_its_tokens_compute() {
+        // 1 ms a token; 1 GB/s from memory, 100 MB/s from files.
+        let c = RestoreCost {
+            prefill_ns_per_token: 1_000_000,
+            host_bytes_per_s: 1_000_000_000,
+            disk_bytes_per_s: 100_000_000,
+        };
+        // 16 tokens = 16 ms to recompute; 10 MB from memory = 10 ms, from files 100 ms.
+        assert!(c.restore_wins(16, 10_000_000, 0));
+        assert!(!c.restore_wins(16, 0, 10_000_000));
+        assert!(!c.restore_wins(16, 16_000_000, 0), "a tie recomputes");
+        assert!(c.restore_wins(200, 0, 10_000_000));
     }
 }

@@ -132,6 +132,16 @@ impl KvTierStore {
                 .is_some_and(|d| d.files.contains_key(&key))
     }
 
+    /// Where `key`'s bytes are and how many: `Some((on_disk, bytes))`, `None` if not held.
+    /// Reads nothing.
+    pub fn locate(&self, key: TierKey) -> Option<(bool, usize)> {
+        if let Some((_, b)) = self.host.get(&key) {
+            return Some((false, b.len()));
+        }
+        let d = self.disk.as_ref()?;
+        d.files.get(&key).map(|&n| (true, n))
+    }
+
     /// Stores a spilled block. When host memory is over capacity, its least recently stored
     /// blocks move to files (or are dropped without a disk tier). Returns the keys lost on the
     /// way (a file that could not be written), which the caller forgets.
