@@ -177,6 +177,17 @@ fn run_peers(o: &Opts) -> Result<()> {
     Ok(())
 }
 
+/// The machine as serve.json and tiers.json name it: CPU, logical CPUs, load, date.
+fn machine_line(m: &machine::Machine) -> String {
+    format!(
+        "{} ({} logical CPUs), load {:.1} at the start, {}",
+        m.cpu_model,
+        m.logical_cpus,
+        m.loadavg_start.map_or(0.0, |l| l[0]),
+        m.date_utc
+    )
+}
+
 /// `--serve`: the load test of `kvlab serve` (serve.rs), table, serve.json and the plot.
 fn run_serve(o: &Opts) -> Result<()> {
     if o.models.len() > 1 {
@@ -196,13 +207,7 @@ fn run_serve(o: &Opts) -> Result<()> {
         out: out.clone(),
         plots: !o.no_plots,
         notes: o.notes.clone(),
-        machine: format!(
-            "{} ({} logical CPUs), load {:.1} at the start, {}",
-            m.cpu_model,
-            m.logical_cpus,
-            m.loadavg_start.map_or(0.0, |l| l[0]),
-            m.date_utc
-        ),
+        machine: machine_line(&m),
     };
     let report = serve::run(&s)?;
     serve::print(&report);
@@ -236,13 +241,7 @@ fn run_tiers(o: &Opts) -> Result<()> {
         seed: o.seed,
         out: out.clone(),
         plots: !o.no_plots,
-        machine: format!(
-            "{} ({} logical CPUs), load {:.1} at the start, {}",
-            m.cpu_model,
-            m.logical_cpus,
-            m.loadavg_start.map_or(0.0, |l| l[0]),
-            m.date_utc
-        ),
+        machine: machine_line(&m),
     };
     let report = tiers::run(&t)?;
     tiers::print(&report);

@@ -569,16 +569,20 @@ pub fn serve(
             .key("p99".into(), red.stroke_width(3)),
         ],
     };
-    let panels = [throughput, ttft];
-    let size = (PANEL.0 * 2, PANEL.1);
+    write_pair(dir, stem, &[throughput, ttft])
+}
+
+/// Draws `panels` side by side into `stem`.svg and `stem`.png in `dir`; returns the names.
+fn write_pair(dir: &Path, stem: &str, panels: &[Panel]) -> Result<Vec<String>> {
+    let size = (PANEL.0 * panels.len() as u32, PANEL.1);
     let (svg, png) = (format!("{stem}.svg"), format!("{stem}.png"));
     draw(
         SVGBackend::new(&dir.join(&svg), size).into_drawing_area(),
-        &panels,
+        panels,
     )?;
     draw(
         BitMapBackend::new(&dir.join(&png), size).into_drawing_area(),
-        &panels,
+        panels,
     )?;
     Ok(vec![svg, png])
 }
@@ -649,17 +653,5 @@ pub fn tiers(dir: &Path, r: &super::tiers::TierReport) -> Result<Vec<String>> {
         legend: SeriesLabelPosition::UpperRight,
         series: ratio_series,
     };
-    let panels = [ttft, ratio];
-    let size = (PANEL.0 * 2, PANEL.1);
-    let stem = "tiers_ttft";
-    let (svg, png) = (format!("{stem}.svg"), format!("{stem}.png"));
-    draw(
-        SVGBackend::new(&dir.join(&svg), size).into_drawing_area(),
-        &panels,
-    )?;
-    draw(
-        BitMapBackend::new(&dir.join(&png), size).into_drawing_area(),
-        &panels,
-    )?;
-    Ok(vec![svg, png])
+    write_pair(dir, "tiers_ttft", &[ttft, ratio])
 }
