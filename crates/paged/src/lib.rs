@@ -44,12 +44,18 @@
 //! * `sequence.rs`: [`Sequence`], one request's tokens, block tables and stop conditions.
 //! * `scheduler/`: [`Scheduler`], continuous batching with FCFS admission, token and sequence
 //!   budgets and preemption by recompute. `mod.rs`: state and admission; `schedule.rs`: build a
-//!   step; `update.rs`: take its sampled tokens back.
+//!   step; `update.rs`: take its sampled tokens back; `tiers.rs`: restores checked before they
+//!   are scheduled, a step's moves made with the engine.
+//! * [`tier`]: tiers below the pool — evicted cached blocks spilled to host memory, then to files
+//!   with checksums, and restored on a later hit (`index.rs`: which entries, bounded by size and
+//!   time to live; `store.rs`: [`KvTierStore`], the bytes; [`RestoreCost`]: restore or
+//!   recompute, per request).
 //! * `scheduled_batch.rs`: [`ScheduledBatch`], what a step hands the engine, and [`ModelInput`],
 //!   the same flattened for a batched kernel.
 //! * `unscheduled.rs`: [`UnscheduledPools`], sequences driven one at a time through the `Engine`
 //!   API without the scheduler, reserving slots as the scheduler does.
-//! * [`driver`]: the [`drive`] loop and the [`StepExecutor`] an engine implements; [`metrics`]:
+//! * [`driver`]: the [`drive`] loop, [`execute_step`] (a step's tier moves, then the engine) and
+//!   the [`StepExecutor`] an engine implements; [`metrics`]:
 //!   [`Metrics`] named like vLLM's; `pool_view.rs`: [`PoolView`], who holds which block (the
 //!   block-table picture as data, for `kvlab batch --svg` and `kvlab serve`'s live page); [`waste`], [`workload`]: the memory-waste calculator and
 //!   seeded request-length generators.
@@ -68,7 +74,8 @@
 //! `KVCacheConfig` given to the scheduler and the model runner ([`KvCacheConfig`]).
 //!
 //! Nothing here touches floats of the model or a device: engines (CPU or CUDA) own the cache
-//! tensors and follow the [`ScheduledBatch`] they are given.
+//! tensors and follow the [`ScheduledBatch`] they are given; the tiers keep a block's bytes as
+//! the engine hands them over, opaque.
 
 #![forbid(unsafe_code)]
 
