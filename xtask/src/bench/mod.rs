@@ -117,7 +117,7 @@ struct Opts {
     #[arg(long, value_name = "N", default_value_t = 0)]
     seed: u64,
     /// Instead: the TTFT of a returning request whose evicted prefix is recomputed, or restored
-    /// from host memory or disk (default Gemma 3 270M at 256..8192 tokens, --quick:
+    /// from host memory or disk (default Gemma 3 270M at 32..8192 tokens, --quick:
     /// stories260K); writes tiers.json and tiers_ttft.svg/.png
     #[arg(long, conflicts_with_all = ["peers", "serve"])]
     tiers: bool,

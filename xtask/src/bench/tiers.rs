@@ -148,7 +148,7 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
     } else if o.quick {
         vec![32, 64, 128, 256, 511]
     } else {
-        vec![256, 512, 1024, 2048, 4096, 8192]
+        vec![32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
     };
     let bs = DEFAULT_BLOCK_SIZE;
     if let Some(&c) = contexts.iter().find(|&&c| c <= bs) {
