@@ -134,7 +134,7 @@ pub fn run(a: Args) -> Result<()> {
         argmax,
         |step, batch, s| {
             if a.trace {
-                print_step(step, batch);
+                print_step(step, batch, s.pending_tier_ops());
             }
             if step == a.svg_step || (picture.is_none() && a.svg.is_some() && step > a.svg_step) {
                 picture = Some(block_svg(step, s));
@@ -195,7 +195,7 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-fn print_step(step: usize, batch: &ScheduledBatch) {
+fn print_step(step: usize, batch: &ScheduledBatch, tier_ops: &[TierOp]) {
     println!(
         "step {step}: {} sequences, {} tokens{}",
         batch.seqs.len(),
@@ -238,7 +238,7 @@ fn print_step(step: usize, batch: &ScheduledBatch) {
             println!("    copy-on-write: block {} -> {}", c.src, c.dst);
         }
     }
-    for op in &batch.tier_ops {
+    for op in tier_ops {
         match op {
             TierOp::Spill { key, block } => {
                 println!("  tier: spill block {block} (group {}) down", key.group)

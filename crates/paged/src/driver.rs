@@ -2,8 +2,9 @@
 //!
 //! Each step: requests whose arrival step has come join the waiting queue; the [`Scheduler`]
 //! picks a batch; blocks move between the pool and the tiers below it if it has any; the engine
-//! ([`StepExecutor`]) performs the batch's block copies and runs its tokens, returning one row of logits per scheduled sequence; a token is sampled for each; the
-//! scheduler appends them, frees finished sequences and registers full blocks for reuse.
+//! ([`StepExecutor`]) performs the batch's block copies and runs its tokens, returning one row
+//! of logits per scheduled sequence; a token is sampled for each; the scheduler appends them,
+//! frees finished sequences and registers full blocks for reuse.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use serde::Serialize;
 
 use crate::{
     BlockId, FinishReason, Metrics, PagedError, ScheduledBatch, Scheduler, SeqId, StopConditions,
-    Tenant,
+    Tenant, TierMoveError,
 };
 
 /// An engine that runs scheduled steps over a paged KV cache (CPU or CUDA).
@@ -70,7 +71,7 @@ where
 {
     scheduler
         .move_tier_blocks(engine)
-        .map_err(|e| DriveError::Tier(e.to_string()))?;
+        .map_err(DriveError::Tier)?;
     engine.execute(batch).map_err(DriveError::Engine)
 }
 
@@ -123,7 +124,7 @@ pub enum DriveError<E: std::fmt::Display> {
     #[error("engine: {0}")]
     Engine(E),
     #[error("tier move: {0}")]
-    Tier(String),
+    Tier(TierMoveError<E>),
     #[error(
         "the scheduler made no progress at step {0} with requests still unfinished; the pool is too small for them"
     )]

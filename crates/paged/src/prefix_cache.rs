@@ -121,8 +121,6 @@ pub(crate) struct PrefixCache {
     evictable_by_tenant: BTreeMap<Tenant, usize>,
     /// The entries a lower tier holds (`None`: evicted blocks are dropped).
     tier: Option<TierIndex>,
-    /// The scheduler step now (stamps spills for the tiers' time to live).
-    now: u64,
 }
 
 /// counts[t] += 1.
@@ -156,7 +154,6 @@ impl PrefixCache {
             cached_by_tenant: BTreeMap::new(),
             evictable_by_tenant: BTreeMap::new(),
             tier: None,
-            now: 0,
         }
     }
 
@@ -172,17 +169,10 @@ impl PrefixCache {
         self.tier.as_ref().map(|t| (t.capacity(), t.ttl_steps()))
     }
 
-    /// The scheduler's step count, which spills are stamped with.
-    pub(crate) fn set_step(&mut self, now: u64) {
-        self.now = now;
-    }
-
-    /// Drops the tiered entries whose time to live is over.
-    pub(crate) fn expire_tiered(&mut self) {
-        let expired = self
-            .tier
-            .as_mut()
-            .map_or_else(Vec::new, |t| t.expire(self.now));
+    /// The scheduler's step is `now`: later spills are stamped with it, and the tiered entries
+    /// whose time to live is over are dropped.
+    pub(crate) fn tick(&mut self, now: u64) {
+        let expired = self.tier.as_mut().map_or_else(Vec::new, |t| t.tick(now));
         for entry in expired {
             self.unpin(entry);
         }
@@ -479,7 +469,7 @@ impl PrefixCache {
                 e.block = None;
             }
             if let Some(tier) = self.tier.as_mut() {
-                let pushed_out = tier.spill(block, entry, self.now);
+                let pushed_out = tier.spill(block, entry);
                 // The tiers' hold keeps the ghost (and so its chain) alive while they keep it.
                 if let Some(e) = self.entries.get_mut(&entry) {
                     e.refs += 1;
@@ -506,7 +496,7 @@ pub struct PrefixMatch {
     pub(crate) links: Vec<(BlockHash, EntryId)>,
     /// Whether adopting each level takes a block out of the free count: a matched block that is
     /// unreferenced now, or the fresh block a restored level is copied into.
-    pub(crate) evictable: Vec<bool>,
+    pub(crate) takes_block: Vec<bool>,
     /// Whether each level is a ghost whose bytes a lower tier holds: adopting it restores them
     /// into a fresh block ([`crate::tier`]).
     pub(crate) restore: Vec<bool>,
@@ -529,16 +519,16 @@ impl PrefixMatch {
 
     /// Blocks adopting the match takes out of the free count: matched blocks unreferenced now,
     /// plus one fresh block per restored level.
-    pub fn num_evictable(&self) -> usize {
-        self.num_evictable_in(0..self.evictable.len())
+    pub fn num_blocks_taken(&self) -> usize {
+        self.num_blocks_taken_in(0..self.takes_block.len())
     }
 
-    /// What adopting only `levels` takes out of the free count (see [`Self::num_evictable`]);
+    /// What adopting only `levels` takes out of the free count (see [`Self::num_blocks_taken`]);
     /// levels past the match count nothing.
-    pub(crate) fn num_evictable_in(&self, levels: std::ops::Range<usize>) -> usize {
-        let end = levels.end.min(self.evictable.len());
+    pub(crate) fn num_blocks_taken_in(&self, levels: std::ops::Range<usize>) -> usize {
+        let end = levels.end.min(self.takes_block.len());
         let start = levels.start.min(end);
-        self.evictable[start..end].iter().filter(|&&e| e).count()
+        self.takes_block[start..end].iter().filter(|&&e| e).count()
     }
 
     /// Whether the walk stopped at a block whose hash was cached for other content (a hash
@@ -567,7 +557,7 @@ impl PrefixMatch {
     pub fn truncate(&mut self, num_blocks: usize) {
         self.blocks.truncate(num_blocks);
         self.links.truncate(num_blocks);
-        self.evictable.truncate(num_blocks);
+        self.takes_block.truncate(num_blocks);
         self.restore.truncate(num_blocks);
         self.num_leading_held = self.num_leading_held.min(num_blocks);
     }
@@ -577,7 +567,7 @@ impl PrefixMatch {
     pub fn forget_before(&mut self, first_needed: usize) {
         let end = first_needed.min(self.blocks.len());
         self.blocks[..end].fill(None);
-        self.evictable[..end].fill(false);
+        self.takes_block[..end].fill(false);
         self.restore[..end].fill(false);
         if end > 0 {
             self.num_leading_held = 0;
@@ -588,7 +578,7 @@ impl PrefixMatch {
     pub(crate) fn unhold(&mut self, level: usize) {
         if self.restore.get(level) == Some(&true) {
             self.restore[level] = false;
-            self.evictable[level] = false;
+            self.takes_block[level] = false;
             self.num_leading_held = self.num_leading_held.min(level);
         }
     }

@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use crate::{BlockCopy, BlockTable, FinishReason, PaddedBlockTables, SeqId, TierOp};
+use crate::{BlockCopy, BlockTable, FinishReason, PaddedBlockTables, SeqId};
 
 /// Prefill or decode, as vLLM's attention metadata distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -104,7 +104,8 @@ impl ScheduledSeq {
 /// One step of continuous batching.
 ///
 /// The engine must, in order: (0) let [`crate::Scheduler::move_tier_blocks`] make the tier
-/// moves, if any (`driver::execute_step` does); (1) perform every block copy of every sequence and group (all of
+/// moves, if any (`driver::execute_step` does; [`crate::Scheduler::pending_tier_ops`] lists
+/// them); (1) perform every block copy of every sequence and group (all of
 /// them before any write: a copy's `src` may be written in place by another sequence of the same
 /// step once the copy has dropped its share); (2) run the model on all fed tokens, writing k and
 /// v to their slots and attending through the block tables; (3) return one sampled token per
@@ -116,10 +117,6 @@ pub struct ScheduledBatch {
     /// Sequences preempted by recompute during this step (their blocks are already free; the
     /// engine should drop any per-sequence state it keeps for them).
     pub preempted: Vec<SeqId>,
-    /// Moves between the pools and the tiers below them, in the order they were decided
-    /// (empty without tiers). [`crate::Scheduler::move_tier_blocks`] makes them, before the
-    /// block copies; listed here for traces.
-    pub tier_ops: Vec<TierOp>,
 }
 
 impl ScheduledBatch {

@@ -109,7 +109,7 @@ impl World {
                 assert_eq!(got, Some(want), "prefix hit block {b} holds another prefix");
             }
         }
-        let need = m.num_evictable() + tokens.len().div_ceil(bs) - m.num_blocks();
+        let need = m.num_blocks_taken() + tokens.len().div_ceil(bs) - m.num_blocks();
         if !self.alloc.can_allocate(need) {
             return;
         }

@@ -122,8 +122,7 @@ impl BlockAllocator {
     /// Tells the pool the scheduler's step (spills are stamped with it) and drops the tiered
     /// levels whose time to live is over.
     pub(crate) fn tick(&mut self, step: u64) {
-        self.cache.set_step(step);
-        self.cache.expire_tiered();
+        self.cache.tick(step);
     }
 
     /// Spills, restores and drops so far (zeros without tiers).

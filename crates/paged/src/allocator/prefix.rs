@@ -54,7 +54,7 @@ impl BlockAllocator {
                     }
                     m.blocks.push(block);
                     m.links.push((hash, entry));
-                    m.evictable
+                    m.takes_block
                         .push(restore || block.is_some_and(|b| self.cache.is_evictable(b)));
                     m.restore.push(restore);
                 }
@@ -96,7 +96,7 @@ impl BlockAllocator {
                 return Err(PagedError::StalePrefixMatch { level });
             }
         }
-        self.ensure_free(m.num_evictable())?;
+        self.ensure_free(m.num_blocks_taken())?;
         for &block in m.blocks.iter().flatten() {
             self.acquire(block);
         }

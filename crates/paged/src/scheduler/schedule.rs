@@ -72,7 +72,6 @@ impl Scheduler {
             self.in_flight = Some(batch.seqs.iter().map(|s| s.seq_id).collect());
             self.counters.num_steps += 1;
         }
-        batch.tier_ops = self.pending_tier_ops.clone();
         Ok(batch)
     }
 
@@ -152,7 +151,7 @@ impl Scheduler {
         // Blocks group g must take to prefill from a hit of h blocks: the matched blocks it
         // adopts that are evictable now, plus fresh ones for the uncached positions it keeps.
         let blocks_to_take = |g: usize, h: usize, cache_all: bool| {
-            let adopted = matches[g].num_evictable_in(first_needed(g, h).min(h)..h);
+            let adopted = matches[g].num_blocks_taken_in(first_needed(g, h).min(h)..h);
             let keep = keep(g, h, cache_all);
             let fresh = (h..len.div_ceil(bs))
                 .filter(|j| (j + 1) * bs > keep)

@@ -37,11 +37,7 @@ impl Scheduler {
                     continue;
                 }
                 any = true;
-                let key = TierKey {
-                    group: g as u32,
-                    entry: m.links[level].1,
-                };
-                match store.locate(key) {
+                match store.locate(TierKey::new(g, m.links[level].1)) {
                     Some((true, n)) => disk += n as u64,
                     Some((false, n)) => host += n as u64,
                     None => {}
@@ -73,11 +69,7 @@ impl Scheduler {
                 continue;
             }
             let entry = m.links[level].1;
-            let key = TierKey {
-                group: g as u32,
-                entry,
-            };
-            if store.ready(key) {
+            if store.ready(TierKey::new(g, entry)) {
                 continue;
             }
             m.unhold(level);
@@ -90,10 +82,7 @@ impl Scheduler {
     /// Takes the moves the pools decided into the step's list, naming each by group.
     pub(crate) fn collect_tier_ops(&mut self) {
         for (g, alloc) in self.allocators.iter_mut().enumerate() {
-            let key = |entry| TierKey {
-                group: g as u32,
-                entry,
-            };
+            let key = |entry| TierKey::new(g, entry);
             self.pending_tier_ops
                 .extend(alloc.take_tier_ops().into_iter().map(|op| match op {
                     IndexOp::Spill { block, entry } => TierOp::Spill {
@@ -199,6 +188,12 @@ impl Scheduler {
             self.allocators[key.group as usize].forget_tiered(key.entry);
         }
         Ok(())
+    }
+
+    /// The moves between the pools and the tiers below them that the step last scheduled
+    /// needs, in the order they were decided (empty without tiers, or once made).
+    pub fn pending_tier_ops(&self) -> &[TierOp] {
+        &self.pending_tier_ops
     }
 
     /// The tiers' store (`None` without tiers): what it holds and moved.

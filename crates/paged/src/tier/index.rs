@@ -28,6 +28,8 @@ pub(crate) struct TierIndex {
     order: BTreeMap<u64, (EntryId, u64)>,
     stamp: HashMap<EntryId, u64>,
     next: u64,
+    /// The scheduler step now, which spills are stamped with.
+    now: u64,
     /// Moves decided since the scheduler last took them.
     pub(crate) ops: Vec<IndexOp>,
     pub(crate) stats: TierStats,
@@ -41,6 +43,7 @@ impl TierIndex {
             order: BTreeMap::new(),
             stamp: HashMap::new(),
             next: 0,
+            now: 0,
             ops: Vec::new(),
             stats: TierStats::default(),
         }
@@ -62,14 +65,13 @@ impl TierIndex {
         self.stamp.len()
     }
 
-    /// Records the spill of `block` holding `entry` at scheduler step `now`; returns the
-    /// entries pushed out to make room (each with a `Drop` recorded after the spill), oldest
-    /// first.
-    pub(crate) fn spill(&mut self, block: BlockId, entry: EntryId, now: u64) -> Vec<EntryId> {
+    /// Records the spill of `block` holding `entry` at the current step; returns the entries
+    /// pushed out to make room (each with a `Drop` recorded after the spill), oldest first.
+    pub(crate) fn spill(&mut self, block: BlockId, entry: EntryId) -> Vec<EntryId> {
         self.ops.push(IndexOp::Spill { block, entry });
         self.stats.spills += 1;
         self.stamp.insert(entry, self.next);
-        self.order.insert(self.next, (entry, now));
+        self.order.insert(self.next, (entry, self.now));
         self.next += 1;
         let mut out = Vec::new();
         while self.stamp.len() > self.capacity {
@@ -84,9 +86,10 @@ impl TierIndex {
         out
     }
 
-    /// Drops the entries spilled more than `ttl_steps` steps before `now`, oldest first, and
-    /// returns them.
-    pub(crate) fn expire(&mut self, now: u64) -> Vec<EntryId> {
+    /// The scheduler step is `now`: later spills are stamped with it, and the entries spilled
+    /// more than `ttl_steps` steps before it are dropped, oldest first, and returned.
+    pub(crate) fn tick(&mut self, now: u64) -> Vec<EntryId> {
+        self.now = now;
         let Some(ttl) = self.ttl_steps else {
             return Vec::new();
         };
@@ -141,19 +144,17 @@ mod tests {
     #[test]
     fn the_oldest_spill_goes_when_full_or_when_its_time_is_up() {
         let mut t = TierIndex::new(2, Some(3));
-        assert!(t.spill(10, 1, 0).is_empty());
-        assert!(t.spill(11, 2, 1).is_empty());
-        assert_eq!(
-            t.spill(12, 3, 2),
-            vec![1],
-            "full: entry 1, the oldest, goes"
-        );
+        assert!(t.spill(10, 1).is_empty());
+        assert!(t.tick(1).is_empty());
+        assert!(t.spill(11, 2).is_empty());
+        assert!(t.tick(2).is_empty());
+        assert_eq!(t.spill(12, 3), vec![1], "full: entry 1, the oldest, goes");
         assert!(
-            t.expire(4).is_empty(),
+            t.tick(4).is_empty(),
             "entry 2 spilled at 1 lives through step 4"
         );
-        assert_eq!(t.expire(5), vec![2]);
-        assert_eq!(t.expire(100), vec![3]);
+        assert_eq!(t.tick(5), vec![2]);
+        assert_eq!(t.tick(100), vec![3]);
         assert_eq!(t.len(), 0);
         let d = t.stats.drops;
         assert_eq!((d.full, d.expired, t.stats.spills), (1, 2, 3));
@@ -164,7 +165,7 @@ mod tests {
             .count();
         assert_eq!(drops, 3);
         let mut no_ttl = TierIndex::new(4, None);
-        no_ttl.spill(0, 7, 0);
-        assert!(no_ttl.expire(u64::MAX).is_empty());
+        no_ttl.spill(0, 7);
+        assert!(no_ttl.tick(u64::MAX).is_empty());
     }
 }

@@ -134,6 +134,16 @@ pub struct TierKey {
     pub entry: u64,
 }
 
+impl TierKey {
+    /// The key of `entry` of group `group`'s pool.
+    pub fn new(group: usize, entry: u64) -> Self {
+        Self {
+            group: group as u32,
+            entry,
+        }
+    }
+}
+
 /// One move between a pool and the tiers below it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum TierOp {
