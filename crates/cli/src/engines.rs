@@ -222,7 +222,7 @@ pub fn build_kv(
 }
 
 /// Whether `engine` can keep its keys and values as `kv_dtype`: the CPU caches store every
-/// dtype; the naive engine keeps no cache, and the CUDA pool's kernels are f32/f16 only.
+/// dtype; the naive engine keeps no cache, and the CUDA pool stores all but int4.
 ///
 /// # Errors
 /// The reason, and the engines that do store it.
@@ -232,9 +232,10 @@ pub fn check_kv_dtype(engine: EngineKind, kv_dtype: KvDtype) -> Result<()> {
         (EngineKind::Naive, _) => bail!(
             "the naive engine keeps no KV cache, so --kv-dtype {kv_dtype} has nothing to store; use --engine cpu or cpu-paged"
         ),
-        (EngineKind::Cuda, _) => bail!(
-            "the cuda engine's pool is not built for --kv-dtype {kv_dtype} yet; use --engine cpu or cpu-paged for it"
+        (EngineKind::Cuda, KvDtype::Int4) => bail!(
+            "the cuda engine's pool does not store --kv-dtype int4 yet (its per-channel key groups need an f32 copy of the block still filling); use f16, bf16, fp8-e4m3 or int8 on cuda, or --engine cpu or cpu-paged for int4"
         ),
+        (EngineKind::Cuda, _) => Ok(()),
     }
 }
 
@@ -290,12 +291,13 @@ pub fn build_paged(
                 kvlab_cpu::paged::PagedCpuEngine::with_kv_dtype(model, kv_cache, pool.kv_dtype)?;
             Ok(Box::new(engine))
         }
-        // f32 weights, activations and KV pool: the parity mode verify needs.
+        // f32 weights and activations (the parity mode verify needs), the pool in --kv-dtype.
         EngineKind::Cuda => Ok(Box::new(kvlab_cuda::CudaEngine::new(
             model,
             kvlab_cuda::CudaOptions {
                 num_blocks: Some(pool.num_blocks),
                 block_size: pool.block_size,
+                kv_dtype: pool.kv_dtype,
                 ..Default::default()
             },
         )?)),

@@ -10,6 +10,10 @@
 //     (n_tokens, n_kv_heads, head_dim), row new_row0 + (j − pos0) — as the CPU engine does, so a
 //     sliding-window key whose slot is -1 (never stored) is still seen by the queries that need it.
 // GQA/MQA: query head h reads KV head h / (n_heads / n_kv_heads).
+// Dequantization is fused into the loop, in registers: a pool key is KvCodec<C>::decode(code)
+// (common.cuh), and for the scaled formats (fp8-e4m3, int8) its KV head's scale multiplies the
+// dot product (q · k = s · Σ q[d] · code[d]) and a value's scale its softmax weight, so no
+// full-precision copy of a key or value is ever made.
 //
 // Online softmax (Milakov & Gimelshein 2018): for scores s_j = (q · k_j) · scale keep
 //   m = max_j s_j,   l = Σ_j e^(s_j − m),   acc[d] = Σ_j e^(s_j − m) · v_j[d];
@@ -33,6 +37,8 @@ struct KvView {
     const A* v_new;           // (n_tokens, n_kv_heads, head_dim) this step's values
     const C* k_cache;         // (num_slots, n_kv_heads, head_dim) the layer's pool
     const C* v_cache;         // (num_slots, n_kv_heads, head_dim)
+    const float* k_scale;     // (num_slots, n_kv_heads) scaled formats only
+    const float* v_scale;     // (num_slots, n_kv_heads)
     const int* block_table;   // (max_blocks,) this sequence's row, -1 padded
     long long new_row0;       // row of position pos0 in k_new / v_new
     int pos0;                 // first position computed in this step
@@ -46,7 +52,8 @@ struct KvView {
 // query_start_loc[s + 1] − query_start_loc[s] of its context_lens[s] keys are this step's.
 template <typename A, typename C>
 __device__ __forceinline__ KvView<A, C> kv_view(const A* k_new, const A* v_new, const C* k_cache,
-                                                const C* v_cache,
+                                                const C* v_cache, const float* k_scale,
+                                                const float* v_scale,
                                                 const int* __restrict__ block_tables,
                                                 const int* __restrict__ query_start_loc,
                                                 const int* __restrict__ context_lens, int s, int h,
@@ -57,6 +64,8 @@ __device__ __forceinline__ KvView<A, C> kv_view(const A* k_new, const A* v_new, 
     kv.v_new = v_new;
     kv.k_cache = k_cache;
     kv.v_cache = v_cache;
+    kv.k_scale = k_scale;
+    kv.v_scale = v_scale;
     kv.block_table = block_tables + (long long)s * max_blocks;
     kv.new_row0 = query_start_loc[s];
     kv.pos0 = context_lens[s] - (query_start_loc[s + 1] - query_start_loc[s]);
@@ -87,28 +96,38 @@ __device__ void warp_attend(float& m, float& l, float acc[KVLAB_DIMS_PER_LANE],
                             int begin, int end, int step, float scale) {
     const int lane = threadIdx.x % KVLAB_WARP;
     for (int j = begin; j < end; j += step) {
+        using Codec = KvCodec<C>;
         const long long off = kv_offset(kv, j);
         const bool fresh = j >= kv.pos0;
+        // The KV head's scales of a pool position (off / head_dim is its (slot, kv_head) row).
+        float ks = 1.0f, vs = 1.0f;
+        if constexpr (Codec::scaled) {
+            if (!fresh) {
+                ks = kv.k_scale[off / kv.head_dim];
+                vs = kv.v_scale[off / kv.head_dim];
+            }
+        }
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
             const int d = lane + i * KVLAB_WARP;
             if (d < kv.head_dim) {
-                const float k = fresh ? to_float(kv.k_new[off + d]) : to_float(kv.k_cache[off + d]);
+                const float k = fresh ? to_float(kv.k_new[off + d]) : Codec::decode(kv.k_cache[off + d]);
                 dot += q[i] * k;
             }
         }
-        const float s = warp_sum(dot) * scale;
+        const float s = warp_sum(dot) * ks * scale;
         const float m_new = fmaxf(m, s);
         const float c = expf(m - m_new);  // 0 for the first key (m = -inf)
         const float p = expf(s - m_new);
         l = l * c + p;
+        const float pv = p * vs;
 #pragma unroll
         for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
             const int d = lane + i * KVLAB_WARP;
             if (d < kv.head_dim) {
-                const float v = fresh ? to_float(kv.v_new[off + d]) : to_float(kv.v_cache[off + d]);
-                acc[i] = acc[i] * c + p * v;
+                const float v = fresh ? to_float(kv.v_new[off + d]) : Codec::decode(kv.v_cache[off + d]);
+                acc[i] = acc[i] * c + pv * v;
             }
         }
         m = m_new;

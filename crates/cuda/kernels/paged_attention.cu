@@ -5,6 +5,7 @@
 //   out, q            (n_tokens, n_heads, head_dim) A; sequence s's query is row query_start_loc[s+1]−1
 //   k_new, v_new      (n_tokens, n_kv_heads, head_dim) A, this step's keys/values (after RoPE)
 //   k_cache, v_cache  (num_blocks, block_size, n_kv_heads, head_dim) C, the layer's pool
+//   k_scale, v_scale  (num_blocks, block_size, n_kv_heads) f32, for the scaled C (common.cuh)
 //   block_tables      (n_seqs, max_blocks) i32, -1 padded
 //   query_start_loc   (n_seqs + 1,) i32;  context_lens (n_seqs,) i32 (keys after this step)
 //   window            0 for global layers, else the sliding window (keys p+1−window ..= p)
@@ -29,6 +30,8 @@ template <typename A, typename C>
 __device__ void paged_attention_v1(A* __restrict__ out, const A* __restrict__ q,
                                    const A* __restrict__ k_new, const A* __restrict__ v_new,
                                    const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+                                   const float* __restrict__ k_scale,
+                                   const float* __restrict__ v_scale,
                                    const int* __restrict__ block_tables,
                                    const int* __restrict__ query_start_loc,
                                    const int* __restrict__ context_lens, int max_blocks,
@@ -39,9 +42,9 @@ __device__ void paged_attention_v1(A* __restrict__ out, const A* __restrict__ q,
     const int h = blockIdx.y;
     const long long row = query_start_loc[s + 1] - 1;
     const int p = context_lens[s] - 1;
-    const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, block_tables, query_start_loc,
-                                    context_lens, s, h, max_blocks, n_heads, n_kv_heads, head_dim,
-                                    block_size);
+    const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, k_scale, v_scale,
+                                    block_tables, query_start_loc, context_lens, s, h, max_blocks,
+                                    n_heads, n_kv_heads, head_dim, block_size);
     const int lo = first_key(p, window);
     float M, L;
     block_attend(sh, q + (row * n_heads + h) * head_dim, kv, lo, p + 1, scale, M, L);
@@ -59,6 +62,8 @@ __device__ void paged_attention_v2(float* __restrict__ tmp_max, float* __restric
                                    float* __restrict__ tmp_acc, const A* __restrict__ q,
                                    const A* __restrict__ k_new, const A* __restrict__ v_new,
                                    const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+                                   const float* __restrict__ k_scale,
+                                   const float* __restrict__ v_scale,
                                    const int* __restrict__ block_tables,
                                    const int* __restrict__ query_start_loc,
                                    const int* __restrict__ context_lens, int max_blocks,
@@ -75,9 +80,9 @@ __device__ void paged_attention_v2(float* __restrict__ tmp_max, float* __restric
     const int begin = lo + part * partition_size;
     if (begin > p) return;  // the whole block leaves together: no __syncthreads is skipped
     const int end = min(begin + partition_size, p + 1);
-    const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, block_tables, query_start_loc,
-                                    context_lens, s, h, max_blocks, n_heads, n_kv_heads, head_dim,
-                                    block_size);
+    const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, k_scale, v_scale,
+                                    block_tables, query_start_loc, context_lens, s, h, max_blocks,
+                                    n_heads, n_kv_heads, head_dim, block_size);
     float M, L;
     block_attend(sh, q + (row * n_heads + h) * head_dim, kv, begin, end, scale, M, L);
     const long long cell = ((long long)s * n_heads + h) * max_partitions + part;
@@ -124,28 +129,34 @@ __device__ void paged_attention_v2_reduce(A* __restrict__ out, const float* __re
 #define KVLAB_PAGED_ATTENTION(A, C, SUFFIX)                                                      \
     extern "C" __global__ void paged_attention_v1_##SUFFIX(                                      \
         A* out, const A* q, const A* k_new, const A* v_new, const C* k_cache,                    \
-        const C* v_cache, const int* block_tables, const int* query_start_loc,                   \
-        const int* context_lens, int max_blocks, int n_heads, int n_kv_heads, int head_dim,      \
-        int block_size, int window, float scale) {                                               \
-        paged_attention_v1<A, C>(out, q, k_new, v_new, k_cache, v_cache, block_tables,           \
-                                 query_start_loc, context_lens, max_blocks, n_heads, n_kv_heads, \
-                                 head_dim, block_size, window, scale);                           \
+        const C* v_cache, const float* k_scale, const float* v_scale, const int* block_tables,   \
+        const int* query_start_loc, const int* context_lens, int max_blocks, int n_heads,        \
+        int n_kv_heads, int head_dim, int block_size, int window, float scale) {                 \
+        paged_attention_v1<A, C>(out, q, k_new, v_new, k_cache, v_cache, k_scale, v_scale,       \
+                                 block_tables, query_start_loc, context_lens, max_blocks,        \
+                                 n_heads, n_kv_heads, head_dim, block_size, window, scale);      \
     }                                                                                            \
     extern "C" __global__ void paged_attention_v2_##SUFFIX(                                      \
         float* tmp_max, float* tmp_sum, float* tmp_acc, const A* q, const A* k_new,              \
-        const A* v_new, const C* k_cache, const C* v_cache, const int* block_tables,             \
-        const int* query_start_loc, const int* context_lens, int max_blocks, int n_heads,        \
-        int n_kv_heads, int head_dim, int block_size, int window, float scale,                   \
-        int partition_size, int max_partitions) {                                                \
+        const A* v_new, const C* k_cache, const C* v_cache, const float* k_scale,                \
+        const float* v_scale, const int* block_tables, const int* query_start_loc,               \
+        const int* context_lens, int max_blocks, int n_heads, int n_kv_heads, int head_dim,      \
+        int block_size, int window, float scale, int partition_size, int max_partitions) {       \
         paged_attention_v2<A, C>(tmp_max, tmp_sum, tmp_acc, q, k_new, v_new, k_cache, v_cache,  \
-                                 block_tables, query_start_loc, context_lens, max_blocks,        \
-                                 n_heads, n_kv_heads, head_dim, block_size, window, scale,       \
-                                 partition_size, max_partitions);                                \
+                                 k_scale, v_scale, block_tables, query_start_loc, context_lens,  \
+                                 max_blocks, n_heads, n_kv_heads, head_dim, block_size, window,  \
+                                 scale, partition_size, max_partitions);                         \
     }
 KVLAB_PAGED_ATTENTION(float, float, f32_f32)
 KVLAB_PAGED_ATTENTION(float, __half, f32_f16)
+KVLAB_PAGED_ATTENTION(float, __nv_bfloat16, f32_bf16)
+KVLAB_PAGED_ATTENTION(float, __nv_fp8_e4m3, f32_fp8)
+KVLAB_PAGED_ATTENTION(float, signed char, f32_i8)
 KVLAB_PAGED_ATTENTION(__half, float, f16_f32)
 KVLAB_PAGED_ATTENTION(__half, __half, f16_f16)
+KVLAB_PAGED_ATTENTION(__half, __nv_bfloat16, f16_bf16)
+KVLAB_PAGED_ATTENTION(__half, __nv_fp8_e4m3, f16_fp8)
+KVLAB_PAGED_ATTENTION(__half, signed char, f16_i8)
 
 #define KVLAB_PAGED_ATTENTION_REDUCE(A, SUFFIX)                                                  \
     extern "C" __global__ void paged_attention_v2_reduce_##SUFFIX(                               \

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::device::Device;
-use crate::dtype::DType;
+use crate::dtype::{CacheElem, DType};
 use crate::engine::CudaEngine;
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel};
@@ -57,7 +57,8 @@ pub struct AttentionRow {
     /// "v1" or "v2 (P partitions)".
     pub kernel: String,
     pub seconds_per_call: f64,
-    /// K and V bytes read per call: batch · context · kv_dim · 2 · bytes per element.
+    /// K and V bytes read per call: batch · context · 2 · n_kv_heads · bytes of one head's row
+    /// (head_dim elements, plus the scale of fp8-e4m3 and int8).
     pub kv_bytes: usize,
     pub bytes_per_s: f64,
     /// bytes_per_s / copy bandwidth.
@@ -72,7 +73,7 @@ pub struct AttentionRow {
 /// Driver errors, or [`CudaError::OutOfMemory`] when the caches would not fit in half the free
 /// memory (the caller reports the cell as skipped).
 #[allow(clippy::too_many_arguments)]
-pub fn attention_bench<A: DType, C: DType>(
+pub fn attention_bench<A: DType, C: CacheElem>(
     dev: &Device,
     ops: &Ops,
     config: &Config,
@@ -89,15 +90,25 @@ pub fn attention_bench<A: DType, C: DType>(
     let num_blocks = batch * blocks_per_seq;
     let cache_elems = num_blocks * bs * kv_dim;
     let (free, _) = dev.mem_info()?;
-    if 2 * cache_elems * C::BYTES > free / 2 {
+    // K and V of every slot, with their scales.
+    let pool_bytes = num_blocks * bs * 2 * n_kv_heads * C::KV_DTYPE.value_bytes(head_dim, 1);
+    if pool_bytes > free / 2 {
         return Err(CudaError::OutOfMemory(format!(
             "batch {batch} x context {context} needs {} bytes of K/V",
-            2 * cache_elems * C::BYTES
+            pool_bytes
         )));
     }
     let s = &dev.stream;
     let k_cache = s.alloc_zeros::<C>(cache_elems)?;
     let v_cache = s.alloc_zeros::<C>(cache_elems)?;
+    // Scales of 1 for the 8-bit formats (one per slot and KV head); one unused one otherwise.
+    let n_scales = if C::SCALED {
+        num_blocks * bs * n_kv_heads
+    } else {
+        1
+    };
+    let k_scale = s.clone_htod(&vec![1.0f32; n_scales])?;
+    let v_scale = s.clone_htod(&vec![1.0f32; n_scales])?;
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut random = |n: usize| -> Vec<A> {
         (0..n)
@@ -126,6 +137,8 @@ pub fn attention_bench<A: DType, C: DType>(
         v_new: ops.dev(&v_new),
         k_cache: ops.dev(&k_cache),
         v_cache: ops.dev(&v_cache),
+        k_scale: ops.dev(&k_scale),
+        v_scale: ops.dev(&v_scale),
         block_tables: m.range(0..tb)?,
         query_start_loc: m.range(tb..tb + batch + 1)?,
         context_lens: m.range(tb + batch + 1..tb + 2 * batch + 1)?,
@@ -171,7 +184,7 @@ pub fn attention_bench<A: DType, C: DType>(
     }
     dev.sync()?;
     let seconds_per_call = t.elapsed().as_secs_f64() / iters as f64;
-    let kv_bytes = batch * context * kv_dim * 2 * C::BYTES;
+    let kv_bytes = batch * context * 2 * C::KV_DTYPE.value_bytes(head_dim, 1) * n_kv_heads;
     let bytes_per_s = kv_bytes as f64 / seconds_per_call;
     Ok(AttentionRow {
         batch,

@@ -1,9 +1,12 @@
 //! Element types on the device: `f32` (parity mode) and `f16` (fast mode, IEEE half via the
-//! `half` crate). Kernel entry points carry the type's [`DType::NAME`] as a suffix, and cuBLAS
-//! gets its [`DType::CUDA`] data type.
+//! `half` crate) for weights and activations ([`DType`]); those two and bf16, fp8-e4m3 codes
+//! and int8 codes for the KV pool ([`CacheElem`], the `--kv-dtype` formats of
+//! `kvlab_model::KvDtype`). Kernel entry points carry the type's `NAME` as a suffix, and cuBLAS
+//! gets a [`DType::CUDA`] data type.
 
 use cudarc::cublas::sys::cudaDataType_t;
 use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use kvlab_model::KvDtype;
 use serde::Serialize;
 
 /// A storage type of weights, activations or the KV cache. Arithmetic is always f32.
@@ -23,11 +26,77 @@ pub trait DType:
     fn from_f32_slice(x: &[f32]) -> std::borrow::Cow<'_, [Self]> {
         std::borrow::Cow::Owned(x.iter().map(|&v| Self::from_f32(v)).collect())
     }
+}
+
+/// An element of the KV pool: the value itself (f32, f16, bf16) or the code of a scaled 8-bit
+/// format (`u8` holds fp8-e4m3 bits, `i8` int8), whose (token, KV head) rows also have an f32
+/// scale. The formats, and why their bits equal kvlab-cpu's, are in `kernels/common.cuh`
+/// (`KvCodec`).
+pub trait CacheElem:
+    DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + std::fmt::Debug + 'static
+{
+    /// Suffix of the cache kernels' names: "f32", "f16", "bf16", "fp8" or "i8".
+    const NAME: &'static str;
+    /// The `--kv-dtype` it stores.
+    const KV_DTYPE: KvDtype;
+    /// Bytes per element (scales not included).
+    const BYTES: usize;
+    /// Whether each (token, KV head) row of elements has an f32 scale beside it.
+    const SCALED: bool;
     /// The element's bits, little-endian (`BYTES` of them), for a block moved to a tier.
     fn to_le(self, out: &mut Vec<u8>);
     /// The element whose bits `to_le` wrote (`bytes.len() == BYTES`).
     fn from_le(bytes: &[u8]) -> Self;
 }
+
+macro_rules! cache_elem {
+    ($t:ty, $name:literal, $dtype:expr, $scaled:literal, $bits:ty, $to:expr, $from:expr) => {
+        impl CacheElem for $t {
+            const NAME: &'static str = $name;
+            const KV_DTYPE: KvDtype = $dtype;
+            const BYTES: usize = std::mem::size_of::<$t>();
+            const SCALED: bool = $scaled;
+            fn to_le(self, out: &mut Vec<u8>) {
+                let bits: $bits = $to(self);
+                out.extend_from_slice(&bits.to_le_bytes());
+            }
+            fn from_le(bytes: &[u8]) -> Self {
+                let mut b = [0u8; std::mem::size_of::<$t>()];
+                b.copy_from_slice(bytes);
+                $from(<$bits>::from_le_bytes(b))
+            }
+        }
+    };
+}
+cache_elem!(
+    f32,
+    "f32",
+    KvDtype::F32,
+    false,
+    u32,
+    f32::to_bits,
+    f32::from_bits
+);
+cache_elem!(
+    half::f16,
+    "f16",
+    KvDtype::F16,
+    false,
+    u16,
+    half::f16::to_bits,
+    half::f16::from_bits
+);
+cache_elem!(
+    half::bf16,
+    "bf16",
+    KvDtype::Bf16,
+    false,
+    u16,
+    half::bf16::to_bits,
+    half::bf16::from_bits
+);
+cache_elem!(u8, "fp8", KvDtype::Fp8E4m3, true, u8, |x| x, |x| x);
+cache_elem!(i8, "i8", KvDtype::Int8, true, i8, |x| x, |x| x);
 
 impl DType for f32 {
     const NAME: &'static str = "f32";
@@ -42,12 +111,6 @@ impl DType for f32 {
     fn from_f32_slice(x: &[f32]) -> std::borrow::Cow<'_, [Self]> {
         std::borrow::Cow::Borrowed(x)
     }
-    fn to_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn from_le(bytes: &[u8]) -> Self {
-        f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
-    }
 }
 
 impl DType for half::f16 {
@@ -59,12 +122,6 @@ impl DType for half::f16 {
     }
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
-    }
-    fn to_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-    fn from_le(bytes: &[u8]) -> Self {
-        half::f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]]))
     }
 }
 
@@ -128,7 +185,7 @@ mod tests {
     /// subnormals included.
     #[test]
     fn elements_round_trip_through_their_bytes() {
-        fn round_trip<C: DType + PartialEq>(xs: &[C]) -> Vec<C> {
+        fn round_trip<C: CacheElem + PartialEq>(xs: &[C]) -> Vec<C> {
             let mut out = Vec::new();
             xs.iter().for_each(|x| x.to_le(&mut out));
             assert_eq!(out.len(), xs.len() * C::BYTES);
@@ -143,5 +200,44 @@ mod tests {
             .collect();
         let back = round_trip(&h);
         assert!(h.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let b: Vec<half::bf16> = [0x3f80u16, 0x8000, 0x0001, 0x7f7f, 0x7fc1]
+            .into_iter()
+            .map(half::bf16::from_bits)
+            .collect();
+        let back = round_trip(&b);
+        assert!(b.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let codes: Vec<u8> = (0..=255).collect();
+        assert_eq!(round_trip(&codes), codes);
+        let codes: Vec<i8> = (-128..=127).collect();
+        assert_eq!(round_trip(&codes), codes);
+    }
+
+    /// Each cache type names the kernels and the `--kv-dtype` it stores; only the 8-bit codes
+    /// carry scales.
+    #[test]
+    fn cache_elements_match_their_kv_dtypes() {
+        let all = [
+            (
+                <f32 as CacheElem>::KV_DTYPE,
+                <f32 as CacheElem>::BYTES,
+                <f32 as CacheElem>::SCALED,
+            ),
+            (
+                half::f16::KV_DTYPE,
+                <half::f16 as CacheElem>::BYTES,
+                half::f16::SCALED,
+            ),
+            (half::bf16::KV_DTYPE, half::bf16::BYTES, half::bf16::SCALED),
+            (u8::KV_DTYPE, u8::BYTES, u8::SCALED),
+            (i8::KV_DTYPE, i8::BYTES, i8::SCALED),
+        ];
+        for (dtype, bytes, scaled) in all {
+            // KvDtype's bytes per (token, KV head) of head_dim 64: the element, plus the scale.
+            assert_eq!(
+                dtype.value_bytes(64, 1),
+                64 * bytes + if scaled { 4 } else { 0 },
+                "{dtype}"
+            );
+        }
     }
 }

@@ -12,8 +12,9 @@
 
 use std::sync::Arc;
 
+use half::{bf16, f16};
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
-use kvlab_model::{Config, Engine, Error, KvUsage, Model, SeqId, Sequences, TraceStep};
+use kvlab_model::{Config, Engine, Error, KvDtype, KvUsage, Model, SeqId, Sequences, TraceStep};
 use kvlab_paged::{
     BlockId, KvCacheConfig, PagedError, ScheduledBatch, StepExecutor, UnscheduledPools,
     UnscheduledSeq,
@@ -32,8 +33,9 @@ use crate::pool::{self, PoolPlan};
 pub struct CudaOptions {
     /// Weights and activations: F32 (parity with the CPU engines) or F16 (fast).
     pub precision: Precision,
-    /// KV cache elements.
-    pub kv_dtype: Precision,
+    /// How the KV pool stores keys and values: f32, f16, bf16, fp8-e4m3 or int8 (`--kv-dtype`;
+    /// int4 is refused with [`CudaError::Unsupported`]).
+    pub kv_dtype: KvDtype,
     /// Fraction of the GPU's memory the engine may use in all (weights, activations, KV pool),
     /// like vLLM's `gpu_memory_utilization`. Ignored when `num_blocks` is given.
     pub gpu_memory_utilization: f32,
@@ -56,7 +58,7 @@ impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
             precision: Precision::F32,
-            kv_dtype: Precision::F32,
+            kv_dtype: KvDtype::F32,
             gpu_memory_utilization: 0.9,
             block_size: kvlab_paged::DEFAULT_BLOCK_SIZE,
             num_blocks: None,
@@ -68,12 +70,19 @@ impl Default for CudaOptions {
     }
 }
 
-/// The typed forward pass for the chosen precisions.
+/// The typed forward pass for the chosen precision (activations) and KV dtype (pool); fp8-e4m3
+/// codes are `u8`, int8 codes `i8`.
 enum Runner {
     F32F32(Box<Forward<f32, f32>>),
-    F32F16(Box<Forward<f32, half::f16>>),
-    F16F32(Box<Forward<half::f16, f32>>),
-    F16F16(Box<Forward<half::f16, half::f16>>),
+    F32F16(Box<Forward<f32, f16>>),
+    F32Bf16(Box<Forward<f32, bf16>>),
+    F32Fp8(Box<Forward<f32, u8>>),
+    F32I8(Box<Forward<f32, i8>>),
+    F16F32(Box<Forward<f16, f32>>),
+    F16F16(Box<Forward<f16, f16>>),
+    F16Bf16(Box<Forward<f16, bf16>>),
+    F16Fp8(Box<Forward<f16, u8>>),
+    F16I8(Box<Forward<f16, i8>>),
 }
 
 macro_rules! with_runner {
@@ -81,8 +90,14 @@ macro_rules! with_runner {
         match $runner {
             Runner::F32F32($f) => $body,
             Runner::F32F16($f) => $body,
+            Runner::F32Bf16($f) => $body,
+            Runner::F32Fp8($f) => $body,
+            Runner::F32I8($f) => $body,
             Runner::F16F32($f) => $body,
             Runner::F16F16($f) => $body,
+            Runner::F16Bf16($f) => $body,
+            Runner::F16Fp8($f) => $body,
+            Runner::F16I8($f) => $body,
         }
     };
 }
@@ -118,6 +133,8 @@ impl CudaEngine {
             return Err(CudaError::Unsupported("block_size 0".into()));
         }
         crate::launch::check_head_dim(c.head_dim)?;
+        // A KV dtype the pool does not store is refused before the GPU is opened.
+        let per_block = pool::plan(c, 1, opts.block_size, opts.kv_dtype)?.pool_bytes;
         let dev = Device::open(opts.device)?;
         let ops = Ops::new(&dev)?;
         let fopts = ForwardOptions {
@@ -131,7 +148,6 @@ impl CudaEngine {
         };
         let (bs, kv) = (opts.block_size, opts.kv_dtype);
         let sizing = |free: usize, total: usize| -> Result<PoolPlan> {
-            let per_block = pool::plan(c, 1, bs, kv).pool_bytes;
             let n = match opts.num_blocks {
                 Some(n) => n,
                 None => pool::blocks_for_budget(
@@ -148,21 +164,26 @@ impl CudaEngine {
                     n.saturating_mul(per_block)
                 )));
             }
-            Ok(pool::plan(c, n, bs, kv))
+            pool::plan(c, n, bs, kv)
         };
+        macro_rules! build {
+            ($variant:ident) => {
+                Runner::$variant(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
+            };
+        }
         let runner = match (opts.precision, opts.kv_dtype) {
-            (Precision::F32, Precision::F32) => {
-                Runner::F32F32(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
-            }
-            (Precision::F32, Precision::F16) => {
-                Runner::F32F16(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
-            }
-            (Precision::F16, Precision::F32) => {
-                Runner::F16F32(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
-            }
-            (Precision::F16, Precision::F16) => {
-                Runner::F16F16(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
-            }
+            (Precision::F32, KvDtype::F32) => build!(F32F32),
+            (Precision::F32, KvDtype::F16) => build!(F32F16),
+            (Precision::F32, KvDtype::Bf16) => build!(F32Bf16),
+            (Precision::F32, KvDtype::Fp8E4m3) => build!(F32Fp8),
+            (Precision::F32, KvDtype::Int8) => build!(F32I8),
+            (Precision::F16, KvDtype::F32) => build!(F16F32),
+            (Precision::F16, KvDtype::F16) => build!(F16F16),
+            (Precision::F16, KvDtype::Bf16) => build!(F16Bf16),
+            (Precision::F16, KvDtype::Fp8E4m3) => build!(F16Fp8),
+            (Precision::F16, KvDtype::Int8) => build!(F16I8),
+            // pool::plan refused it above, before the device was opened.
+            (_, KvDtype::Int4) => unreachable!("int4 is refused before the device is opened"),
         };
         let unscheduled = UnscheduledPools::new(with_runner!(&runner, f => &f.geometry.kv_cache))?;
         Ok(CudaEngine {
@@ -359,12 +380,13 @@ impl StepExecutor for CudaEngine {
         Ok(with_runner!(&self.runner, f => f.logits(n))?)
     }
 
-    /// Every layer of `group`, K then V, as the pool stores them (f32 or f16), copied to the
-    /// host. Not yet run on a GPU (crates/cuda/README.md lists the check).
+    /// Every layer of `group`, K then V, as the pool stores them (elements or codes, and the
+    /// scales of the 8-bit formats), copied to the host. Not yet run on a GPU
+    /// (crates/cuda/README.md lists the check).
     fn read_block(&mut self, group: usize, block: BlockId) -> Result<Option<Vec<u8>>, Error> {
         let bytes = with_runner!(&self.runner, f => {
             let layers = group_layers(&f.pool.plan, group)?;
-            f.pool.read_block(&f.dev.stream, layers, block as usize, f.config.kv_dim())
+            f.pool.read_block(&f.dev.stream, layers, block as usize)
         })?;
         Ok(Some(bytes))
     }
@@ -372,8 +394,7 @@ impl StepExecutor for CudaEngine {
     fn write_block(&mut self, group: usize, block: BlockId, bytes: &[u8]) -> Result<bool, Error> {
         with_runner!(&mut self.runner, f => {
             let layers = group_layers(&f.pool.plan, group)?.to_vec();
-            let kv_dim = f.config.kv_dim();
-            f.pool.write_block(&f.dev.stream, &layers, block as usize, kv_dim, bytes)
+            f.pool.write_block(&f.dev.stream, &layers, block as usize, bytes)
         })?;
         Ok(true)
     }

@@ -1,5 +1,5 @@
 //! The batched forward pass of one scheduled step on the GPU, for activation/weight type `A`
-//! and cache type `C`.
+//! and cache type `C` (f32, f16, bf16, or the codes of fp8-e4m3 and int8 with their scales).
 //!
 //! All tokens of the step (decodes first, then prefills, as the scheduler orders them) are rows
 //! of one activation matrix, so every linear layer is one cuBLAS GEMM over the whole step:
@@ -10,7 +10,7 @@
 //! per layer l (group g = layer_group(l)):
 //!   xn = rmsnorm(x, attn_norm)                 q, k, v = xn Wqᵀ, xn Wkᵀ, xn Wvᵀ      (GEMMs)
 //!   [QK-norm per head]                          RoPE(q, k) at positions (theta of layer l)
-//!   reshape_and_cache(k, v → pool[l] at slot_mapping[g])
+//!   reshape_and_cache(k, v → pool[l] at slot_mapping[g], quantized to C)
 //!   att = paged_attention (decode rows, v1 or v2) ‖ prefill_attention (prefill rows)
 //!   o = att Woᵀ   [post_attn_norm]   x += o
 //!   xn = rmsnorm(x, ffn_norm)   gate, up = xn W1ᵀ, xn W3ᵀ   gate = act(gate) ⊙ up
@@ -26,7 +26,7 @@ use kvlab_model::{Config, Model, RopeLayout};
 use kvlab_paged::KvCacheConfig;
 
 use crate::device::Device;
-use crate::dtype::DType;
+use crate::dtype::{CacheElem, DType};
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel, PackGeometry, PackedStep};
 use crate::ops::{AttentionArgs, Ops};
@@ -39,7 +39,7 @@ use crate::workspace::Workspace;
 pub const MAX_V2_WORKSPACE_FLOATS: usize = 16 << 20;
 
 /// Everything one engine holds on the device.
-pub struct Forward<A: DType, C: DType> {
+pub struct Forward<A: DType, C: CacheElem> {
     pub dev: Device,
     pub ops: Ops,
     pub config: Config,
@@ -64,7 +64,7 @@ pub struct ForwardOptions {
     pub decode_attention: DecodeAttention,
 }
 
-impl<A: DType, C: DType> Forward<A, C> {
+impl<A: DType, C: CacheElem> Forward<A, C> {
     /// Uploads the weights and RoPE tables, allocates the workspace, then sizes the pool with
     /// `pool_size(free, total)` (returning its plan) and allocates it.
     ///
@@ -144,6 +144,11 @@ impl<A: DType, C: DType> Forward<A, C> {
             for l in (0..c.n_layers).filter(|&l| self.layer_group[l] == g) {
                 let (kc, vc) = (ops.dev(&self.pool.k[l]), ops.dev(&self.pool.v[l]));
                 ops.copy_blocks(kc, vc, pairs, gm.n_copies, num_blocks, bs * kvd)?;
+                if C::SCALED {
+                    let ks = ops.dev(&self.pool.k_scale[l]);
+                    let vs = ops.dev(&self.pool.v_scale[l]);
+                    ops.copy_blocks(ks, vs, pairs, gm.n_copies, num_blocks, bs * c.n_kv_heads)?;
+                }
             }
         }
 
@@ -198,8 +203,13 @@ impl<A: DType, C: DType> Forward<A, C> {
 
             let gm = &p.groups[self.layer_group[l]];
             let (kc, vc) = (ops.dev(&self.pool.k[l]), ops.dev(&self.pool.v[l]));
+            let (ks, vs) = (
+                ops.dev(&self.pool.k_scale[l]),
+                ops.dev(&self.pool.v_scale[l]),
+            );
             let slots = meta.range(gm.slot_mapping.clone())?;
-            ops.reshape_and_cache(k, v, kc, vc, slots, t, kvd, num_slots)?;
+            let heads = (c.n_kv_heads, hd);
+            ops.reshape_and_cache((k, v), (kc, vc), (ks, vs), slots, t, heads, num_slots)?;
             let args = AttentionArgs {
                 out: att,
                 q,
@@ -207,6 +217,8 @@ impl<A: DType, C: DType> Forward<A, C> {
                 v_new: v,
                 k_cache: kc,
                 v_cache: vc,
+                k_scale: ks,
+                v_scale: vs,
                 block_tables: meta.range(gm.block_tables.clone())?,
                 query_start_loc: meta.range(p.query_start_loc.clone())?,
                 context_lens: meta.range(p.context_lens.clone())?,

@@ -14,7 +14,7 @@ use cudarc::nvrtc::Ptx;
 use kvlab_model::Activation;
 
 use crate::device::Device;
-use crate::dtype::DType;
+use crate::dtype::{CacheElem, DType};
 use crate::error::{CudaError, Result};
 use crate::kernels::FILES;
 use crate::launch::{self, i32_of};
@@ -121,7 +121,9 @@ impl Kernels {
 /// The inputs of one attention launch (decode or prefill) for one layer.
 ///
 /// Shapes: `out`, `q` (n_tokens, n_heads, head_dim); `k_new`, `v_new` (n_tokens, n_kv_heads,
-/// head_dim); `k_cache`, `v_cache` (num_slots, n_kv_heads, head_dim); `block_tables`
+/// head_dim); `k_cache`, `v_cache` (num_slots, n_kv_heads, head_dim); `k_scale`, `v_scale`
+/// (num_slots, n_kv_heads) f32 when the cache type is scaled (else any one element);
+/// `block_tables`
 /// (n_seqs, max_blocks); `query_start_loc` (n_seqs + 1,); `context_lens`, (n_seqs,);
 /// `token_seq` (n_tokens,).
 pub struct AttentionArgs<A, C> {
@@ -131,6 +133,8 @@ pub struct AttentionArgs<A, C> {
     pub v_new: Dev<A>,
     pub k_cache: Dev<C>,
     pub v_cache: Dev<C>,
+    pub k_scale: Dev<f32>,
+    pub v_scale: Dev<f32>,
     pub block_tables: Dev<i32>,
     pub query_start_loc: Dev<i32>,
     pub context_lens: Dev<i32>,
@@ -163,16 +167,23 @@ use Arg::{F32, I32, I64, Ptr};
 /// Raw kernel arguments shared by the attention kernels, after the bounds checks.
 struct AttnPtrs {
     out: u64,
-    /// q, k_new, v_new, k_cache, v_cache, block_tables, query_start_loc, context_lens: the
-    /// buffers every attention kernel takes after its outputs, in this order.
-    inputs: [Arg; 8],
+    /// q, k_new, v_new, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc,
+    /// context_lens: the buffers every attention kernel takes after its outputs, in this order.
+    inputs: [Arg; 10],
     token_seq: u64,
     /// max_blocks, n_heads, n_kv_heads, head_dim, block_size, window, scale: what every
     /// attention kernel takes after its buffers, in this order.
     shape: [Arg; 7],
 }
 
-impl<A, C> AttentionArgs<A, C> {
+/// Scales a cache of `num_slots` rows of `n_kv_heads` heads needs: one per (slot, KV head) for
+/// a scaled type, else none (the kernels never read the pointer; one element is still required
+/// so it is a real address).
+fn scales_needed<C: CacheElem>(num_slots: usize, n_kv_heads: usize) -> usize {
+    if C::SCALED { num_slots * n_kv_heads } else { 1 }
+}
+
+impl<A, C: CacheElem> AttentionArgs<A, C> {
     fn checked(&self) -> Result<AttnPtrs> {
         launch::check_head_dim(self.head_dim)?;
         if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
@@ -191,6 +202,12 @@ impl<A, C> AttentionArgs<A, C> {
                 Ptr(self.v_new.need(t * kvh * hd, "attention v_new")?),
                 Ptr(self.k_cache.need(slots * kvh * hd, "key cache")?),
                 Ptr(self.v_cache.need(slots * kvh * hd, "value cache")?),
+                Ptr(self
+                    .k_scale
+                    .need(scales_needed::<C>(slots, kvh), "key scales")?),
+                Ptr(self
+                    .v_scale
+                    .need(scales_needed::<C>(slots, kvh), "value scales")?),
                 Ptr(self.block_tables.need(seqs * mb, "block_tables")?),
                 Ptr(self.query_start_loc.need(seqs + 1, "query_start_loc")?),
                 Ptr(self.context_lens.need(seqs, "context_lens")?),
@@ -364,36 +381,44 @@ impl Ops {
     }
 
     /// Stores k, v (n_tokens, kv_dim) at rows `slots` (n_tokens,) of the caches (num_slots,
-    /// kv_dim), skipping -1. Slots must be below num_slots (pack_step checks them).
+    /// kv_dim) in the cache type, with one scale per (slot, KV head) in `k_scale`, `v_scale`
+    /// (num_slots, n_kv_heads) for a scaled type; skips slot -1. Slots must be below num_slots
+    /// (pack_step checks them).
     ///
     /// # Errors
     /// Short buffers, launch errors.
     #[allow(clippy::too_many_arguments)]
-    pub fn reshape_and_cache<A: DType, C: DType>(
+    pub fn reshape_and_cache<A: DType, C: CacheElem>(
         &self,
-        k: Dev<A>,
-        v: Dev<A>,
-        k_cache: Dev<C>,
-        v_cache: Dev<C>,
+        (k, v): (Dev<A>, Dev<A>),
+        (k_cache, v_cache): (Dev<C>, Dev<C>),
+        (k_scale, v_scale): (Dev<f32>, Dev<f32>),
         slots: Dev<i32>,
         n_tokens: usize,
-        kv_dim: usize,
+        (n_kv_heads, head_dim): (usize, usize),
         num_slots: usize,
     ) -> Result<()> {
         let f = self
             .kernels
             .get(&format!("reshape_and_cache_v1_{}_{}", A::NAME, C::NAME))?;
+        let kv_dim = n_kv_heads * head_dim;
+        let scales = scales_needed::<C>(num_slots, n_kv_heads);
         let args = [
             Ptr(k.need(n_tokens * kv_dim, "k")?),
             Ptr(v.need(n_tokens * kv_dim, "v")?),
             Ptr(k_cache.need(num_slots * kv_dim, "key cache")?),
             Ptr(v_cache.need(num_slots * kv_dim, "value cache")?),
+            Ptr(k_scale.need(scales, "key scales")?),
+            Ptr(v_scale.need(scales, "value scales")?),
             Ptr(slots.need(n_tokens, "slot_mapping")?),
             I32(i32_of("kv_dim", kv_dim)?),
+            I32(i32_of("n_kv_heads", n_kv_heads)?),
         ];
         let cfg = launch::row_copy_config(n_tokens, kv_dim)?;
-        // SAFETY: matches reshape_and_cache_v1_<A>_<C> (const A*, const A*, C*, C*, const int*,
-        // int); one block per token; slots are -1 or < num_slots (pack_step), caches checked.
+        // SAFETY: matches reshape_and_cache_v1_<A>_<C> (const A*, const A*, C*, C*, float*,
+        // float*, const int*, int, int); one block per token, its threads a multiple of 32 (the
+        // scaled types reduce per warp); slots are -1 or < num_slots (pack_step), caches and
+        // scales checked.
         unsafe { self.launch(f, cfg, &args) }
     }
 
@@ -402,7 +427,7 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn copy_blocks<C: DType>(
+    pub fn copy_blocks<C: CacheElem>(
         &self,
         k_cache: Dev<C>,
         v_cache: Dev<C>,
@@ -431,7 +456,7 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, unsupported shapes, launch errors.
-    pub fn paged_attention_v1<A: DType, C: DType>(
+    pub fn paged_attention_v1<A: DType, C: CacheElem>(
         &self,
         a: &AttentionArgs<A, C>,
         n_decode: usize,
@@ -454,7 +479,7 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, unsupported shapes, launch errors.
-    pub fn paged_attention_v2<A: DType, C: DType>(
+    pub fn paged_attention_v2<A: DType, C: CacheElem>(
         &self,
         a: &AttentionArgs<A, C>,
         n_decode: usize,
@@ -505,7 +530,7 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, unsupported shapes, launch errors.
-    pub fn prefill_attention_v1<A: DType, C: DType>(
+    pub fn prefill_attention_v1<A: DType, C: CacheElem>(
         &self,
         a: &AttentionArgs<A, C>,
         first_row: usize,

@@ -3,18 +3,21 @@
 //!
 //! Each KV group (global layers; each sliding window) has its own pool of `num_blocks` blocks —
 //! the same count in every group, the engine's `kvlab_paged::KvCacheConfig` — and every
-//! layer of a group has a K and a V tensor `(num_blocks, block_size, n_kv_heads, head_dim)`.
-//! Bytes per token of a group = 2 (K and V) × layers in the group × n_kv_heads × head_dim × bytes
-//! per element; summed over groups it is the DESIGN's formula
-//! `2 × n_layers × n_kv_heads × head_dim × bytes`.
+//! layer of a group has a K and a V tensor `(num_blocks, block_size, n_kv_heads, head_dim)` in
+//! the cache type, and for fp8-e4m3 and int8 a K and a V scale `(num_blocks, block_size,
+//! n_kv_heads)` f32. Bytes per token of a group = layers in the group × n_kv_heads ×
+//! `KvDtype::kv_head_bytes` of one token (2 × head_dim × bytes per element, plus 2 × 4 bytes of
+//! scales for the 8-bit formats); summed over groups it is `KvDtype::bytes_per_token`, the
+//! DESIGN's `2 × n_layers × n_kv_heads × head_dim × bytes` for the plain types.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use kvlab_model::Config;
+use kvlab_model::{Config, KvDtype};
 use serde::Serialize;
 
-use crate::dtype::{DType, Precision};
+use crate::dtype::CacheElem;
 use crate::error::{CudaError, Result};
 
 /// Bytes kept free beyond the utilization fraction for cuBLAS workspaces and the driver.
@@ -27,7 +30,7 @@ pub struct GroupPlan {
     pub window: Option<usize>,
     /// Layers in this group, in model order.
     pub layers: Vec<usize>,
-    /// 2 × layers × n_kv_heads × head_dim × bytes per element.
+    /// layers × n_kv_heads × `KvDtype::kv_head_bytes` of one token (bytes).
     pub bytes_per_token: usize,
 }
 
@@ -36,7 +39,7 @@ pub struct GroupPlan {
 pub struct PoolPlan {
     pub num_blocks: usize,
     pub block_size: usize,
-    pub kv_dtype: Precision,
+    pub kv_dtype: KvDtype,
     /// (num_groups,) in `Config::kv_cache_groups` order.
     pub groups: Vec<GroupPlan>,
     /// Σ over groups: the bytes one token position takes in every group.
@@ -114,7 +117,25 @@ pub fn blocks_for_budget(
 }
 
 /// A plan for `num_blocks` blocks: the groups of `c` with their layers and bytes per token.
-pub fn plan(c: &Config, num_blocks: usize, block_size: usize, kv_dtype: Precision) -> PoolPlan {
+///
+/// # Errors
+/// [`CudaError::Unsupported`] for int4, which the device pool does not store: its keys are
+/// quantized per channel over a whole block (KIVI), and a block still filling would need an f32
+/// copy kept beside it, which the device pool does not have yet (kvlab-cpu's pool has it).
+pub fn plan(
+    c: &Config,
+    num_blocks: usize,
+    block_size: usize,
+    kv_dtype: KvDtype,
+) -> Result<PoolPlan> {
+    if kv_dtype == KvDtype::Int4 {
+        return Err(CudaError::Unsupported(
+            "--kv-dtype int4 on the cuda engine: its per-channel key groups need an f32 copy of \
+             the block still filling, which the device pool does not keep yet; use f32, f16, \
+             bf16, fp8-e4m3 or int8 (or --engine cpu-paged for int4)"
+                .into(),
+        ));
+    }
     let groups: Vec<GroupPlan> = c
         .kv_cache_groups()
         .into_iter()
@@ -123,7 +144,8 @@ pub fn plan(c: &Config, num_blocks: usize, block_size: usize, kv_dtype: Precisio
             let layers: Vec<usize> = (0..c.n_layers)
                 .filter(|&l| c.layer_cache_group(l) == g)
                 .collect();
-            let bytes_per_token = 2 * layers.len() * c.n_kv_heads * c.head_dim * kv_dtype.bytes();
+            let bytes_per_token =
+                layers.len() * c.n_kv_heads * kv_dtype.kv_head_bytes(c.head_dim, 1, 1);
             GroupPlan {
                 window,
                 layers,
@@ -132,42 +154,71 @@ pub fn plan(c: &Config, num_blocks: usize, block_size: usize, kv_dtype: Precisio
         })
         .collect();
     let bytes_per_token = groups.iter().map(|g| g.bytes_per_token).sum();
-    PoolPlan {
+    Ok(PoolPlan {
         num_blocks,
         block_size,
         kv_dtype,
         groups,
         bytes_per_token,
         pool_bytes: num_blocks * block_size * bytes_per_token,
-    }
+    })
 }
 
 /// The pool's tensors. `k[l]`, `v[l]`: layer l's `(num_blocks, block_size, n_kv_heads,
-/// head_dim)` cache, in the cache type `C`.
+/// head_dim)` cache, in the cache type `C`; `k_scale[l]`, `v_scale[l]`: its `(num_blocks,
+/// block_size, n_kv_heads)` f32 scales when `C::SCALED`, else one unused element (the kernels
+/// take a pointer either way).
 pub struct KvPool<C> {
     pub k: Vec<CudaSlice<C>>,
     pub v: Vec<CudaSlice<C>>,
+    pub k_scale: Vec<CudaSlice<f32>>,
+    pub v_scale: Vec<CudaSlice<f32>>,
     pub plan: PoolPlan,
+    /// Elements of one block in a layer's cache: block_size × kv_dim.
+    block_elems: usize,
+    /// Scales of one block in a layer's scale tensor: block_size × n_kv_heads (0 if unscaled).
+    block_scales: usize,
 }
 
-impl<C: DType> KvPool<C> {
+impl<C: CacheElem> KvPool<C> {
     /// Allocates (zeroed) the tensors of `plan` for every layer of `c`.
     ///
     /// # Errors
     /// Driver errors (out of memory).
     pub fn allocate(stream: &Arc<CudaStream>, c: &Config, plan: PoolPlan) -> Result<KvPool<C>> {
         let elems = plan.num_slots() * c.kv_dim();
-        let mut k = Vec::with_capacity(c.n_layers);
-        let mut v = Vec::with_capacity(c.n_layers);
+        let block_scales = if C::SCALED {
+            plan.block_size * c.n_kv_heads
+        } else {
+            0
+        };
+        let scales = (plan.num_blocks * block_scales).max(1);
+        let mut pool = KvPool {
+            k: Vec::with_capacity(c.n_layers),
+            v: Vec::with_capacity(c.n_layers),
+            k_scale: Vec::with_capacity(c.n_layers),
+            v_scale: Vec::with_capacity(c.n_layers),
+            block_elems: plan.block_size * c.kv_dim(),
+            block_scales,
+            plan,
+        };
         for _ in 0..c.n_layers {
-            k.push(stream.alloc_zeros::<C>(elems)?);
-            v.push(stream.alloc_zeros::<C>(elems)?);
+            pool.k.push(stream.alloc_zeros::<C>(elems)?);
+            pool.v.push(stream.alloc_zeros::<C>(elems)?);
+            pool.k_scale.push(stream.alloc_zeros::<f32>(scales)?);
+            pool.v_scale.push(stream.alloc_zeros::<f32>(scales)?);
         }
-        Ok(KvPool { k, v, plan })
+        Ok(pool)
     }
 
-    /// Block `block` of `layers`, K then V of each, copied to the host as little-endian bytes
-    /// (what a tier below the pool keeps; `kvlab_paged::tier`).
+    /// Bytes of one block of one layer, K and V with their scales (what a tier keeps per layer).
+    fn layer_block_bytes(&self) -> usize {
+        2 * (self.block_elems * C::BYTES + self.block_scales * 4)
+    }
+
+    /// Block `block` of `layers`, copied to the host as little-endian bytes (what a tier below
+    /// the pool keeps; `kvlab_paged::tier`): per layer, K's elements, K's scales, V's elements,
+    /// V's scales (the scales only for the scaled formats).
     ///
     /// # Errors
     /// [`CudaError::BadInput`] for a block outside the pool; driver errors.
@@ -176,14 +227,21 @@ impl<C: DType> KvPool<C> {
         stream: &Arc<CudaStream>,
         layers: &[usize],
         block: usize,
-        kv_dim: usize,
     ) -> Result<Vec<u8>> {
-        let range = self.block_range(block, kv_dim)?;
-        let mut out = Vec::with_capacity(2 * layers.len() * range.len() * C::BYTES);
+        let (elems, scales) = self.block_ranges(block)?;
+        let mut out = Vec::with_capacity(layers.len() * self.layer_block_bytes());
         for &l in layers {
-            for t in [&self.k[l], &self.v[l]] {
-                for x in stream.clone_dtoh(&t.slice(range.clone()))? {
+            for (t, s) in [
+                (&self.k[l], &self.k_scale[l]),
+                (&self.v[l], &self.v_scale[l]),
+            ] {
+                for x in stream.clone_dtoh(&t.slice(elems.clone()))? {
                     x.to_le(&mut out);
+                }
+                if !scales.is_empty() {
+                    for x in stream.clone_dtoh(&s.slice(scales.clone()))? {
+                        out.extend_from_slice(&x.to_le_bytes());
+                    }
                 }
             }
         }
@@ -201,40 +259,53 @@ impl<C: DType> KvPool<C> {
         stream: &Arc<CudaStream>,
         layers: &[usize],
         block: usize,
-        kv_dim: usize,
         bytes: &[u8],
     ) -> Result<()> {
-        let range = self.block_range(block, kv_dim)?;
-        let per_tensor = range.len() * C::BYTES;
-        if bytes.len() != 2 * layers.len() * per_tensor {
+        let (elems, scales) = self.block_ranges(block)?;
+        let want = layers.len() * self.layer_block_bytes();
+        if bytes.len() != want {
             return Err(CudaError::BadInput(format!(
-                "{} bytes are not one block of {} layers ({} bytes)",
+                "{} bytes are not one block of {} layers ({want} bytes)",
                 bytes.len(),
                 layers.len(),
-                2 * layers.len() * per_tensor
             )));
         }
-        let mut chunks = bytes.chunks_exact(per_tensor);
+        let mut rest = bytes;
+        let mut take = |n: usize| {
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            head
+        };
         for &l in layers {
-            for t in [&mut self.k[l], &mut self.v[l]] {
-                let chunk = chunks.next().unwrap_or_default();
+            let (k, v) = (&mut self.k[l], &mut self.v[l]);
+            let (ks, vs) = (&mut self.k_scale[l], &mut self.v_scale[l]);
+            for (t, s) in [(k, ks), (v, vs)] {
+                let chunk = take(elems.len() * C::BYTES);
                 let host: Vec<C> = chunk.chunks_exact(C::BYTES).map(C::from_le).collect();
-                stream.memcpy_htod(&host, &mut t.slice_mut(range.clone()))?;
+                stream.memcpy_htod(&host, &mut t.slice_mut(elems.clone()))?;
+                if !scales.is_empty() {
+                    let chunk = take(scales.len() * 4);
+                    let host: Vec<f32> = chunk
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    stream.memcpy_htod(&host, &mut s.slice_mut(scales.clone()))?;
+                }
             }
         }
         Ok(())
     }
 
-    /// The elements of block `block` in a layer's tensor.
-    fn block_range(&self, block: usize, kv_dim: usize) -> Result<std::ops::Range<usize>> {
+    /// The elements, and the scales (empty if unscaled), of block `block` in a layer's tensors.
+    fn block_ranges(&self, block: usize) -> Result<(Range<usize>, Range<usize>)> {
         if block >= self.plan.num_blocks {
             return Err(CudaError::BadInput(format!(
                 "block {block} is outside the pool of {} blocks",
                 self.plan.num_blocks
             )));
         }
-        let n = self.plan.block_size * kv_dim;
-        Ok(block * n..(block + 1) * n)
+        let (e, s) = (self.block_elems, self.block_scales);
+        Ok((block * e..(block + 1) * e, block * s..(block + 1) * s))
     }
 }
 
@@ -247,7 +318,7 @@ mod tests {
     #[test]
     fn bytes_per_token_is_the_design_formula() {
         let c = Config::llama(4096, 14336, 32, 32, 8, 128_256, 8192, false);
-        let p = plan(&c, 1000, 16, Precision::F16);
+        let p = plan(&c, 1000, 16, KvDtype::F16).unwrap();
         assert_eq!(p.bytes_per_token, c.kv_bytes_per_token(2));
         assert_eq!(p.bytes_per_token, 131_072);
         assert_eq!(p.pool_bytes, 1000 * 16 * 131_072);
@@ -268,13 +339,33 @@ mod tests {
                 }
             })
             .collect();
-        let p = plan(&c, 10, 16, Precision::F32);
+        let p = plan(&c, 10, 16, KvDtype::F32).unwrap();
         assert_eq!(p.groups[0].window, None);
         assert_eq!(p.groups[0].layers, vec![2, 5]);
         assert_eq!(p.groups[1].window, Some(64));
         assert_eq!(p.groups[1].layers, vec![0, 1, 3, 4]);
         assert_eq!(p.bytes_per_token, c.kv_bytes_per_token(4));
         assert!(p.to_string().contains("window 64: 4 layers"));
+    }
+
+    /// The 8-bit formats add a scale per (token, KV head) to K and to V: what
+    /// `KvDtype::bytes_per_token` counts, so `kvlab mem` and the device pool agree. int4 is
+    /// refused with the reason.
+    #[test]
+    fn scaled_formats_count_their_scales_and_int4_is_refused() {
+        let c = Config::llama(64, 128, 4, 4, 2, 512, 1024, true);
+        for dtype in [KvDtype::Bf16, KvDtype::Fp8E4m3, KvDtype::Int8] {
+            let p = plan(&c, 10, 16, dtype).unwrap();
+            assert_eq!(p.bytes_per_token, dtype.bytes_per_token(&c), "{dtype}");
+            assert_eq!(p.pool_bytes, 10 * dtype.bytes_per_block(&c, 16), "{dtype}");
+        }
+        // int8: 2 (K, V) × 4 layers × 2 KV heads × (16 codes + a 4-byte scale).
+        assert_eq!(
+            plan(&c, 1, 16, KvDtype::Int8).unwrap().bytes_per_token,
+            2 * 4 * 2 * 20
+        );
+        let e = plan(&c, 10, 16, KvDtype::Int4).unwrap_err();
+        assert!(e.to_string().contains("cpu-paged"), "{e}");
     }
 
     #[test]

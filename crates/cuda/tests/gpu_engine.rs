@@ -1,7 +1,8 @@
 //! The CUDA engine against the naive reference engine: token-identical greedy output in f32
 //! mode on the synthetic models (and stories260K when KVLAB_MODELS has it), alone and batched
 //! through the scheduler with preemption, prefix sharing and copy-on-write; f16 mode reported as
-//! teacher-forced top-1 agreement and max |Δlogit|. Skips without a GPU unless
+//! teacher-forced top-1 agreement and max |Δlogit|; each `--kv-dtype` of the device pool against
+//! the paged CPU engine with the same dtype. Skips without a GPU unless
 //! KVLAB_REQUIRE_CUDA=1.
 
 mod common;
@@ -12,9 +13,11 @@ use common::{
     BATCHED_POOL, FORK_POOL, TIERS_POOL, assert_same, batched_scenario, fork_scenario, gemma_like,
     greedy, prompt, synthetic, tiers_scenario,
 };
+use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_cuda::{CudaEngine, CudaOptions, Precision};
-use kvlab_model::{Model, Tolerance, compare_logits, registry, teacher_force};
+use kvlab_model::{KvDtype, Model, Tolerance, compare_logits, registry, teacher_force};
 use kvlab_naive::NaiveEngine;
+use kvlab_paged::{KvCacheConfig, StepExecutor};
 
 /// Blocks of the pool when a test does not choose: small, so that tests running side by side
 /// do not each claim 90 % of the GPU.
@@ -137,8 +140,8 @@ fn gpu_f16_teacher_forced_agreement() {
         ("gemma-like", gemma_like()),
     ] {
         for (precision, kv) in [
-            (Precision::F32, Precision::F16),
-            (Precision::F16, Precision::F16),
+            (Precision::F32, KvDtype::F16),
+            (Precision::F16, KvDtype::F16),
         ] {
             let opts = CudaOptions {
                 precision,
@@ -164,6 +167,69 @@ fn gpu_f16_teacher_forced_agreement() {
             );
             assert!(a.max_abs_dlogit.is_finite());
             assert!(a.top1_agreement >= 0.9, "{name}: {a:?}");
+        }
+    }
+}
+
+/// Each KV dtype of the device pool (f16, bf16, fp8-e4m3, int8) against the paged CPU engine
+/// storing the same dtype: the same quantization (the bits `gpu_kernels` checks), so only f32
+/// rounding separates them. Then a block of the quantized pool goes to the host and back into
+/// another block, scales included, bit for bit (what a tier does).
+#[test]
+fn gpu_kv_dtypes_match_the_cpu_pool() {
+    for (name, model) in [
+        ("synth-gqa", synthetic("synth-gqa")),
+        ("gemma-like", gemma_like()),
+    ] {
+        for kv in [KvDtype::F16, KvDtype::Bf16, KvDtype::Fp8E4m3, KvDtype::Int8] {
+            let opts = CudaOptions {
+                kv_dtype: kv,
+                ..CudaOptions::default()
+            };
+            let Some(mut cuda) = engine(&model, opts, "gpu_kv_dtypes") else {
+                return;
+            };
+            let groups = model.config.kv_cache_groups();
+            let cfg = KvCacheConfig::new(groups.clone(), TEST_BLOCKS, cuda.pool().1);
+            let mut cpu = PagedCpuEngine::with_kv_dtype(model.clone(), cfg, kv).unwrap();
+            let mut naive = NaiveEngine::new(model.clone());
+            let p = prompt(17, 3, model.config.vocab_size);
+            let (forced, _) = greedy(&mut naive, &p, 60);
+            let want = teacher_force(&mut cpu, &p, &forced, 256).unwrap();
+            let got = teacher_force(&mut cuda, &p, &forced, 256).unwrap();
+            let a = compare_logits(&got, &want, Tolerance::F32);
+            eprintln!(
+                "{name} kv {kv} (cuda vs cpu-paged): top-1 agreement {:.3} over {} positions, max |dlogit| {}",
+                a.top1_agreement, a.positions, a.max_abs_dlogit
+            );
+            assert!(a.max_abs_dlogit.is_finite(), "{name} {kv}: {a:?}");
+            assert!(a.top1_agreement >= 0.95, "{name} {kv}: {a:?}");
+
+            for g in 0..groups.len() {
+                let bytes = cuda
+                    .read_block(g, 0)
+                    .unwrap()
+                    .expect("the cuda pool reads blocks");
+                let layers = (0..model.config.n_layers)
+                    .filter(|&l| model.config.layer_cache_group(l) == g)
+                    .count();
+                let (nkv, hd, bs) = (
+                    model.config.n_kv_heads,
+                    model.config.head_dim,
+                    cuda.pool().1,
+                );
+                assert_eq!(
+                    bytes.len(),
+                    layers * nkv * kv.kv_head_bytes(hd, bs, bs),
+                    "{kv}"
+                );
+                assert!(cuda.write_block(g, 1, &bytes).unwrap());
+                assert_eq!(
+                    cuda.read_block(g, 1).unwrap().unwrap(),
+                    bytes,
+                    "{name} {kv} group {g}"
+                );
+            }
         }
     }
 }

@@ -7,7 +7,9 @@ mod common;
 
 use common::reference::{self, AttnCase};
 use common::{check, down, gpu, poisoned, rng, rounded, uniform, up, up_i32};
-use kvlab_cuda::dtype::DType;
+use cudarc::driver::CudaSlice;
+use kvlab_cpu::kv_store::{KvStore, Part};
+use kvlab_cuda::dtype::{CacheElem, DType};
 use kvlab_cuda::launch::{self, DecodeKernel};
 use kvlab_cuda::ops::{AttentionArgs, Ops};
 use kvlab_model::rope::RopeTable;
@@ -125,7 +127,7 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
     let Some((_dev, ops)) = gpu("gpu_reshape_and_cache") else {
         return;
     };
-    fn run<A: DType, C: DType>(ops: &Ops) {
+    fn run<A: DType, C: DType + CacheElem>(ops: &Ops) {
         let (t, kv_dim, bs, nb) = (5, 32, 4, 6);
         let num_slots = nb * bs;
         let mut r = rng(4);
@@ -137,14 +139,14 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
             poisoned::<C>(ops, num_slots * kv_dim),
         );
         let (kd, vd, sd) = (up::<A>(ops, &k), up::<A>(ops, &v), up_i32(ops, &slots));
+        let unused = up::<f32>(ops, &[f32::NAN]);
         ops.reshape_and_cache(
-            ops.dev(&kd),
-            ops.dev(&vd),
-            ops.dev(&kc),
-            ops.dev(&vc),
+            (ops.dev(&kd), ops.dev(&vd)),
+            (ops.dev(&kc), ops.dev(&vc)),
+            (ops.dev(&unused), ops.dev(&unused)),
             ops.dev(&sd),
             t,
-            kv_dim,
+            (2, kv_dim / 2),
             num_slots,
         )
         .unwrap();
@@ -184,13 +186,163 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
         eprintln!(
             "reshape_and_cache + copy_blocks ({} -> {}): ok",
             A::NAME,
-            C::NAME
+            <C as DType>::NAME
         );
     }
     run::<f32, f32>(&ops);
     run::<f32, F16>(&ops);
     run::<F16, f32>(&ops);
     run::<F16, F16>(&ops);
+}
+
+/// reshape_and_cache of every cache type stores the bits kvlab-cpu's `KvStore` stores for the
+/// same f32 row: elements or codes, and the per-(token, KV head) scales of fp8-e4m3 and int8.
+/// head_dim 40 leaves 8 lanes of a warp's second pass idle; one head is all zeros (scale 1) and
+/// one holds a NaN (its scale must be NaN, so it reads back NaN).
+#[test]
+fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
+    let Some((_dev, ops)) = gpu("gpu_reshape_and_cache_bits") else {
+        return;
+    };
+    fn run<C: CacheElem>(ops: &Ops) {
+        let (t, nkv, hd, num_slots) = (5, 3, 40, 24);
+        let kvd = nkv * hd;
+        let mut r = rng(14);
+        let mut k = uniform(&mut r, t * kvd, 3.0);
+        let v = uniform(&mut r, t * kvd, 0.2);
+        k[2 * kvd + hd..2 * kvd + 2 * hd].fill(0.0);
+        k[3 * kvd + 7] = f32::NAN;
+        let slots = [9, -1, 2, 23, 10];
+        let (kd, vd, sd) = (up::<f32>(ops, &k), up::<f32>(ops, &v), up_i32(ops, &slots));
+        let (kc, vc) = (
+            ops.stream.alloc_zeros::<C>(num_slots * kvd).unwrap(),
+            ops.stream.alloc_zeros::<C>(num_slots * kvd).unwrap(),
+        );
+        let n_scales = if C::SCALED { num_slots * nkv } else { 1 };
+        let (ks, vs) = (
+            up::<f32>(ops, &vec![f32::NAN; n_scales]),
+            up::<f32>(ops, &vec![f32::NAN; n_scales]),
+        );
+        ops.reshape_and_cache(
+            (ops.dev(&kd), ops.dev(&vd)),
+            (ops.dev(&kc), ops.dev(&vc)),
+            (ops.dev(&ks), ops.dev(&vs)),
+            ops.dev(&sd),
+            t,
+            (nkv, hd),
+            num_slots,
+        )
+        .unwrap();
+        let device = |codes: &CudaSlice<C>, scales: &CudaSlice<f32>| {
+            let codes = ops.stream.clone_dtoh(codes).unwrap();
+            let scales = down::<f32>(ops, scales);
+            (codes, scales)
+        };
+        for (part, x, (codes, scales)) in [
+            (Part::Keys, &k, device(&kc, &ks)),
+            (Part::Values, &v, device(&vc, &vs)),
+        ] {
+            let mut written = vec![false; num_slots];
+            for (i, &slot) in slots.iter().enumerate() {
+                let Ok(slot) = usize::try_from(slot) else {
+                    continue;
+                };
+                written[slot] = true;
+                let row = &x[i * kvd..(i + 1) * kvd];
+                let mut store = KvStore::new(C::KV_DTYPE, part, 1, (nkv, hd), 1);
+                store.write(0, row);
+                let mut want = Vec::new();
+                store.save_rows(0, 1, &mut want).unwrap();
+                let mut got = Vec::new();
+                codes[slot * kvd..(slot + 1) * kvd]
+                    .iter()
+                    .for_each(|c| c.to_le(&mut got));
+                for h in 0..nkv {
+                    let head = &row[h * hd..(h + 1) * hd];
+                    let at = h * hd * C::BYTES..(h + 1) * hd * C::BYTES;
+                    if C::SCALED {
+                        let (s, want_s) = (
+                            scales[slot * nkv + h],
+                            want[kvd * C::BYTES + 4 * h..][..4].to_vec(),
+                        );
+                        let want_s = f32::from_le_bytes(want_s.try_into().unwrap());
+                        if head.iter().any(|v| v.is_nan()) {
+                            assert!(
+                                s.is_nan() && want_s.is_nan(),
+                                "{part:?} slot {slot} head {h}"
+                            );
+                            continue;
+                        }
+                        assert_eq!(
+                            s.to_bits(),
+                            want_s.to_bits(),
+                            "{} {part:?} scale of slot {slot} head {h}",
+                            C::NAME
+                        );
+                    }
+                    assert_eq!(
+                        got[at.clone()],
+                        want[at],
+                        "{} {part:?} codes of slot {slot} head {h}",
+                        C::NAME
+                    );
+                }
+            }
+            // Nothing stray: unwritten slots keep zero codes and (scaled) their NaN poison.
+            for slot in (0..num_slots).filter(|&s| !written[s]) {
+                let mut bytes = Vec::new();
+                codes[slot * kvd..(slot + 1) * kvd]
+                    .iter()
+                    .for_each(|c| c.to_le(&mut bytes));
+                assert!(
+                    bytes.iter().all(|&b| b == 0),
+                    "{} slot {slot} was written",
+                    C::NAME
+                );
+                if C::SCALED {
+                    assert!(
+                        scales[slot * nkv..(slot + 1) * nkv]
+                            .iter()
+                            .all(|s| s.is_nan())
+                    );
+                }
+            }
+        }
+        eprintln!("reshape_and_cache f32 -> {}: the CPU pool's bits", C::NAME);
+    }
+    run::<f32>(&ops);
+    run::<F16>(&ops);
+    run::<half::bf16>(&ops);
+    run::<u8>(&ops);
+    run::<i8>(&ops);
+}
+
+/// Paged attention reads the quantized pools (bf16, fp8-e4m3, int8, the CPU pool's bits),
+/// dequantizing in registers, as the reference reads the values those bits stand for.
+#[test]
+fn gpu_paged_attention_over_quantized_pools() {
+    let Some((_dev, ops)) = gpu("gpu_paged_attention_quantized") else {
+        return;
+    };
+    fn all<A: DType, C: CacheElem>(ops: &Ops) {
+        let mut r = rng(15);
+        for heads in [(8, 2, 128), (8, 4, 8), (4, 1, 256)] {
+            let prefill = [(0, 9), (40, 23)];
+            let mut case = attn_case::<A, f32>(&mut r, &[1, 17, 700], &prefill, heads, 16);
+            let pool = stored_pool::<C>(ops, &mut case);
+            let max_partitions = launch::num_partitions(700, launch::PARTITION_SIZE);
+            for window in [None, Some(300)] {
+                case.window = window;
+                run_attention::<A, C>(ops, &case, &pool, DecodeKernel::V1);
+                run_attention::<A, C>(ops, &case, &pool, DecodeKernel::V2 { max_partitions });
+            }
+        }
+    }
+    all::<f32, half::bf16>(&ops);
+    all::<f32, u8>(&ops);
+    all::<f32, i8>(&ops);
+    all::<F16, u8>(&ops);
+    all::<F16, i8>(&ops);
 }
 
 /// A batch of sequences over a shuffled pool: some decode (1 new token), some prefill with a
@@ -254,9 +406,76 @@ fn attn_case<A: DType, C: DType>(
     }
 }
 
-/// The case's attention on the GPU (decodes with `decode`, prefills with prefill_attention_v1)
-/// against [`reference::attention`].
-fn run_attention<A: DType, C: DType>(ops: &Ops, case: &AttnCase, decode: DecodeKernel) {
+/// A layer's pool on the device: K and V in the cache type, with their scales (one unused
+/// element for the unscaled types).
+struct DevicePool<C> {
+    k: CudaSlice<C>,
+    v: CudaSlice<C>,
+    k_scale: CudaSlice<f32>,
+    v_scale: CudaSlice<f32>,
+}
+
+/// The case's caches uploaded as they are, rounded to `C` (f32, f16).
+fn plain_pool<C: DType + CacheElem>(ops: &Ops, case: &AttnCase) -> DevicePool<C> {
+    DevicePool {
+        k: up::<C>(ops, &case.k_cache),
+        v: up::<C>(ops, &case.v_cache),
+        k_scale: up::<f32>(ops, &[f32::NAN]),
+        v_scale: up::<f32>(ops, &[f32::NAN]),
+    }
+}
+
+/// The case's caches written row by row into kvlab-cpu's `KvStore` of `C`'s dtype and uploaded
+/// as the store saves them (codes, then scales): the device reads the CPU engine's bits. The
+/// case's caches become what the store reads back, the reference's input.
+fn stored_pool<C: CacheElem>(ops: &Ops, case: &mut AttnCase) -> DevicePool<C> {
+    let (nkv, hd, slots) = (case.n_kv_heads, case.head_dim, case.num_slots());
+    let mut halves = Vec::new();
+    for (part, x) in [
+        (Part::Keys, &mut case.k_cache),
+        (Part::Values, &mut case.v_cache),
+    ] {
+        let mut store = KvStore::new(C::KV_DTYPE, part, slots, (nkv, hd), 1);
+        for (r, row) in x.chunks_exact(nkv * hd).enumerate() {
+            store.write(r, row);
+        }
+        let mut bytes = Vec::new();
+        store.save_rows(0, slots, &mut bytes).expect("whole rows");
+        let (codes, scales) = bytes.split_at(slots * nkv * hd * C::BYTES);
+        let codes: Vec<C> = codes.chunks_exact(C::BYTES).map(C::from_le).collect();
+        let mut scales: Vec<f32> = scales
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(scales.len(), if C::SCALED { slots * nkv } else { 0 });
+        if scales.is_empty() {
+            scales.push(f32::NAN);
+        }
+        let mut tile = Vec::new();
+        x.copy_from_slice(store.read(0..slots, 0..nkv, &mut tile));
+        halves.push((
+            ops.stream.clone_htod(&codes).expect("upload"),
+            ops.stream.clone_htod(&scales).expect("upload"),
+        ));
+    }
+    let (v, v_scale) = halves.pop().expect("values");
+    let (k, k_scale) = halves.pop().expect("keys");
+    DevicePool {
+        k,
+        v,
+        k_scale,
+        v_scale,
+    }
+}
+
+/// The case's attention on the GPU over `pool` (decodes with `decode`, prefills with
+/// prefill_attention_v1) against [`reference::attention`].
+fn run_attention<A: DType, C: CacheElem>(
+    ops: &Ops,
+    case: &AttnCase,
+    pool: &DevicePool<C>,
+    decode: DecodeKernel,
+) {
     let want = reference::attention(case);
     let (n_tokens, heads, hd) = (case.n_tokens(), case.n_heads, case.head_dim);
     let out = poisoned::<A>(ops, n_tokens * heads * hd);
@@ -264,8 +483,6 @@ fn run_attention<A: DType, C: DType>(ops: &Ops, case: &AttnCase, decode: DecodeK
         up::<A>(ops, &case.q),
         up::<A>(ops, &case.k_new),
         up::<A>(ops, &case.v_new),
-        up::<C>(ops, &case.k_cache),
-        up::<C>(ops, &case.v_cache),
     );
     let ints = (
         up_i32(ops, &case.block_tables),
@@ -278,8 +495,10 @@ fn run_attention<A: DType, C: DType>(ops: &Ops, case: &AttnCase, decode: DecodeK
         q: ops.dev(&bufs.0),
         k_new: ops.dev(&bufs.1),
         v_new: ops.dev(&bufs.2),
-        k_cache: ops.dev(&bufs.3),
-        v_cache: ops.dev(&bufs.4),
+        k_cache: ops.dev(&pool.k),
+        v_cache: ops.dev(&pool.v),
+        k_scale: ops.dev(&pool.k_scale),
+        v_scale: ops.dev(&pool.v_scale),
         block_tables: ops.dev(&ints.0),
         query_start_loc: ops.dev(&ints.1),
         context_lens: ops.dev(&ints.2),
@@ -315,7 +534,7 @@ fn run_attention<A: DType, C: DType>(ops: &Ops, case: &AttnCase, decode: DecodeK
         "attention {decode:?} heads {heads}/{} hd {hd} window {:?} ({} cache)",
         case.n_kv_heads,
         case.window,
-        C::NAME
+        <C as CacheElem>::NAME
     );
     check::<A>(&what, &down(ops, &out), &want);
 }
@@ -325,7 +544,7 @@ fn gpu_paged_attention_decode_and_prefill() {
     let Some((_dev, ops)) = gpu("gpu_paged_attention") else {
         return;
     };
-    fn all<A: DType, C: DType>(ops: &Ops) {
+    fn all<A: DType, C: DType + CacheElem>(ops: &Ops) {
         let mut r = rng(5);
         // (heads, kv_heads, head_dim): MHA, GQA, MQA, stories260K's tiny head, Gemma's 256.
         for heads in [(4, 4, 64), (8, 2, 128), (6, 1, 96), (8, 4, 8), (4, 1, 256)] {
@@ -334,10 +553,11 @@ fn gpu_paged_attention_decode_and_prefill() {
             let prefill = [(0, 9), (40, 23)];
             let mut case = attn_case::<A, C>(&mut r, &[1, 17, 700, 1500], &prefill, heads, 16);
             let max_partitions = launch::num_partitions(1500, launch::PARTITION_SIZE);
+            let pool = plain_pool::<C>(ops, &case);
             for window in [None, Some(300)] {
                 case.window = window;
-                run_attention::<A, C>(ops, &case, DecodeKernel::V1);
-                run_attention::<A, C>(ops, &case, DecodeKernel::V2 { max_partitions });
+                run_attention::<A, C>(ops, &case, &pool, DecodeKernel::V1);
+                run_attention::<A, C>(ops, &case, &pool, DecodeKernel::V2 { max_partitions });
             }
         }
     }

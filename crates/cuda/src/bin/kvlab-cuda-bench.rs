@@ -163,7 +163,7 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
         let model = Arc::new(spec.build()?);
         let opts = CudaOptions {
             precision: Precision::F16,
-            kv_dtype: Precision::F16,
+            kv_dtype: kvlab_model::KvDtype::F16,
             ..CudaOptions::default()
         };
         let mut engine = CudaEngine::new(model.clone(), opts)?;
