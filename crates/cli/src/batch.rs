@@ -124,6 +124,7 @@ pub fn run(a: Args) -> Result<()> {
                 .with_stop_tokens(model.config.stop_ids.clone()),
             arrival_step: i * a.arrival_gap,
             tenant: 0,
+            resumes: false,
         })
         .collect();
     let mut picture = None;

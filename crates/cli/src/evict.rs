@@ -51,6 +51,11 @@ pub struct Args {
     quotas: Vec<usize>,
     #[command(flatten)]
     tiers: crate::TierArgs,
+    /// Also run the tiers offloading paused sessions on purpose: when a turn that a later
+    /// turn continues ends, its blocks go down at once instead of when the pool needs them
+    /// (needs --host-tier-blocks or --disk-tier).
+    #[arg(long)]
+    offload_paused: bool,
     /// New tokens per turn (llama.cpp's -n).
     #[arg(long = "n-predict", short = 'n', default_value_t = 8, value_parser = usize_in(1, 4096))]
     max_tokens: usize,
@@ -73,8 +78,12 @@ struct Row {
     tenant_quota: Option<usize>,
     /// Blocks per pool the tiers below hold (None: no tiers; evicted blocks are dropped).
     tier_blocks: Option<usize>,
-    /// Evicted blocks spilled to the tiers, and levels restored from them.
+    /// Whether paused sessions were offloaded on purpose.
+    offload_paused: bool,
+    /// Evicted blocks spilled to the tiers (offloaded ones included), the blocks of paused
+    /// sessions offloaded on purpose, and levels restored from the tiers.
     spills: u64,
+    offloaded: u64,
     restores: u64,
     /// Hit rate of the noisy tenant's requests and of everyone else's (with --noisy-sessions).
     noisy_hit_rate: Option<f64>,
@@ -106,6 +115,11 @@ pub fn run(a: Args) -> Result<()> {
         noisy_sessions: a.noisy_sessions,
         ..Sessions::default()
     };
+    if a.offload_paused && a.tiers.config().is_none() {
+        bail!(
+            "--offload-paused moves paused sessions to the tiers; give them with --host-tier-blocks N or --disk-tier DIR"
+        );
+    }
     let turns = session_turns(a.seed, workload)?;
     let bos = model.config.bos_id;
     let requests: Vec<Request> = turns
@@ -119,6 +133,7 @@ pub fn run(a: Args) -> Result<()> {
             stop: StopConditions::max_tokens(a.max_tokens),
             arrival_step: t.arrival_step,
             tenant: t.tenant,
+            resumes: t.resumes,
         })
         .collect();
     let longest = requests.iter().map(|r| r.prompt.len()).max().unwrap_or(1) + a.max_tokens;
@@ -150,6 +165,12 @@ pub fn run(a: Args) -> Result<()> {
     for &num_blocks in &pools {
         let tiers: Vec<_> = std::iter::once(None)
             .chain(a.tiers.config().map(Some))
+            .chain(
+                a.tiers
+                    .config()
+                    .filter(|_| a.offload_paused)
+                    .map(|t| Some(t.with_offload_paused(true))),
+            )
             .collect();
         for ((&policy, &tenant_quota), tiers) in policies
             .iter()
@@ -185,6 +206,7 @@ pub fn run(a: Args) -> Result<()> {
             let mut r = row(num_blocks, policy, &requests, &report);
             r.tenant_quota = tenant_quota;
             r.tier_blocks = tiers.as_ref().map(|t| t.capacity());
+            r.offload_paused = tiers.as_ref().is_some_and(|t| t.offload_paused);
             if let Some(noisy) = noisy {
                 let rate = |(q, h): (u64, u64)| h as f64 / q.max(1) as f64;
                 let hits = sched.tenant_prefix_hits();
@@ -244,6 +266,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if tier_cols {
         print!(" {:>11} {:>7} {:>9}", "tier blocks", "spills", "restores");
+        if a.offload_paused {
+            print!(" {:>9}", "offloaded");
+        }
     }
     println!();
     let percent = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x));
@@ -271,15 +296,23 @@ pub fn run(a: Args) -> Result<()> {
         if tier_cols {
             let blocks = r.tier_blocks.map_or("none".into(), |b| b.to_string());
             print!(" {blocks:>11} {:>7} {:>9}", r.spills, r.restores);
+            if a.offload_paused {
+                let offloaded = if r.offload_paused {
+                    r.offloaded.to_string()
+                } else {
+                    "-".into()
+                };
+                print!(" {offloaded:>9}");
+            }
         }
         println!();
     }
     println!(
         "every policy{} gave every turn the same tokens",
-        if tier_cols {
-            ", with and without tiers,"
-        } else {
-            ""
+        match (tier_cols, a.offload_paused) {
+            (true, true) => ", without tiers, with them, and offloading paused sessions,",
+            (true, false) => ", with and without tiers,",
+            _ => "",
         }
     );
     Ok(())
@@ -315,7 +348,9 @@ fn row(num_blocks: usize, policy: EvictionPolicy, requests: &[Request], r: &Driv
         policy: policy.name(),
         tenant_quota: None,
         tier_blocks: None,
+        offload_paused: false,
         spills: m.num_spills,
+        offloaded: m.num_offloaded_blocks,
         restores: m.num_restores,
         noisy_hit_rate: None,
         others_hit_rate: None,

@@ -155,6 +155,7 @@ fn every_cpu_engine_generates_transformers_greedy_ids() {
                 },
                 arrival_step: 0,
                 tenant: 0,
+                resumes: false,
             })
             .collect();
         let report = drive(&mut paged, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();

@@ -44,6 +44,7 @@ fn greedy_everywhere(model: &Arc<Model>, prompts: &[Vec<u32>]) -> Vec<Vec<Vec<u3
             stop: StopConditions::max_tokens(N_NEW),
             arrival_step: 0,
             tenant: 0,
+            resumes: false,
         })
         .collect();
     let report = drive(&mut paged, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();

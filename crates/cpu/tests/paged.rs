@@ -11,8 +11,8 @@ use kvlab_model::sampler::argmax;
 use kvlab_model::{Engine, Model, SyntheticSpec, teacher_force};
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::{
-    KvCacheConfig, Request, RestoreCost, Scheduler, SchedulerConfig, StopConditions, TierConfig,
-    drive,
+    KvCacheConfig, Request, RestoreCost, Scheduler, SchedulerConfig, Sessions, StopConditions,
+    TierConfig, drive, session_turns,
 };
 use proptest::prelude::*;
 
@@ -81,6 +81,7 @@ fn batched_run_with_preemption_and_prefix_hits_equals_solo_naive_runs() {
             stop: StopConditions::max_tokens(n_new),
             arrival_step: i % 3 * 2,
             tenant: 0,
+            resumes: false,
         })
         .collect();
     // 30 blocks of 4: at the peak the 8 sequences want ≈ 66 blocks, even sharing their prefix.
@@ -124,6 +125,7 @@ fn spilled_prefixes_restore_from_host_and_disk_and_give_the_same_tokens() {
                 stop: StopConditions::max_tokens(n_new),
                 arrival_step: arrival + i,
                 tenant: 0,
+                resumes: false,
             });
         }
     }
@@ -179,6 +181,59 @@ fn spilled_prefixes_restore_from_host_and_disk_and_give_the_same_tokens() {
     }
 }
 
+/// Multi-turn sessions whose paused turns are offloaded to the tiers on purpose as they end
+/// (`TierConfig::offload_paused`): their blocks leave the pool at once, the returning turns
+/// restore them, and every turn's tokens are still the naive engine's.
+#[test]
+fn paused_sessions_offloaded_on_purpose_restore_and_give_the_same_tokens() {
+    let model = small_model();
+    let workload = Sessions {
+        num_system_prompts: 2,
+        system_len: 16,
+        num_sessions: 4,
+        turns_per_session: 3,
+        user_len: (4, 8),
+        reply_len: 8,
+        turn_gap_steps: 12,
+        session_gap_steps: 2,
+        vocab_size: 64,
+        ..Sessions::default()
+    };
+    let n_new = 6;
+    let requests: Vec<Request> = session_turns(7, workload)
+        .unwrap()
+        .into_iter()
+        .map(|t| Request {
+            prompt: std::iter::once(1).chain(t.prompt).collect(),
+            stop: StopConditions::max_tokens(n_new),
+            arrival_step: t.arrival_step,
+            tenant: 0,
+            resumes: t.resumes,
+        })
+        .collect();
+    assert!(requests.iter().any(|r| r.resumes) && requests.iter().any(|r| !r.resumes));
+    let run = |offload: bool| {
+        let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 20, 4);
+        let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
+        let config = SchedulerConfig {
+            tiers: Some(TierConfig::host(64).with_offload_paused(offload)),
+            ..SchedulerConfig::new(engine.kv_cache().clone(), 64)
+        };
+        let mut sched = Scheduler::new(config).unwrap();
+        drive(&mut engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap()
+    };
+    let (lazy, eager) = (run(false), run(true));
+    assert_eq!(lazy.metrics.num_offloaded_blocks, 0);
+    let m = &eager.metrics;
+    assert!(m.num_offloaded_blocks > 0 && m.num_restores > 0, "{m:?}");
+    assert!(m.num_spills >= m.num_offloaded_blocks, "{m:?}");
+    for (i, r) in requests.iter().enumerate() {
+        let want = naive_greedy(&model, &r.prompt, n_new);
+        assert_eq!(eager.outputs[i].0, want, "turn {i}, offloaded");
+        assert_eq!(lazy.outputs[i].0, want, "turn {i}, evicted lazily");
+    }
+}
+
 /// A sequence started through the Engine API and a scheduled batch cannot share the pool at
 /// once: the scheduler's allocator would hand out blocks the unscheduled sequence holds. The
 /// engine refuses the batch until the sequence is freed, then runs it.
@@ -195,6 +250,7 @@ fn an_unscheduled_sequence_and_a_scheduled_batch_never_overlap_in_one_pool() {
         stop: StopConditions::max_tokens(4),
         arrival_step: 0,
         tenant: 0,
+        resumes: false,
     }];
     let cfg = SchedulerConfig::new(engine.kv_cache().clone(), 96);
     let mut sched = Scheduler::new(cfg.clone()).unwrap();

@@ -85,6 +85,10 @@ pub struct Request {
     pub arrival_step: usize,
     /// Whose request it is, for per-tenant prefix-cache quotas and hit rates (0 if nobody's).
     pub tenant: Tenant,
+    /// The session pauses after it and a later request continues it (a multi-turn trace's
+    /// turn before the last): with `TierConfig::offload_paused` its KV goes to the tiers as
+    /// soon as it finishes ([`Scheduler::offload_when_finished`]).
+    pub resumes: bool,
 }
 
 /// One step of a batched run, for reports and plots.
@@ -158,7 +162,11 @@ where
         for (i, r) in requests.iter().enumerate() {
             if ids[i].is_none() && r.arrival_step <= step {
                 let (prompt, stop) = (r.prompt.clone(), r.stop.clone());
-                ids[i] = Some(scheduler.add_request_for(prompt, stop, r.tenant)?);
+                let id = scheduler.add_request_for(prompt, stop, r.tenant)?;
+                if r.resumes {
+                    scheduler.offload_when_finished(id)?;
+                }
+                ids[i] = Some(id);
             }
         }
         if !scheduler.has_unfinished() && step >= last_arrival {

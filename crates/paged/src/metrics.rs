@@ -45,6 +45,9 @@ pub struct Metrics {
     pub num_steps: u64,
     /// Evicted cached blocks whose bytes went down a tier instead of away ([`crate::tier`]).
     pub num_spills: u64,
+    /// Of those, blocks of paused sessions offloaded on purpose, not by eviction
+    /// (`TierConfig::offload_paused`).
+    pub num_offloaded_blocks: u64,
     /// Prefix-cache levels restored from a tier into a fresh block (their prefill skipped).
     pub num_restores: u64,
     /// Levels the tiers let go, by why (full, expired, computed again, lost).
@@ -86,6 +89,7 @@ impl Metrics {
             num_waiting: 0,
             num_steps: 0,
             num_spills: stat(|a| a.tier_stats().spills),
+            num_offloaded_blocks: stat(|a| a.stats().num_offloaded),
             num_restores: stat(|a| a.tier_stats().restores),
             tier_drops: pools
                 .iter()

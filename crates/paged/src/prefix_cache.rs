@@ -455,6 +455,24 @@ impl PrefixCache {
             }
             None => self.evictable.pop()?,
         };
+        self.evicted(block);
+        Some(block)
+    }
+
+    /// Evicts `block` itself, if it is evictable, as [`PrefixCache::evict`] would have (a
+    /// paused session offloaded on purpose). Returns whether it was.
+    pub(crate) fn evict_block(&mut self, block: BlockId) -> bool {
+        if !self.evictable.contains(block) {
+            return false;
+        }
+        self.evictable.remove(block);
+        self.evicted(block);
+        true
+    }
+
+    /// The bookkeeping of an evicted block, just out of the eviction queue: its entry becomes a
+    /// ghost, spilled to the tiers if there are tiers.
+    fn evicted(&mut self, block: BlockId) {
         count_down(
             &mut self.evictable_by_tenant,
             self.block_tenant[block as usize],
@@ -480,7 +498,6 @@ impl PrefixCache {
             }
             self.drop_unused_ghosts(entry);
         }
-        Some(block)
     }
 }
 

@@ -104,6 +104,9 @@ pub struct Sequence {
     pub(crate) num_preemptions: usize,
     /// Whose request it is (0 unless the caller says).
     pub(crate) tenant: Tenant,
+    /// Offload its blocks to the tiers when it finishes: a paused session
+    /// (`Scheduler::offload_when_finished`).
+    pub(crate) offload_on_finish: bool,
 }
 
 impl Sequence {

@@ -164,6 +164,8 @@ pub struct SessionTurn {
     pub prompt: Vec<u32>,
     /// The step at which it arrives.
     pub arrival_step: usize,
+    /// A later turn continues this session (every turn but the last): it pauses in between.
+    pub resumes: bool,
 }
 
 /// The turns of a [`Sessions`] workload, in arrival order (ties by session).
@@ -206,6 +208,7 @@ pub fn session_turns(seed: u64, w: Sessions) -> Result<Vec<SessionTurn>> {
                     tenant,
                     prompt: history.clone(),
                     arrival_step: start + turn * w.turn_gap_steps,
+                    resumes: turn + 1 < w.turns_per_session,
                 });
                 history.extend(tokens(w.reply_len, rng));
             }

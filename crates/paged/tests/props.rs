@@ -468,7 +468,7 @@ proptest! {
         caching in any::<bool>(),
         eviction in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         tenant_quota in prop::option::of(0..4usize),
-        tier in prop::option::of((1..4usize, 0..3usize, prop::option::of(1..6u64), prop::option::of(any::<bool>()))),
+        tier in prop::option::of((1..4usize, 0..3usize, prop::option::of(1..6u64), prop::option::of(any::<bool>()), any::<bool>())),
         hash_kind in 0..3u8,
         requests in vec(request(), 1..10),
         forks in vec((0..16usize, any::<usize>()), 0..4),
@@ -491,7 +491,8 @@ proptest! {
             tenant_quota,
             // Host blocks, then files in a temporary directory.
             // A cost model that always restores (prefill dear) or always declines (free).
-            tiers: tier.filter(|_| caching).map(|(host, disk, ttl, restore)| {
+            // Paused sessions (every other request) offloaded on purpose, or not.
+            tiers: tier.filter(|_| caching).map(|(host, disk, ttl, restore, offload)| {
                 let cost = restore.map(|r| RestoreCost {
                     prefill_ns_per_token: if r { u64::MAX / 4 } else { 0 },
                     host_bytes_per_s: 1,
@@ -501,6 +502,7 @@ proptest! {
                     .with_disk(std::env::temp_dir(), disk)
                     .with_ttl_steps(ttl)
                     .with_restore_cost(cost)
+                    .with_offload_paused(offload)
             }),
         };
         let mut s = Scheduler::new(config.clone()).unwrap().with_hash_fn(hash_fn(hash_kind));
@@ -517,7 +519,10 @@ proptest! {
                 let mut p = r.prompt.clone();
                 p.truncate(max_model_len);
                 // Three tenants, so that quotas choose between them.
-                s.add_request_for(p, stop, (i % 3) as u32).unwrap();
+                let id = s.add_request_for(p, stop, (i % 3) as u32).unwrap();
+                if i % 2 == 0 {
+                    s.offload_when_finished(id).unwrap();
+                }
             }
             for &(_, pick) in forks.iter().filter(|f| f.0 == step) {
                 if let Some(&parent) = s.running().get(pick % s.running().len().max(1)) {

@@ -85,6 +85,7 @@ pub fn paged(
             stop: StopConditions::max_tokens(generate + 1),
             arrival_step: 0,
             tenant: 0,
+            resumes: false,
         })
         .collect();
     let report = drive(engine, model, pool, max_len, &requests)?;
@@ -176,6 +177,7 @@ pub fn trace(prompts: Vec<Vec<u32>>, outputs: &[usize], gap: f64) -> Vec<Request
             stop: StopConditions::max_tokens(o),
             arrival_step: (i as f64 * gap) as usize,
             tenant: 0,
+            resumes: false,
         })
         .collect()
 }

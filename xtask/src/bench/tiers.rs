@@ -111,6 +111,7 @@ fn one_run(
         stop: StopConditions::max_tokens(1),
         arrival_step: 0,
         tenant: 0,
+        resumes: false,
     };
     let e = engine.as_mut();
     let a = drive(e, &mut sched, &[request(prompts.0)], argmax, |_, _, _| {})?;

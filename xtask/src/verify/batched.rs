@@ -91,6 +91,7 @@ pub(super) fn run(
             stop: StopConditions::max_tokens(e.len()),
             arrival_step: (i % 4) * 3,
             tenant: 0,
+            resumes: false,
         })
         .collect();
     let pool = |num_blocks| PoolOptions {
@@ -118,19 +119,26 @@ pub(super) fn run(
     );
 
     // The same requests twice, the second wave arriving once the first has run, over tiers of
-    // a quarter of the pool in host memory and the rest of the demand on disk.
+    // a quarter of the pool in host memory and the rest of the demand on disk. The first wave
+    // is a paused session the second resumes: its blocks are offloaded on purpose as each
+    // request ends, on top of what eviction spills.
     let t = Instant::now();
     let wave = report.steps.len() + 1;
     let twice: Vec<Request> = requests
         .iter()
-        .cloned()
+        .map(|r| Request {
+            resumes: true,
+            ..r.clone()
+        })
         .chain(requests.iter().map(|r| Request {
             arrival_step: r.arrival_step + wave,
             ..r.clone()
         }))
         .collect();
     let cases2 = [&cases[..], &cases[..]].concat();
-    let tiers = TierConfig::host(num_blocks / 4 + 1).with_disk(std::env::temp_dir(), 2 * demand);
+    let tiers = TierConfig::host(num_blocks / 4 + 1)
+        .with_disk(std::env::temp_dir(), 2 * demand)
+        .with_offload_paused(true);
     let mut exec = build_paged(engine, model.clone(), pool(num_blocks))?;
     let config = SchedulerConfig {
         tiers: Some(tiers),
@@ -141,7 +149,7 @@ pub(super) fn run(
     let tiered = row(
         entry,
         engine,
-        "batched, tiers",
+        "batched, tiers and offload",
         &cases2,
         &report,
         (num_blocks, block_size),
@@ -192,10 +200,15 @@ fn row(
         problems.push("no prefix-cache hit".into());
     }
     let with_tiers = label.contains("tiers");
-    if with_tiers && (m.num_restores == 0 || m.tier_store.bytes_read_from_disk == 0) {
+    if with_tiers
+        && (m.num_restores == 0
+            || m.tier_store.bytes_read_from_disk == 0
+            || m.num_offloaded_blocks == 0)
+    {
         problems.push(format!(
-            "the tiers restored {} blocks, {} bytes from disk; both should be > 0",
-            m.num_restores, m.tier_store.bytes_read_from_disk
+            "the tiers restored {} blocks, {} bytes from disk, after offloading {} blocks of \
+             paused requests; all three should be > 0",
+            m.num_restores, m.tier_store.bytes_read_from_disk, m.num_offloaded_blocks
         ));
     }
     let note = problems.join("; ");
@@ -223,6 +236,7 @@ fn row(
             prefix_cache_hits: m.prefix_cache_hits,
             num_recomputed_tokens: m.num_recomputed_tokens,
             num_spills: m.num_spills,
+            num_offloaded_blocks: m.num_offloaded_blocks,
             num_restores: m.num_restores,
         }),
         ..Row::empty(&entry.name, engine.name())

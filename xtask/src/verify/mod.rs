@@ -121,8 +121,10 @@ struct BatchInfo {
     /// Prompt tokens served from the prefix cache.
     prefix_cache_hits: u64,
     num_recomputed_tokens: u64,
-    /// Blocks spilled to the tiers and restored from them (the run with tiers; 0 otherwise).
+    /// Blocks spilled to the tiers (of them, offloaded on purpose as a paused request ended)
+    /// and restored from them (the run with tiers; 0 otherwise).
     num_spills: u64,
+    num_offloaded_blocks: u64,
     num_restores: u64,
 }
 
@@ -804,8 +806,8 @@ fn report(rows: &[Row], out: &Path) -> Result<()> {
                 b.num_recomputed_tokens,
                 if b.num_spills > 0 {
                     format!(
-                        ", {} blocks spilled and {} restored",
-                        b.num_spills, b.num_restores
+                        ", {} blocks spilled ({} offloaded paused) and {} restored",
+                        b.num_spills, b.num_offloaded_blocks, b.num_restores
                     )
                 } else {
                     String::new()

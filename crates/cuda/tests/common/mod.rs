@@ -202,6 +202,7 @@ where
                 stop: StopConditions::max_tokens(24),
                 arrival_step: 2 * i,
                 tenant: 0,
+                resumes: false,
             }
         })
         .collect();
@@ -249,6 +250,7 @@ where
             stop: StopConditions::max_tokens(8),
             arrival_step: if i < 6 { i } else { 60 + i },
             tenant: 0,
+            resumes: false,
         })
         .collect();
     let mut naive = NaiveEngine::new(model.clone());

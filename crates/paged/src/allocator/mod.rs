@@ -42,6 +42,9 @@ pub struct AllocatorStats {
     pub num_hash_collisions: u64,
     /// Freshly computed full blocks replaced by an identical cached block (memory deduplicated).
     pub num_dedup_blocks: u64,
+    /// Cached blocks of paused sessions moved to the tiers on purpose ([`Self::offload`]);
+    /// each is also a spill.
+    pub num_offloaded: u64,
 }
 
 /// A pool of `num_blocks` KV blocks of `block_size` tokens with ref counts and a prefix cache.
@@ -325,6 +328,26 @@ impl BlockAllocator {
             self.cache.pin(entry);
         }
         Ok(table.clone())
+    }
+
+    /// Offloads a paused session: each of `blocks` (a table's, in logical order) that is
+    /// cached and that nobody holds any more is evicted now, deepest first, so its bytes go to
+    /// the tiers (the next step's moves read them before the block is reused) and the block is
+    /// free at once. Shared blocks another sequence holds stay. Without tiers it does nothing
+    /// (evicting would only drop the content). Returns the number offloaded.
+    pub fn offload(&mut self, blocks: &[BlockId]) -> usize {
+        if self.cache.tier_config().is_none() {
+            return 0;
+        }
+        let mut n = 0;
+        for &block in blocks.iter().rev() {
+            if self.cache.evict_block(block) {
+                self.free_list.push_back(block);
+                n += 1;
+            }
+        }
+        self.stats.num_offloaded += n as u64;
+        n
     }
 
     /// Takes one block off the free list, or evicts the cached block the eviction policy picks.

@@ -35,8 +35,8 @@ pub use tiers::TierMoveError;
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
-    BlockAllocator, BlockTable, HashFn, KvTierStore, Metrics, PagedError, Result, SchedulerConfig,
-    SeqId, Sequence, SequenceStatus, StopConditions, Tenant, TierOp,
+    BlockAllocator, BlockId, BlockTable, HashFn, KvTierStore, Metrics, PagedError, Result,
+    SchedulerConfig, SeqId, Sequence, SequenceStatus, StopConditions, Tenant, TierOp,
 };
 
 /// Totals the scheduler counts itself (the allocators count the rest).
@@ -72,6 +72,9 @@ pub struct Scheduler {
     pub(crate) tiers: Option<KvTierStore>,
     /// The tier moves of the step last scheduled, until `move_tier_blocks` makes them.
     pub(crate) pending_tier_ops: Vec<TierOp>,
+    /// (group, blocks in logical order) of paused sessions that finished since the last step,
+    /// offloaded to the tiers when the next step is built (`TierConfig::offload_paused`).
+    pub(crate) paused_blocks: Vec<(usize, Vec<BlockId>)>,
 }
 
 impl Scheduler {
@@ -105,6 +108,7 @@ impl Scheduler {
             tenant_hits: BTreeMap::new(),
             tiers,
             pending_tier_ops: Vec::new(),
+            paused_blocks: Vec::new(),
         })
     }
 
@@ -175,10 +179,26 @@ impl Scheduler {
             block_tables: self.empty_tables(tenant),
             num_preemptions: 0,
             tenant,
+            offload_on_finish: false,
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
         Ok(id)
+    }
+
+    /// Marks `id` as a paused session: when it finishes (not when aborted), its blocks that
+    /// nobody else holds are offloaded to the tiers at the next step instead of waiting for
+    /// eviction, if the tiers have `offload_paused` on. A multi-turn trace marks every turn a
+    /// later turn continues ([`crate::Request::resumes`]).
+    ///
+    /// # Errors
+    /// [`PagedError::UnknownSequence`].
+    pub fn offload_when_finished(&mut self, id: SeqId) -> Result<()> {
+        self.seqs
+            .get_mut(&id)
+            .ok_or(PagedError::UnknownSequence(id))?
+            .offload_on_finish = true;
+        Ok(())
     }
 
     /// The configuration.

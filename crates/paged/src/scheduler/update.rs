@@ -137,7 +137,19 @@ impl Scheduler {
             .seqs
             .remove(&id)
             .ok_or(PagedError::UnknownSequence(id))?;
-        for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.block_tables) {
+        let offload = seq.offload_on_finish
+            && reason != FinishReason::Aborted
+            && self.config.tiers.as_ref().is_some_and(|t| t.offload_paused);
+        for (g, (alloc, table)) in self
+            .allocators
+            .iter_mut()
+            .zip(&mut seq.block_tables)
+            .enumerate()
+        {
+            if offload {
+                self.paused_blocks
+                    .push((g, table.blocks.iter().flatten().copied().collect()));
+            }
             alloc.free(table)?;
         }
         self.running.retain(|&r| r != id);

@@ -54,6 +54,11 @@ pub struct TierConfig {
     /// When to restore: `None` always (a level whose bytes are below is restored); with a
     /// cost model, per request, only when restoring is cheaper than recomputing.
     pub restore_cost: Option<RestoreCost>,
+    /// Offload paused sessions on purpose: when a request marked [`crate::Request::resumes`]
+    /// (a multi-turn session's turn, which a later request continues) finishes, its blocks
+    /// that nobody else holds leave the pool for the tiers at once, deepest first, instead of
+    /// waiting as evictable blocks until the pool needs them. `false`: only eviction spills.
+    pub offload_paused: bool,
 }
 
 /// The cost model that chooses, per request, between restoring a prefix's levels from the
@@ -98,7 +103,14 @@ impl TierConfig {
             disk_dir: None,
             ttl_steps: None,
             restore_cost: None,
+            offload_paused: false,
         }
+    }
+
+    /// The same tiers, offloading paused sessions as they pause ([`TierConfig::offload_paused`]).
+    pub fn with_offload_paused(mut self, offload_paused: bool) -> Self {
+        self.offload_paused = offload_paused;
+        self
     }
 
     /// The same tiers restoring only when `cost` says it beats recomputing.
