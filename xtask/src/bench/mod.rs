@@ -16,6 +16,7 @@ mod bandwidth;
 mod baseline;
 mod batch;
 mod decode;
+mod eviction;
 pub mod machine;
 mod memory;
 mod models;
@@ -124,6 +125,12 @@ struct Opts {
     /// --tiers: a context length in tokens (repeatable)
     #[arg(long = "context", value_name = "N", value_parser = usize_in(1, 1 << 20))]
     contexts: Vec<usize>,
+    /// Instead: prefix-cache hit rate, prefill tokens, evictions and TTFT of each eviction
+    /// policy at three pool sizes on multi-turn chat sessions (stories260K), without tiers,
+    /// with tiers, and offloading paused sessions; then a noisy tenant against quotas (not with
+    /// --quick); runs `kvlab evict --json`, writes eviction.json and eviction_hit_rate.svg/.png
+    #[arg(long, conflicts_with_all = ["peers", "serve", "tiers"])]
+    eviction: bool,
 }
 
 /// A request rate: a positive number of requests/s, or "inf".
@@ -257,6 +264,36 @@ fn run_tiers(o: &Opts) -> Result<()> {
     Ok(())
 }
 
+/// `--eviction`: the eviction policies on chat sessions (eviction.rs), table, eviction.json and
+/// the plot.
+fn run_eviction(o: &Opts) -> Result<()> {
+    if !o.models.is_empty() || !o.engines.is_empty() {
+        bail!("--eviction runs stories260K on cpu-paged; drop --model and --engine");
+    }
+    let m = machine::detect();
+    let out = o.out();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let e = eviction::EvictionOpts {
+        quick: o.quick && !o.full,
+        out: out.clone(),
+        plots: !o.no_plots,
+        machine: machine_line(&m),
+        notes: o.notes.clone(),
+    };
+    let report = eviction::run(&e)?;
+    eviction::print(&report);
+    let json = out.join("eviction.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")?;
+    println!(
+        "wrote {} and {} plots in {} ({:.0} s)",
+        json.display(),
+        report.plots.len(),
+        out.display(),
+        report.wall_seconds
+    );
+    Ok(())
+}
+
 pub fn run(args: &[String]) -> Result<()> {
     // Hidden: the peak-RSS child process (memory.rs).
     if args.first().map(String::as_str) == Some("__rss") {
@@ -271,6 +308,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if o.tiers {
         return run_tiers(&o);
+    }
+    if o.eviction {
+        return run_eviction(&o);
     }
     let started = Instant::now();
     plot::register_font();
