@@ -164,6 +164,7 @@ pub fn run(a: Args) -> Result<()> {
             "preemptions": m.num_preemptions,
             "prefix_cache_hits": m.prefix_cache_hits,
             "prefix_cache_queries": m.prefix_cache_queries,
+            "prefix_cache_hits_by_tier": m.prefix_cache_hits_by_tier,
             "recomputed_tokens": m.num_recomputed_tokens,
             "tier_spills": m.num_spills,
             "tier_restores": m.num_restores,

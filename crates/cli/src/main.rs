@@ -131,7 +131,7 @@ impl TierArgs {
 pub fn tier_summary(m: &kvlab_paged::Metrics) -> String {
     let t = &m.tier_store;
     format!(
-        "tiers: {} blocks spilled, {} restored ({} read back from disk, {} declined by the cost model), {} dropped ({} full, {} expired, {} computed again, {} lost); now {} blocks ({}) in host memory and {} ({}) on disk; {} unreadable files, {} failed writes",
+        "tiers: {} blocks spilled, {} restored ({} read back from disk, {} declined by the cost model), {} dropped ({} full, {} expired, {} computed again, {} lost); now {} blocks ({}) in host memory and {} ({}) on disk; {} unreadable files, {} failed writes; prefix-cache hit tokens by tier: {} pool, {} host, {} disk",
         m.num_spills,
         m.num_restores,
         bytes(t.bytes_read_from_disk as usize),
@@ -146,7 +146,10 @@ pub fn tier_summary(m: &kvlab_paged::Metrics) -> String {
         t.disk_blocks,
         bytes(t.disk_bytes as usize),
         t.disk_read_errors,
-        t.disk_write_errors
+        t.disk_write_errors,
+        m.prefix_cache_hits_by_tier.pool,
+        m.prefix_cache_hits_by_tier.host,
+        m.prefix_cache_hits_by_tier.disk
     )
 }
 

@@ -146,6 +146,16 @@ fn spilled_prefixes_restore_from_host_and_disk_and_give_the_same_tokens() {
     let m = &tiered.metrics;
     assert!(m.num_spills > 0 && m.num_restores > 0, "{m:?}");
     assert!(m.tier_store.bytes_read_from_disk > 0, "{m:?}");
+    // The hits by where they came from add up, and both tiers served some.
+    let h = m.prefix_cache_hits_by_tier;
+    assert_eq!(h.pool + h.host + h.disk, m.prefix_cache_hits, "{m:?}");
+    assert!(h.host > 0 && h.disk > 0, "{h:?}");
+    let t = &m.tier_store;
+    assert_eq!(
+        t.blocks_restored_from_host + t.blocks_restored_from_disk,
+        m.num_restores
+    );
+    assert!(t.blocks_restored_from_disk > 0, "{t:?}");
     assert!(
         m.prefix_cache_hits > plain.metrics.prefix_cache_hits,
         "restores add hits: {m:?} vs {:?}",

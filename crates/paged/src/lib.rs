@@ -107,7 +107,7 @@ pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, driv
 pub use error::{PagedError, Result};
 pub use eviction::EvictionPolicy;
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a, fnv1a_block_hash};
-pub use metrics::Metrics;
+pub use metrics::{HitsByTier, Metrics};
 pub use pool_view::{BlockState, GroupView, PoolView, SeqView};
 pub use prefix_cache::PrefixMatch;
 pub use scheduled_batch::{

@@ -25,6 +25,9 @@ pub struct Metrics {
     pub prefix_cache_queries: u64,
     /// Prompt tokens served by the prefix cache (their prefill was skipped).
     pub prefix_cache_hits: u64,
+    /// The same tokens by where they came from: blocks in the pool, or restored from a tier
+    /// (the hit rate per tier is each over `prefix_cache_queries`).
+    pub prefix_cache_hits_by_tier: HitsByTier,
     /// Cached blocks whose content was dropped to make room.
     pub num_evictions: u64,
     /// Sequences preempted by recompute.
@@ -61,6 +64,18 @@ pub struct Metrics {
     pub tier_store: TierStoreStats,
 }
 
+/// Prefix-cache hit tokens by where their KV came from: a level counts for the lowest tier any
+/// KV cache group restored it from (disk, then host memory), else for the pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct HitsByTier {
+    /// Served by blocks in the pool (held or evictable).
+    pub pool: u64,
+    /// Restored from host memory.
+    pub host: u64,
+    /// Restored from files.
+    pub disk: u64,
+}
+
 impl Metrics {
     /// Block gauges and allocator counters of some pools; scheduler counters left at 0.
     pub fn of_pools(pools: &[BlockAllocator]) -> Self {
@@ -79,6 +94,7 @@ impl Metrics {
             },
             prefix_cache_queries: 0,
             prefix_cache_hits: 0,
+            prefix_cache_hits_by_tier: HitsByTier::default(),
             num_evictions: stat(|a| a.stats().num_evictions),
             num_preemptions: 0,
             num_recomputed_tokens: 0,

@@ -545,6 +545,8 @@ proptest! {
             check_scheduler(&s);
             let m = s.metrics();
             prop_assert_eq!(m.num_blocks_used + m.num_blocks_free, m.num_blocks_total);
+            let h = m.prefix_cache_hits_by_tier;
+            prop_assert_eq!(h.pool + h.host + h.disk, m.prefix_cache_hits, "hits by tier add up");
         }
         prop_assert!(!s.has_unfinished(), "did not finish in 500 steps");
         for alloc in s.allocators() {

@@ -49,8 +49,10 @@ pub struct ServerMetrics {
     preemptions: IntCounter,
     recomputed_tokens: IntCounter,
     cow_copies: IntCounter,
-    evictions: IntCounter,
+    evictions: IntCounterVec,
+    hits_by_tier: IntCounterVec,
     tier_spills: IntCounter,
+    tier_offloads: IntCounter,
     tier_restores: IntCounter,
     tier_drops: IntCounterVec,
     tier_file_errors: IntCounter,
@@ -134,15 +136,35 @@ impl ServerMetrics {
                 "Tokens prefilled again after a preemption.",
             )?,
             cow_copies: counter(r, "kvlab:cow_copies_total", "Copy-on-write block copies.")?,
-            evictions: counter(
+            evictions: register(
                 r,
-                "kvlab:evictions_total",
-                "Cached blocks whose content was dropped to make room.",
+                IntCounterVec::new(
+                    Opts::new(
+                        "kvlab:evictions_total",
+                        "Cached blocks whose content was dropped (or spilled) to make room, by the eviction policy that chose them (--eviction).",
+                    ),
+                    &["policy"],
+                ),
+            )?,
+            hits_by_tier: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "kvlab:prefix_cache_hits_by_tier_total",
+                        "Prompt tokens the prefix cache served, by where their KV came from: pool (blocks in the pool), host or disk (restored from a tier); each over vllm:prefix_cache_queries_total is that tier's hit rate.",
+                    ),
+                    &["tier"],
+                ),
             )?,
             tier_spills: counter(
                 r,
                 "kvlab:kv_tier_spills_total",
                 "Evicted cached blocks whose bytes went down to host memory or disk (--host-tier-blocks, --disk-tier).",
+            )?,
+            tier_offloads: counter(
+                r,
+                "kvlab:kv_tier_offloads_total",
+                "Of the spills, blocks of paused sessions moved down on purpose as their turn ended.",
             )?,
             tier_restores: counter(
                 r,
@@ -236,6 +258,14 @@ impl ServerMetrics {
             set(&self.blocks_cached_free, a.num_evictable_blocks());
             set(&self.blocks_total, a.num_blocks());
         }
+        let policy = s.config().eviction_policy.name();
+        let c = self.evictions.with_label_values(&[policy]);
+        c.inc_by(m.num_evictions.saturating_sub(c.get()));
+        let h = m.prefix_cache_hits_by_tier;
+        for (tier, total) in [("pool", h.pool), ("host", h.host), ("disk", h.disk)] {
+            let c = self.hits_by_tier.with_label_values(&[tier]);
+            c.inc_by(total.saturating_sub(c.get()));
+        }
         let d = m.tier_drops;
         for (reason, total) in [
             ("full", d.full),
@@ -260,9 +290,9 @@ impl ServerMetrics {
             (&self.preemptions, m.num_preemptions),
             (&self.recomputed_tokens, m.num_recomputed_tokens),
             (&self.cow_copies, m.num_cow_copies),
-            (&self.evictions, m.num_evictions),
             (&self.steps, m.num_steps),
             (&self.tier_spills, m.num_spills),
+            (&self.tier_offloads, m.num_offloaded_blocks),
             (&self.tier_restores, m.num_restores),
             (
                 &self.tier_file_errors,

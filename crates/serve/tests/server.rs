@@ -201,10 +201,23 @@ async fn completions_match_the_cpu_engine_stream_and_free_the_pool() {
         "kvlab:kv_tier_spills_total{model_name=\"stories260K\"} 0",
         "kvlab:kv_tier_drops_total{reason=\"full\",model_name=\"stories260K\"} 0",
         "kvlab:kv_tier_bytes{tier=\"disk\",model_name=\"stories260K\"} 0",
+        "kvlab:kv_tier_offloads_total{model_name=\"stories260K\"} 0",
+        "kvlab:prefix_cache_hits_by_tier_total{tier=\"host\",model_name=\"stories260K\"} 0",
+        "kvlab:prefix_cache_hits_by_tier_total{tier=\"disk\",model_name=\"stories260K\"} 0",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),
             "{line:?} not in\n{metrics}"
+        );
+    }
+    // Counts that depend on the run: present, labelled by policy and by tier.
+    for prefix in [
+        "kvlab:evictions_total{policy=\"lru\",model_name=\"stories260K\"} ",
+        "kvlab:prefix_cache_hits_by_tier_total{tier=\"pool\",model_name=\"stories260K\"} ",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(prefix)),
+            "{prefix:?} not in\n{metrics}"
         );
     }
 }

@@ -35,8 +35,8 @@ pub use tiers::TierMoveError;
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
-    BlockAllocator, BlockId, BlockTable, HashFn, KvTierStore, Metrics, PagedError, Result,
-    SchedulerConfig, SeqId, Sequence, SequenceStatus, StopConditions, Tenant, TierOp,
+    BlockAllocator, BlockId, BlockTable, HashFn, HitsByTier, KvTierStore, Metrics, PagedError,
+    Result, SchedulerConfig, SeqId, Sequence, SequenceStatus, StopConditions, Tenant, TierOp,
 };
 
 /// Totals the scheduler counts itself (the allocators count the rest).
@@ -44,6 +44,8 @@ use crate::{
 pub(crate) struct Counters {
     pub(crate) prefix_cache_queries: u64,
     pub(crate) prefix_cache_hits: u64,
+    /// Of the hits, tokens served from the pool, restored from host memory, from files.
+    pub(crate) hits_by_tier: HitsByTier,
     pub(crate) num_preemptions: u64,
     pub(crate) num_recomputed_tokens: u64,
     pub(crate) num_steps: u64,
@@ -242,6 +244,7 @@ impl Scheduler {
         Metrics {
             prefix_cache_queries: c.prefix_cache_queries,
             prefix_cache_hits: c.prefix_cache_hits,
+            prefix_cache_hits_by_tier: c.hits_by_tier,
             num_preemptions: c.num_preemptions,
             num_recomputed_tokens: c.num_recomputed_tokens,
             num_running: self.running.len(),

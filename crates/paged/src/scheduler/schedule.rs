@@ -190,6 +190,7 @@ impl Scheduler {
             m.truncate(hit_blocks);
             m.forget_before(first_needed(g, hit_blocks));
         }
+        let by_tier = self.hits_by_tier(&matches, hit_blocks);
         let mut copies = Vec::with_capacity(matches.len());
         for (g, m) in matches.iter().enumerate() {
             let alloc = &mut self.allocators[g];
@@ -206,6 +207,12 @@ impl Scheduler {
         let recomputed = seq.max_computed_tokens.min(len).saturating_sub(cached);
         self.counters.prefix_cache_queries += len as u64;
         self.counters.prefix_cache_hits += cached as u64;
+        let h = &mut self.counters.hits_by_tier;
+        (h.pool, h.host, h.disk) = (
+            h.pool + by_tier.pool,
+            h.host + by_tier.host,
+            h.disk + by_tier.disk,
+        );
         let tenant = self.tenant_hits.entry(seq.tenant).or_default();
         (tenant.0, tenant.1) = (tenant.0 + len as u64, tenant.1 + cached as u64);
         self.counters.num_recomputed_tokens += recomputed as u64;

@@ -4,7 +4,7 @@
 
 use super::Scheduler;
 use crate::tier::index::IndexOp;
-use crate::{PrefixMatch, StepExecutor, TierKey, TierOp};
+use crate::{HitsByTier, PrefixMatch, StepExecutor, TierKey, TierOp};
 
 /// Errors of [`Scheduler::move_tier_blocks`]: the engine's, or a restore without bytes.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,33 @@ impl Scheduler {
             }
         }
         levels
+    }
+
+    /// The first `levels` levels of an admission's matches, in tokens, by where they come
+    /// from: a level any group restores from a file counts for disk, else one any group
+    /// restores from host memory for host, else for the pool.
+    pub(crate) fn hits_by_tier(&self, matches: &[PrefixMatch], levels: usize) -> HitsByTier {
+        let bs = self.config.kv_cache.block_size as u64;
+        let mut h = HitsByTier::default();
+        for level in 0..levels {
+            let restored = matches
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.restore.get(level) == Some(&true));
+            let mut from_disk = false;
+            let mut any = false;
+            for (g, m) in restored {
+                any = true;
+                let key = TierKey::new(g, m.links[level].1);
+                from_disk |= self.tiers.as_ref().is_some_and(|s| s.came_from_disk(key));
+            }
+            match (any, from_disk) {
+                (_, true) => h.disk += bs,
+                (true, false) => h.host += bs,
+                (false, false) => h.pool += bs,
+            }
+        }
+        h
     }
 
     /// Keeps in `m` (group `g`'s match) only the restorable levels whose bytes the store can

@@ -6,7 +6,7 @@
 //! checksum match, so a truncated, corrupt, swapped or missing file is a miss and never a
 //! wrong block (nor an allocation sized by a header).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -39,6 +39,10 @@ pub struct TierStoreStats {
     pub bytes_written_to_disk: u64,
     /// Bytes read back from files so far (verified).
     pub bytes_read_from_disk: u64,
+    /// Blocks restored into the pools so far that were in host memory when their request was
+    /// admitted, and that were read back from files for it.
+    pub blocks_restored_from_host: u64,
+    pub blocks_restored_from_disk: u64,
     /// Files that could not be written (disk full, read-only): those blocks were dropped.
     pub disk_write_errors: u64,
     /// Files missing, truncated or failing their checksum: those blocks were misses.
@@ -70,6 +74,8 @@ pub struct KvTierStore {
     host_order: BTreeMap<u64, TierKey>,
     next: u64,
     disk: Option<DiskTier>,
+    /// Keys in host memory because `ready` read them back from their files.
+    from_disk: HashSet<TierKey>,
     stats: TierStoreStats,
 }
 
@@ -102,6 +108,7 @@ impl KvTierStore {
             host_order: BTreeMap::new(),
             next: 0,
             disk,
+            from_disk: HashSet::new(),
             stats: TierStoreStats::default(),
         })
     }
@@ -206,6 +213,7 @@ impl KvTierStore {
             Some(bytes) => {
                 self.stats.bytes_read_from_disk += bytes.len() as u64;
                 self.insert_host(key, bytes);
+                self.from_disk.insert(key);
                 true
             }
             None => {
@@ -223,11 +231,23 @@ impl KvTierStore {
         let (stamp, bytes) = self.host.remove(&key)?;
         self.host_order.remove(&stamp);
         self.stats.bytes_restored += bytes.len() as u64;
+        if self.from_disk.remove(&key) {
+            self.stats.blocks_restored_from_disk += 1;
+        } else {
+            self.stats.blocks_restored_from_host += 1;
+        }
         Some(bytes)
+    }
+
+    /// Whether `key`'s bytes, ready in host memory, were read back from their file (a restore
+    /// from disk rather than from host memory).
+    pub fn came_from_disk(&self, key: TierKey) -> bool {
+        self.from_disk.contains(&key)
     }
 
     /// Forgets `key` wherever it is (nothing if it is nowhere).
     pub fn remove(&mut self, key: TierKey) {
+        self.from_disk.remove(&key);
         if let Some((stamp, _)) = self.host.remove(&key) {
             self.host_order.remove(&stamp);
         }
