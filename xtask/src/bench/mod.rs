@@ -252,14 +252,30 @@ fn run_tiers(o: &Opts) -> Result<()> {
     };
     let report = tiers::run(&t)?;
     tiers::print(&report);
-    let json = out.join("tiers.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")?;
-    println!(
-        "wrote {} and {} plots in {} ({:.0} s)",
-        json.display(),
+    write_json(
+        &out,
+        "tiers.json",
+        &report,
         report.plots.len(),
+        report.wall_seconds,
+    )
+}
+
+/// Writes a mode's report as `out/name` (pretty JSON) and says where, with its plots.
+fn write_json(
+    out: &std::path::Path,
+    name: &str,
+    report: &impl serde::Serialize,
+    plots: usize,
+    wall_seconds: f64,
+) -> Result<()> {
+    let json = out.join(name);
+    std::fs::write(&json, serde_json::to_string_pretty(report)? + "\n")
+        .with_context(|| format!("writing {}", json.display()))?;
+    println!(
+        "wrote {} and {plots} plots in {} ({wall_seconds:.0} s)",
+        json.display(),
         out.display(),
-        report.wall_seconds
     );
     Ok(())
 }
@@ -282,16 +298,8 @@ fn run_eviction(o: &Opts) -> Result<()> {
     };
     let report = eviction::run(&e)?;
     eviction::print(&report);
-    let json = out.join("eviction.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")?;
-    println!(
-        "wrote {} and {} plots in {} ({:.0} s)",
-        json.display(),
-        report.plots.len(),
-        out.display(),
-        report.wall_seconds
-    );
-    Ok(())
+    let plots = report.plots.len();
+    write_json(&out, "eviction.json", &report, plots, report.wall_seconds)
 }
 
 pub fn run(args: &[String]) -> Result<()> {
