@@ -43,6 +43,13 @@ pub struct Args {
     /// leaf-first.
     #[arg(long, default_value = "lru", value_parser = kvlab_cli::args::eviction_parser())]
     eviction: kvlab_paged::EvictionPolicy,
+    /// Tenants the prompts belong to: prompt i is tenant i mod N's (their prefix-cache hit
+    /// rates are printed apart when N > 1).
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1, 1_000))]
+    tenants: usize,
+    /// Cached blocks each tenant keeps safe from other tenants' demand (default: no quotas).
+    #[arg(long, value_parser = usize_in(0, MAX_NUM_BLOCKS))]
+    tenant_quota: Option<usize>,
     /// Each prompt arrives this many steps after the previous one.
     #[arg(long, default_value_t = 2, value_parser = usize_in(0, MAX_ARRIVAL_GAP))]
     arrival_gap: usize,
@@ -111,6 +118,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut engine = build_paged(a.engine, model.clone(), pool)?;
     let cfg = SchedulerConfig {
         eviction_policy: a.eviction,
+        tenant_quota: a.tenant_quota,
         tiers: a.tiers.config(),
         ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
     };
@@ -123,7 +131,8 @@ pub fn run(a: Args) -> Result<()> {
             stop: StopConditions::max_tokens(a.max_tokens)
                 .with_stop_tokens(model.config.stop_ids.clone()),
             arrival_step: i * a.arrival_gap,
-            tenant: 0,
+            // At most 1,000 tenants (the flag's bound).
+            tenant: (i % a.tenants) as kvlab_paged::Tenant,
             resumes: false,
         })
         .collect();
@@ -170,6 +179,9 @@ pub fn run(a: Args) -> Result<()> {
             "tier_restores": m.num_restores,
             "tier_drops": m.tier_drops,
             "tier_store": m.tier_store,
+            "tenant_quota": a.tenant_quota,
+            // tenant → [prompt tokens queried, tokens served by the prefix cache]
+            "tenant_prefix_hits": sched.tenant_prefix_hits(),
         });
         eprintln!("{v}");
     } else {
@@ -187,6 +199,14 @@ pub fn run(a: Args) -> Result<()> {
         );
         if a.tiers.config().is_some() {
             eprintln!("{}", crate::tier_summary(m));
+        }
+        if a.tenants > 1 {
+            for (t, (queried, hit)) in sched.tenant_prefix_hits() {
+                eprintln!(
+                    "tenant {t}: prefix-cache hits {hit} of {queried} queried tokens ({:.1}%)",
+                    100.0 * *hit as f64 / (*queried).max(1) as f64
+                );
+            }
         }
     }
     if let Some(path) = &a.svg {

@@ -363,6 +363,16 @@ fn info_mem_and_batch_print_json_when_asked() {
     let v = json(&r.err);
     assert_eq!(v["requests"], 4);
     assert!(v["tokens_computed"].as_u64().unwrap() > 0);
+    // Tenants: each prompt's hits counted under its tenant, the rows adding up to the total.
+    let r = kvlab("batch -n 4 --num-blocks 10 --tenants 2 --tenant-quota 2 --json");
+    assert!(r.ok, "{}", r.err);
+    let v = json(&r.err);
+    assert_eq!(v["tenant_quota"], 2);
+    let rows = v["tenant_prefix_hits"].as_object().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    let sum = |i: usize| rows.values().map(|r| r[i].as_u64().unwrap()).sum::<u64>();
+    assert_eq!(sum(0), v["prefix_cache_queries"].as_u64().unwrap());
+    assert_eq!(sum(1), v["prefix_cache_hits"].as_u64().unwrap());
 }
 
 refused! {
