@@ -242,6 +242,41 @@ fn paused_sessions_offloaded_on_purpose_restore_and_give_the_same_tokens() {
         assert_eq!(eager.outputs[i].0, want, "turn {i}, offloaded");
         assert_eq!(lazy.outputs[i].0, want, "turn {i}, evicted lazily");
     }
+
+    // One session whose second turn comes after idle steps. An empty step makes no moves, so
+    // the first turn's blocks wait for the next step that runs; that is the second turn's, whose
+    // admission takes them first: it hits all of them in the pool, and nothing is lost.
+    let alone: Vec<Request> = session_turns(7, workload)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.session == 0 && t.turn < 2)
+        .map(|t| Request {
+            prompt: std::iter::once(1).chain(t.prompt).collect(),
+            stop: StopConditions::max_tokens(n_new),
+            arrival_step: 40 * t.turn,
+            tenant: 0,
+            resumes: t.resumes,
+        })
+        .collect();
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 20, 4);
+    let mut engine = PagedCpuEngine::new(model.clone(), kv_cache).unwrap();
+    let config = SchedulerConfig {
+        tiers: Some(TierConfig::host(64).with_offload_paused(true)),
+        ..SchedulerConfig::new(engine.kv_cache().clone(), 64)
+    };
+    let mut sched = Scheduler::new(config).unwrap();
+    let report = drive(&mut engine, &mut sched, &alone, argmax, |_, _, _| {}).unwrap();
+    let m = &report.metrics;
+    // The second turn's prompt starts with the first one's (not with its generated tokens).
+    let shared_blocks = alone[0].prompt.len() / 4;
+    assert!(
+        m.prefix_cache_hits_by_tier.pool >= 4 * shared_blocks as u64,
+        "the second turn should hit the first turn's {shared_blocks} prompt blocks: {m:?}"
+    );
+    assert!(m.num_offloaded_blocks > 0, "{m:?}");
+    for (r, (out, _)) in alone.iter().zip(&report.outputs) {
+        assert_eq!(out, &naive_greedy(&model, &r.prompt, n_new));
+    }
 }
 
 /// A sequence started through the Engine API and a scheduled batch cannot share the pool at

@@ -37,7 +37,6 @@ impl Scheduler {
         for alloc in &mut self.allocators {
             alloc.tick(self.counters.num_steps);
         }
-
         let mut batch = ScheduledBatch::default();
         let mut i = 0;
         while i < self.running.len() {
@@ -70,9 +69,11 @@ impl Scheduler {
         }
         // Paused sessions go down once the step's admissions have taken what they hit (a
         // block one of them holds again stays); the step's moves read the rest before a later
-        // step can reuse them.
-        for (g, blocks) in std::mem::take(&mut self.paused_blocks) {
-            self.allocators[g].offload(&blocks);
+        // step can reuse them. An empty step runs no moves, so they wait for one that does.
+        if !batch.is_empty() {
+            for (g, blocks) in std::mem::take(&mut self.paused_blocks) {
+                self.allocators[g].offload(&blocks);
+            }
         }
         self.collect_tier_ops();
         if !batch.is_empty() {
