@@ -235,14 +235,8 @@ impl<C: CacheElem> KvPool<C> {
                 (&self.k[l], &self.k_scale[l]),
                 (&self.v[l], &self.v_scale[l]),
             ] {
-                for x in stream.clone_dtoh(&t.slice(elems.clone()))? {
-                    x.to_le(&mut out);
-                }
-                if !scales.is_empty() {
-                    for x in stream.clone_dtoh(&s.slice(scales.clone()))? {
-                        out.extend_from_slice(&x.to_le_bytes());
-                    }
-                }
+                append_le(stream, t, elems.clone(), &mut out)?;
+                append_le(stream, s, scales.clone(), &mut out)?;
             }
         }
         Ok(out)
@@ -271,26 +265,12 @@ impl<C: CacheElem> KvPool<C> {
             )));
         }
         let mut rest = bytes;
-        let mut take = |n: usize| {
-            let (head, tail) = rest.split_at(n);
-            rest = tail;
-            head
-        };
         for &l in layers {
             let (k, v) = (&mut self.k[l], &mut self.v[l]);
             let (ks, vs) = (&mut self.k_scale[l], &mut self.v_scale[l]);
             for (t, s) in [(k, ks), (v, vs)] {
-                let chunk = take(elems.len() * C::BYTES);
-                let host: Vec<C> = chunk.chunks_exact(C::BYTES).map(C::from_le).collect();
-                stream.memcpy_htod(&host, &mut t.slice_mut(elems.clone()))?;
-                if !scales.is_empty() {
-                    let chunk = take(scales.len() * 4);
-                    let host: Vec<f32> = chunk
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .collect();
-                    stream.memcpy_htod(&host, &mut s.slice_mut(scales.clone()))?;
-                }
+                rest = load_le(stream, t, elems.clone(), rest)?;
+                rest = load_le(stream, s, scales.clone(), rest)?;
             }
         }
         Ok(())
@@ -307,6 +287,37 @@ impl<C: CacheElem> KvPool<C> {
         let (e, s) = (self.block_elems, self.block_scales);
         Ok((block * e..(block + 1) * e, block * s..(block + 1) * s))
     }
+}
+
+/// Appends elements `range` of `t` to `out` as little-endian bytes (nothing for an empty range).
+fn append_le<T: CacheElem>(
+    stream: &Arc<CudaStream>,
+    t: &CudaSlice<T>,
+    range: Range<usize>,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    if !range.is_empty() {
+        for x in stream.clone_dtoh(&t.slice(range))? {
+            x.to_le(out);
+        }
+    }
+    Ok(())
+}
+
+/// Overwrites elements `range` of `t` with the front of `bytes` (as [`append_le`] wrote them;
+/// the caller checked the length) and returns the rest.
+fn load_le<'a, T: CacheElem>(
+    stream: &Arc<CudaStream>,
+    t: &mut CudaSlice<T>,
+    range: Range<usize>,
+    bytes: &'a [u8],
+) -> Result<&'a [u8]> {
+    let (head, rest) = bytes.split_at(range.len() * T::BYTES);
+    if !range.is_empty() {
+        let host: Vec<T> = head.chunks_exact(T::BYTES).map(T::from_le).collect();
+        stream.memcpy_htod(&host, &mut t.slice_mut(range))?;
+    }
+    Ok(rest)
 }
 
 #[cfg(test)]
