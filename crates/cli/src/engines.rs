@@ -221,8 +221,8 @@ pub fn build_kv(
     })
 }
 
-/// Whether `engine` can keep its keys and values as `kv_dtype`: the CPU caches store every
-/// dtype; the naive engine keeps no cache, and the CUDA pool stores all but int4.
+/// Whether `engine` can keep its keys and values as `kv_dtype`: the CPU caches and the CUDA
+/// pool store every dtype; the naive engine keeps no cache.
 ///
 /// # Errors
 /// The reason, and the engines that do store it.
@@ -231,9 +231,6 @@ pub fn check_kv_dtype(engine: EngineKind, kv_dtype: KvDtype) -> Result<()> {
         (_, KvDtype::F32) | (EngineKind::Cpu | EngineKind::CpuPaged, _) => Ok(()),
         (EngineKind::Naive, _) => bail!(
             "the naive engine keeps no KV cache, so --kv-dtype {kv_dtype} has nothing to store; use --engine cpu or cpu-paged"
-        ),
-        (EngineKind::Cuda, KvDtype::Int4) => bail!(
-            "the cuda engine's pool does not store --kv-dtype int4 yet (its per-channel key groups need an f32 copy of the block still filling); use f16, bf16, fp8-e4m3 or int8 on cuda, or --engine cpu or cpu-paged for int4"
         ),
         (EngineKind::Cuda, _) => Ok(()),
     }

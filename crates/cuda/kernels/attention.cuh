@@ -13,7 +13,9 @@
 // Dequantization is fused into the loop, in registers: a pool key is KvCodec<C>::decode(code)
 // (common.cuh), and for the scaled formats (fp8-e4m3, int8) its KV head's scale multiplies the
 // dot product (q · k = s · Σ q[d] · code[d]) and a value's scale its softmax weight, so no
-// full-precision copy of a key or value is ever made.
+// full-precision copy of a key or value is ever made. int4 (cache.cu's layout): a key of a
+// block still filling is read from its f32 residual (read_map says which), any other as
+// q · s + min of its channel; a value as q · s + min of its group of 32 channels.
 //
 // Online softmax (Milakov & Gimelshein 2018): for scores s_j = (q · k_j) · scale keep
 //   m = max_j s_j,   l = Σ_j e^(s_j − m),   acc[d] = Σ_j e^(s_j − m) · v_j[d];
@@ -39,6 +41,8 @@ struct KvView {
     const C* v_cache;         // (num_slots, n_kv_heads, head_dim)
     const float* k_scale;     // (num_slots, n_kv_heads) scaled formats only
     const float* v_scale;     // (num_slots, n_kv_heads)
+    const float* k_residual;  // int4: (n_residuals, block_size, kv_dim) keys of open blocks
+    const int* read_map;      // int4: (num_blocks,) a block's residual, -1 if quantized
     const int* block_table;   // (max_blocks,) this sequence's row, -1 padded
     long long new_row0;       // row of position pos0 in k_new / v_new
     int pos0;                 // first position computed in this step
@@ -53,7 +57,8 @@ struct KvView {
 template <typename A, typename C>
 __device__ __forceinline__ KvView<A, C> kv_view(const A* k_new, const A* v_new, const C* k_cache,
                                                 const C* v_cache, const float* k_scale,
-                                                const float* v_scale,
+                                                const float* v_scale, const float* k_residual,
+                                                const int* read_map,
                                                 const int* __restrict__ block_tables,
                                                 const int* __restrict__ query_start_loc,
                                                 const int* __restrict__ context_lens, int s, int h,
@@ -66,6 +71,8 @@ __device__ __forceinline__ KvView<A, C> kv_view(const A* k_new, const A* v_new, 
     kv.v_cache = v_cache;
     kv.k_scale = k_scale;
     kv.v_scale = v_scale;
+    kv.k_residual = k_residual;
+    kv.read_map = read_map;
     kv.block_table = block_tables + (long long)s * max_blocks;
     kv.new_row0 = query_start_loc[s];
     kv.pos0 = context_lens[s] - (query_start_loc[s + 1] - query_start_loc[s]);
@@ -88,6 +95,36 @@ __device__ __forceinline__ long long kv_offset(const KvView<A, C>& kv, int j) {
     return (slot * kv.n_kv_heads + kv.kv_head) * kv.head_dim;
 }
 
+// This lane's dims of pool position j's int4 key and value (cache.cu's layout).
+template <typename A, typename C>
+__device__ __forceinline__ void load_int4(float k[KVLAB_DIMS_PER_LANE],
+                                          float v[KVLAB_DIMS_PER_LANE], const KvView<A, C>& kv,
+                                          int j) {
+    const int lane = threadIdx.x % KVLAB_WARP;
+    const int block = kv.block_table[j / kv.block_size];
+    const long long slot = (long long)block * kv.block_size + j % kv.block_size;
+    const int kv_dim = kv.n_kv_heads * kv.head_dim;
+    const long long head = (slot * kv.n_kv_heads + kv.kv_head) * ((kv.head_dim + 1) / 2);
+    const int groups = (kv.head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
+    const float* v_range = kv.v_scale + (slot * kv.n_kv_heads + kv.kv_head) * groups * 2;
+    const int residual = kv.read_map[block];
+    const float* k_row = kv.k_residual +
+                         ((long long)residual * kv.block_size + j % kv.block_size) * kv_dim +
+                         kv.kv_head * kv.head_dim;
+    const float* k_range = kv.k_scale + ((long long)block * kv_dim + kv.kv_head * kv.head_dim) * 2;
+#pragma unroll
+    for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+        const int d = lane + i * KVLAB_WARP;
+        if (d < kv.head_dim) {
+            k[i] = residual >= 0 ? k_row[d]
+                                 : int4_value(int4_code_at(kv.k_cache + head, d), k_range[2 * d],
+                                              k_range[2 * d + 1]);
+            const int g = d / KVLAB_INT4_VALUE_GROUP;
+            v[i] = int4_value(int4_code_at(kv.v_cache + head, d), v_range[2 * g], v_range[2 * g + 1]);
+        }
+    }
+}
+
 // One warp folds keys j = begin, begin + step, ... < end into its online-softmax state.
 // q: this lane's dims of the query (dims lane + 32·i, zero past head_dim).
 template <typename A, typename C>
@@ -97,24 +134,39 @@ __device__ void warp_attend(float& m, float& l, float acc[KVLAB_DIMS_PER_LANE],
     const int lane = threadIdx.x % KVLAB_WARP;
     for (int j = begin; j < end; j += step) {
         using Codec = KvCodec<C>;
-        const long long off = kv_offset(kv, j);
         const bool fresh = j >= kv.pos0;
-        // The KV head's scales of a pool position (off / head_dim is its (slot, kv_head) row).
+        // This lane's dims of key j and value j, and for the scaled formats the KV head's
+        // scales of a pool position (the dot product and the softmax weight take them).
+        float k[KVLAB_DIMS_PER_LANE], v[KVLAB_DIMS_PER_LANE];
         float ks = 1.0f, vs = 1.0f;
-        if constexpr (Codec::scaled) {
-            if (!fresh) {
-                ks = kv.k_scale[off / kv.head_dim];
-                vs = kv.v_scale[off / kv.head_dim];
+        if (fresh || !Codec::int4) {
+            const long long off = kv_offset(kv, j);
+            if constexpr (Codec::scaled) {
+                if (!fresh) {
+                    ks = kv.k_scale[off / kv.head_dim];  // off / head_dim: its (slot, kv_head)
+                    vs = kv.v_scale[off / kv.head_dim];
+                }
             }
+#pragma unroll
+            for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+                const int d = lane + i * KVLAB_WARP;
+                if (d < kv.head_dim) {
+                    if (fresh) {
+                        k[i] = to_float(kv.k_new[off + d]);
+                        v[i] = to_float(kv.v_new[off + d]);
+                    } else if constexpr (!Codec::int4) {
+                        k[i] = Codec::decode(kv.k_cache[off + d]);
+                        v[i] = Codec::decode(kv.v_cache[off + d]);
+                    }
+                }
+            }
+        } else if constexpr (Codec::int4) {
+            load_int4(k, v, kv, j);
         }
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
-            const int d = lane + i * KVLAB_WARP;
-            if (d < kv.head_dim) {
-                const float k = fresh ? to_float(kv.k_new[off + d]) : Codec::decode(kv.k_cache[off + d]);
-                dot += q[i] * k;
-            }
+            if (lane + i * KVLAB_WARP < kv.head_dim) dot += q[i] * k[i];
         }
         const float s = warp_sum(dot) * ks * scale;
         const float m_new = fmaxf(m, s);
@@ -124,11 +176,7 @@ __device__ void warp_attend(float& m, float& l, float acc[KVLAB_DIMS_PER_LANE],
         const float pv = p * vs;
 #pragma unroll
         for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
-            const int d = lane + i * KVLAB_WARP;
-            if (d < kv.head_dim) {
-                const float v = fresh ? to_float(kv.v_new[off + d]) : Codec::decode(kv.v_cache[off + d]);
-                acc[i] = acc[i] * c + pv * v;
-            }
+            if (lane + i * KVLAB_WARP < kv.head_dim) acc[i] = acc[i] * c + pv * v[i];
         }
         m = m_new;
     }

@@ -9,16 +9,33 @@
 // sliding-window key that no later query reads; attention takes it from the step's own k/v rows
 // instead. The unscaled formats ignore the scale pointers.
 //
+// int4 (kvlab_int4x2) has its own layout, kvlab-cpu's KvStore in device memory:
+//   cache      (num_slots, n_kv_heads, ⌈head_dim / 2⌉) two codes a byte, for K and for V;
+//   k_scale    (num_blocks, kv_dim, 2) f32: each key channel's (s, min) over its block;
+//   v_scale    (num_slots, n_kv_heads, ⌈head_dim / 32⌉, 2) f32: each value group's (s, min);
+//   k_residual (n_residuals, block_size, kv_dim) f32: the keys of blocks still filling;
+//   write_map, read_map (num_blocks,) i32: the residual holding a block's keys, -1 once they
+//     are quantized. The host (residual.rs) assigns residuals, and says which blocks to open
+//     (decode back into a residual: a block written again after it was complete) and which to
+//     close (quantize: its last row arrived); write_map is the map while the step writes,
+//     read_map after its blocks are closed, which is what attention reads.
+// A step's order: close early (a residual taken back), copies, open, reshape_and_cache, close,
+// attention — kvlab-cpu's order (KvStore::write quantizes a group as its last row arrives, and
+// attention reads the pool after the step's writes).
+//
 // reshape_and_cache_v1: one thread block per token; threads stride over kv_dim (coalesced).
 //   Scaled formats: warp w quantizes KV heads w, w + warps, ...: the lanes reduce the head's
 //   amax (warp_max), lane 0 stores s = amax / max_code, and every lane stores its elements'
 //   codes of x · (1/s) — the order of operations of kvlab-cpu's KvStore::write, so the same f32
 //   row gives the same bits on both.
+//   int4: the key row goes to its block's residual as f32; warp w quantizes value groups w,
+//   w + warps, ... (one lane per channel; neighbouring lanes pack their two codes in a byte).
+// int4_open_keys_v1 / int4_close_keys_v1: one thread block per (block, residual) pair.
 // copy_blocks_v1: copy-on-write. One thread block per (src, dst) pair copies a whole block
-//   (block_elems elements) of K and of V; launched once per layer of the group, before
-//   any reshape_and_cache of the step (a src may be written later in the same step). The scales
-//   of a scaled format are copied by the f32 instantiation with block_elems = block_size ·
-//   n_kv_heads.
+//   (block_elems elements) of K and of V (of K alone when value_cache is null); launched once
+//   per layer of the group, before any reshape_and_cache of the step (a src may be written
+//   later in the same step). The scales of a scaled format are copied by the f32 instantiation
+//   with block_elems = block_size · n_kv_heads; int4's (s, min) pairs and residuals likewise.
 #include "common.cuh"
 
 // One KV head (head_dim,) of activations → codes, and its scale (scaled formats only). Called
@@ -43,18 +60,62 @@ __device__ __forceinline__ void quantize_head(const A* __restrict__ x, C* __rest
     for (int d = lane; d < head_dim; d += KVLAB_WARP) codes[d] = Codec::encode(to_float(x[d]) * inv);
 }
 
+// One token's int4 values: warp w quantizes value groups w, w + warps, ... of the row `x`
+// (kv_dim,) into codes (n_kv_heads, ⌈head_dim / 2⌉) and (s, min) pairs (n_kv_heads, groups, 2).
+template <typename A>
+__device__ __forceinline__ void quantize_values_int4(const A* __restrict__ x,
+                                                     kvlab_int4x2* __restrict__ codes,
+                                                     float* __restrict__ range, int n_kv_heads,
+                                                     int head_dim) {
+    const int lane = threadIdx.x % KVLAB_WARP;
+    const int groups = (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
+    const int head_bytes = (head_dim + 1) / 2;
+    for (int g = threadIdx.x / KVLAB_WARP; g < n_kv_heads * groups; g += blockDim.x / KVLAB_WARP) {
+        const int h = g / groups;
+        const int d = (g % groups) * KVLAB_INT4_VALUE_GROUP + lane;  // this lane's channel
+        const bool live = d < head_dim;
+        const float v = live ? to_float(x[h * head_dim + d]) : 0.0f;
+        const bool nan = __any_sync(0xffffffffu, live && isnan(v));
+        const float lo = warp_min(live ? v : __int_as_float(0x7f800000));
+        const float hi = warp_max(live ? v : KVLAB_NEG_INF);
+        const float2 sm = int4_range(lo, hi, nan);
+        if (lane == 0) {
+            range[2 * g] = sm.x;
+            range[2 * g + 1] = sm.y;
+        }
+        const unsigned int code = live ? int4_encode(v, sm.y, int4_inv(sm.x)) : 0u;
+        const unsigned int high = __shfl_down_sync(0xffffffffu, code, 1);  // lane + 1's code
+        if (live && d % 2 == 0) {
+            const unsigned int hi_code = d + 1 < head_dim ? high : 0u;
+            codes[h * head_bytes + d / 2].bits = (unsigned char)(code | (hi_code << 4));
+        }
+    }
+}
+
 // key, value (n_tokens, kv_dim) act type → key_cache, value_cache (num_slots, kv_dim) cache
-// type; k_scale, v_scale (num_slots, n_kv_heads) for the scaled formats.
+// type; k_scale, v_scale (num_slots, n_kv_heads) for the scaled formats. int4: keys into
+// k_residual through write_map, values quantized into value_cache and v_scale (layouts above).
 template <typename A, typename C>
 __device__ void reshape_and_cache_v1(const A* __restrict__ key, const A* __restrict__ value,
                                      C* __restrict__ key_cache, C* __restrict__ value_cache,
                                      float* __restrict__ k_scale, float* __restrict__ v_scale,
+                                     float* __restrict__ k_residual,
+                                     const int* __restrict__ write_map,
                                      const int* __restrict__ slot_mapping, int kv_dim,
-                                     int n_kv_heads) {
+                                     int n_kv_heads, int block_size) {
     const long long t = blockIdx.x;
     const long long slot = slot_mapping[t];
     if (slot < 0) return;  // the whole block leaves together
-    if constexpr (KvCodec<C>::scaled) {
+    if constexpr (KvCodec<C>::int4) {
+        const int head_dim = kv_dim / n_kv_heads;
+        const long long residual = write_map[slot / block_size];  // assigned by the host
+        float* row = k_residual + (residual * block_size + slot % block_size) * kv_dim;
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) row[i] = to_float(key[t * kv_dim + i]);
+        const int groups = (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
+        quantize_values_int4<A>(value + t * kv_dim,
+                                value_cache + slot * n_kv_heads * ((head_dim + 1) / 2),
+                                v_scale + slot * n_kv_heads * groups * 2, n_kv_heads, head_dim);
+    } else if constexpr (KvCodec<C>::scaled) {
         const int head_dim = kv_dim / n_kv_heads;
         const int warp = threadIdx.x / KVLAB_WARP;
         const int n_warps = blockDim.x / KVLAB_WARP;
@@ -76,9 +137,11 @@ __device__ void reshape_and_cache_v1(const A* __restrict__ key, const A* __restr
 #define KVLAB_RESHAPE_AND_CACHE(A, C, SUFFIX)                                                    \
     extern "C" __global__ void reshape_and_cache_v1_##SUFFIX(                                    \
         const A* key, const A* value, C* key_cache, C* value_cache, float* k_scale,              \
-        float* v_scale, const int* slot_mapping, int kv_dim, int n_kv_heads) {                   \
+        float* v_scale, float* k_residual, const int* write_map, const int* slot_mapping,        \
+        int kv_dim, int n_kv_heads, int block_size) {                                            \
         reshape_and_cache_v1<A, C>(key, value, key_cache, value_cache, k_scale, v_scale,         \
-                                   slot_mapping, kv_dim, n_kv_heads);                            \
+                                   k_residual, write_map, slot_mapping, kv_dim, n_kv_heads,      \
+                                   block_size);                                                  \
     }
 KVLAB_RESHAPE_AND_CACHE(float, float, f32_f32)
 KVLAB_RESHAPE_AND_CACHE(float, __half, f32_f16)
@@ -90,8 +153,76 @@ KVLAB_RESHAPE_AND_CACHE(__half, __half, f16_f16)
 KVLAB_RESHAPE_AND_CACHE(__half, __nv_bfloat16, f16_bf16)
 KVLAB_RESHAPE_AND_CACHE(__half, __nv_fp8_e4m3, f16_fp8)
 KVLAB_RESHAPE_AND_CACHE(__half, signed char, f16_i8)
+KVLAB_RESHAPE_AND_CACHE(float, kvlab_int4x2, f32_i4)
+KVLAB_RESHAPE_AND_CACHE(__half, kvlab_int4x2, f16_i4)
+
+// int4 keys of whole blocks, pairs (n_pairs, 2) i32 = (block, residual):
+//   close: residual rows (block_size, kv_dim) → per channel (s, min) over the block's rows into
+//     k_scale (num_blocks, kv_dim, 2) and the codes into key_cache (kvlab-cpu's
+//     KvStore::write_key_int4 when a group's last row arrives). Thread i takes byte i of the
+//     block's (n_kv_heads, ⌈head_dim / 2⌉) row, i.e. channels 2i and 2i + 1 of its head.
+//   open: codes and (s, min) of the block decoded back into the residual (what kvlab-cpu does
+//     before it writes a row of a complete group), so the rows not written again read as before.
+extern "C" __global__ void int4_close_keys_v1(kvlab_int4x2* __restrict__ key_cache,
+                                              float* __restrict__ k_scale,
+                                              const float* __restrict__ k_residual,
+                                              const int* __restrict__ pairs, int block_size,
+                                              int n_kv_heads, int head_dim) {
+    const long long block = pairs[2 * blockIdx.x];
+    const long long residual = pairs[2 * blockIdx.x + 1];
+    const int kv_dim = n_kv_heads * head_dim;
+    const int head_bytes = (head_dim + 1) / 2;
+    const float* rows = k_residual + residual * block_size * kv_dim;
+    for (int i = threadIdx.x; i < n_kv_heads * head_bytes; i += blockDim.x) {
+        const int h = i / head_bytes, d0 = 2 * (i % head_bytes);
+        const int n_ch = d0 + 1 < head_dim ? 2 : 1;
+        float s[2] = {0.0f, 0.0f}, m[2] = {0.0f, 0.0f}, inv[2] = {0.0f, 0.0f};
+        for (int c = 0; c < n_ch; ++c) {
+            const int ch = h * head_dim + d0 + c;
+            float lo = __int_as_float(0x7f800000), hi = KVLAB_NEG_INF;
+            bool nan = false;
+            for (int r = 0; r < block_size; ++r) {
+                const float x = rows[(long long)r * kv_dim + ch];
+                nan |= isnan(x);
+                lo = fminf(lo, x);
+                hi = fmaxf(hi, x);
+            }
+            const float2 sm = int4_range(lo, hi, nan);
+            s[c] = sm.x;
+            m[c] = sm.y;
+            inv[c] = int4_inv(sm.x);
+            k_scale[(block * kv_dim + ch) * 2] = sm.x;
+            k_scale[(block * kv_dim + ch) * 2 + 1] = sm.y;
+        }
+        for (int r = 0; r < block_size; ++r) {
+            const float* x = rows + (long long)r * kv_dim + h * head_dim + d0;
+            unsigned int byte = int4_encode(x[0], m[0], inv[0]);
+            if (n_ch == 2) byte |= int4_encode(x[1], m[1], inv[1]) << 4;
+            key_cache[((block * block_size + r) * n_kv_heads + h) * head_bytes + i % head_bytes]
+                .bits = (unsigned char)byte;
+        }
+    }
+}
+
+extern "C" __global__ void int4_open_keys_v1(const kvlab_int4x2* __restrict__ key_cache,
+                                             const float* __restrict__ k_scale,
+                                             float* __restrict__ k_residual,
+                                             const int* __restrict__ pairs, int block_size,
+                                             int n_kv_heads, int head_dim) {
+    const long long block = pairs[2 * blockIdx.x];
+    const long long residual = pairs[2 * blockIdx.x + 1];
+    const int kv_dim = n_kv_heads * head_dim;
+    const int head_bytes = (head_dim + 1) / 2;
+    for (int i = threadIdx.x; i < block_size * kv_dim; i += blockDim.x) {
+        const int r = i / kv_dim, ch = i % kv_dim, h = ch / head_dim, d = ch % head_dim;
+        const kvlab_int4x2* head = key_cache + ((block * block_size + r) * n_kv_heads + h) * head_bytes;
+        const float* sm = k_scale + (block * kv_dim + ch) * 2;
+        k_residual[residual * block_size * kv_dim + i] = int4_value(int4_code_at(head, d), sm[0], sm[1]);
+    }
+}
 
 // pairs (n_pairs, 2) i32: (src block, dst block). block_elems: elements of one block.
+// value_cache may be null: then K alone is copied.
 template <typename C>
 __device__ void copy_blocks_v1(C* key_cache, C* value_cache, const int* __restrict__ pairs,
                                long long block_elems) {
@@ -99,7 +230,7 @@ __device__ void copy_blocks_v1(C* key_cache, C* value_cache, const int* __restri
     const long long dst = (long long)pairs[2 * blockIdx.x + 1] * block_elems;
     for (long long i = threadIdx.x; i < block_elems; i += blockDim.x) {
         key_cache[dst + i] = key_cache[src + i];
-        value_cache[dst + i] = value_cache[src + i];
+        if (value_cache != nullptr) value_cache[dst + i] = value_cache[src + i];
     }
 }
 
@@ -113,3 +244,4 @@ KVLAB_COPY_BLOCKS(__half, f16)
 KVLAB_COPY_BLOCKS(__nv_bfloat16, bf16)
 KVLAB_COPY_BLOCKS(__nv_fp8_e4m3, fp8)
 KVLAB_COPY_BLOCKS(signed char, i8)
+KVLAB_COPY_BLOCKS(kvlab_int4x2, i4)

@@ -2,8 +2,8 @@
 // the line `#include "common.cuh"` before compiling, so kernels need no file system at run time.
 //
 // Element types: `float` (f32, parity mode) and `__half` (f16, fast mode) for activations;
-// the KV pool also stores `__nv_bfloat16`, `__nv_fp8_e4m3` and `signed char` (int8) through
-// KvCodec below. Every kernel loads elements through to_float() (or KvCodec::decode) and stores
+// the KV pool also stores `__nv_bfloat16`, `__nv_fp8_e4m3`, `signed char` (int8) and
+// `kvlab_int4x2` (two int4 codes in a byte) through KvCodec below. Every kernel loads elements through to_float() (or KvCodec::decode) and stores
 // through from_float<T>() (or KvCodec::encode), so all arithmetic and every accumulator is f32
 // whatever the storage type (round-to-nearest-even on the way back).
 #ifndef KVLAB_COMMON_CUH
@@ -36,15 +36,24 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 //     token instead of per tensor, so no calibration is needed);
 //   signed char (int8): per (token, KV head) s = amax / 127 and round(x · (1/s)) in −127..=127
 //     (symmetric; llama.cpp's q8_0 and KIVI's int8 baseline).
+//   kvlab_int4x2 (int4, KIVI): two codes per byte, low nibble first, asymmetric: a group has
+//     s = (max − min) / 15 and min, and x is stored as round((x − min) · (1/s)) in 0..=15, read
+//     back as q · s + min. Keys are grouped per channel over a whole block (KIVI's finding:
+//     keys have outlier channels), so a block's keys are quantized only when its last row
+//     arrives; until then they live in an f32 residual (cache.cu). Values are grouped per token
+//     over 32 channels of a head. Not a scaled format in the sense above: its (s, min) pairs
+//     have their own layout (cache.cu), and attention reads it through the int4 helpers below.
 // A head whose amax is 0 gets s = 1; a NaN makes its scale NaN, so the head reads back NaN.
 // decode(c) is the element before the scale: the stored value is decode(c) · s.
 template <typename C> struct KvCodec {
+    static constexpr bool int4 = false;
     static constexpr bool scaled = false;
     static constexpr float max_code = 0.0f;
     static __device__ __forceinline__ float decode(C c) { return to_float(c); }
     static __device__ __forceinline__ C encode(float x) { return from_float<C>(x); }
 };
 template <> struct KvCodec<__nv_fp8_e4m3> {
+    static constexpr bool int4 = false;
     static constexpr bool scaled = true;
     static constexpr float max_code = 448.0f;  // E4M3's largest finite value
     static __device__ __forceinline__ float decode(__nv_fp8_e4m3 c) { return float(c); }
@@ -52,6 +61,7 @@ template <> struct KvCodec<__nv_fp8_e4m3> {
     static __device__ __forceinline__ __nv_fp8_e4m3 encode(float x) { return __nv_fp8_e4m3(x); }
 };
 template <> struct KvCodec<signed char> {
+    static constexpr bool int4 = false;
     static constexpr bool scaled = true;
     static constexpr float max_code = 127.0f;
     static __device__ __forceinline__ float decode(signed char c) { return (float)c; }
@@ -61,6 +71,54 @@ template <> struct KvCodec<signed char> {
         return isnan(x) ? (signed char)0 : (signed char)fminf(fmaxf(roundf(x), -127.0f), 127.0f);
     }
 };
+
+// Two int4 codes, element 2i in the low nibble and 2i + 1 in the high one (a head of head_dim
+// elements is ⌈head_dim / 2⌉ of these).
+struct kvlab_int4x2 {
+    unsigned char bits;
+};
+template <> struct KvCodec<kvlab_int4x2> {
+    static constexpr bool int4 = true;
+    static constexpr bool scaled = false;
+    static constexpr float max_code = 15.0f;
+};
+
+// Channels of a head that share one int4 value scale (kvlab_model::KvDtype::INT4_VALUE_GROUP).
+#define KVLAB_INT4_VALUE_GROUP 32
+
+// Code d of a head's packed int4 codes.
+__device__ __forceinline__ unsigned int int4_code_at(const kvlab_int4x2* head, int d) {
+    const unsigned int b = head[d >> 1].bits;
+    return (d & 1) ? (b >> 4) : (b & 0x0Fu);
+}
+
+// q · s + min, rounded as kvlab-cpu rounds it (a product, then a sum: never an FMA, which NVRTC
+// would otherwise contract it to), so a decoded group is the same f32 on both engines.
+__device__ __forceinline__ float int4_value(unsigned int q, float s, float min) {
+    return __fadd_rn(__fmul_rn((float)q, s), min);
+}
+
+// The code of x on the grid min + q · s, `inv` = 1 / s (0 for a flat group): kvlab-cpu's
+// ((x − min) · inv).round().clamp(0, 15); roundf rounds half away from zero as Rust's round,
+// and a NaN (whose group's s and min are NaN) stores 0, as Rust's `as u8`.
+__device__ __forceinline__ unsigned int int4_encode(float x, float min, float inv) {
+    const float c = roundf(__fmul_rn(__fsub_rn(x, min), inv));
+    return isnan(c) ? 0u : (unsigned int)fminf(fmaxf(c, 0.0f), 15.0f);
+}
+
+// (s, min) of a group from its lo = min and hi = max (nan: some element was NaN): s = (hi − lo)
+// / 15, both NaN for a NaN group. And inv = 1 / s, 0 when s is not > 0.
+__device__ __forceinline__ float2 int4_range(float lo, float hi, bool nan) {
+    if (nan) return make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+    return make_float2(__fdiv_rn(__fsub_rn(hi, lo), 15.0f), lo);
+}
+__device__ __forceinline__ float int4_inv(float s) { return s > 0.0f ? __fdiv_rn(1.0f, s) : 0.0f; }
+
+// min and max over the 32 lanes of a warp; every lane gets them.
+__device__ __forceinline__ float warp_min(float v) {
+    for (int o = KVLAB_WARP / 2; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
 
 // Σ over the 32 lanes of a warp; every lane gets the sum (butterfly reduction).
 __device__ __forceinline__ float warp_sum(float v) {

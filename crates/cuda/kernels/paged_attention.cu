@@ -5,7 +5,9 @@
 //   out, q            (n_tokens, n_heads, head_dim) A; sequence s's query is row query_start_loc[s+1]−1
 //   k_new, v_new      (n_tokens, n_kv_heads, head_dim) A, this step's keys/values (after RoPE)
 //   k_cache, v_cache  (num_blocks, block_size, n_kv_heads, head_dim) C, the layer's pool
-//   k_scale, v_scale  (num_blocks, block_size, n_kv_heads) f32, for the scaled C (common.cuh)
+//   k_scale, v_scale  (num_blocks, block_size, n_kv_heads) f32, for the scaled C (common.cuh);
+//                     int4's (s, min) pairs otherwise (cache.cu)
+//   k_residual, read_map  int4 only: keys of blocks still filling, and which residual (cache.cu)
 //   block_tables      (n_seqs, max_blocks) i32, -1 padded
 //   query_start_loc   (n_seqs + 1,) i32;  context_lens (n_seqs,) i32 (keys after this step)
 //   window            0 for global layers, else the sliding window (keys p+1−window ..= p)
@@ -32,6 +34,8 @@ __device__ void paged_attention_v1(A* __restrict__ out, const A* __restrict__ q,
                                    const C* __restrict__ k_cache, const C* __restrict__ v_cache,
                                    const float* __restrict__ k_scale,
                                    const float* __restrict__ v_scale,
+                                   const float* __restrict__ k_residual,
+                                   const int* __restrict__ read_map,
                                    const int* __restrict__ block_tables,
                                    const int* __restrict__ query_start_loc,
                                    const int* __restrict__ context_lens, int max_blocks,
@@ -43,7 +47,8 @@ __device__ void paged_attention_v1(A* __restrict__ out, const A* __restrict__ q,
     const long long row = query_start_loc[s + 1] - 1;
     const int p = context_lens[s] - 1;
     const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, k_scale, v_scale,
-                                    block_tables, query_start_loc, context_lens, s, h, max_blocks,
+                                    k_residual, read_map, block_tables, query_start_loc,
+                                    context_lens, s, h, max_blocks,
                                     n_heads, n_kv_heads, head_dim, block_size);
     const int lo = first_key(p, window);
     float M, L;
@@ -64,6 +69,8 @@ __device__ void paged_attention_v2(float* __restrict__ tmp_max, float* __restric
                                    const C* __restrict__ k_cache, const C* __restrict__ v_cache,
                                    const float* __restrict__ k_scale,
                                    const float* __restrict__ v_scale,
+                                   const float* __restrict__ k_residual,
+                                   const int* __restrict__ read_map,
                                    const int* __restrict__ block_tables,
                                    const int* __restrict__ query_start_loc,
                                    const int* __restrict__ context_lens, int max_blocks,
@@ -81,7 +88,8 @@ __device__ void paged_attention_v2(float* __restrict__ tmp_max, float* __restric
     if (begin > p) return;  // the whole block leaves together: no __syncthreads is skipped
     const int end = min(begin + partition_size, p + 1);
     const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, k_scale, v_scale,
-                                    block_tables, query_start_loc, context_lens, s, h, max_blocks,
+                                    k_residual, read_map, block_tables, query_start_loc,
+                                    context_lens, s, h, max_blocks,
                                     n_heads, n_kv_heads, head_dim, block_size);
     float M, L;
     block_attend(sh, q + (row * n_heads + h) * head_dim, kv, begin, end, scale, M, L);
@@ -129,23 +137,27 @@ __device__ void paged_attention_v2_reduce(A* __restrict__ out, const float* __re
 #define KVLAB_PAGED_ATTENTION(A, C, SUFFIX)                                                      \
     extern "C" __global__ void paged_attention_v1_##SUFFIX(                                      \
         A* out, const A* q, const A* k_new, const A* v_new, const C* k_cache,                    \
-        const C* v_cache, const float* k_scale, const float* v_scale, const int* block_tables,   \
-        const int* query_start_loc, const int* context_lens, int max_blocks, int n_heads,        \
-        int n_kv_heads, int head_dim, int block_size, int window, float scale) {                 \
+        const C* v_cache, const float* k_scale, const float* v_scale, const float* k_residual,   \
+        const int* read_map, const int* block_tables, const int* query_start_loc,                \
+        const int* context_lens, int max_blocks, int n_heads, int n_kv_heads, int head_dim,      \
+        int block_size, int window, float scale) {                                               \
         paged_attention_v1<A, C>(out, q, k_new, v_new, k_cache, v_cache, k_scale, v_scale,       \
-                                 block_tables, query_start_loc, context_lens, max_blocks,        \
-                                 n_heads, n_kv_heads, head_dim, block_size, window, scale);      \
+                                 k_residual, read_map, block_tables, query_start_loc,            \
+                                 context_lens, max_blocks, n_heads, n_kv_heads, head_dim,        \
+                                 block_size, window, scale);                                     \
     }                                                                                            \
     extern "C" __global__ void paged_attention_v2_##SUFFIX(                                      \
         float* tmp_max, float* tmp_sum, float* tmp_acc, const A* q, const A* k_new,              \
         const A* v_new, const C* k_cache, const C* v_cache, const float* k_scale,                \
-        const float* v_scale, const int* block_tables, const int* query_start_loc,               \
-        const int* context_lens, int max_blocks, int n_heads, int n_kv_heads, int head_dim,      \
-        int block_size, int window, float scale, int partition_size, int max_partitions) {       \
+        const float* v_scale, const float* k_residual, const int* read_map,                      \
+        const int* block_tables, const int* query_start_loc, const int* context_lens,            \
+        int max_blocks, int n_heads, int n_kv_heads, int head_dim, int block_size, int window,   \
+        float scale, int partition_size, int max_partitions) {                                   \
         paged_attention_v2<A, C>(tmp_max, tmp_sum, tmp_acc, q, k_new, v_new, k_cache, v_cache,  \
-                                 k_scale, v_scale, block_tables, query_start_loc, context_lens,  \
-                                 max_blocks, n_heads, n_kv_heads, head_dim, block_size, window,  \
-                                 scale, partition_size, max_partitions);                         \
+                                 k_scale, v_scale, k_residual, read_map, block_tables,           \
+                                 query_start_loc, context_lens, max_blocks, n_heads, n_kv_heads, \
+                                 head_dim, block_size, window, scale, partition_size,            \
+                                 max_partitions);                                                \
     }
 KVLAB_PAGED_ATTENTION(float, float, f32_f32)
 KVLAB_PAGED_ATTENTION(float, __half, f32_f16)
@@ -157,6 +169,8 @@ KVLAB_PAGED_ATTENTION(__half, __half, f16_f16)
 KVLAB_PAGED_ATTENTION(__half, __nv_bfloat16, f16_bf16)
 KVLAB_PAGED_ATTENTION(__half, __nv_fp8_e4m3, f16_fp8)
 KVLAB_PAGED_ATTENTION(__half, signed char, f16_i8)
+KVLAB_PAGED_ATTENTION(float, kvlab_int4x2, f32_i4)
+KVLAB_PAGED_ATTENTION(__half, kvlab_int4x2, f16_i4)
 
 #define KVLAB_PAGED_ATTENTION_REDUCE(A, SUFFIX)                                                  \
     extern "C" __global__ void paged_attention_v2_reduce_##SUFFIX(                               \

@@ -23,6 +23,8 @@ __device__ void prefill_attention_v1(A* __restrict__ out, const A* __restrict__ 
                                      const C* __restrict__ k_cache, const C* __restrict__ v_cache,
                                      const float* __restrict__ k_scale,
                                      const float* __restrict__ v_scale,
+                                     const float* __restrict__ k_residual,
+                                     const int* __restrict__ read_map,
                                      const int* __restrict__ block_tables,
                                      const int* __restrict__ query_start_loc,
                                      const int* __restrict__ context_lens,
@@ -34,7 +36,8 @@ __device__ void prefill_attention_v1(A* __restrict__ out, const A* __restrict__ 
     const int h = blockIdx.y;
     const int s = token_seq[r];
     const KvView<A, C> kv = kv_view(k_new, v_new, k_cache, v_cache, k_scale, v_scale,
-                                    block_tables, query_start_loc, context_lens, s, h, max_blocks,
+                                    k_residual, read_map, block_tables, query_start_loc,
+                                    context_lens, s, h, max_blocks,
                                     n_heads, n_kv_heads, head_dim, block_size);
     const int p = kv.pos0 + (int)(r - kv.new_row0);
     const int lo = first_key(p, window);
@@ -49,14 +52,14 @@ __device__ void prefill_attention_v1(A* __restrict__ out, const A* __restrict__ 
 #define KVLAB_PREFILL_ATTENTION(A, C, SUFFIX)                                                    \
     extern "C" __global__ void prefill_attention_v1_##SUFFIX(                                    \
         A* out, const A* q, const A* k_new, const A* v_new, const C* k_cache,                    \
-        const C* v_cache, const float* k_scale, const float* v_scale, const int* block_tables,   \
-        const int* query_start_loc, const int* context_lens, const int* token_seq,               \
-        int first_row, int max_blocks, int n_heads, int n_kv_heads, int head_dim,                \
-        int block_size, int window, float scale) {                                               \
+        const C* v_cache, const float* k_scale, const float* v_scale, const float* k_residual,   \
+        const int* read_map, const int* block_tables, const int* query_start_loc,                \
+        const int* context_lens, const int* token_seq, int first_row, int max_blocks,            \
+        int n_heads, int n_kv_heads, int head_dim, int block_size, int window, float scale) {    \
         prefill_attention_v1<A, C>(out, q, k_new, v_new, k_cache, v_cache, k_scale, v_scale,     \
-                                   block_tables, query_start_loc, context_lens, token_seq,       \
-                                   first_row, max_blocks, n_heads, n_kv_heads, head_dim,         \
-                                   block_size, window, scale);                                   \
+                                   k_residual, read_map, block_tables, query_start_loc,          \
+                                   context_lens, token_seq, first_row, max_blocks, n_heads,      \
+                                   n_kv_heads, head_dim, block_size, window, scale);             \
     }
 KVLAB_PREFILL_ATTENTION(float, float, f32_f32)
 KVLAB_PREFILL_ATTENTION(float, __half, f32_f16)
@@ -68,3 +71,5 @@ KVLAB_PREFILL_ATTENTION(__half, __half, f16_f16)
 KVLAB_PREFILL_ATTENTION(__half, __nv_bfloat16, f16_bf16)
 KVLAB_PREFILL_ATTENTION(__half, __nv_fp8_e4m3, f16_fp8)
 KVLAB_PREFILL_ATTENTION(__half, signed char, f16_i8)
+KVLAB_PREFILL_ATTENTION(float, kvlab_int4x2, f32_i4)
+KVLAB_PREFILL_ATTENTION(__half, kvlab_int4x2, f16_i4)

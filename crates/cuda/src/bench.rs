@@ -28,7 +28,7 @@ use crate::dtype::{CacheElem, DType};
 use crate::engine::CudaEngine;
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel};
-use crate::ops::{AttentionArgs, Ops};
+use crate::ops::{AttentionArgs, Ops, cache_sizes};
 
 /// Measured device-to-device copy bandwidth, in bytes per second (read + write counted).
 ///
@@ -57,8 +57,8 @@ pub struct AttentionRow {
     /// "v1" or "v2 (P partitions)".
     pub kernel: String,
     pub seconds_per_call: f64,
-    /// K and V bytes read per call: batch · context · 2 · n_kv_heads · bytes of one head's row
-    /// (head_dim elements, plus the scale of fp8-e4m3 and int8).
+    /// K and V bytes read per call: batch · n_kv_heads · `KvDtype::kv_head_bytes` of the context
+    /// (2 · context · head_dim elements, plus the scales of fp8-e4m3 and int8, or int4's).
     pub kv_bytes: usize,
     pub bytes_per_s: f64,
     /// bytes_per_s / copy bandwidth.
@@ -88,10 +88,11 @@ pub fn attention_bench<A: DType, C: CacheElem>(
     let kv_dim = n_kv_heads * head_dim;
     let blocks_per_seq = context.div_ceil(bs);
     let num_blocks = batch * blocks_per_seq;
-    let cache_elems = num_blocks * bs * kv_dim;
+    let [cache_elems, k_scales, v_scales, residual, map] =
+        cache_sizes::<C>(num_blocks * bs, bs, (n_kv_heads, head_dim), 0);
     let (free, _) = dev.mem_info()?;
     // K and V of every slot, with their scales.
-    let pool_bytes = num_blocks * bs * 2 * n_kv_heads * C::KV_DTYPE.value_bytes(head_dim, 1);
+    let pool_bytes = num_blocks * n_kv_heads * C::KV_DTYPE.kv_head_bytes(head_dim, bs, bs);
     if pool_bytes > free / 2 {
         return Err(CudaError::OutOfMemory(format!(
             "batch {batch} x context {context} needs {} bytes of K/V",
@@ -101,14 +102,13 @@ pub fn attention_bench<A: DType, C: CacheElem>(
     let s = &dev.stream;
     let k_cache = s.alloc_zeros::<C>(cache_elems)?;
     let v_cache = s.alloc_zeros::<C>(cache_elems)?;
-    // Scales of 1 for the 8-bit formats (one per slot and KV head); one unused one otherwise.
-    let n_scales = if C::SCALED {
-        num_blocks * bs * n_kv_heads
-    } else {
-        1
-    };
-    let k_scale = s.clone_htod(&vec![1.0f32; n_scales])?;
-    let v_scale = s.clone_htod(&vec![1.0f32; n_scales])?;
+    // Scales of 1 for the 8-bit formats (one per slot and KV head), (s, min) = (1, 1) for
+    // int4, whose blocks are all complete (no residual: a read map of -1); one unused element
+    // otherwise.
+    let k_scale = s.clone_htod(&vec![1.0f32; k_scales])?;
+    let v_scale = s.clone_htod(&vec![1.0f32; v_scales])?;
+    let k_residual = s.alloc_zeros::<f32>(residual)?;
+    let read_map = s.clone_htod(&vec![-1i32; map])?;
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut random = |n: usize| -> Vec<A> {
         (0..n)
@@ -139,6 +139,8 @@ pub fn attention_bench<A: DType, C: CacheElem>(
         v_cache: ops.dev(&v_cache),
         k_scale: ops.dev(&k_scale),
         v_scale: ops.dev(&v_scale),
+        k_residual: ops.dev(&k_residual),
+        read_map: ops.dev(&read_map),
         block_tables: m.range(0..tb)?,
         query_start_loc: m.range(tb..tb + batch + 1)?,
         context_lens: m.range(tb + batch + 1..tb + 2 * batch + 1)?,
@@ -151,6 +153,7 @@ pub fn attention_bench<A: DType, C: CacheElem>(
         head_dim,
         block_size: bs,
         num_slots: num_blocks * bs,
+        residuals: 0,
         window: 0,
         scale: config.attn_scale,
     };
@@ -184,7 +187,7 @@ pub fn attention_bench<A: DType, C: CacheElem>(
     }
     dev.sync()?;
     let seconds_per_call = t.elapsed().as_secs_f64() / iters as f64;
-    let kv_bytes = batch * context * 2 * C::KV_DTYPE.value_bytes(head_dim, 1) * n_kv_heads;
+    let kv_bytes = batch * n_kv_heads * C::KV_DTYPE.kv_head_bytes(head_dim, context, bs);
     let bytes_per_s = kv_bytes as f64 / seconds_per_call;
     Ok(AttentionRow {
         batch,

@@ -1,6 +1,6 @@
 //! Element types on the device: `f32` (parity mode) and `f16` (fast mode, IEEE half via the
-//! `half` crate) for weights and activations ([`DType`]); those two and bf16, fp8-e4m3 codes
-//! and int8 codes for the KV pool ([`CacheElem`], the `--kv-dtype` formats of
+//! `half` crate) for weights and activations ([`DType`]); those two and bf16, fp8-e4m3 codes,
+//! int8 codes and pairs of int4 codes for the KV pool ([`CacheElem`], the `--kv-dtype` formats of
 //! `kvlab_model::KvDtype`). Kernel entry points carry the type's `NAME` as a suffix, and cuBLAS
 //! gets a [`DType::CUDA`] data type.
 
@@ -30,7 +30,7 @@ pub trait DType:
 
 /// An element of the KV pool: the value itself (f32, f16, bf16) or the code of a scaled 8-bit
 /// format (`u8` holds fp8-e4m3 bits, `i8` int8), whose (token, KV head) rows also have an f32
-/// scale. The formats, and why their bits equal kvlab-cpu's, are in `kernels/common.cuh`
+/// scale, or two int4 codes ([`Int4x2`]). The formats, and why their bits equal kvlab-cpu's, are in `kernels/common.cuh`
 /// (`KvCodec`).
 pub trait CacheElem:
     DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + std::fmt::Debug + 'static
@@ -43,6 +43,9 @@ pub trait CacheElem:
     const BYTES: usize;
     /// Whether each (token, KV head) row of elements has an f32 scale beside it.
     const SCALED: bool;
+    /// Whether it is [`Int4x2`]: two codes a byte, with int4's own (s, min) layout and f32
+    /// residual (`kernels/cache.cu`).
+    const INT4: bool = false;
     /// The element's bits, little-endian (`BYTES` of them), for a block moved to a tier.
     fn to_le(self, out: &mut Vec<u8>);
     /// The element whose bits `to_le` wrote (`bytes.len() == BYTES`).
@@ -97,6 +100,42 @@ cache_elem!(
 );
 cache_elem!(u8, "fp8", KvDtype::Fp8E4m3, true, u8, |x| x, |x| x);
 cache_elem!(i8, "i8", KvDtype::Int8, true, i8, |x| x, |x| x);
+
+/// Two int4 codes of the KV pool in one byte, element 2i in the low nibble (`kvlab_int4x2` in
+/// `kernels/common.cuh`): a head of head_dim elements is ⌈head_dim / 2⌉ of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Int4x2(pub u8);
+
+// SAFETY: a plain byte (repr(transparent) over u8), passed to kernels by value or as device
+// memory of bytes, as u8 is; all zero bits are two zero codes.
+unsafe impl DeviceRepr for Int4x2 {}
+// SAFETY: as above; zeroed memory is a valid Int4x2.
+unsafe impl ValidAsZeroBits for Int4x2 {}
+
+impl CacheElem for Int4x2 {
+    const NAME: &'static str = "i4";
+    const KV_DTYPE: KvDtype = KvDtype::Int4;
+    const BYTES: usize = 1;
+    const SCALED: bool = false;
+    const INT4: bool = true;
+    fn to_le(self, out: &mut Vec<u8>) {
+        out.push(self.0);
+    }
+    fn from_le(bytes: &[u8]) -> Self {
+        Int4x2(bytes[0])
+    }
+}
+
+/// Elements of `C` one token's (n_kv_heads, head_dim) keys or values take in the pool: kv_dim,
+/// or n_kv_heads × ⌈head_dim / 2⌉ bytes of int4 codes.
+pub fn row_elems<C: CacheElem>(n_kv_heads: usize, head_dim: usize) -> usize {
+    if C::INT4 {
+        n_kv_heads * head_dim.div_ceil(2)
+    } else {
+        n_kv_heads * head_dim
+    }
+}
 
 impl DType for f32 {
     const NAME: &'static str = "f32";
@@ -231,6 +270,10 @@ mod tests {
             (u8::KV_DTYPE, u8::BYTES, u8::SCALED),
             (i8::KV_DTYPE, i8::BYTES, i8::SCALED),
         ];
+        assert_eq!(Int4x2::KV_DTYPE, KvDtype::Int4);
+        const { assert!(Int4x2::INT4 && !<u8 as CacheElem>::INT4) };
+        assert_eq!(row_elems::<Int4x2>(2, 7), 8);
+        assert_eq!(row_elems::<u8>(2, 7), 14);
         for (dtype, bytes, scaled) in all {
             // KvDtype's bytes per (token, KV head) of head_dim 64: the element, plus the scale.
             assert_eq!(

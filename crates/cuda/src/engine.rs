@@ -21,7 +21,7 @@ use kvlab_paged::{
 };
 
 use crate::device::{Device, DeviceInfo};
-use crate::dtype::Precision;
+use crate::dtype::{Int4x2, Precision};
 use crate::error::{CudaError, Result};
 use crate::forward::{Forward, ForwardOptions};
 use crate::launch::{DecodeAttention, pack_step};
@@ -33,8 +33,9 @@ use crate::pool::{self, PoolPlan};
 pub struct CudaOptions {
     /// Weights and activations: F32 (parity with the CPU engines) or F16 (fast).
     pub precision: Precision,
-    /// How the KV pool stores keys and values: f32, f16, bf16, fp8-e4m3 or int8 (`--kv-dtype`;
-    /// int4 is refused with [`CudaError::Unsupported`]).
+    /// How the KV pool stores keys and values: f32, f16, bf16, fp8-e4m3, int8 or int4
+    /// (`--kv-dtype`; int4 adds f32 residuals for the keys of blocks still filling,
+    /// `residual.rs`).
     pub kv_dtype: KvDtype,
     /// Fraction of the GPU's memory the engine may use in all (weights, activations, KV pool),
     /// like vLLM's `gpu_memory_utilization`. Ignored when `num_blocks` is given.
@@ -78,11 +79,13 @@ enum Runner {
     F32Bf16(Box<Forward<f32, bf16>>),
     F32Fp8(Box<Forward<f32, u8>>),
     F32I8(Box<Forward<f32, i8>>),
+    F32I4(Box<Forward<f32, Int4x2>>),
     F16F32(Box<Forward<f16, f32>>),
     F16F16(Box<Forward<f16, f16>>),
     F16Bf16(Box<Forward<f16, bf16>>),
     F16Fp8(Box<Forward<f16, u8>>),
     F16I8(Box<Forward<f16, i8>>),
+    F16I4(Box<Forward<f16, Int4x2>>),
 }
 
 macro_rules! with_runner {
@@ -93,11 +96,13 @@ macro_rules! with_runner {
             Runner::F32Bf16($f) => $body,
             Runner::F32Fp8($f) => $body,
             Runner::F32I8($f) => $body,
+            Runner::F32I4($f) => $body,
             Runner::F16F32($f) => $body,
             Runner::F16F16($f) => $body,
             Runner::F16Bf16($f) => $body,
             Runner::F16Fp8($f) => $body,
             Runner::F16I8($f) => $body,
+            Runner::F16I4($f) => $body,
         }
     };
 }
@@ -133,7 +138,7 @@ impl CudaEngine {
             return Err(CudaError::Unsupported("block_size 0".into()));
         }
         crate::launch::check_head_dim(c.head_dim)?;
-        // A KV dtype the pool does not store is refused before the GPU is opened.
+        // The pool's plan is checked before the GPU is opened.
         let per_block = pool::plan(c, 1, opts.block_size, opts.kv_dtype)?.pool_bytes;
         let dev = Device::open(opts.device)?;
         let ops = Ops::new(&dev)?;
@@ -182,8 +187,8 @@ impl CudaEngine {
             (Precision::F16, KvDtype::Bf16) => build!(F16Bf16),
             (Precision::F16, KvDtype::Fp8E4m3) => build!(F16Fp8),
             (Precision::F16, KvDtype::Int8) => build!(F16I8),
-            // pool::plan refused it above, before the device was opened.
-            (_, KvDtype::Int4) => unreachable!("int4 is refused before the device is opened"),
+            (Precision::F32, KvDtype::Int4) => build!(F32I4),
+            (Precision::F16, KvDtype::Int4) => build!(F16I4),
         };
         let unscheduled = UnscheduledPools::new(with_runner!(&runner, f => &f.geometry.kv_cache))?;
         Ok(CudaEngine {
@@ -385,30 +390,15 @@ impl StepExecutor for CudaEngine {
     /// (crates/cuda/README.md lists the check).
     fn read_block(&mut self, group: usize, block: BlockId) -> Result<Option<Vec<u8>>, Error> {
         let bytes = with_runner!(&self.runner, f => {
-            let layers = group_layers(&f.pool.plan, group)?;
-            f.pool.read_block(&f.dev.stream, layers, block as usize)
+            f.pool.read_block(&f.dev.stream, group, block as usize)
         })?;
         Ok(Some(bytes))
     }
 
     fn write_block(&mut self, group: usize, block: BlockId, bytes: &[u8]) -> Result<bool, Error> {
         with_runner!(&mut self.runner, f => {
-            let layers = group_layers(&f.pool.plan, group)?.to_vec();
-            f.pool.write_block(&f.dev.stream, &layers, block as usize, bytes)
+            f.pool.write_block(&f.ops, group, block as usize, bytes)
         })?;
         Ok(true)
     }
-}
-
-/// The layers of KV cache group `group` of the pool.
-fn group_layers(plan: &crate::pool::PoolPlan, group: usize) -> crate::error::Result<&[usize]> {
-    plan.groups
-        .get(group)
-        .map(|g| g.layers.as_slice())
-        .ok_or_else(|| {
-            CudaError::BadInput(format!(
-                "KV cache group {group} is not one of the pool's {}",
-                plan.groups.len()
-            ))
-        })
 }

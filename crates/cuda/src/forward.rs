@@ -21,6 +21,8 @@
 //! The residual stream `x` stays f32 in both modes; in f16 mode the GEMM inputs and outputs
 //! and the attention I/O are f16 with f32 accumulation inside.
 
+use std::ops::Range;
+
 use cudarc::driver::CudaSlice;
 use kvlab_model::{Config, Model, RopeLayout};
 use kvlab_paged::KvCacheConfig;
@@ -29,8 +31,9 @@ use crate::device::Device;
 use crate::dtype::{CacheElem, DType};
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel, PackGeometry, PackedStep};
-use crate::ops::{AttentionArgs, Ops};
+use crate::ops::{AttentionArgs, Int4Op, Ops};
 use crate::pool::{KvPool, PoolPlan};
+use crate::residual::Residuals;
 use crate::rope::RopeTables;
 use crate::weights::DeviceWeights;
 use crate::workspace::Workspace;
@@ -49,6 +52,8 @@ pub struct Forward<A: DType, C: CacheElem> {
     pub ws: Workspace<A>,
     /// The step's packed i32 metadata (grown as needed).
     pub meta: CudaSlice<i32>,
+    /// int4: the step's residual pair lists (`plan_residuals`).
+    pub res_meta: CudaSlice<i32>,
     /// paged_attention_v2's partial results.
     pub v2_workspace: CudaSlice<f32>,
     pub decode_attention: DecodeAttention,
@@ -58,6 +63,14 @@ pub struct Forward<A: DType, C: CacheElem> {
 }
 
 /// What a new [`Forward`] needs besides the model.
+/// Where one group's int4 residual pair lists are in `Forward::res_meta` (`ResidualPlan`).
+struct ResidualRanges {
+    close_early: Range<usize>,
+    copies: Range<usize>,
+    open: Range<usize>,
+    close: Range<usize>,
+}
+
 pub struct ForwardOptions {
     pub max_batch_tokens: usize,
     pub max_seqs: usize,
@@ -75,7 +88,7 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
         ops: Ops,
         model: &Model,
         opts: &ForwardOptions,
-        pool_size: impl FnOnce(usize, usize) -> Result<PoolPlan>,
+        pool_size: impl Fn(usize, usize) -> Result<PoolPlan>,
     ) -> Result<Self> {
         let c = model.config.clone();
         launch::check_head_dim(c.head_dim)?;
@@ -88,9 +101,26 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             .clamp(1, MAX_V2_WORKSPACE_FLOATS);
         let v2_workspace = stream.alloc_zeros::<f32>(v2_floats)?;
         let meta = stream.alloc_zeros::<i32>(1 << 16)?;
+        let res_meta = stream.alloc_zeros::<i32>(1 << 10)?;
         dev.sync()?;
         let (free, total) = dev.mem_info()?;
-        let plan = pool_size(free, total)?;
+        let mut plan = pool_size(free, total)?;
+        if C::INT4 {
+            // The residuals come out of the same budget: size them for the plan's blocks, then
+            // plan again with their bytes taken from what is free (fewer blocks need no more).
+            let residuals = |plan: &PoolPlan| {
+                Residuals::capacity_for(
+                    plan.num_blocks,
+                    plan.block_size,
+                    opts.max_seqs,
+                    opts.max_batch_tokens,
+                )
+            };
+            let capacity = residuals(&plan);
+            let first = plan.with_residuals(&c, capacity);
+            let replanned = pool_size(free.saturating_sub(first.residual_bytes), total)?;
+            plan = replanned.with_residuals(&c, first.residuals);
+        }
         let kv_cache = KvCacheConfig::new(c.kv_cache_groups(), plan.num_blocks, plan.block_size);
         let pool = KvPool::<C>::allocate(&stream, &c, plan)?;
         let layer_group = (0..c.n_layers).map(|l| c.layer_cache_group(l)).collect();
@@ -109,6 +139,7 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             rope,
             ws,
             meta,
+            res_meta,
             v2_workspace,
             decode_attention: opts.decode_attention,
             layer_group,
@@ -121,6 +152,13 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
     /// # Errors
     /// Launch, cuBLAS and driver errors; out of memory when the workspace must grow.
     pub fn step(&mut self, p: &PackedStep) -> Result<()> {
+        // int4: which residual holds each block's keys this step (residual.rs), its maps and
+        // pair lists on the device.
+        let residual_steps = if C::INT4 {
+            self.plan_residuals(p)?
+        } else {
+            Vec::new()
+        };
         let c = &self.config;
         let stream = self.dev.stream.clone();
         self.ws.ensure(&stream, c, p.n_tokens, p.n_seqs)?;
@@ -128,26 +166,41 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             self.meta = stream.alloc_zeros::<i32>(p.ints.len().next_power_of_two())?;
         }
         stream.memcpy_htod(&p.ints, &mut self.meta.slice_mut(0..p.ints.len()))?;
-        let ops = &self.ops;
-        let meta = ops.dev(&self.meta);
+        let meta = self.ops.dev(&self.meta);
         let (t, s) = (p.n_tokens, p.n_seqs);
         let (d, hd, qd, kvd, hid) = (c.dim, c.head_dim, c.q_dim(), c.kv_dim(), c.hidden_dim);
         let plan = &self.pool.plan;
         let (num_blocks, bs, num_slots) = (plan.num_blocks, plan.block_size, plan.num_slots());
 
-        // 1. Copy-on-write copies, all of them before any write of the step.
+        let ops = &self.ops;
+        let res_meta = ops.dev(&self.res_meta);
+        let residuals = self.pool.residual_count();
+
+        // 1. Copy-on-write copies, all of them before any write of the step; int4 first closes
+        //    the blocks whose residuals it takes back, and after the copies opens the complete
+        //    blocks the step writes again.
         for (g, gm) in p.groups.iter().enumerate() {
-            if gm.n_copies == 0 {
-                continue;
-            }
-            let pairs = meta.range(gm.copies.clone())?;
-            for l in (0..c.n_layers).filter(|&l| self.layer_group[l] == g) {
-                let (kc, vc) = (ops.dev(&self.pool.k[l]), ops.dev(&self.pool.v[l]));
-                ops.copy_blocks(kc, vc, pairs, gm.n_copies, num_blocks, bs * kvd)?;
-                if C::SCALED {
-                    let ks = ops.dev(&self.pool.k_scale[l]);
-                    let vs = ops.dev(&self.pool.v_scale[l]);
-                    ops.copy_blocks(ks, vs, pairs, gm.n_copies, num_blocks, bs * c.n_kv_heads)?;
+            let layers = (0..c.n_layers).filter(|&l| self.layer_group[l] == g);
+            for l in layers {
+                if let Some(r) = residual_steps.get(g) {
+                    let t = self.pool.int4_args(ops, l)?;
+                    let (early, n) = (
+                        res_meta.range(r.close_early.clone())?,
+                        r.close_early.len() / 2,
+                    );
+                    ops.int4_keys(Int4Op::Close, t, early, n)?;
+                }
+                if gm.n_copies > 0 {
+                    let pairs = meta.range(gm.copies.clone())?;
+                    self.pool.copy_blocks(ops, l, pairs, gm.n_copies)?;
+                }
+                if let Some(r) = residual_steps.get(g) {
+                    let t = self.pool.int4_args(ops, l)?;
+                    let (copies, n) = (res_meta.range(r.copies.clone())?, r.copies.len() / 2);
+                    let kr = ops.dev(&self.pool.k_residual[l]);
+                    ops.copy_blocks(kr, None, copies, n, residuals, bs * kvd)?;
+                    let (open, n) = (res_meta.range(r.open.clone())?, r.open.len() / 2);
+                    ops.int4_keys(Int4Op::Open, t, open, n)?;
                 }
             }
         }
@@ -201,15 +254,40 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             ops.rope(q, positions, cos, sin, t, c.n_heads, hd, neox)?;
             ops.rope(k, positions, cos, sin, t, c.n_kv_heads, hd, neox)?;
 
-            let gm = &p.groups[self.layer_group[l]];
+            let g = self.layer_group[l];
+            let gm = &p.groups[g];
             let (kc, vc) = (ops.dev(&self.pool.k[l]), ops.dev(&self.pool.v[l]));
             let (ks, vs) = (
                 ops.dev(&self.pool.k_scale[l]),
                 ops.dev(&self.pool.v_scale[l]),
             );
+            let kr = ops.dev(&self.pool.k_residual[l]);
+            // int4: (num_blocks,) the write map, then the read map (residual.rs); else unused.
+            let maps = ops.dev(&self.pool.maps[g]);
+            let (write_map, read_map) = if C::INT4 {
+                (
+                    maps.range(0..num_blocks)?,
+                    maps.range(num_blocks..2 * num_blocks)?,
+                )
+            } else {
+                (maps, maps)
+            };
             let slots = meta.range(gm.slot_mapping.clone())?;
             let heads = (c.n_kv_heads, hd);
-            ops.reshape_and_cache((k, v), (kc, vc), (ks, vs), slots, t, heads, num_slots)?;
+            ops.reshape_and_cache(
+                (k, v),
+                (kc, vc),
+                (ks, vs),
+                (kr, write_map, residuals),
+                slots,
+                t,
+                heads,
+                (num_slots, bs),
+            )?;
+            if let Some(r) = residual_steps.get(g) {
+                let (close, n) = (res_meta.range(r.close.clone())?, r.close.len() / 2);
+                ops.int4_keys(Int4Op::Close, self.pool.int4_args(ops, l)?, close, n)?;
+            }
             let args = AttentionArgs {
                 out: att,
                 q,
@@ -219,6 +297,8 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
                 v_cache: vc,
                 k_scale: ks,
                 v_scale: vs,
+                k_residual: kr,
+                read_map,
                 block_tables: meta.range(gm.block_tables.clone())?,
                 query_start_loc: meta.range(p.query_start_loc.clone())?,
                 context_lens: meta.range(p.context_lens.clone())?,
@@ -231,6 +311,7 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
                 head_dim: hd,
                 block_size: bs,
                 num_slots,
+                residuals,
                 window: gm.window.unwrap_or(0),
                 scale: c.attn_scale,
             };
@@ -294,6 +375,49 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
     ///
     /// # Errors
     /// Driver errors (including a kernel fault of the step).
+    /// int4: plans each group's residuals for step `p` (`residual.rs`), uploads the write and
+    /// read maps to `pool.maps` and the pair lists to `res_meta`, and returns where each
+    /// group's lists are in `res_meta` (every range of pairs, two i32 each).
+    ///
+    /// # Errors
+    /// More blocks written in the step than there are residuals; driver errors.
+    fn plan_residuals(&mut self, p: &PackedStep) -> Result<Vec<ResidualRanges>> {
+        let stream = self.dev.stream.clone();
+        let mut ints: Vec<i32> = Vec::new();
+        let mut push = |pairs: &[[i32; 2]]| {
+            let start = ints.len();
+            ints.extend(pairs.iter().flatten());
+            start..ints.len()
+        };
+        let mut out = Vec::with_capacity(p.groups.len());
+        for (g, gm) in p.groups.iter().enumerate() {
+            let copies: Vec<[i32; 2]> = p.ints[gm.copies.clone()]
+                .chunks_exact(2)
+                .map(|c| [c[0], c[1]])
+                .collect();
+            let slots: Vec<i64> = p.ints[gm.slot_mapping.clone()]
+                .iter()
+                .map(|&s| i64::from(s))
+                .collect();
+            let plan = self.pool.residuals[g].plan_step(&copies, &slots)?;
+            let maps = [plan.write_map.as_slice(), &plan.read_map].concat();
+            stream.memcpy_htod(&maps, &mut self.pool.maps[g])?;
+            out.push(ResidualRanges {
+                close_early: push(&plan.close_early),
+                copies: push(&plan.copies),
+                open: push(&plan.open),
+                close: push(&plan.close),
+            });
+        }
+        if self.res_meta.len() < ints.len() {
+            self.res_meta = stream.alloc_zeros::<i32>(ints.len().next_power_of_two())?;
+        }
+        if !ints.is_empty() {
+            stream.memcpy_htod(&ints, &mut self.res_meta.slice_mut(0..ints.len()))?;
+        }
+        Ok(out)
+    }
+
     pub fn logits(&self, n_seqs: usize) -> Result<Vec<Vec<f32>>> {
         let vocab = self.config.vocab_size;
         let flat = self

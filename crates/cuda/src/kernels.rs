@@ -5,7 +5,7 @@
 //! named `<kernel>_v<version>_<types>`: the version is the llm.c-style numbered improvement (each
 //! file's header comment says what each version changed), the types are the activation element
 //! type, `f32` or `f16`, and for the KV pool's kernels the cache's (`f32`, `f16`, `bf16`, `fp8`
-//! for fp8-e4m3 codes, `i8` for int8 codes; `dtype::CacheElem::NAME`). The `nvrtc_compiles_every_kernel` test checks that each
+//! for fp8-e4m3 codes, `i8` for int8 codes, `i4` for packed int4 codes; `dtype::CacheElem::NAME`). The `nvrtc_compiles_every_kernel` test checks that each
 //! file compiles and defines exactly the entries listed here.
 
 /// A header that kernel files include with `#include "<name>"`; `nvrtc::expand_includes` pastes
@@ -69,11 +69,16 @@ pub const FILES: &[KernelFile] = &[
             "reshape_and_cache_v1_f16_bf16",
             "reshape_and_cache_v1_f16_fp8",
             "reshape_and_cache_v1_f16_i8",
+            "reshape_and_cache_v1_f32_i4",
+            "reshape_and_cache_v1_f16_i4",
             "copy_blocks_v1_f32",
             "copy_blocks_v1_f16",
             "copy_blocks_v1_bf16",
             "copy_blocks_v1_fp8",
             "copy_blocks_v1_i8",
+            "copy_blocks_v1_i4",
+            "int4_close_keys_v1",
+            "int4_open_keys_v1",
         ],
     },
     KernelFile {
@@ -90,6 +95,8 @@ pub const FILES: &[KernelFile] = &[
             "paged_attention_v1_f16_bf16",
             "paged_attention_v1_f16_fp8",
             "paged_attention_v1_f16_i8",
+            "paged_attention_v1_f32_i4",
+            "paged_attention_v1_f16_i4",
             "paged_attention_v2_f32_f32",
             "paged_attention_v2_f32_f16",
             "paged_attention_v2_f32_bf16",
@@ -100,6 +107,8 @@ pub const FILES: &[KernelFile] = &[
             "paged_attention_v2_f16_bf16",
             "paged_attention_v2_f16_fp8",
             "paged_attention_v2_f16_i8",
+            "paged_attention_v2_f32_i4",
+            "paged_attention_v2_f16_i4",
             "paged_attention_v2_reduce_f32",
             "paged_attention_v2_reduce_f16",
         ],
@@ -118,6 +127,8 @@ pub const FILES: &[KernelFile] = &[
             "prefill_attention_v1_f16_bf16",
             "prefill_attention_v1_f16_fp8",
             "prefill_attention_v1_f16_i8",
+            "prefill_attention_v1_f32_i4",
+            "prefill_attention_v1_f16_i4",
         ],
     },
     KernelFile {

@@ -27,6 +27,7 @@ pub mod launch;
 pub mod nvrtc;
 pub mod ops;
 pub mod pool;
+pub mod residual;
 pub mod rope;
 pub mod weights;
 pub mod workspace;

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use kvlab_model::Activation;
+use kvlab_model::{Activation, KvDtype};
 
 use crate::device::Device;
-use crate::dtype::{CacheElem, DType};
+use crate::dtype::{CacheElem, DType, Int4x2, row_elems};
 use crate::error::{CudaError, Result};
 use crate::kernels::FILES;
 use crate::launch::{self, i32_of};
@@ -65,6 +65,25 @@ impl<T> Dev<T> {
         Ok(Dev {
             ptr: self.ptr + (r.start * size_of::<T>()) as u64,
             len: r.end - r.start,
+            _t: PhantomData,
+        })
+    }
+
+    /// The same bytes as elements of `U`, which has `T`'s size (checked).
+    ///
+    /// # Errors
+    /// [`CudaError::BadInput`] for types of different sizes.
+    pub fn cast<U>(self) -> Result<Dev<U>> {
+        if size_of::<T>() != size_of::<U>() {
+            return Err(CudaError::BadInput(format!(
+                "a device buffer of {}-byte elements read as {}-byte ones",
+                size_of::<T>(),
+                size_of::<U>()
+            )));
+        }
+        Ok(Dev {
+            ptr: self.ptr,
+            len: self.len,
             _t: PhantomData,
         })
     }
@@ -122,7 +141,9 @@ impl Kernels {
 ///
 /// Shapes: `out`, `q` (n_tokens, n_heads, head_dim); `k_new`, `v_new` (n_tokens, n_kv_heads,
 /// head_dim); `k_cache`, `v_cache` (num_slots, n_kv_heads, head_dim); `k_scale`, `v_scale`
-/// (num_slots, n_kv_heads) f32 when the cache type is scaled (else any one element);
+/// (num_slots, n_kv_heads) f32 when the cache type is scaled (else any one element), int4's
+/// (s, min) pairs for int4 ([`cache_sizes`]); `k_residual` (residuals, block_size, kv_dim) and
+/// `read_map` (num_blocks,) for int4 (else any one element);
 /// `block_tables`
 /// (n_seqs, max_blocks); `query_start_loc` (n_seqs + 1,); `context_lens`, (n_seqs,);
 /// `token_seq` (n_tokens,).
@@ -135,6 +156,8 @@ pub struct AttentionArgs<A, C> {
     pub v_cache: Dev<C>,
     pub k_scale: Dev<f32>,
     pub v_scale: Dev<f32>,
+    pub k_residual: Dev<f32>,
+    pub read_map: Dev<i32>,
     pub block_tables: Dev<i32>,
     pub query_start_loc: Dev<i32>,
     pub context_lens: Dev<i32>,
@@ -148,9 +171,36 @@ pub struct AttentionArgs<A, C> {
     pub block_size: usize,
     /// Slots in the pool (num_blocks · block_size).
     pub num_slots: usize,
+    /// int4's residuals per layer (0 otherwise).
+    pub residuals: usize,
     /// 0 for global attention.
     pub window: usize,
     pub scale: f32,
+}
+
+/// What [`Ops::int4_keys`] does to whole blocks of int4 keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int4Op {
+    /// Residual → codes and (s, min) per channel: the block is complete.
+    Close,
+    /// Codes → residual: a complete block is written again.
+    Open,
+}
+
+/// One layer's int4 key tensors and the pool's shape (`KvPool::int4_args`).
+#[derive(Clone, Copy, Debug)]
+pub struct Int4Keys {
+    /// (num_blocks, block_size, n_kv_heads, ⌈head_dim / 2⌉) codes.
+    pub k_cache: Dev<Int4x2>,
+    /// (num_blocks, kv_dim, 2) (s, min) per channel.
+    pub k_scale: Dev<f32>,
+    /// (residuals, block_size, kv_dim) f32.
+    pub k_residual: Dev<f32>,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub residuals: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
 }
 
 /// One kernel argument, typed as the kernel's parameter list types it: a device address, an
@@ -167,20 +217,44 @@ use Arg::{F32, I32, I64, Ptr};
 /// Raw kernel arguments shared by the attention kernels, after the bounds checks.
 struct AttnPtrs {
     out: u64,
-    /// q, k_new, v_new, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc,
-    /// context_lens: the buffers every attention kernel takes after its outputs, in this order.
-    inputs: [Arg; 10],
+    /// q, k_new, v_new, k_cache, v_cache, k_scale, v_scale, k_residual, read_map,
+    /// block_tables, query_start_loc, context_lens: the buffers every attention kernel takes
+    /// after its outputs, in this order.
+    inputs: [Arg; 12],
     token_seq: u64,
     /// max_blocks, n_heads, n_kv_heads, head_dim, block_size, window, scale: what every
     /// attention kernel takes after its buffers, in this order.
     shape: [Arg; 7],
 }
 
-/// Scales a cache of `num_slots` rows of `n_kv_heads` heads needs: one per (slot, KV head) for
-/// a scaled type, else none (the kernels never read the pointer; one element is still required
-/// so it is a real address).
-fn scales_needed<C: CacheElem>(num_slots: usize, n_kv_heads: usize) -> usize {
-    if C::SCALED { num_slots * n_kv_heads } else { 1 }
+/// Elements a layer's tensors of cache type `C` need in a pool of `num_slots` slots in blocks
+/// of `block_size`, with `residuals` int4 residuals: (cache, key scales, value scales, residual
+/// floats, map entries). Scales are one per (slot, KV head) for a scaled type; int4's are (s,
+/// min) pairs per key channel per block and per value group per slot, plus the residuals and the
+/// block → residual map. A tensor a type does not use still needs one element (a real address).
+pub fn cache_sizes<C: CacheElem>(
+    num_slots: usize,
+    block_size: usize,
+    (n_kv_heads, head_dim): (usize, usize),
+    residuals: usize,
+) -> [usize; 5] {
+    let cache = num_slots * row_elems::<C>(n_kv_heads, head_dim);
+    let kv_dim = n_kv_heads * head_dim;
+    if C::SCALED {
+        [cache, num_slots * n_kv_heads, num_slots * n_kv_heads, 1, 1]
+    } else if C::INT4 {
+        let num_blocks = num_slots / block_size.max(1);
+        let groups = head_dim.div_ceil(KvDtype::INT4_VALUE_GROUP);
+        [
+            cache,
+            2 * num_blocks * kv_dim,
+            2 * num_slots * n_kv_heads * groups,
+            (residuals * block_size * kv_dim).max(1),
+            num_blocks.max(1),
+        ]
+    } else {
+        [cache, 1, 1, 1, 1]
+    }
 }
 
 impl<A, C: CacheElem> AttentionArgs<A, C> {
@@ -194,20 +268,20 @@ impl<A, C: CacheElem> AttentionArgs<A, C> {
         }
         let (t, hd, kvh) = (self.n_tokens, self.head_dim, self.n_kv_heads);
         let (seqs, slots, mb) = (self.n_seqs, self.num_slots, self.max_blocks);
+        let [cache, k_scales, v_scales, residual, map] =
+            cache_sizes::<C>(slots, self.block_size, (kvh, hd), self.residuals);
         Ok(AttnPtrs {
             out: self.out.need(t * self.n_heads * hd, "attention out")?,
             inputs: [
                 Ptr(self.q.need(t * self.n_heads * hd, "attention q")?),
                 Ptr(self.k_new.need(t * kvh * hd, "attention k_new")?),
                 Ptr(self.v_new.need(t * kvh * hd, "attention v_new")?),
-                Ptr(self.k_cache.need(slots * kvh * hd, "key cache")?),
-                Ptr(self.v_cache.need(slots * kvh * hd, "value cache")?),
-                Ptr(self
-                    .k_scale
-                    .need(scales_needed::<C>(slots, kvh), "key scales")?),
-                Ptr(self
-                    .v_scale
-                    .need(scales_needed::<C>(slots, kvh), "value scales")?),
+                Ptr(self.k_cache.need(cache, "key cache")?),
+                Ptr(self.v_cache.need(cache, "value cache")?),
+                Ptr(self.k_scale.need(k_scales, "key scales")?),
+                Ptr(self.v_scale.need(v_scales, "value scales")?),
+                Ptr(self.k_residual.need(residual, "int4 key residuals")?),
+                Ptr(self.read_map.need(map, "int4 read map")?),
                 Ptr(self.block_tables.need(seqs * mb, "block_tables")?),
                 Ptr(self.query_start_loc.need(seqs + 1, "query_start_loc")?),
                 Ptr(self.context_lens.need(seqs, "context_lens")?),
@@ -382,8 +456,10 @@ impl Ops {
 
     /// Stores k, v (n_tokens, kv_dim) at rows `slots` (n_tokens,) of the caches (num_slots,
     /// kv_dim) in the cache type, with one scale per (slot, KV head) in `k_scale`, `v_scale`
-    /// (num_slots, n_kv_heads) for a scaled type; skips slot -1. Slots must be below num_slots
-    /// (pack_step checks them).
+    /// (num_slots, n_kv_heads) for a scaled type; for int4 the keys go to `k_residual` through
+    /// `write_map` (assigned by `residual.rs` for every block the step writes) and the values are
+    /// quantized ([`cache_sizes`]); skips slot -1. Slots must be below num_slots (pack_step
+    /// checks them).
     ///
     /// # Errors
     /// Short buffers, launch errors.
@@ -393,44 +469,93 @@ impl Ops {
         (k, v): (Dev<A>, Dev<A>),
         (k_cache, v_cache): (Dev<C>, Dev<C>),
         (k_scale, v_scale): (Dev<f32>, Dev<f32>),
+        (k_residual, write_map, residuals): (Dev<f32>, Dev<i32>, usize),
         slots: Dev<i32>,
         n_tokens: usize,
         (n_kv_heads, head_dim): (usize, usize),
-        num_slots: usize,
+        (num_slots, block_size): (usize, usize),
     ) -> Result<()> {
         let f = self
             .kernels
             .get(&format!("reshape_and_cache_v1_{}_{}", A::NAME, C::NAME))?;
         let kv_dim = n_kv_heads * head_dim;
-        let scales = scales_needed::<C>(num_slots, n_kv_heads);
+        let [cache, k_scales, v_scales, residual, map] =
+            cache_sizes::<C>(num_slots, block_size, (n_kv_heads, head_dim), residuals);
         let args = [
             Ptr(k.need(n_tokens * kv_dim, "k")?),
             Ptr(v.need(n_tokens * kv_dim, "v")?),
-            Ptr(k_cache.need(num_slots * kv_dim, "key cache")?),
-            Ptr(v_cache.need(num_slots * kv_dim, "value cache")?),
-            Ptr(k_scale.need(scales, "key scales")?),
-            Ptr(v_scale.need(scales, "value scales")?),
+            Ptr(k_cache.need(cache, "key cache")?),
+            Ptr(v_cache.need(cache, "value cache")?),
+            Ptr(k_scale.need(k_scales, "key scales")?),
+            Ptr(v_scale.need(v_scales, "value scales")?),
+            Ptr(k_residual.need(residual, "int4 key residuals")?),
+            Ptr(write_map.need(map, "int4 write map")?),
             Ptr(slots.need(n_tokens, "slot_mapping")?),
             I32(i32_of("kv_dim", kv_dim)?),
             I32(i32_of("n_kv_heads", n_kv_heads)?),
+            I32(i32_of("block_size", block_size)?),
         ];
         let cfg = launch::row_copy_config(n_tokens, kv_dim)?;
         // SAFETY: matches reshape_and_cache_v1_<A>_<C> (const A*, const A*, C*, C*, float*,
-        // float*, const int*, int, int); one block per token, its threads a multiple of 32 (the
-        // scaled types reduce per warp); slots are -1 or < num_slots (pack_step), caches and
-        // scales checked.
+        // float*, float*, const int*, const int*, int, int, int); one block per token, its
+        // threads a multiple of 32 (the scaled types and int4's values reduce per warp); slots
+        // are -1 or < num_slots (pack_step), int4's write map names a residual < residuals for
+        // every block written (residual.rs), caches and scales checked.
+        unsafe { self.launch(f, cfg, &args) }
+    }
+
+    /// int4 keys of whole blocks, `pairs` (n_pairs, 2) = (block, residual): quantized from
+    /// their residuals (`Close`) or decoded back into them (`Open`); `int4_close_keys_v1`,
+    /// `int4_open_keys_v1`. Ids must be inside the pool and the residuals (residual.rs hands
+    /// them out).
+    ///
+    /// # Errors
+    /// Short buffers, launch errors.
+    pub fn int4_keys(
+        &self,
+        op: Int4Op,
+        t: Int4Keys,
+        pairs: Dev<i32>,
+        n_pairs: usize,
+    ) -> Result<()> {
+        if n_pairs == 0 {
+            return Ok(());
+        }
+        let name = match op {
+            Int4Op::Close => "int4_close_keys_v1",
+            Int4Op::Open => "int4_open_keys_v1",
+        };
+        let f = self.kernels.get(name)?;
+        let (bs, heads) = (t.block_size, (t.n_kv_heads, t.head_dim));
+        let [cache, k_scales, _, residual, _] =
+            cache_sizes::<Int4x2>(t.num_blocks * bs, bs, heads, t.residuals);
+        let args = [
+            Ptr(t.k_cache.need(cache, "key cache")?),
+            Ptr(t.k_scale.need(k_scales, "key scales")?),
+            Ptr(t.k_residual.need(residual, "int4 key residuals")?),
+            Ptr(pairs.need(2 * n_pairs, "int4 (block, residual) pairs")?),
+            I32(i32_of("block_size", bs)?),
+            I32(i32_of("n_kv_heads", t.n_kv_heads)?),
+            I32(i32_of("head_dim", t.head_dim)?),
+        ];
+        let cfg = launch::copy_blocks_config(n_pairs)?;
+        // SAFETY: matches int4_close_keys_v1 (kvlab_int4x2*, float*, const float*, const int*,
+        // int, int, int) and int4_open_keys_v1 (the same but const codes and scales and a
+        // mutable residual); one block per pair; block ids < num_blocks and residual ids <
+        // residuals (residual.rs); buffers checked.
         unsafe { self.launch(f, cfg, &args) }
     }
 
     /// Copies whole blocks `pairs` (n_pairs, 2) = (src, dst) of both caches (num_blocks,
-    /// block_elems). Block ids must be < num_blocks (pack_step checks them).
+    /// block_elems), or of `k_cache` alone when `v_cache` is `None`. Block ids must be <
+    /// num_blocks (pack_step checks them).
     ///
     /// # Errors
     /// Short buffers, launch errors.
     pub fn copy_blocks<C: CacheElem>(
         &self,
         k_cache: Dev<C>,
-        v_cache: Dev<C>,
+        v_cache: Option<Dev<C>>,
         pairs: Dev<i32>,
         n_pairs: usize,
         num_blocks: usize,
@@ -440,15 +565,20 @@ impl Ops {
             return Ok(());
         }
         let f = self.kernels.get(&format!("copy_blocks_v1_{}", C::NAME))?;
+        let v = match v_cache {
+            Some(v) => v.need(num_blocks * block_elems, "value cache")?,
+            None => 0,
+        };
         let args = [
             Ptr(k_cache.need(num_blocks * block_elems, "key cache")?),
-            Ptr(v_cache.need(num_blocks * block_elems, "value cache")?),
+            Ptr(v),
             Ptr(pairs.need(2 * n_pairs, "block copy pairs")?),
             I64(block_elems as i64),
         ];
         let cfg = launch::copy_blocks_config(n_pairs)?;
         // SAFETY: matches copy_blocks_v1_<C> (C*, C*, const int*, long long); one block per
-        // pair; block ids < num_blocks (pack_step), caches checked to hold num_blocks blocks.
+        // pair; block ids < num_blocks (pack_step), caches checked to hold num_blocks blocks (a
+        // null value cache is skipped by the kernel).
         unsafe { self.launch(f, cfg, &args) }
     }
 

@@ -171,7 +171,7 @@ fn gpu_f16_teacher_forced_agreement() {
     }
 }
 
-/// Each KV dtype of the device pool (f16, bf16, fp8-e4m3, int8) against the paged CPU engine
+/// Each KV dtype of the device pool (f16, bf16, fp8-e4m3, int8, int4) against the paged CPU engine
 /// storing the same dtype: the same quantization (the bits `gpu_kernels` checks), so only f32
 /// rounding separates them. Then a block of the quantized pool goes to the host and back into
 /// another block, scales included, bit for bit (what a tier does).
@@ -181,7 +181,13 @@ fn gpu_kv_dtypes_match_the_cpu_pool() {
         ("synth-gqa", synthetic("synth-gqa")),
         ("gemma-like", gemma_like()),
     ] {
-        for kv in [KvDtype::F16, KvDtype::Bf16, KvDtype::Fp8E4m3, KvDtype::Int8] {
+        for kv in [
+            KvDtype::F16,
+            KvDtype::Bf16,
+            KvDtype::Fp8E4m3,
+            KvDtype::Int8,
+            KvDtype::Int4,
+        ] {
             let opts = CudaOptions {
                 kv_dtype: kv,
                 ..CudaOptions::default()
@@ -218,9 +224,11 @@ fn gpu_kv_dtypes_match_the_cpu_pool() {
                     model.config.head_dim,
                     cuda.pool().1,
                 );
+                // int4 adds a flag byte per layer (block 0 is complete: no residual).
+                let flag = usize::from(kv == KvDtype::Int4);
                 assert_eq!(
                     bytes.len(),
-                    layers * nkv * kv.kv_head_bytes(hd, bs, bs),
+                    layers * (nkv * kv.kv_head_bytes(hd, bs, bs) + flag),
                     "{kv}"
                 );
                 assert!(cuda.write_block(g, 1, &bytes).unwrap());

@@ -9,11 +9,12 @@ use common::reference::{self, AttnCase};
 use common::{check, down, gpu, poisoned, rng, rounded, uniform, up, up_i32};
 use cudarc::driver::CudaSlice;
 use kvlab_cpu::kv_store::{KvStore, Part};
-use kvlab_cuda::dtype::{CacheElem, DType};
+use kvlab_cuda::dtype::{CacheElem, DType, Int4x2, row_elems};
 use kvlab_cuda::launch::{self, DecodeKernel};
-use kvlab_cuda::ops::{AttentionArgs, Ops};
+use kvlab_cuda::ops::{AttentionArgs, Int4Keys, Int4Op, Ops};
+use kvlab_cuda::residual::Residuals;
 use kvlab_model::rope::RopeTable;
-use kvlab_model::{Activation, RopeLayout, ops as refops};
+use kvlab_model::{Activation, KvDtype, RopeLayout, ops as refops};
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -140,14 +141,16 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
         );
         let (kd, vd, sd) = (up::<A>(ops, &k), up::<A>(ops, &v), up_i32(ops, &slots));
         let unused = up::<f32>(ops, &[f32::NAN]);
+        let no_map = up_i32(ops, &[-1]);
         ops.reshape_and_cache(
             (ops.dev(&kd), ops.dev(&vd)),
             (ops.dev(&kc), ops.dev(&vc)),
             (ops.dev(&unused), ops.dev(&unused)),
+            (ops.dev(&unused), ops.dev(&no_map), 0),
             ops.dev(&sd),
             t,
             (2, kv_dim / 2),
-            num_slots,
+            (num_slots, bs),
         )
         .unwrap();
         let mut want_k = vec![f32::NAN; num_slots * kv_dim];
@@ -167,7 +170,7 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
         let pairs = up_i32(ops, &[2, 5]);
         ops.copy_blocks(
             ops.dev(&kc),
-            ops.dev(&vc),
+            Some(ops.dev(&vc)),
             ops.dev(&pairs),
             1,
             nb,
@@ -223,14 +226,16 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
             up::<f32>(ops, &vec![f32::NAN; n_scales]),
             up::<f32>(ops, &vec![f32::NAN; n_scales]),
         );
+        let (unused, no_map) = (up::<f32>(ops, &[f32::NAN]), up_i32(ops, &[-1]));
         ops.reshape_and_cache(
             (ops.dev(&kd), ops.dev(&vd)),
             (ops.dev(&kc), ops.dev(&vc)),
             (ops.dev(&ks), ops.dev(&vs)),
+            (ops.dev(&unused), ops.dev(&no_map), 0),
             ops.dev(&sd),
             t,
             (nkv, hd),
-            num_slots,
+            (num_slots, 4),
         )
         .unwrap();
         let device = |codes: &CudaSlice<C>, scales: &CudaSlice<f32>| {
@@ -323,8 +328,122 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
     run::<i8>(&ops);
 }
 
-/// Paged attention reads the quantized pools (bf16, fp8-e4m3, int8, the CPU pool's bits),
-/// dequantizing in registers, as the reference reads the values those bits stand for.
+/// int4 through the steps forward.rs runs (residual.rs's plan, then open, reshape_and_cache,
+/// close): a block's keys wait in f32 and are quantized per channel when its last row arrives, a
+/// complete block written again is decoded back first, and the pool ends holding the bytes
+/// kvlab-cpu's `KvStore` holds after the same writes (codes, (s, min), the residual of the block
+/// still filling), bit for bit.
+#[test]
+fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
+    let Some((_dev, ops)) = gpu("gpu_int4_keys") else {
+        return;
+    };
+    let ops = &ops;
+    let (nkv, hd, bs, nb, capacity): (usize, usize, usize, usize, usize) = (2, 40, 4, 4, 2);
+    let (kvd, slots_n) = (nkv * hd, nb * bs);
+    let hb = hd.div_ceil(2);
+    let mut residuals = Residuals::new(nb, bs, capacity);
+    let mut cpu_k = KvStore::new(KvDtype::Int4, Part::Keys, slots_n, (nkv, hd), bs);
+    let mut cpu_v = KvStore::new(KvDtype::Int4, Part::Values, slots_n, (nkv, hd), bs);
+    let s = &ops.stream;
+    let kc = s.alloc_zeros::<Int4x2>(slots_n * nkv * hb).unwrap();
+    let vc = s.alloc_zeros::<Int4x2>(slots_n * nkv * hb).unwrap();
+    let ks = s.alloc_zeros::<f32>(2 * nb * kvd).unwrap();
+    let vs = s
+        .alloc_zeros::<f32>(2 * slots_n * nkv * hd.div_ceil(32))
+        .unwrap();
+    let kr = s.alloc_zeros::<f32>(capacity * bs * kvd).unwrap();
+    let mut r = rng(16);
+    // Block 0 whole and block 1's first rows; block 1 completes; row 5 again (block 1 reopens);
+    // rows 6 and 7 again (it closes again); block 2's first two rows (left filling).
+    let steps: [&[i32]; 5] = [&[0, 1, 2, 3, 4, 5], &[6, 7], &[5], &[6, 7], &[8, 9]];
+    for slots in steps {
+        let t = slots.len();
+        let k = uniform(&mut r, t * kvd, 2.0);
+        let v = uniform(&mut r, t * kvd, 0.5);
+        for (i, &slot) in slots.iter().enumerate() {
+            cpu_k.write(slot as usize, &k[i * kvd..(i + 1) * kvd]);
+            cpu_v.write(slot as usize, &v[i * kvd..(i + 1) * kvd]);
+        }
+        let wide: Vec<i64> = slots.iter().map(|&x| i64::from(x)).collect();
+        let plan = residuals.plan_step(&[], &wide).unwrap();
+        assert!(plan.close_early.is_empty() && plan.copies.is_empty());
+        let maps = up_i32(ops, &[plan.write_map.as_slice(), &plan.read_map].concat());
+        let keys = Int4Keys {
+            k_cache: ops.dev(&kc),
+            k_scale: ops.dev(&ks),
+            k_residual: ops.dev(&kr),
+            num_blocks: nb,
+            block_size: bs,
+            residuals: capacity,
+            n_kv_heads: nkv,
+            head_dim: hd,
+        };
+        let pairs = |p: &[[i32; 2]]| {
+            up_i32(
+                ops,
+                &[p.iter().flatten().copied().collect(), vec![0]].concat(),
+            )
+        };
+        let open = pairs(&plan.open);
+        ops.int4_keys(Int4Op::Open, keys, ops.dev(&open), plan.open.len())
+            .unwrap();
+        let (kd, vd, sd) = (up::<f32>(ops, &k), up::<f32>(ops, &v), up_i32(ops, slots));
+        ops.reshape_and_cache(
+            (ops.dev(&kd), ops.dev(&vd)),
+            (ops.dev(&kc), ops.dev(&vc)),
+            (ops.dev(&ks), ops.dev(&vs)),
+            (ops.dev(&kr), ops.dev(&maps).range(0..nb).unwrap(), capacity),
+            ops.dev(&sd),
+            t,
+            (nkv, hd),
+            (slots_n, bs),
+        )
+        .unwrap();
+        let close = pairs(&plan.close);
+        ops.int4_keys(Int4Op::Close, keys, ops.dev(&close), plan.close.len())
+            .unwrap();
+    }
+    // kvlab-cpu's bytes: keys (codes, scales, minima, a flag per block and the open block's
+    // residual), values (codes, scales, minima).
+    let (mut want_k, mut want_v) = (Vec::new(), Vec::new());
+    cpu_k.save_rows(0, slots_n, &mut want_k).unwrap();
+    cpu_v.save_rows(0, slots_n, &mut want_v).unwrap();
+    let bytes = |c: &CudaSlice<Int4x2>| -> Vec<u8> {
+        s.clone_dtoh(c).unwrap().into_iter().map(|b| b.0).collect()
+    };
+    let split = |pairs: Vec<f32>| -> Vec<u8> {
+        let (s, m): (Vec<f32>, Vec<f32>) = pairs.chunks_exact(2).map(|p| (p[0], p[1])).unzip();
+        s.iter().chain(&m).flat_map(|x| x.to_le_bytes()).collect()
+    };
+    let mut got_k = bytes(&kc);
+    got_k.extend(split(s.clone_dtoh(&ks).unwrap()));
+    let open_block = 2;
+    let res = residuals
+        .residual_of(open_block)
+        .expect("block 2 is still filling");
+    for b in 0..nb {
+        got_k.push(u8::from(b == open_block));
+        if b == open_block {
+            let rows = s
+                .clone_dtoh(&kr.slice(res * bs * kvd..(res + 1) * bs * kvd))
+                .unwrap();
+            // Rows 2 and 3 were never written: kvlab-cpu's residual holds zeros there.
+            let written = 2 * kvd;
+            got_k.extend(rows[..written].iter().flat_map(|x| x.to_le_bytes()));
+            got_k.extend(std::iter::repeat_n(0u8, 4 * (bs * kvd - written)));
+        }
+    }
+    let mut got_v = bytes(&vc);
+    got_v.extend(split(s.clone_dtoh(&vs).unwrap()));
+    assert_eq!(got_k.len(), want_k.len());
+    assert!(got_k == want_k, "int4 keys differ from kvlab-cpu's");
+    assert!(got_v == want_v, "int4 values differ from kvlab-cpu's");
+    eprintln!("int4: keys closed, reopened and closed again, values: kvlab-cpu's bits");
+}
+
+/// Paged attention reads the quantized pools (bf16, fp8-e4m3, int8, int4, the CPU pool's
+/// bits), dequantizing in registers, as the reference reads the values those bits stand for.
 #[test]
 fn gpu_paged_attention_over_quantized_pools() {
     let Some((_dev, ops)) = gpu("gpu_paged_attention_quantized") else {
@@ -349,6 +468,8 @@ fn gpu_paged_attention_over_quantized_pools() {
     all::<f32, i8>(&ops);
     all::<F16, u8>(&ops);
     all::<F16, i8>(&ops);
+    all::<f32, Int4x2>(&ops);
+    all::<F16, Int4x2>(&ops);
 }
 
 /// A batch of sequences over a shuffled pool: some decode (1 new token), some prefill with a
@@ -419,6 +540,9 @@ struct DevicePool<C> {
     v: CudaSlice<C>,
     k_scale: CudaSlice<f32>,
     v_scale: CudaSlice<f32>,
+    /// int4: no block still filling, so one unused residual and a read map of -1.
+    k_residual: CudaSlice<f32>,
+    read_map: CudaSlice<i32>,
 }
 
 /// The case's caches uploaded as they are, rounded to `C` (f32, f16).
@@ -428,32 +552,57 @@ fn plain_pool<C: DType + CacheElem>(ops: &Ops, case: &AttnCase) -> DevicePool<C>
         v: up::<C>(ops, &case.v_cache),
         k_scale: up::<f32>(ops, &[f32::NAN]),
         v_scale: up::<f32>(ops, &[f32::NAN]),
+        k_residual: up::<f32>(ops, &[f32::NAN]),
+        read_map: up_i32(ops, &[-1]),
     }
 }
 
 /// The case's caches written row by row into kvlab-cpu's `KvStore` of `C`'s dtype and uploaded
-/// as the store saves them (codes, then scales): the device reads the CPU engine's bits. The
-/// case's caches become what the store reads back, the reference's input.
+/// as the store saves them (codes, then scales; int4's scales and minima interleaved into the
+/// device's (s, min) pairs, its key groups the case's blocks, every one complete): the device
+/// reads the CPU engine's bits. The case's caches become what the store reads back, the
+/// reference's input.
 fn stored_pool<C: CacheElem>(ops: &Ops, case: &mut AttnCase) -> DevicePool<C> {
-    let (nkv, hd, slots) = (case.n_kv_heads, case.head_dim, case.num_slots());
+    let (nkv, hd, slots, bs) = (
+        case.n_kv_heads,
+        case.head_dim,
+        case.num_slots(),
+        case.block_size,
+    );
     let mut halves = Vec::new();
     for (part, x) in [
         (Part::Keys, &mut case.k_cache),
         (Part::Values, &mut case.v_cache),
     ] {
-        let mut store = KvStore::new(C::KV_DTYPE, part, slots, (nkv, hd), 1);
+        let mut store = KvStore::new(C::KV_DTYPE, part, slots, (nkv, hd), bs);
         for (r, row) in x.chunks_exact(nkv * hd).enumerate() {
             store.write(r, row);
         }
         let mut bytes = Vec::new();
         store.save_rows(0, slots, &mut bytes).expect("whole rows");
-        let (codes, scales) = bytes.split_at(slots * nkv * hd * C::BYTES);
+        let (codes, scales) = bytes.split_at(slots * row_elems::<C>(nkv, hd) * C::BYTES);
         let codes: Vec<C> = codes.chunks_exact(C::BYTES).map(C::from_le).collect();
-        let mut scales: Vec<f32> = scales
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        assert_eq!(scales.len(), if C::SCALED { slots * nkv } else { 0 });
+        let mut scales: Vec<f32> = if C::INT4 {
+            // Keys: (s, min) per channel per block, then a 0 flag per block (all complete);
+            // values: (s, min) per group of 32 channels per slot.
+            let n = match part {
+                Part::Keys => slots / bs * nkv * hd,
+                Part::Values => slots * nkv * hd.div_ceil(32),
+            };
+            let (floats, flags) = scales.split_at(8 * n);
+            assert!(flags.iter().all(|&f| f == 0), "every block complete");
+            let f: Vec<f32> = floats
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (0..n).flat_map(|i| [f[i], f[n + i]]).collect()
+        } else {
+            scales
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        };
+        assert_eq!(scales.is_empty(), !C::SCALED && !C::INT4);
         if scales.is_empty() {
             scales.push(f32::NAN);
         }
@@ -471,6 +620,8 @@ fn stored_pool<C: CacheElem>(ops: &Ops, case: &mut AttnCase) -> DevicePool<C> {
         v,
         k_scale,
         v_scale,
+        k_residual: up::<f32>(ops, &[f32::NAN]),
+        read_map: up_i32(ops, &vec![-1; (slots / bs).max(1)]),
     }
 }
 
@@ -505,6 +656,8 @@ fn run_attention<A: DType, C: CacheElem>(
         v_cache: ops.dev(&pool.v),
         k_scale: ops.dev(&pool.k_scale),
         v_scale: ops.dev(&pool.v_scale),
+        k_residual: ops.dev(&pool.k_residual),
+        read_map: ops.dev(&pool.read_map),
         block_tables: ops.dev(&ints.0),
         query_start_loc: ops.dev(&ints.1),
         context_lens: ops.dev(&ints.2),
@@ -517,6 +670,7 @@ fn run_attention<A: DType, C: CacheElem>(
         head_dim: hd,
         block_size: case.block_size,
         num_slots: case.num_slots(),
+        residuals: 0,
         window: case.window.unwrap_or(0),
         scale: case.scale,
     };
