@@ -108,9 +108,12 @@ __device__ __forceinline__ void load_int4(float k[KVLAB_DIMS_PER_LANE],
     const int groups = (kv.head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
     const float* v_range = kv.v_scale + (slot * kv.n_kv_heads + kv.kv_head) * groups * 2;
     const int residual = kv.read_map[block];
-    const float* k_row = kv.k_residual +
-                         ((long long)residual * kv.block_size + j % kv.block_size) * kv_dim +
-                         kv.kv_head * kv.head_dim;
+    // The key row in the residual; only formed for a block that has one (residual >= 0).
+    const float* k_row = residual >= 0 ? kv.k_residual +
+                                             ((long long)residual * kv.block_size +
+                                              j % kv.block_size) * kv_dim +
+                                             kv.kv_head * kv.head_dim
+                                       : kv.k_residual;
     const float* k_range = kv.k_scale + ((long long)block * kv_dim + kv.kv_head * kv.head_dim) * 2;
 #pragma unroll
     for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {

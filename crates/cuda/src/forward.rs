@@ -62,7 +62,6 @@ pub struct Forward<A: DType, C: CacheElem> {
     pub geometry: PackGeometry,
 }
 
-/// What a new [`Forward`] needs besides the model.
 /// Where one group's int4 residual pair lists are in `Forward::res_meta` (`ResidualPlan`).
 struct ResidualRanges {
     close_early: Range<usize>,
@@ -71,6 +70,7 @@ struct ResidualRanges {
     close: Range<usize>,
 }
 
+/// What a new [`Forward`] needs besides the model.
 pub struct ForwardOptions {
     pub max_batch_tokens: usize,
     pub max_seqs: usize,
@@ -371,17 +371,23 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
         Ok(())
     }
 
-    /// The last step's logits, one (vocab_size,) row per sequence.
-    ///
-    /// # Errors
-    /// Driver errors (including a kernel fault of the step).
     /// int4: plans each group's residuals for step `p` (`residual.rs`), uploads the write and
     /// read maps to `pool.maps` and the pair lists to `res_meta`, and returns where each
-    /// group's lists are in `res_meta` (every range of pairs, two i32 each).
+    /// group's lists are in `res_meta` (every range of pairs, two i32 each). If a group's plan
+    /// is refused, no group's map changes.
     ///
     /// # Errors
     /// More blocks written in the step than there are residuals; driver errors.
     fn plan_residuals(&mut self, p: &PackedStep) -> Result<Vec<ResidualRanges>> {
+        let before = self.pool.residuals.clone();
+        let planned = self.plan_residuals_or_fail(p);
+        if planned.is_err() {
+            self.pool.residuals = before;
+        }
+        planned
+    }
+
+    fn plan_residuals_or_fail(&mut self, p: &PackedStep) -> Result<Vec<ResidualRanges>> {
         let stream = self.dev.stream.clone();
         let mut ints: Vec<i32> = Vec::new();
         let mut push = |pairs: &[[i32; 2]]| {
@@ -418,6 +424,10 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
         Ok(out)
     }
 
+    /// The last step's logits, one (vocab_size,) row per sequence.
+    ///
+    /// # Errors
+    /// Driver errors (including a kernel fault of the step).
     pub fn logits(&self, n_seqs: usize) -> Result<Vec<Vec<f32>>> {
         let vocab = self.config.vocab_size;
         let flat = self

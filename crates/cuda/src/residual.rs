@@ -21,7 +21,9 @@
 //! quantize the same rows. The one difference: kvlab-cpu never takes a residual back; here a
 //! block closed early and written again later reads back its early rows quantized over a range
 //! that included rows not written yet. `capacity_for` sizes the pool so that this needs more
-//! sequences holding a block still filling than the scheduler runs at once.
+//! sequences holding a block still filling than the scheduler runs at once. A block restored
+//! from a tier (`restore`) protects only itself, so with every residual held it can close
+//! early a block that a sequence not in the step still fills.
 
 use std::collections::HashSet;
 

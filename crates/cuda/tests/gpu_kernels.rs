@@ -574,6 +574,13 @@ fn stored_pool<C: CacheElem>(ops: &Ops, case: &mut AttnCase) -> DevicePool<C> {
         (Part::Keys, &mut case.k_cache),
         (Part::Values, &mut case.v_cache),
     ] {
+        // The step's own slots hold NaN poison (attention must take those keys from the step's
+        // rows). int4 keys share one (s, min) per channel over a block, so a NaN there would
+        // make the block's cached keys NaN too: those keys get a finite poison instead, still
+        // far from any real key.
+        if C::INT4 && part == Part::Keys {
+            x.iter_mut().filter(|v| v.is_nan()).for_each(|v| *v = 8.0);
+        }
         let mut store = KvStore::new(C::KV_DTYPE, part, slots, (nkv, hd), bs);
         for (r, row) in x.chunks_exact(nkv * hd).enumerate() {
             store.write(r, row);
