@@ -9,6 +9,8 @@
 //   * positions j >= pos0 (this step's tokens) are read from the step's own k/v rows,
 //     (n_tokens, n_kv_heads, head_dim), row new_row0 + (j − pos0) — as the CPU engine does, so a
 //     sliding-window key whose slot is -1 (never stored) is still seen by the queries that need it.
+//     With a quantized pool the engine first replaces those rows by what the pool gives back
+//     for them (kv_read_back_v1 in cache.cu), so they read as a later step will read them.
 // GQA/MQA: query head h reads KV head h / (n_heads / n_kv_heads).
 // Dequantization is fused into the loop, in registers: a pool key is KvCodec<C>::decode(code)
 // (common.cuh), and for the scaled formats (fp8-e4m3, int8) its KV head's scale multiplies the

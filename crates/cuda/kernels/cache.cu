@@ -20,8 +20,8 @@
 //     close (quantize: its last row arrived); write_map is the map while the step writes,
 //     read_map after its blocks are closed, which is what attention reads.
 // A step's order: close early (a residual taken back), copies, open, reshape_and_cache, close,
-// attention — kvlab-cpu's order (KvStore::write quantizes a group as its last row arrives, and
-// attention reads the pool after the step's writes).
+// kv_read_back, attention — kvlab-cpu's order (KvStore::write quantizes a group as its last row
+// arrives, and the step's own rows are read back from the pool before attention).
 //
 // reshape_and_cache_v1: one thread block per token; threads stride over kv_dim (coalesced).
 //   Scaled formats: warp w quantizes KV heads w, w + warps, ...: the lanes reduce the head's
@@ -31,6 +31,7 @@
 //   int4: the key row goes to its block's residual as f32; warp w quantizes value groups w,
 //   w + warps, ... (one lane per channel; neighbouring lanes pack their two codes in a byte).
 // int4_open_keys_v1 / int4_close_keys_v1: one thread block per (block, residual) pair.
+// kv_read_back_v1: the step's rows become what the pool gives back for them (below).
 // copy_blocks_v1: copy-on-write. One thread block per (src, dst) pair copies a whole block
 //   (block_elems elements) of K and of V (of K alone when value_cache is null); launched once
 //   per layer of the group, before any reshape_and_cache of the step (a src may be written
@@ -220,6 +221,127 @@ extern "C" __global__ void int4_open_keys_v1(const kvlab_int4x2* __restrict__ ke
         k_residual[residual * block_size * kv_dim + i] = int4_value(int4_code_at(head, d), sm[0], sm[1]);
     }
 }
+
+// kv_read_back_v1: after a layer's writes (and int4's closes), the step's own k and v rows
+// become what the pool gives back for them, as kvlab-cpu's paged engine reads them back before
+// its attention: a stored row is read from its slot (an int4 key of a block still filling from
+// its residual), a row not stored (slot -1) is quantized and decoded in registers as a row of
+// its own (int4 keys then come back as written: a group of one row). So a query reads the same
+// key and value whether they come from this step or a later one. One thread block per token,
+// threads over kv_dim (a multiple of 32: the row not stored reduces per warp). Not launched for
+// an f32 cache, which gives back what it was given.
+template <typename A, typename C>
+__device__ void kv_read_back_v1(A* __restrict__ key, A* __restrict__ value,
+                                const C* __restrict__ key_cache, const C* __restrict__ value_cache,
+                                const float* __restrict__ k_scale,
+                                const float* __restrict__ v_scale,
+                                const float* __restrict__ k_residual,
+                                const int* __restrict__ read_map,
+                                const int* __restrict__ slot_mapping, int kv_dim, int n_kv_heads,
+                                int block_size) {
+    using Codec = KvCodec<C>;
+    const long long t = blockIdx.x;
+    const long long slot = slot_mapping[t];
+    const int head_dim = kv_dim / n_kv_heads;
+    A* k = key + t * kv_dim;
+    A* v = value + t * kv_dim;
+    if (slot >= 0) {
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+            const int h = i / head_dim, d = i % head_dim;
+            float kx, vx;
+            if constexpr (Codec::int4) {
+                const int hb = (head_dim + 1) / 2;
+                const int groups = (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
+                const long long block = slot / block_size;
+                const long long head = (slot * n_kv_heads + h) * hb;
+                const int r = read_map[block];
+                if (r >= 0) {
+                    kx = k_residual[((long long)r * block_size + slot % block_size) * kv_dim + i];
+                } else {
+                    const float* sm = k_scale + (block * kv_dim + i) * 2;
+                    kx = int4_value(int4_code_at(key_cache + head, d), sm[0], sm[1]);
+                }
+                const float* vr =
+                    v_scale + ((slot * n_kv_heads + h) * groups + d / KVLAB_INT4_VALUE_GROUP) * 2;
+                vx = int4_value(int4_code_at(value_cache + head, d), vr[0], vr[1]);
+            } else {
+                kx = Codec::decode(key_cache[slot * kv_dim + i]);
+                vx = Codec::decode(value_cache[slot * kv_dim + i]);
+                if constexpr (Codec::scaled) {
+                    kx *= k_scale[slot * n_kv_heads + h];
+                    vx *= v_scale[slot * n_kv_heads + h];
+                }
+            }
+            k[i] = from_float<A>(kx);
+            v[i] = from_float<A>(vx);
+        }
+        return;
+    }
+    const int lane = threadIdx.x % KVLAB_WARP;
+    const int warp = threadIdx.x / KVLAB_WARP, n_warps = blockDim.x / KVLAB_WARP;
+    if constexpr (Codec::int4) {
+        // Keys: a group of one row comes back as written. Values: per group of 32 channels.
+        const int groups = (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
+        for (int g = warp; g < n_kv_heads * groups; g += n_warps) {
+            const int h = g / groups;
+            const int d = (g % groups) * KVLAB_INT4_VALUE_GROUP + lane;
+            const bool live = d < head_dim;
+            const float x = live ? to_float(v[h * head_dim + d]) : 0.0f;
+            const bool nan = __any_sync(0xffffffffu, live && isnan(x));
+            const float lo = warp_min(live ? x : __int_as_float(0x7f800000));
+            const float hi = warp_max(live ? x : KVLAB_NEG_INF);
+            const float2 sm = int4_range(lo, hi, nan);
+            if (live) {
+                const unsigned int q = int4_encode(x, sm.y, int4_inv(sm.x));
+                v[h * head_dim + d] = from_float<A>(int4_value(q, sm.x, sm.y));
+            }
+        }
+    } else if constexpr (Codec::scaled) {
+        // Each KV head of k and of v: its scale, its codes, decoded (KvStore::write, then read).
+        for (int w = warp; w < 2 * n_kv_heads; w += n_warps) {
+            A* x = (w < n_kv_heads ? k : v) + (w % n_kv_heads) * head_dim;
+            float amax = 0.0f;
+            bool nan = false;
+            for (int d = lane; d < head_dim; d += KVLAB_WARP) {
+                const float e = to_float(x[d]);
+                nan |= isnan(e);
+                amax = fmaxf(amax, fabsf(e));
+            }
+            amax = warp_max(amax);
+            nan = __any_sync(0xffffffffu, nan);
+            const float s =
+                nan ? __int_as_float(0x7fc00000) : (amax == 0.0f ? 1.0f : amax / Codec::max_code);
+            const float inv = 1.0f / s;
+            for (int d = lane; d < head_dim; d += KVLAB_WARP) {
+                x[d] = from_float<A>(Codec::decode(Codec::encode(to_float(x[d]) * inv)) * s);
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+            k[i] = from_float<A>(to_float(Codec::encode(to_float(k[i]))));
+            v[i] = from_float<A>(to_float(Codec::encode(to_float(v[i]))));
+        }
+    }
+}
+
+#define KVLAB_KV_READ_BACK(A, C, SUFFIX)                                                         \
+    extern "C" __global__ void kv_read_back_v1_##SUFFIX(                                         \
+        A* key, A* value, const C* key_cache, const C* value_cache, const float* k_scale,        \
+        const float* v_scale, const float* k_residual, const int* read_map,                      \
+        const int* slot_mapping, int kv_dim, int n_kv_heads, int block_size) {                   \
+        kv_read_back_v1<A, C>(key, value, key_cache, value_cache, k_scale, v_scale, k_residual,  \
+                              read_map, slot_mapping, kv_dim, n_kv_heads, block_size);           \
+    }
+KVLAB_KV_READ_BACK(float, __half, f32_f16)
+KVLAB_KV_READ_BACK(float, __nv_bfloat16, f32_bf16)
+KVLAB_KV_READ_BACK(float, __nv_fp8_e4m3, f32_fp8)
+KVLAB_KV_READ_BACK(float, signed char, f32_i8)
+KVLAB_KV_READ_BACK(float, kvlab_int4x2, f32_i4)
+KVLAB_KV_READ_BACK(__half, __half, f16_f16)
+KVLAB_KV_READ_BACK(__half, __nv_bfloat16, f16_bf16)
+KVLAB_KV_READ_BACK(__half, __nv_fp8_e4m3, f16_fp8)
+KVLAB_KV_READ_BACK(__half, signed char, f16_i8)
+KVLAB_KV_READ_BACK(__half, kvlab_int4x2, f16_i4)
 
 // pairs (n_pairs, 2) i32: (src block, dst block). block_elems: elements of one block.
 // value_cache may be null: then K alone is copied.

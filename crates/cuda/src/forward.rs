@@ -10,7 +10,8 @@
 //! per layer l (group g = layer_group(l)):
 //!   xn = rmsnorm(x, attn_norm)                 q, k, v = xn Wqᵀ, xn Wkᵀ, xn Wvᵀ      (GEMMs)
 //!   [QK-norm per head]                          RoPE(q, k) at positions (theta of layer l)
-//!   reshape_and_cache(k, v → pool[l] at slot_mapping[g], quantized to C)
+//!   reshape_and_cache(k, v → pool[l] at slot_mapping[g], quantized to C)   [int4: close]
+//!   k, v ← what the pool gives back for them (kv_read_back; not for an f32 pool)
 //!   att = paged_attention (decode rows, v1 or v2) ‖ prefill_attention (prefill rows)
 //!   o = att Woᵀ   [post_attn_norm]   x += o
 //!   xn = rmsnorm(x, ffn_norm)   gate, up = xn W1ᵀ, xn W3ᵀ   gate = act(gate) ⊙ up
@@ -288,6 +289,18 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
                 let (close, n) = (res_meta.range(r.close.clone())?, r.close.len() / 2);
                 ops.int4_keys(Int4Op::Close, self.pool.int4_args(ops, l)?, close, n)?;
             }
+            // The step's own rows as the pool gives them back, as kvlab-cpu's paged engine
+            // reads them: a query sees the same key from this step as from a later one.
+            ops.kv_read_back(
+                (k, v),
+                (kc, vc),
+                (ks, vs),
+                (kr, read_map, residuals),
+                slots,
+                t,
+                heads,
+                (num_slots, bs),
+            )?;
             let args = AttentionArgs {
                 out: att,
                 q,

@@ -504,6 +504,57 @@ impl Ops {
         unsafe { self.launch(f, cfg, &args) }
     }
 
+    /// The step's own rows `k`, `v` (n_tokens, kv_dim) replaced by what the pool gives back for
+    /// them after the layer's writes (`kv_read_back_v1`, kvlab-cpu's read-back): a stored row
+    /// from its slot (`read_map` says which int4 keys are still in a residual), a row with slot
+    /// -1 quantized and decoded in registers. Nothing to do for an f32 cache.
+    ///
+    /// # Errors
+    /// Short buffers, launch errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_read_back<A: DType, C: CacheElem>(
+        &self,
+        (k, v): (Dev<A>, Dev<A>),
+        (k_cache, v_cache): (Dev<C>, Dev<C>),
+        (k_scale, v_scale): (Dev<f32>, Dev<f32>),
+        (k_residual, read_map, residuals): (Dev<f32>, Dev<i32>, usize),
+        slots: Dev<i32>,
+        n_tokens: usize,
+        (n_kv_heads, head_dim): (usize, usize),
+        (num_slots, block_size): (usize, usize),
+    ) -> Result<()> {
+        if C::KV_DTYPE == KvDtype::F32 || n_tokens == 0 {
+            return Ok(());
+        }
+        let f = self
+            .kernels
+            .get(&format!("kv_read_back_v1_{}_{}", A::NAME, C::NAME))?;
+        let kv_dim = n_kv_heads * head_dim;
+        let [cache, k_scales, v_scales, residual, map] =
+            cache_sizes::<C>(num_slots, block_size, (n_kv_heads, head_dim), residuals);
+        let args = [
+            Ptr(k.need(n_tokens * kv_dim, "k")?),
+            Ptr(v.need(n_tokens * kv_dim, "v")?),
+            Ptr(k_cache.need(cache, "key cache")?),
+            Ptr(v_cache.need(cache, "value cache")?),
+            Ptr(k_scale.need(k_scales, "key scales")?),
+            Ptr(v_scale.need(v_scales, "value scales")?),
+            Ptr(k_residual.need(residual, "int4 key residuals")?),
+            Ptr(read_map.need(map, "int4 read map")?),
+            Ptr(slots.need(n_tokens, "slot_mapping")?),
+            I32(i32_of("kv_dim", kv_dim)?),
+            I32(i32_of("n_kv_heads", n_kv_heads)?),
+            I32(i32_of("block_size", block_size)?),
+        ];
+        let cfg = launch::row_copy_config(n_tokens, kv_dim)?;
+        // SAFETY: matches kv_read_back_v1_<A>_<C> (A*, A*, const C*, const C*, const float*,
+        // const float*, const float*, const int*, const int*, int, int, int); one block per
+        // token, threads a multiple of 32 (rows not stored reduce per warp); slots are -1 or <
+        // num_slots (pack_step); int4's read map names a residual < residuals or -1
+        // (residual.rs); buffers checked.
+        unsafe { self.launch(f, cfg, &args) }
+    }
+
     /// int4 keys of whole blocks, `pairs` (n_pairs, 2) = (block, residual): quantized from
     /// their residuals (`Close`) or decoded back into them (`Open`); `int4_close_keys_v1`,
     /// `int4_open_keys_v1`. Ids must be inside the pool and the residuals (residual.rs hands

@@ -172,10 +172,8 @@ fn gpu_f16_teacher_forced_agreement() {
 }
 
 /// Each KV dtype of the device pool (f16, bf16, fp8-e4m3, int8, int4) against the paged CPU engine
-/// storing the same dtype: the same quantization (the bits `gpu_kernels` checks). Two things
-/// separate them: f32 rounding, and the step's own keys and values, which the device reads from
-/// the step's rows as computed while cpu-paged reads them back from its pool, quantized (for
-/// int4 values the larger gap; crates/cuda/README.md). Then a block of the quantized pool goes to the host and back into
+/// storing the same dtype: the same quantization (the bits `gpu_kernels` checks), the step's own
+/// rows read back from the pool on both, so only f32 rounding separates them. Then a block of the quantized pool goes to the host and back into
 /// another block, scales included, bit for bit (what a tier does).
 #[test]
 fn gpu_kv_dtypes_match_the_cpu_pool() {

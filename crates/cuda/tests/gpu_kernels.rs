@@ -8,7 +8,7 @@ mod common;
 use common::reference::{self, AttnCase};
 use common::{check, down, gpu, poisoned, rng, rounded, uniform, up, up_i32};
 use cudarc::driver::CudaSlice;
-use kvlab_cpu::kv_store::{KvStore, Part};
+use kvlab_cpu::kv_store::{KvStore, Part, round_trip};
 use kvlab_cuda::dtype::{CacheElem, DType, Int4x2, row_elems};
 use kvlab_cuda::launch::{self, DecodeKernel};
 use kvlab_cuda::ops::{AttentionArgs, Int4Keys, Int4Op, Ops};
@@ -328,6 +328,67 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
     run::<i8>(&ops);
 }
 
+/// Equal f32 bits, element by element (any NaN equals any NaN).
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+}
+
+/// kv_read_back replaces the step's rows by what the pool gives back, stored or not (slot -1):
+/// for the per-row formats both are kvlab-cpu's `round_trip` of the row, bit for bit (a zero
+/// head, a NaN head).
+#[test]
+fn gpu_kv_read_back_gives_what_the_cpu_pool_gives() {
+    let Some((_dev, ops)) = gpu("gpu_kv_read_back") else {
+        return;
+    };
+    fn run<C: CacheElem>(ops: &Ops) {
+        let (t, nkv, hd, num_slots, bs) = (5, 3, 40, 24, 4);
+        let kvd = nkv * hd;
+        let mut r = rng(17);
+        let mut k = uniform(&mut r, t * kvd, 3.0);
+        let v = uniform(&mut r, t * kvd, 0.2);
+        k[2 * kvd + hd..2 * kvd + 2 * hd].fill(0.0);
+        k[3 * kvd + 7] = f32::NAN;
+        let slots = [9, -1, 2, 23, 10];
+        let (kd, vd, sd) = (up::<f32>(ops, &k), up::<f32>(ops, &v), up_i32(ops, &slots));
+        let s = &ops.stream;
+        let (kc, vc) = (
+            s.alloc_zeros::<C>(num_slots * kvd).unwrap(),
+            s.alloc_zeros::<C>(num_slots * kvd).unwrap(),
+        );
+        let n_scales = if C::SCALED { num_slots * nkv } else { 1 };
+        let (ks, vs) = (
+            s.alloc_zeros::<f32>(n_scales).unwrap(),
+            s.alloc_zeros::<f32>(n_scales).unwrap(),
+        );
+        let (unused, no_map) = (up::<f32>(ops, &[f32::NAN]), up_i32(ops, &[-1]));
+        let (rows, pool) = ((ops.dev(&kd), ops.dev(&vd)), (ops.dev(&kc), ops.dev(&vc)));
+        let scales = (ops.dev(&ks), ops.dev(&vs));
+        let residual = (ops.dev(&unused), ops.dev(&no_map), 0);
+        let (slot_dev, heads, shape) = (ops.dev(&sd), (nkv, hd), (num_slots, bs));
+        ops.reshape_and_cache::<f32, C>(rows, pool, scales, residual, slot_dev, t, heads, shape)
+            .unwrap();
+        ops.kv_read_back::<f32, C>(rows, pool, scales, residual, slot_dev, t, heads, shape)
+            .unwrap();
+        for (part, x, got) in [
+            (Part::Keys, k.clone(), down::<f32>(ops, &kd)),
+            (Part::Values, v.clone(), down::<f32>(ops, &vd)),
+        ] {
+            let mut want = x;
+            round_trip(C::KV_DTYPE, part, (nkv, hd), 1, &mut want);
+            assert!(bits_eq(&got, &want), "{} {part:?}", C::NAME);
+        }
+        eprintln!("kv_read_back f32 <- {}: kvlab-cpu's values", C::NAME);
+    }
+    run::<F16>(&ops);
+    run::<half::bf16>(&ops);
+    run::<u8>(&ops);
+    run::<i8>(&ops);
+}
+
 /// int4 through the steps forward.rs runs (residual.rs's plan, then open, reshape_and_cache,
 /// close): a block's keys wait in f32 and are quantized per channel when its last row arrives, a
 /// complete block written again is decoded back first, and the pool ends holding the bytes
@@ -403,6 +464,33 @@ fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
         let close = pairs(&plan.close);
         ops.int4_keys(Int4Op::Close, keys, ops.dev(&close), plan.close.len())
             .unwrap();
+        // The step's rows read back from the pool: what kvlab-cpu's store reads for them.
+        ops.kv_read_back(
+            (ops.dev(&kd), ops.dev(&vd)),
+            (ops.dev(&kc), ops.dev(&vc)),
+            (ops.dev(&ks), ops.dev(&vs)),
+            (
+                ops.dev(&kr),
+                ops.dev(&maps).range(nb..2 * nb).unwrap(),
+                capacity,
+            ),
+            ops.dev(&sd),
+            t,
+            (nkv, hd),
+            (slots_n, bs),
+        )
+        .unwrap();
+        let (got_k, got_v) = (down::<f32>(ops, &kd), down::<f32>(ops, &vd));
+        let mut tile = Vec::new();
+        for (i, &slot) in slots.iter().enumerate() {
+            let at = slot as usize..slot as usize + 1;
+            let want = cpu_k.read(at.clone(), 0..nkv, &mut tile).to_vec();
+            let got = &got_k[i * kvd..(i + 1) * kvd];
+            assert!(bits_eq(got, &want), "read-back key of slot {slot}");
+            let want = cpu_v.read(at, 0..nkv, &mut tile).to_vec();
+            let got = &got_v[i * kvd..(i + 1) * kvd];
+            assert!(bits_eq(got, &want), "read-back value of slot {slot}");
+        }
     }
     // kvlab-cpu's bytes: keys (codes, scales, minima, a flag per block and the open block's
     // residual), values (codes, scales, minima).
