@@ -37,13 +37,16 @@ fn kvlab(line: &str) -> Run {
 
 /// Runs kvlab as on a fresh clone: no `KVLAB_MODELS`, an empty user cache, no download.
 fn kvlab_fresh(line: &str) -> Run {
-    let home = std::env::temp_dir().join(format!("kvlab-cli-fresh-{}", std::process::id()));
-    std::fs::create_dir_all(&home).unwrap();
+    // An empty home of its own, removed when the run is over.
+    let home = tempfile::Builder::new()
+        .prefix("kvlab-cli-fresh-")
+        .tempdir()
+        .unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_kvlab"));
     command
         .env_remove("KVLAB_MODELS")
-        .env("HOME", &home)
-        .env("XDG_CACHE_HOME", home.join("cache"));
+        .env("HOME", home.path())
+        .env("XDG_CACHE_HOME", home.path().join("cache"));
     run(command, line)
 }
 

@@ -135,7 +135,7 @@ fn llama_gguf_with(
     b
 }
 
-fn write(name: &str, b: &GgufBuilder) -> PathBuf {
+fn write(name: &str, b: &GgufBuilder) -> common::TmpPath {
     let p = common::tmp(name);
     std::fs::write(&p, b.build()).unwrap();
     p
@@ -378,7 +378,7 @@ fn gguf_py_written_stories260k_is_the_builders_and_tokenizes_as_llama_cpp() {
 
 /// A tiny valid llama GGUF (dim 8, 1 layer, 2 heads, vocab 4), with `edit` applied to the
 /// metadata list before the build and `skip` tensors left out.
-fn tiny(edit: impl FnOnce(&mut Vec<(&'static str, V)>), skip: &str) -> PathBuf {
+fn tiny(edit: impl FnOnce(&mut Vec<(&'static str, V)>), skip: &str) -> common::TmpPath {
     tiny_with(edit, |ts| ts.retain(|(name, _)| name != skip))
 }
 
@@ -386,7 +386,7 @@ fn tiny(edit: impl FnOnce(&mut Vec<(&'static str, V)>), skip: &str) -> PathBuf {
 fn tiny_with(
     edit: impl FnOnce(&mut Vec<(&'static str, V)>),
     edit_tensors: impl FnOnce(&mut Vec<(String, Vec<u64>)>),
-) -> PathBuf {
+) -> common::TmpPath {
     let mut kv: Vec<(&'static str, V)> = vec![
         ("general.architecture", V::String("llama".into())),
         ("llama.context_length", V::U32(16)),

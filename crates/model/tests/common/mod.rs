@@ -18,11 +18,34 @@ pub fn tok512() -> Option<Tokenizer> {
     model_file("tok512.bin").map(|p| Tokenizer::load_llama2c(&p, 512).unwrap())
 }
 
-/// `name` in a folder of this test binary's own under the temp dir (created here).
-pub fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvlab-model-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// `name` in a new folder under the temp dir; the folder, and whatever the test put in it, is
+/// removed when the returned path is dropped.
+pub fn tmp(name: &str) -> TmpPath {
+    let dir = tempfile::Builder::new()
+        .prefix("kvlab-model-test-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
+    TmpPath { _dir: dir, path }
+}
+
+/// A path inside a temporary folder that lives as long as it does.
+pub struct TmpPath {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl std::ops::Deref for TmpPath {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::path::Path> for TmpPath {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.path
+    }
 }
 
 /// `fixtures/<path>` parsed as JSON (the oracles' records).
