@@ -39,12 +39,10 @@
 //   with block_elems = block_size · n_kv_heads; int4's (s, min) pairs and residuals likewise.
 #include "common.cuh"
 
-// One KV head (head_dim,) of activations → codes, and its scale (scaled formats only). Called
-// by a whole warp.
+// The scale of one KV head (head_dim,) of activations in a scaled format: amax / max_code, 1
+// for a zero head, NaN if any element is. Called by a whole warp; every lane gets it.
 template <typename A, typename C>
-__device__ __forceinline__ void quantize_head(const A* __restrict__ x, C* __restrict__ codes,
-                                              float* __restrict__ scale, int head_dim) {
-    using Codec = KvCodec<C>;
+__device__ __forceinline__ float head_scale(const A* __restrict__ x, int head_dim) {
     const int lane = threadIdx.x % KVLAB_WARP;
     float amax = 0.0f;
     bool nan = false;
@@ -55,10 +53,30 @@ __device__ __forceinline__ void quantize_head(const A* __restrict__ x, C* __rest
     }
     amax = warp_max(amax);
     nan = __any_sync(0xffffffffu, nan);
-    const float s = nan ? __int_as_float(0x7fc00000) : (amax == 0.0f ? 1.0f : amax / Codec::max_code);
+    return nan ? __int_as_float(0x7fc00000) : (amax == 0.0f ? 1.0f : amax / KvCodec<C>::max_code);
+}
+
+// One KV head (head_dim,) of activations → codes, and its scale (scaled formats only). Called
+// by a whole warp.
+template <typename A, typename C>
+__device__ __forceinline__ void quantize_head(const A* __restrict__ x, C* __restrict__ codes,
+                                              float* __restrict__ scale, int head_dim) {
+    const int lane = threadIdx.x % KVLAB_WARP;
+    const float s = head_scale<A, C>(x, head_dim);
     if (lane == 0) *scale = s;
     const float inv = 1.0f / s;
-    for (int d = lane; d < head_dim; d += KVLAB_WARP) codes[d] = Codec::encode(to_float(x[d]) * inv);
+    for (int d = lane; d < head_dim; d += KVLAB_WARP) {
+        codes[d] = KvCodec<C>::encode(to_float(x[d]) * inv);
+    }
+}
+
+// (s, min) of an int4 value group whose element this lane holds as v (`live`: the lane has one;
+// a group of 32 channels is a warp). Called by a whole warp; every lane gets them.
+__device__ __forceinline__ float2 warp_int4_range(float v, bool live) {
+    const bool nan = __any_sync(0xffffffffu, live && isnan(v));
+    const float lo = warp_min(live ? v : __int_as_float(0x7f800000));
+    const float hi = warp_max(live ? v : KVLAB_NEG_INF);
+    return int4_range(lo, hi, nan);
 }
 
 // One token's int4 values: warp w quantizes value groups w, w + warps, ... of the row `x`
@@ -76,10 +94,7 @@ __device__ __forceinline__ void quantize_values_int4(const A* __restrict__ x,
         const int d = (g % groups) * KVLAB_INT4_VALUE_GROUP + lane;  // this lane's channel
         const bool live = d < head_dim;
         const float v = live ? to_float(x[h * head_dim + d]) : 0.0f;
-        const bool nan = __any_sync(0xffffffffu, live && isnan(v));
-        const float lo = warp_min(live ? v : __int_as_float(0x7f800000));
-        const float hi = warp_max(live ? v : KVLAB_NEG_INF);
-        const float2 sm = int4_range(lo, hi, nan);
+        const float2 sm = warp_int4_range(v, live);
         if (lane == 0) {
             range[2 * g] = sm.x;
             range[2 * g + 1] = sm.y;
@@ -287,10 +302,7 @@ __device__ void kv_read_back_v1(A* __restrict__ key, A* __restrict__ value,
             const int d = (g % groups) * KVLAB_INT4_VALUE_GROUP + lane;
             const bool live = d < head_dim;
             const float x = live ? to_float(v[h * head_dim + d]) : 0.0f;
-            const bool nan = __any_sync(0xffffffffu, live && isnan(x));
-            const float lo = warp_min(live ? x : __int_as_float(0x7f800000));
-            const float hi = warp_max(live ? x : KVLAB_NEG_INF);
-            const float2 sm = int4_range(lo, hi, nan);
+            const float2 sm = warp_int4_range(x, live);
             if (live) {
                 const unsigned int q = int4_encode(x, sm.y, int4_inv(sm.x));
                 v[h * head_dim + d] = from_float<A>(int4_value(q, sm.x, sm.y));
@@ -300,17 +312,7 @@ __device__ void kv_read_back_v1(A* __restrict__ key, A* __restrict__ value,
         // Each KV head of k and of v: its scale, its codes, decoded (KvStore::write, then read).
         for (int w = warp; w < 2 * n_kv_heads; w += n_warps) {
             A* x = (w < n_kv_heads ? k : v) + (w % n_kv_heads) * head_dim;
-            float amax = 0.0f;
-            bool nan = false;
-            for (int d = lane; d < head_dim; d += KVLAB_WARP) {
-                const float e = to_float(x[d]);
-                nan |= isnan(e);
-                amax = fmaxf(amax, fabsf(e));
-            }
-            amax = warp_max(amax);
-            nan = __any_sync(0xffffffffu, nan);
-            const float s =
-                nan ? __int_as_float(0x7fc00000) : (amax == 0.0f ? 1.0f : amax / Codec::max_code);
+            const float s = head_scale<A, C>(x, head_dim);
             const float inv = 1.0f / s;
             for (int d = lane; d < head_dim; d += KVLAB_WARP) {
                 x[d] = from_float<A>(Codec::decode(Codec::encode(to_float(x[d]) * inv)) * s);

@@ -32,7 +32,7 @@ use crate::device::Device;
 use crate::dtype::{CacheElem, DType};
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel, PackGeometry, PackedStep};
-use crate::ops::{AttentionArgs, Int4Op, Ops};
+use crate::ops::{AttentionArgs, Int4Op, Ops, RowsAndPool};
 use crate::pool::{KvPool, PoolPlan};
 use crate::residual::Residuals;
 use crate::rope::RopeTables;
@@ -273,34 +273,34 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             } else {
                 (maps, maps)
             };
-            let slots = meta.range(gm.slot_mapping.clone())?;
-            let heads = (c.n_kv_heads, hd);
-            ops.reshape_and_cache(
-                (k, v),
-                (kc, vc),
-                (ks, vs),
-                (kr, write_map, residuals),
-                slots,
-                t,
-                heads,
-                (num_slots, bs),
-            )?;
+            let rows = RowsAndPool {
+                k,
+                v,
+                k_cache: kc,
+                v_cache: vc,
+                k_scale: ks,
+                v_scale: vs,
+                k_residual: kr,
+                map: write_map,
+                residuals,
+                slots: meta.range(gm.slot_mapping.clone())?,
+                n_tokens: t,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                num_slots,
+                block_size: bs,
+            };
+            ops.reshape_and_cache(&rows)?;
             if let Some(r) = residual_steps.get(g) {
                 let (close, n) = (res_meta.range(r.close.clone())?, r.close.len() / 2);
                 ops.int4_keys(Int4Op::Close, self.pool.int4_args(ops, l)?, close, n)?;
             }
             // The step's own rows as the pool gives them back, as kvlab-cpu's paged engine
             // reads them: a query sees the same key from this step as from a later one.
-            ops.kv_read_back(
-                (k, v),
-                (kc, vc),
-                (ks, vs),
-                (kr, read_map, residuals),
-                slots,
-                t,
-                heads,
-                (num_slots, bs),
-            )?;
+            ops.kv_read_back(&RowsAndPool {
+                map: read_map,
+                ..rows
+            })?;
             let args = AttentionArgs {
                 out: att,
                 q,

@@ -300,7 +300,60 @@ impl<A, C: CacheElem> AttentionArgs<A, C> {
     }
 }
 
-/// The kernels, cuBLAS and the stream they run on.
+/// A step's k/v rows and one layer's pool, as the kernels that move rows between them take
+/// them (`reshape_and_cache_v1`, `kv_read_back_v1`).
+///
+/// Shapes: `k`, `v` (n_tokens, kv_dim); `slots` (n_tokens,), -1 = not stored; the caches,
+/// scales and int4's residuals as [`cache_sizes`] gives them for `num_slots` slots in blocks of
+/// `block_size`; `map` (num_blocks,) int4's block → residual map (the write map when storing,
+/// the read map when reading back; any one element otherwise).
+#[derive(Clone, Copy, Debug)]
+pub struct RowsAndPool<A, C> {
+    pub k: Dev<A>,
+    pub v: Dev<A>,
+    pub k_cache: Dev<C>,
+    pub v_cache: Dev<C>,
+    pub k_scale: Dev<f32>,
+    pub v_scale: Dev<f32>,
+    pub k_residual: Dev<f32>,
+    pub map: Dev<i32>,
+    /// int4's residuals per layer (0 otherwise).
+    pub residuals: usize,
+    pub slots: Dev<i32>,
+    pub n_tokens: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub num_slots: usize,
+    pub block_size: usize,
+}
+
+impl<A, C: CacheElem> RowsAndPool<A, C> {
+    /// The kernels' arguments in their order: the rows, the caches, the scales, int4's
+    /// residuals and map, the slots, then kv_dim, n_kv_heads and block_size; every buffer
+    /// checked to hold what the kernels index.
+    fn args(&self) -> Result<[Arg; 12]> {
+        let (t, nkv, hd) = (self.n_tokens, self.n_kv_heads, self.head_dim);
+        let kv_dim = nkv * hd;
+        let [cache, k_scales, v_scales, residual, map] =
+            cache_sizes::<C>(self.num_slots, self.block_size, (nkv, hd), self.residuals);
+        Ok([
+            Ptr(self.k.need(t * kv_dim, "k")?),
+            Ptr(self.v.need(t * kv_dim, "v")?),
+            Ptr(self.k_cache.need(cache, "key cache")?),
+            Ptr(self.v_cache.need(cache, "value cache")?),
+            Ptr(self.k_scale.need(k_scales, "key scales")?),
+            Ptr(self.v_scale.need(v_scales, "value scales")?),
+            Ptr(self.k_residual.need(residual, "int4 key residuals")?),
+            Ptr(self.map.need(map, "int4 block -> residual map")?),
+            Ptr(self.slots.need(t, "slot_mapping")?),
+            I32(i32_of("kv_dim", kv_dim)?),
+            I32(i32_of("n_kv_heads", nkv)?),
+            I32(i32_of("block_size", self.block_size)?),
+        ])
+    }
+}
+
+/// The kernels, cuBLAS and the stream they run on./// The kernels, cuBLAS and the stream they run on.
 pub struct Ops {
     pub stream: Arc<CudaStream>,
     pub kernels: Kernels,
@@ -454,48 +507,20 @@ impl Ops {
         unsafe { self.launch(f, cfg, &args) }
     }
 
-    /// Stores k, v (n_tokens, kv_dim) at rows `slots` (n_tokens,) of the caches (num_slots,
-    /// kv_dim) in the cache type, with one scale per (slot, KV head) in `k_scale`, `v_scale`
-    /// (num_slots, n_kv_heads) for a scaled type; for int4 the keys go to `k_residual` through
-    /// `write_map` (assigned by `residual.rs` for every block the step writes) and the values are
-    /// quantized ([`cache_sizes`]); skips slot -1. Slots must be below num_slots (pack_step
-    /// checks them).
+    /// Stores `r.k`, `r.v` at rows `r.slots` of the caches in the cache type, with one scale
+    /// per (slot, KV head) for a scaled type; for int4 the keys go to `r.k_residual` through the
+    /// write map `r.map` (assigned by `residual.rs` for every block the step writes) and the
+    /// values are quantized; skips slot -1. Slots must be below num_slots (pack_step checks
+    /// them).
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reshape_and_cache<A: DType, C: CacheElem>(
-        &self,
-        (k, v): (Dev<A>, Dev<A>),
-        (k_cache, v_cache): (Dev<C>, Dev<C>),
-        (k_scale, v_scale): (Dev<f32>, Dev<f32>),
-        (k_residual, write_map, residuals): (Dev<f32>, Dev<i32>, usize),
-        slots: Dev<i32>,
-        n_tokens: usize,
-        (n_kv_heads, head_dim): (usize, usize),
-        (num_slots, block_size): (usize, usize),
-    ) -> Result<()> {
+    pub fn reshape_and_cache<A: DType, C: CacheElem>(&self, r: &RowsAndPool<A, C>) -> Result<()> {
         let f = self
             .kernels
             .get(&format!("reshape_and_cache_v1_{}_{}", A::NAME, C::NAME))?;
-        let kv_dim = n_kv_heads * head_dim;
-        let [cache, k_scales, v_scales, residual, map] =
-            cache_sizes::<C>(num_slots, block_size, (n_kv_heads, head_dim), residuals);
-        let args = [
-            Ptr(k.need(n_tokens * kv_dim, "k")?),
-            Ptr(v.need(n_tokens * kv_dim, "v")?),
-            Ptr(k_cache.need(cache, "key cache")?),
-            Ptr(v_cache.need(cache, "value cache")?),
-            Ptr(k_scale.need(k_scales, "key scales")?),
-            Ptr(v_scale.need(v_scales, "value scales")?),
-            Ptr(k_residual.need(residual, "int4 key residuals")?),
-            Ptr(write_map.need(map, "int4 write map")?),
-            Ptr(slots.need(n_tokens, "slot_mapping")?),
-            I32(i32_of("kv_dim", kv_dim)?),
-            I32(i32_of("n_kv_heads", n_kv_heads)?),
-            I32(i32_of("block_size", block_size)?),
-        ];
-        let cfg = launch::row_copy_config(n_tokens, kv_dim)?;
+        let args = r.args()?;
+        let cfg = launch::row_copy_config(r.n_tokens, r.n_kv_heads * r.head_dim)?;
         // SAFETY: matches reshape_and_cache_v1_<A>_<C> (const A*, const A*, C*, C*, float*,
         // float*, float*, const int*, const int*, int, int, int); one block per token, its
         // threads a multiple of 32 (the scaled types and int4's values reduce per warp); slots
@@ -504,49 +529,22 @@ impl Ops {
         unsafe { self.launch(f, cfg, &args) }
     }
 
-    /// The step's own rows `k`, `v` (n_tokens, kv_dim) replaced by what the pool gives back for
-    /// them after the layer's writes (`kv_read_back_v1`, kvlab-cpu's read-back): a stored row
-    /// from its slot (`read_map` says which int4 keys are still in a residual), a row with slot
-    /// -1 quantized and decoded in registers. Nothing to do for an f32 cache.
+    /// The step's own rows `r.k`, `r.v` replaced by what the pool gives back for them after
+    /// the layer's writes (`kv_read_back_v1`, kvlab-cpu's read-back): a stored row from its
+    /// slot (the read map `r.map` says which int4 keys are still in a residual), a row with
+    /// slot -1 quantized and decoded in registers. Nothing to do for an f32 cache.
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    #[allow(clippy::too_many_arguments)]
-    pub fn kv_read_back<A: DType, C: CacheElem>(
-        &self,
-        (k, v): (Dev<A>, Dev<A>),
-        (k_cache, v_cache): (Dev<C>, Dev<C>),
-        (k_scale, v_scale): (Dev<f32>, Dev<f32>),
-        (k_residual, read_map, residuals): (Dev<f32>, Dev<i32>, usize),
-        slots: Dev<i32>,
-        n_tokens: usize,
-        (n_kv_heads, head_dim): (usize, usize),
-        (num_slots, block_size): (usize, usize),
-    ) -> Result<()> {
-        if C::KV_DTYPE == KvDtype::F32 || n_tokens == 0 {
+    pub fn kv_read_back<A: DType, C: CacheElem>(&self, r: &RowsAndPool<A, C>) -> Result<()> {
+        if C::KV_DTYPE == KvDtype::F32 || r.n_tokens == 0 {
             return Ok(());
         }
         let f = self
             .kernels
             .get(&format!("kv_read_back_v1_{}_{}", A::NAME, C::NAME))?;
-        let kv_dim = n_kv_heads * head_dim;
-        let [cache, k_scales, v_scales, residual, map] =
-            cache_sizes::<C>(num_slots, block_size, (n_kv_heads, head_dim), residuals);
-        let args = [
-            Ptr(k.need(n_tokens * kv_dim, "k")?),
-            Ptr(v.need(n_tokens * kv_dim, "v")?),
-            Ptr(k_cache.need(cache, "key cache")?),
-            Ptr(v_cache.need(cache, "value cache")?),
-            Ptr(k_scale.need(k_scales, "key scales")?),
-            Ptr(v_scale.need(v_scales, "value scales")?),
-            Ptr(k_residual.need(residual, "int4 key residuals")?),
-            Ptr(read_map.need(map, "int4 read map")?),
-            Ptr(slots.need(n_tokens, "slot_mapping")?),
-            I32(i32_of("kv_dim", kv_dim)?),
-            I32(i32_of("n_kv_heads", n_kv_heads)?),
-            I32(i32_of("block_size", block_size)?),
-        ];
-        let cfg = launch::row_copy_config(n_tokens, kv_dim)?;
+        let args = r.args()?;
+        let cfg = launch::row_copy_config(r.n_tokens, r.n_kv_heads * r.head_dim)?;
         // SAFETY: matches kv_read_back_v1_<A>_<C> (A*, A*, const C*, const C*, const float*,
         // const float*, const float*, const int*, const int*, int, int, int); one block per
         // token, threads a multiple of 32 (rows not stored reduce per warp); slots are -1 or <

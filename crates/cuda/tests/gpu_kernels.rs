@@ -11,7 +11,7 @@ use cudarc::driver::CudaSlice;
 use kvlab_cpu::kv_store::{KvStore, Part, round_trip};
 use kvlab_cuda::dtype::{CacheElem, DType, Int4x2, row_elems};
 use kvlab_cuda::launch::{self, DecodeKernel};
-use kvlab_cuda::ops::{AttentionArgs, Int4Keys, Int4Op, Ops};
+use kvlab_cuda::ops::{AttentionArgs, Dev, Int4Keys, Int4Op, Ops, RowsAndPool};
 use kvlab_cuda::residual::Residuals;
 use kvlab_model::rope::RopeTable;
 use kvlab_model::{Activation, KvDtype, RopeLayout, ops as refops};
@@ -142,7 +142,7 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
         let (kd, vd, sd) = (up::<A>(ops, &k), up::<A>(ops, &v), up_i32(ops, &slots));
         let unused = up::<f32>(ops, &[f32::NAN]);
         let no_map = up_i32(ops, &[-1]);
-        ops.reshape_and_cache(
+        ops.reshape_and_cache(&rows_and_pool(
             (ops.dev(&kd), ops.dev(&vd)),
             (ops.dev(&kc), ops.dev(&vc)),
             (ops.dev(&unused), ops.dev(&unused)),
@@ -151,7 +151,7 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
             t,
             (2, kv_dim / 2),
             (num_slots, bs),
-        )
+        ))
         .unwrap();
         let mut want_k = vec![f32::NAN; num_slots * kv_dim];
         let mut want_v = vec![f32::NAN; num_slots * kv_dim];
@@ -227,7 +227,7 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
             up::<f32>(ops, &vec![f32::NAN; n_scales]),
         );
         let (unused, no_map) = (up::<f32>(ops, &[f32::NAN]), up_i32(ops, &[-1]));
-        ops.reshape_and_cache(
+        ops.reshape_and_cache(&rows_and_pool(
             (ops.dev(&kd), ops.dev(&vd)),
             (ops.dev(&kc), ops.dev(&vc)),
             (ops.dev(&ks), ops.dev(&vs)),
@@ -236,7 +236,7 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
             t,
             (nkv, hd),
             (num_slots, 4),
-        )
+        ))
         .unwrap();
         let device = |codes: &CudaSlice<C>, scales: &CudaSlice<f32>| {
             let codes = ops.stream.clone_dtoh(codes).unwrap();
@@ -328,6 +328,37 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
     run::<i8>(&ops);
 }
 
+/// A step's rows and a pool as the row kernels take them ([`RowsAndPool`]).
+#[allow(clippy::too_many_arguments)]
+fn rows_and_pool<A, C>(
+    (k, v): (Dev<A>, Dev<A>),
+    (k_cache, v_cache): (Dev<C>, Dev<C>),
+    (k_scale, v_scale): (Dev<f32>, Dev<f32>),
+    (k_residual, map, residuals): (Dev<f32>, Dev<i32>, usize),
+    slots: Dev<i32>,
+    n_tokens: usize,
+    (n_kv_heads, head_dim): (usize, usize),
+    (num_slots, block_size): (usize, usize),
+) -> RowsAndPool<A, C> {
+    RowsAndPool {
+        k,
+        v,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        k_residual,
+        map,
+        residuals,
+        slots,
+        n_tokens,
+        n_kv_heads,
+        head_dim,
+        num_slots,
+        block_size,
+    }
+}
+
 /// Equal f32 bits, element by element (any NaN equals any NaN).
 fn bits_eq(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len()
@@ -369,10 +400,14 @@ fn gpu_kv_read_back_gives_what_the_cpu_pool_gives() {
         let scales = (ops.dev(&ks), ops.dev(&vs));
         let residual = (ops.dev(&unused), ops.dev(&no_map), 0);
         let (slot_dev, heads, shape) = (ops.dev(&sd), (nkv, hd), (num_slots, bs));
-        ops.reshape_and_cache::<f32, C>(rows, pool, scales, residual, slot_dev, t, heads, shape)
-            .unwrap();
-        ops.kv_read_back::<f32, C>(rows, pool, scales, residual, slot_dev, t, heads, shape)
-            .unwrap();
+        ops.reshape_and_cache(&rows_and_pool::<f32, C>(
+            rows, pool, scales, residual, slot_dev, t, heads, shape,
+        ))
+        .unwrap();
+        ops.kv_read_back(&rows_and_pool::<f32, C>(
+            rows, pool, scales, residual, slot_dev, t, heads, shape,
+        ))
+        .unwrap();
         for (part, x, got) in [
             (Part::Keys, k.clone(), down::<f32>(ops, &kd)),
             (Part::Values, v.clone(), down::<f32>(ops, &vd)),
@@ -450,7 +485,7 @@ fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
         ops.int4_keys(Int4Op::Open, keys, ops.dev(&open), plan.open.len())
             .unwrap();
         let (kd, vd, sd) = (up::<f32>(ops, &k), up::<f32>(ops, &v), up_i32(ops, slots));
-        ops.reshape_and_cache(
+        ops.reshape_and_cache(&rows_and_pool(
             (ops.dev(&kd), ops.dev(&vd)),
             (ops.dev(&kc), ops.dev(&vc)),
             (ops.dev(&ks), ops.dev(&vs)),
@@ -459,13 +494,13 @@ fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
             t,
             (nkv, hd),
             (slots_n, bs),
-        )
+        ))
         .unwrap();
         let close = pairs(&plan.close);
         ops.int4_keys(Int4Op::Close, keys, ops.dev(&close), plan.close.len())
             .unwrap();
         // The step's rows read back from the pool: what kvlab-cpu's store reads for them.
-        ops.kv_read_back(
+        ops.kv_read_back(&rows_and_pool(
             (ops.dev(&kd), ops.dev(&vd)),
             (ops.dev(&kc), ops.dev(&vc)),
             (ops.dev(&ks), ops.dev(&vs)),
@@ -478,7 +513,7 @@ fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
             t,
             (nkv, hd),
             (slots_n, bs),
-        )
+        ))
         .unwrap();
         let (got_k, got_v) = (down::<f32>(ops, &kd), down::<f32>(ops, &vd));
         let mut tile = Vec::new();
