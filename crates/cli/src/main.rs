@@ -61,9 +61,10 @@ pub struct ModelArgs {
 /// How the engine stores the KV cache.
 #[derive(clap::Args, Clone, Copy)]
 pub struct KvArgs {
-    /// The type the KV cache stores keys and values in: f32 (as computed), f16, bf16, or
-    /// fp8-e4m3 and int8 with a scale per token and KV head; quantized when written,
-    /// dequantized inside attention. The cpu and cpu-paged engines store every dtype.
+    /// The type the KV cache stores keys and values in: f32 (as computed), f16, bf16,
+    /// fp8-e4m3 and int8 with a scale per token and KV head, or int4 (KIVI: keys per channel
+    /// over a group of tokens, values per 32 channels); quantized when written, dequantized
+    /// inside attention. The cpu, cpu-paged and cuda engines store every dtype.
     #[arg(long, default_value_t = kvlab_model::KvDtype::F32,
           value_parser = kvlab_cli::args::kv_dtype())]
     pub kv_dtype: kvlab_model::KvDtype,

@@ -184,24 +184,24 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             let layers = (0..c.n_layers).filter(|&l| self.layer_group[l] == g);
             for l in layers {
                 if let Some(r) = residual_steps.get(g) {
-                    let t = self.pool.int4_args(ops, l)?;
+                    let keys = self.pool.int4_args(ops, l)?;
                     let (early, n) = (
                         res_meta.range(r.close_early.clone())?,
                         r.close_early.len() / 2,
                     );
-                    ops.int4_keys(Int4Op::Close, t, early, n)?;
+                    ops.int4_keys(Int4Op::Close, keys, early, n)?;
                 }
                 if gm.n_copies > 0 {
                     let pairs = meta.range(gm.copies.clone())?;
                     self.pool.copy_blocks(ops, l, pairs, gm.n_copies)?;
                 }
                 if let Some(r) = residual_steps.get(g) {
-                    let t = self.pool.int4_args(ops, l)?;
+                    let keys = self.pool.int4_args(ops, l)?;
                     let (copies, n) = (res_meta.range(r.copies.clone())?, r.copies.len() / 2);
                     let kr = ops.dev(&self.pool.k_residual[l]);
                     ops.copy_blocks(kr, None, copies, n, residuals, bs * kvd)?;
                     let (open, n) = (res_meta.range(r.open.clone())?, r.open.len() / 2);
-                    ops.int4_keys(Int4Op::Open, t, open, n)?;
+                    ops.int4_keys(Int4Op::Open, keys, open, n)?;
                 }
             }
         }
