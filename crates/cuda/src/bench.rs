@@ -105,10 +105,10 @@ pub fn attention_bench<A: DType, C: CacheElem>(
     // Scales of 1 for the 8-bit formats (one per slot and KV head), (s, min) = (1, 1) for
     // int4, whose blocks are all complete (no residual: a read map of -1); one unused element
     // otherwise.
-    let k_scale = s.clone_htod(&vec![1.0f32; k_scales])?;
-    let v_scale = s.clone_htod(&vec![1.0f32; v_scales])?;
-    let k_residual = s.alloc_zeros::<f32>(residual)?;
-    let read_map = s.clone_htod(&vec![-1i32; map])?;
+    let k_scale = s.clone_htod(&vec![1.0f32; k_scales.max(1)])?;
+    let v_scale = s.clone_htod(&vec![1.0f32; v_scales.max(1)])?;
+    let k_residual = s.alloc_zeros::<f32>(residual.max(1))?;
+    let read_map = s.clone_htod(&vec![-1i32; map.max(1)])?;
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut random = |n: usize| -> Vec<A> {
         (0..n)

@@ -227,11 +227,13 @@ struct AttnPtrs {
     shape: [Arg; 7],
 }
 
-/// Elements a layer's tensors of cache type `C` need in a pool of `num_slots` slots in blocks
+/// Elements a layer's tensors of cache type `C` hold in a pool of `num_slots` slots in blocks
 /// of `block_size`, with `residuals` int4 residuals: (cache, key scales, value scales, residual
 /// floats, map entries). Scales are one per (slot, KV head) for a scaled type; int4's are (s,
 /// min) pairs per key channel per block and per value group per slot, plus the residuals and the
-/// block → residual map. A tensor a type does not use still needs one element (a real address).
+/// block → residual map. 0 for a tensor the type does not use (it is still allocated with one
+/// element, so the kernels get a real address). With `num_slots = block_size` and one
+/// residual: the sizes of one block, what `KvPool` moves to and from the tiers.
 pub fn cache_sizes<C: CacheElem>(
     num_slots: usize,
     block_size: usize,
@@ -241,7 +243,7 @@ pub fn cache_sizes<C: CacheElem>(
     let cache = num_slots * row_elems::<C>(n_kv_heads, head_dim);
     let kv_dim = n_kv_heads * head_dim;
     if C::SCALED {
-        [cache, num_slots * n_kv_heads, num_slots * n_kv_heads, 1, 1]
+        [cache, num_slots * n_kv_heads, num_slots * n_kv_heads, 0, 0]
     } else if C::INT4 {
         let num_blocks = num_slots / block_size.max(1);
         let groups = head_dim.div_ceil(KvDtype::INT4_VALUE_GROUP);
@@ -249,11 +251,11 @@ pub fn cache_sizes<C: CacheElem>(
             cache,
             2 * num_blocks * kv_dim,
             2 * num_slots * n_kv_heads * groups,
-            (residuals * block_size * kv_dim).max(1),
-            num_blocks.max(1),
+            residuals * block_size * kv_dim,
+            num_blocks,
         ]
     } else {
-        [cache, 1, 1, 1, 1]
+        [cache, 0, 0, 0, 0]
     }
 }
 

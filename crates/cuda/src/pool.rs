@@ -22,9 +22,9 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use kvlab_model::{Config, KvDtype};
 use serde::Serialize;
 
-use crate::dtype::{CacheElem, row_elems};
+use crate::dtype::CacheElem;
 use crate::error::{CudaError, Result};
-use crate::ops::{Dev, Int4Keys, Int4Op, Ops};
+use crate::ops::{Dev, Int4Keys, Int4Op, Ops, cache_sizes};
 use crate::residual::Residuals;
 
 /// Bytes kept free beyond the utilization fraction for cuBLAS workspaces and the driver.
@@ -233,17 +233,16 @@ impl<C: CacheElem> KvPool<C> {
     /// # Errors
     /// Driver errors (out of memory).
     pub fn allocate(stream: &Arc<CudaStream>, c: &Config, plan: PoolPlan) -> Result<KvPool<C>> {
-        let (bs, nkv, kvd) = (plan.block_size, c.n_kv_heads, c.kv_dim());
-        let groups = c.head_dim.div_ceil(KvDtype::INT4_VALUE_GROUP);
-        let (k_block_scales, v_block_scales) = if C::SCALED {
-            (bs * nkv, bs * nkv)
-        } else if C::INT4 {
-            (2 * kvd, 2 * bs * nkv * groups)
-        } else {
-            (0, 0)
-        };
+        let (bs, heads) = (plan.block_size, (c.n_kv_heads, c.head_dim));
+        // One block's elements of each tensor, and one residual's.
+        let [
+            block_elems,
+            k_block_scales,
+            v_block_scales,
+            residual_floats,
+            _,
+        ] = cache_sizes::<C>(bs, bs, heads, 1);
         let residuals = if C::INT4 { plan.residuals.max(1) } else { 0 };
-        let residual_floats = if C::INT4 { bs * kvd } else { 0 };
         let mut pool = KvPool {
             k: Vec::with_capacity(c.n_layers),
             v: Vec::with_capacity(c.n_layers),
@@ -252,11 +251,11 @@ impl<C: CacheElem> KvPool<C> {
             k_residual: Vec::with_capacity(c.n_layers),
             residuals: Vec::new(),
             maps: Vec::new(),
-            block_elems: bs * row_elems::<C>(nkv, c.head_dim),
+            block_elems,
             k_block_scales,
             v_block_scales,
             residual_floats,
-            heads: (nkv, c.head_dim),
+            heads,
             plan,
         };
         let n = pool.plan.num_blocks;
@@ -362,12 +361,12 @@ impl<C: CacheElem> KvPool<C> {
         block: usize,
         bytes: &[u8],
     ) -> Result<()> {
-        let (elems, k_scales, v_scales) = self.block_ranges(block)?;
         let layers = self.group_layers(group)?.to_vec();
-        let stream = &ops.stream;
         if C::INT4 {
             return self.write_block_int4(ops, group, block, &layers, bytes);
         }
+        let (elems, k_scales, v_scales) = self.block_ranges(block)?;
+        let stream = &ops.stream;
         let want = layers.len() * self.layer_block_bytes();
         if bytes.len() != want {
             return Err(bad_length(bytes.len(), layers.len(), want));
