@@ -97,7 +97,8 @@ __device__ __forceinline__ long long kv_offset(const KvView<A, C>& kv, int j) {
     return (slot * kv.n_kv_heads + kv.kv_head) * kv.head_dim;
 }
 
-// This lane's dims of pool position j's int4 key and value (cache.cu's layout).
+// This lane's dims of pool position j's int4 key (from its block's residual while the block
+// is still filling) and value (common.cuh's int4 helpers, cache.cu's layout).
 template <typename A, typename C>
 __device__ __forceinline__ void load_int4(float k[KVLAB_DIMS_PER_LANE],
                                           float v[KVLAB_DIMS_PER_LANE], const KvView<A, C>& kv,
@@ -105,27 +106,20 @@ __device__ __forceinline__ void load_int4(float k[KVLAB_DIMS_PER_LANE],
     const int lane = threadIdx.x % KVLAB_WARP;
     const int block = kv.block_table[j / kv.block_size];
     const long long slot = (long long)block * kv.block_size + j % kv.block_size;
-    const int kv_dim = kv.n_kv_heads * kv.head_dim;
-    const long long head = (slot * kv.n_kv_heads + kv.kv_head) * ((kv.head_dim + 1) / 2);
-    const int groups = (kv.head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
-    const float* v_range = kv.v_scale + (slot * kv.n_kv_heads + kv.kv_head) * groups * 2;
     const int residual = kv.read_map[block];
-    // The key row in the residual; only formed for a block that has one (residual >= 0).
-    const float* k_row = residual >= 0 ? kv.k_residual +
-                                             ((long long)residual * kv.block_size +
-                                              j % kv.block_size) * kv_dim +
-                                             kv.kv_head * kv.head_dim
-                                       : kv.k_residual;
-    const float* k_range = kv.k_scale + ((long long)block * kv_dim + kv.kv_head * kv.head_dim) * 2;
+    const float* k_row = residual >= 0 ? int4_residual_key(kv.k_residual, residual, slot,
+                                                           kv.kv_head, kv.block_size,
+                                                           kv.n_kv_heads, kv.head_dim)
+                                       : nullptr;
 #pragma unroll
     for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
         const int d = lane + i * KVLAB_WARP;
         if (d < kv.head_dim) {
-            k[i] = residual >= 0 ? k_row[d]
-                                 : int4_value(int4_code_at(kv.k_cache + head, d), k_range[2 * d],
-                                              k_range[2 * d + 1]);
-            const int g = d / KVLAB_INT4_VALUE_GROUP;
-            v[i] = int4_value(int4_code_at(kv.v_cache + head, d), v_range[2 * g], v_range[2 * g + 1]);
+            k[i] = k_row != nullptr ? k_row[d]
+                                    : int4_pool_key(kv.k_cache, kv.k_scale, slot, kv.kv_head, d,
+                                                    kv.block_size, kv.n_kv_heads, kv.head_dim);
+            v[i] = int4_pool_value(kv.v_cache, kv.v_scale, slot, kv.kv_head, d, kv.n_kv_heads,
+                                   kv.head_dim);
         }
     }
 }

@@ -87,8 +87,8 @@ __device__ __forceinline__ void quantize_values_int4(const A* __restrict__ x,
                                                      float* __restrict__ range, int n_kv_heads,
                                                      int head_dim) {
     const int lane = threadIdx.x % KVLAB_WARP;
-    const int groups = (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
-    const int head_bytes = (head_dim + 1) / 2;
+    const int groups = int4_value_groups(head_dim);
+    const int head_bytes = int4_head_bytes(head_dim);
     for (int g = threadIdx.x / KVLAB_WARP; g < n_kv_heads * groups; g += blockDim.x / KVLAB_WARP) {
         const int h = g / groups;
         const int d = (g % groups) * KVLAB_INT4_VALUE_GROUP + lane;  // this lane's channel
@@ -127,10 +127,10 @@ __device__ void reshape_and_cache_v1(const A* __restrict__ key, const A* __restr
         const long long residual = write_map[slot / block_size];  // assigned by the host
         float* row = k_residual + (residual * block_size + slot % block_size) * kv_dim;
         for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) row[i] = to_float(key[t * kv_dim + i]);
-        const int groups = (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
         quantize_values_int4<A>(value + t * kv_dim,
-                                value_cache + slot * n_kv_heads * ((head_dim + 1) / 2),
-                                v_scale + slot * n_kv_heads * groups * 2, n_kv_heads, head_dim);
+                                value_cache + slot * n_kv_heads * int4_head_bytes(head_dim),
+                                v_scale + slot * n_kv_heads * int4_value_groups(head_dim) * 2,
+                                n_kv_heads, head_dim);
     } else if constexpr (KvCodec<C>::scaled) {
         const int head_dim = kv_dim / n_kv_heads;
         const int warp = threadIdx.x / KVLAB_WARP;
@@ -187,7 +187,7 @@ extern "C" __global__ void int4_close_keys_v1(kvlab_int4x2* __restrict__ key_cac
     const long long block = pairs[2 * blockIdx.x];
     const long long residual = pairs[2 * blockIdx.x + 1];
     const int kv_dim = n_kv_heads * head_dim;
-    const int head_bytes = (head_dim + 1) / 2;
+    const int head_bytes = int4_head_bytes(head_dim);
     const float* rows = k_residual + residual * block_size * kv_dim;
     for (int i = threadIdx.x; i < n_kv_heads * head_bytes; i += blockDim.x) {
         const int h = i / head_bytes, d0 = 2 * (i % head_bytes);
@@ -228,12 +228,10 @@ extern "C" __global__ void int4_open_keys_v1(const kvlab_int4x2* __restrict__ ke
     const long long block = pairs[2 * blockIdx.x];
     const long long residual = pairs[2 * blockIdx.x + 1];
     const int kv_dim = n_kv_heads * head_dim;
-    const int head_bytes = (head_dim + 1) / 2;
     for (int i = threadIdx.x; i < block_size * kv_dim; i += blockDim.x) {
         const int r = i / kv_dim, ch = i % kv_dim, h = ch / head_dim, d = ch % head_dim;
-        const kvlab_int4x2* head = key_cache + ((block * block_size + r) * n_kv_heads + h) * head_bytes;
-        const float* sm = k_scale + (block * kv_dim + ch) * 2;
-        k_residual[residual * block_size * kv_dim + i] = int4_value(int4_code_at(head, d), sm[0], sm[1]);
+        k_residual[residual * block_size * kv_dim + i] = int4_pool_key(
+            key_cache, k_scale, block * block_size + r, h, d, block_size, n_kv_heads, head_dim);
     }
 }
 
@@ -265,20 +263,12 @@ __device__ void kv_read_back_v1(A* __restrict__ key, A* __restrict__ value,
             const int h = i / head_dim, d = i % head_dim;
             float kx, vx;
             if constexpr (Codec::int4) {
-                const int hb = (head_dim + 1) / 2;
-                const int groups = (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
-                const long long block = slot / block_size;
-                const long long head = (slot * n_kv_heads + h) * hb;
-                const int r = read_map[block];
-                if (r >= 0) {
-                    kx = k_residual[((long long)r * block_size + slot % block_size) * kv_dim + i];
-                } else {
-                    const float* sm = k_scale + (block * kv_dim + i) * 2;
-                    kx = int4_value(int4_code_at(key_cache + head, d), sm[0], sm[1]);
-                }
-                const float* vr =
-                    v_scale + ((slot * n_kv_heads + h) * groups + d / KVLAB_INT4_VALUE_GROUP) * 2;
-                vx = int4_value(int4_code_at(value_cache + head, d), vr[0], vr[1]);
+                const int r = read_map[slot / block_size];
+                kx = r >= 0 ? int4_residual_key(k_residual, r, slot, h, block_size, n_kv_heads,
+                                                head_dim)[d]
+                            : int4_pool_key(key_cache, k_scale, slot, h, d, block_size,
+                                            n_kv_heads, head_dim);
+                vx = int4_pool_value(value_cache, v_scale, slot, h, d, n_kv_heads, head_dim);
             } else {
                 kx = Codec::decode(key_cache[slot * kv_dim + i]);
                 vx = Codec::decode(value_cache[slot * kv_dim + i]);
@@ -296,7 +286,7 @@ __device__ void kv_read_back_v1(A* __restrict__ key, A* __restrict__ value,
     const int warp = threadIdx.x / KVLAB_WARP, n_warps = blockDim.x / KVLAB_WARP;
     if constexpr (Codec::int4) {
         // Keys: a group of one row comes back as written. Values: per group of 32 channels.
-        const int groups = (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
+        const int groups = int4_value_groups(head_dim);
         for (int g = warp; g < n_kv_heads * groups; g += n_warps) {
             const int h = g / groups;
             const int d = (g % groups) * KVLAB_INT4_VALUE_GROUP + lane;

@@ -98,6 +98,45 @@ __device__ __forceinline__ float int4_value(unsigned int q, float s, float min) 
     return __fadd_rn(__fmul_rn((float)q, s), min);
 }
 
+// int4's layout in the pool (cache.cu): a head's codes are ⌈head_dim / 2⌉ bytes, its values
+// ⌈head_dim / 32⌉ groups.
+__device__ __forceinline__ int int4_head_bytes(int head_dim) { return (head_dim + 1) / 2; }
+__device__ __forceinline__ int int4_value_groups(int head_dim) {
+    return (head_dim + KVLAB_INT4_VALUE_GROUP - 1) / KVLAB_INT4_VALUE_GROUP;
+}
+
+// Element d of KV head h of pool slot `slot`'s quantized int4 key: its code, and its channel's
+// (s, min) over the slot's block. key_cache (num_slots, n_kv_heads, head bytes), k_scale
+// (num_blocks, kv_dim, 2).
+__device__ __forceinline__ float int4_pool_key(const kvlab_int4x2* key_cache,
+                                               const float* k_scale, long long slot, int h, int d,
+                                               int block_size, int n_kv_heads, int head_dim) {
+    const kvlab_int4x2* codes = key_cache + (slot * n_kv_heads + h) * int4_head_bytes(head_dim);
+    const float* sm = k_scale + ((slot / block_size) * n_kv_heads * head_dim + h * head_dim + d) * 2;
+    return int4_value(int4_code_at(codes, d), sm[0], sm[1]);
+}
+
+// Element d of KV head h of pool slot `slot`'s int4 value: its code, and its group's (s, min).
+// value_cache as key_cache above, v_scale (num_slots, n_kv_heads, groups, 2).
+__device__ __forceinline__ float int4_pool_value(const kvlab_int4x2* value_cache,
+                                                 const float* v_scale, long long slot, int h,
+                                                 int d, int n_kv_heads, int head_dim) {
+    const kvlab_int4x2* codes =
+        value_cache + (slot * n_kv_heads + h) * int4_head_bytes(head_dim);
+    const long long group =
+        (slot * n_kv_heads + h) * int4_value_groups(head_dim) + d / KVLAB_INT4_VALUE_GROUP;
+    return int4_value(int4_code_at(codes, d), v_scale[2 * group], v_scale[2 * group + 1]);
+}
+
+// KV head h of pool slot `slot`'s key in residual `residual` (n_residuals, block_size, kv_dim)
+// f32: the key of a block still filling.
+__device__ __forceinline__ const float* int4_residual_key(const float* k_residual, int residual,
+                                                          long long slot, int h, int block_size,
+                                                          int n_kv_heads, int head_dim) {
+    const long long row = (long long)residual * block_size + slot % block_size;
+    return k_residual + row * n_kv_heads * head_dim + h * head_dim;
+}
+
 // The code of x on the grid min + q · s, `inv` = 1 / s (0 for a flat group): kvlab-cpu's
 // ((x − min) · inv).round().clamp(0, 15); roundf rounds half away from zero as Rust's round,
 // and a NaN (whose group's s and min are NaN) stores 0, as Rust's `as u8`.
