@@ -419,8 +419,10 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
                 .map(|&s| i64::from(s))
                 .collect();
             let plan = self.pool.residuals[g].plan_step(&copies, &slots)?;
-            let maps = [plan.write_map.as_slice(), &plan.read_map].concat();
-            stream.memcpy_htod(&maps, &mut self.pool.maps[g])?;
+            if plan.changed {
+                let maps = [plan.write_map.as_slice(), &plan.read_map].concat();
+                stream.memcpy_htod(&maps, &mut self.pool.maps[g])?;
+            }
             out.push(ResidualRanges {
                 close_early: push(&plan.close_early),
                 copies: push(&plan.copies),

@@ -40,6 +40,9 @@ pub struct Residuals {
     /// (capacity,) the step each residual was last written in.
     last_used: Vec<u64>,
     step: u64,
+    /// Whether a residual was taken or given back since the last plan (by a step or by
+    /// `restore`): the maps on the device are out of date.
+    moved: bool,
     /// Blocks closed early so far (see the module).
     pub early_closes: u64,
 }
@@ -60,6 +63,10 @@ pub struct ResidualPlan {
     pub write_map: Vec<i32>,
     /// (num_blocks,) the map after `close`: what attention reads.
     pub read_map: Vec<i32>,
+    /// Whether the maps differ from the last plan's read map (a residual was taken or given
+    /// back since, in this step or by `restore`). When not, the maps on the device are current:
+    /// every block the step writes already had its residual.
+    pub changed: bool,
 }
 
 impl Residuals {
@@ -72,6 +79,7 @@ impl Residuals {
             holder: vec![-1; capacity],
             last_used: vec![0; capacity],
             step: 0,
+            moved: false,
             early_closes: 0,
         }
     }
@@ -172,6 +180,7 @@ impl Residuals {
             self.release(block);
         }
         plan.read_map = self.of_block.clone();
+        plan.changed = std::mem::take(&mut self.moved);
         Ok(plan)
     }
 
@@ -226,6 +235,7 @@ impl Residuals {
         };
         self.holder[r] = block;
         self.of_block[block as usize] = r as i32;
+        self.moved = true;
         Ok(r)
     }
 
@@ -234,6 +244,7 @@ impl Residuals {
         if let Some(r) = self.residual_of(block as usize) {
             self.holder[r] = -1;
             self.of_block[block as usize] = -1;
+            self.moved = true;
         }
     }
 }
@@ -258,11 +269,17 @@ mod tests {
         assert_eq!((p.write_map[2], p.write_map[5]), (0, 1));
         assert_eq!((p.read_map[2], p.read_map[5]), (-1, 1));
         assert_eq!((m.residual_of(2), m.residual_of(5)), (None, Some(1)));
+        assert!(p.changed);
         // Decodes: rows 2 and 3 of block 5; it closes on row 3 and its residual is free again.
         let p = m.plan_step(&[], &slots(5, 2..3)).unwrap();
         assert_eq!((p.close.len(), p.read_map[5]), (0, 1));
+        assert!(
+            !p.changed,
+            "a row into a block's own residual changes no map"
+        );
         let p = m.plan_step(&[], &slots(5, 3..4)).unwrap();
         assert_eq!(p.close, vec![[5, 1]]);
+        assert!(p.changed);
         assert_eq!(p.read_map, vec![-1; 8]);
         assert_eq!(m.early_closes, 0);
     }
@@ -322,6 +339,9 @@ mod tests {
         assert_eq!((r, early), (Some(0), vec![[0, 0]]));
         assert_eq!(m.restore(2, false).unwrap(), (None, vec![]));
         assert_eq!(m.residual_of(2), None);
+        // The next step's maps carry what the restores changed, even if the step moves nothing.
+        assert!(m.plan_step(&[], &[]).unwrap().changed);
+        assert!(!m.plan_step(&[], &[]).unwrap().changed);
         assert_eq!(Residuals::capacity_for(1000, 16, 8, 100), 8 + 7 + 1);
         assert_eq!(Residuals::capacity_for(4, 16, 8, 100), 4);
     }
