@@ -16,6 +16,8 @@
 //!   operands, and kvlab-cpu's `linear`; throughput in multiply-adds.
 //! * `tokenizer.rs`: encoding 1k to 100k characters (tok512 and Gemma 3's vocabulary).
 //! * `threads.rs`: the worker team's cost per parallel loop.
+//! * `sampler.rs`: the greedy pick of a 64-sequence step (64 rows of 32,000 logits), the
+//!   sampler beside the one-pass reference; throughput in logit bytes read.
 //!
 //! Run: `cargo bench -p kvlab-benches` (all), `cargo bench -p kvlab-benches --bench gemv`, or a
 //! filter such as `cargo bench -p kvlab-benches -- cpu/attention`. Every kernel is checked
