@@ -118,7 +118,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut output: HashMap<String, String> = HashMap::new();
     for (i, (file, cmd)) in cmds.iter().enumerate() {
         let t = Instant::now();
-        let out = Command::new("bash")
+        // Commands run `cargo run`; they build as from the shell (see without_cargo_run_env).
+        let out = crate::verify::without_cargo_run_env(&mut Command::new("bash"))
             .arg("-c")
             .arg(cmd)
             .current_dir(&root)

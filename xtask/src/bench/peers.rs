@@ -149,7 +149,8 @@ pub(crate) fn build_kvlab() -> Result<PathBuf> {
     if let Some(bin) = std::env::var_os("KVLAB_BIN") {
         return Ok(PathBuf::from(bin));
     }
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let st = crate::verify::without_cargo_run_env(&mut cargo)
         .args(["build", "--release", "-p", "kvlab-cli"])
         .current_dir(workspace_root())
         .status()

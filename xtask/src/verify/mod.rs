@@ -15,6 +15,7 @@
 //! A missing real checkpoint is SKIPPED, or a failure with `KVLAB_REQUIRE_MODELS=1`.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -64,6 +65,29 @@ pub fn workspace_root() -> PathBuf {
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
+}
+
+/// `cmd` (a `cargo` build, or a shell that runs one) without the package variables `cargo run`
+/// set for xtask itself: `CARGO_MANIFEST_*`, `CARGO_PKG_*`, `CARGO_CRATE_NAME`,
+/// `CARGO_BIN_NAME`, `CARGO_PRIMARY_PACKAGE`. Build scripts such as ring's declare
+/// `rerun-if-env-changed` on some of them, and cargo compares its own environment: a build run
+/// from xtask (which saw xtask's values) and one run from the shell (which saw none) rebuilt
+/// ring, rustls, ureq, hf-hub and kvlab-cli in turn, an LTO relink each time (~30 s here, and
+/// several times in a CI run).
+pub fn without_cargo_run_env(cmd: &mut Command) -> &mut Command {
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if key.starts_with("CARGO_MANIFEST_")
+            || key.starts_with("CARGO_PKG_")
+            || matches!(
+                key,
+                "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
+            )
+        {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
 }
 
 pub fn target_dir() -> PathBuf {
