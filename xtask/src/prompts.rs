@@ -1,25 +1,14 @@
-//! `fixtures/prompts.txt`: one prompt per line; `\n` and `\t` escapes; `<empty>` is the empty
-//! prompt; `#` starts a comment line.
+//! `fixtures/prompts.txt` (its format: `kvlab_model::fixtures`), and prompts as table labels.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
-/// The prompts of a fixture file, in order.
+/// The prompts of a fixture file, in order (the format: [`kvlab_model::fixtures`]).
 pub fn load(path: &Path) -> Result<Vec<String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            if l == "<empty>" {
-                String::new()
-            } else {
-                l.replace("\\n", "\n").replace("\\t", "\t")
-            }
-        })
-        .collect())
+    Ok(kvlab_model::fixtures::prompt_lines(&text))
 }
 
 /// A prompt shortened for a table cell.

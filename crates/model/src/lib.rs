@@ -8,13 +8,15 @@
 //! Files in data-flow order: [`config`], [`weights`], [`llama2c`] (checkpoint loader and writer),
 //! [`synthetic`], [`registry`] (named models), [`tokenizer`], [`ops`] (scalar reference maths),
 //! [`rope`] (cos/sin tables for the engines),
-//! [`engine`] (the trait), [`sampler`], [`generate`].
+//! [`engine`] (the trait), [`sampler`], [`generate`]; beside them [`compare`] (logit comparisons)
+//! and [`fixtures`] (the prompt fixture format).
 
 pub mod chat;
 pub mod compare;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod fixtures;
 pub mod generate;
 pub mod gguf_llama;
 pub mod gguf_model;

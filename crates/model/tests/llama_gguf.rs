@@ -165,13 +165,7 @@ fn fixture_prompts() -> Vec<String> {
         "/../../fixtures/prompts.txt"
     ))
     .unwrap();
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| match l {
-            "<empty>" => String::new(),
-            _ => l.replace("\\n", "\n").replace("\\t", "\t"),
-        })
-        .collect()
+    kvlab_model::fixtures::prompt_lines(&text)
 }
 
 #[test]

@@ -57,23 +57,12 @@ pub fn windowed(mut model: Model, window: Option<usize>) -> Model {
     model
 }
 
-/// The texts of `fixtures/prompts.txt` (the rules of xtask/src/prompts.rs: `#` lines and blank
-/// lines skipped, `<empty>` is "", `\n` and `\t` escapes).
+/// The texts of `fixtures/prompts.txt` ([`kvlab_model::fixtures::prompt_lines`]).
 pub fn fixture_prompts() -> Vec<String> {
     let fixture = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../fixtures/prompts.txt"
     ))
     .unwrap();
-    fixture
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            if l == "<empty>" {
-                String::new()
-            } else {
-                l.replace("\\n", "\n").replace("\\t", "\t")
-            }
-        })
-        .collect()
+    kvlab_model::fixtures::prompt_lines(&fixture)
 }

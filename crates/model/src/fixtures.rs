@@ -1,0 +1,31 @@
+//! The repository's prompt fixture format (`fixtures/prompts.txt`), read by `cargo xtask
+//! verify` and by the engines' integration tests: one prompt per line; `\n` and `\t` escapes;
+//! `<empty>` is the empty prompt; lines starting with `#` and blank lines are skipped.
+
+/// The prompts of a fixture file's text, in order.
+pub fn prompt_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            if l == "<empty>" {
+                String::new()
+            } else {
+                l.replace("\\n", "\n").replace("\\t", "\t")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompt_lines;
+
+    #[test]
+    fn comments_blanks_empty_and_escapes() {
+        let text = "# a comment\nOnce upon a time\n\n<empty>\na\\nb\\tc\n";
+        assert_eq!(
+            prompt_lines(text),
+            ["Once upon a time", "", "a\nb\tc"].map(String::from)
+        );
+    }
+}
