@@ -43,6 +43,13 @@ impl GgufBuilder {
         self
     }
 
+    /// Drops every metadata pair under `key` (to write a file without it, or, followed by
+    /// [`GgufBuilder::kv`], with another value).
+    pub fn without_kv(mut self, key: &str) -> Self {
+        self.kvs.retain(|(k, _)| k != key);
+        self
+    }
+
     /// Adds a tensor with `ne` in GGUF order and raw (already quantized) data.
     pub fn tensor(mut self, name: &str, ne: &[u64], ty: GgmlType, data: Vec<u8>) -> Self {
         self.tensors.push((name.to_string(), ne.to_vec(), ty, data));

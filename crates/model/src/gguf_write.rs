@@ -99,7 +99,7 @@ pub fn llama_gguf(model: &Model, tok: &Tokenizer) -> Result<GgufBuilder> {
         )
         .kv("tokenizer.ggml.bos_token_id", V::U32(tok.bos_id))
         .kv("tokenizer.ggml.eos_token_id", V::U32(tok.eos_id))
-        .kv("tokenizer.ggml.add_bos_token", V::Bool(true))
+        .kv("tokenizer.ggml.add_bos_token", V::Bool(tok.add_bos))
         .kv(
             "tokenizer.ggml.add_space_prefix",
             V::Bool(tok.add_dummy_prefix),

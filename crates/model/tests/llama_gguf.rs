@@ -720,6 +720,41 @@ fn the_library_writer_round_trips_stories260k() {
     }
 }
 
+/// `tokenizer.ggml.add_bos_token` is read as llama.cpp reads it for an SPM vocabulary: false
+/// leaves BOS out of an encode that asks for it, an absent key means true, and `kvlab export`
+/// writes the flag it read.
+#[test]
+fn add_bos_token_false_leaves_bos_out() {
+    let (model, tok_path) = stories();
+    let key = "tokenizer.ggml.add_bos_token";
+    let off = write(
+        "add_bos_false.gguf",
+        &llama_gguf(&model, &tok_path)
+            .without_kv(key)
+            .kv(key, V::Bool(false)),
+    );
+    let absent = write(
+        "add_bos_absent.gguf",
+        &llama_gguf(&model, &tok_path).without_kv(key),
+    );
+    let (_, no_bos) = kvlab_model::load_gguf(&off).unwrap();
+    let (_, default) = kvlab_model::load_gguf(&absent).unwrap();
+    let l2c = Tokenizer::load_llama2c(&tok_path, 512).unwrap();
+    let exported = kvlab_model::gguf_write::llama_gguf(&model, &no_bos).unwrap();
+    let (_, reread) = kvlab_model::load_gguf(&write("add_bos_export.gguf", &exported)).unwrap();
+    let mut checked = 0;
+    for p in fixture_prompts() {
+        let want = l2c.encode(&p, true, false);
+        assert_eq!(want.first(), Some(&1), "{p:?}");
+        assert_eq!(default.encode(&p, true, false), want, "{p:?}");
+        assert_eq!(no_bos.encode(&p, true, false), want[1..], "{p:?}");
+        assert_eq!(no_bos.encode_special(&p, true, false), want[1..], "{p:?}");
+        assert_eq!(reread.encode(&p, true, false), want[1..], "{p:?}");
+        checked += 1;
+    }
+    assert!(checked >= 5);
+}
+
 /// The tiny GGUF conversions of the Hugging Face fixtures (scripts/hf_to_gguf.py): byte-level
 /// BPE vocabularies (`tokenizer.ggml.model` gpt2, pre `gpt-2` or `qwen2`).
 const TINY_GGUFS: [&str; 4] = ["tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3"];

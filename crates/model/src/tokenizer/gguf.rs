@@ -126,7 +126,12 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
         .map_err(e)?
         .unwrap_or(true);
     let pieces = tokens.iter().map(str::as_bytes);
+    let add_bos = md
+        .opt_bool("tokenizer.ggml.add_bos_token")
+        .map_err(e)?
+        .unwrap_or(true);
     let mut tok = SpmTokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
+        .with_add_bos(add_bos)
         .with_escaped_spaces()
         .with_verbatim(of_types(&[USER_DEFINED]))
         .with_control(of_types(&[UNKNOWN, CONTROL]));

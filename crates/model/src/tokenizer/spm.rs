@@ -50,6 +50,10 @@ pub struct SpmTokenizer {
     pub eos_id: u32,
     /// Prepend a space to non-empty text (llama2.c; SentencePiece's `add_dummy_prefix`).
     pub add_dummy_prefix: bool,
+    /// Whether an encode asked for BOS (`bos: true`) gets it: a GGUF's
+    /// `tokenizer.ggml.add_bos_token`, true when the key is absent (llama.cpp's default for an
+    /// SPM vocabulary, llama-vocab.cpp), and always true for llama2.c's tokenizer.
+    pub add_bos: bool,
     /// The vocabulary writes spaces as `▁` (SentencePiece): text spaces become `▁` before BPE
     /// (llama.cpp's `llama_escape_whitespace`), and `▁` prints as a space.
     pub escape_spaces: bool,
@@ -111,6 +115,7 @@ impl SpmTokenizer {
             bos_id,
             eos_id,
             add_dummy_prefix,
+            add_bos: true,
             escape_spaces: false,
             chat_template: None,
         };
@@ -139,6 +144,12 @@ impl SpmTokenizer {
     fn find(&self, bytes: &[u8]) -> Option<u32> {
         let hash = self.hasher.hash_one(bytes);
         self.lookup.find(hash, |&j| self.piece(j) == bytes).copied()
+    }
+
+    /// Sets [`SpmTokenizer::add_bos`]: whether `encode(…, bos: true)` puts BOS first.
+    pub fn with_add_bos(mut self, add_bos: bool) -> SpmTokenizer {
+        self.add_bos = add_bos;
+        self
     }
 
     /// Declares that the vocabulary writes spaces as `▁` (SentencePiece/GGUF vocabularies).
@@ -305,7 +316,7 @@ impl SpmTokenizer {
         first: &[bool; 256],
     ) -> Vec<u32> {
         let mut tokens = Vec::with_capacity(text.len() + 3);
-        if bos {
+        if bos && self.add_bos {
             tokens.push(self.bos_id);
         }
         let mut rest = text.as_bytes();
