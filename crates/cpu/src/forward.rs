@@ -12,8 +12,9 @@ use kvlab_model::{LayerKind, Model, ops};
 
 use crate::attention::Heads;
 use crate::elementwise;
+use crate::elementwise::rmsnorm_rows;
 use crate::kv_cache::KvCache;
-use crate::linear::linear;
+use crate::linear::{linear, linear_to_rows};
 
 /// Runs `tokens` at `positions` (one per row) through every layer, appending their keys and
 /// values to `cache`, and returns the logits (vocab_size,) of each row listed in `logit_rows`.
@@ -109,21 +110,11 @@ pub fn forward(
 
     // Logits of the requested rows only: W_cls (vocab, dim) @ rmsnorm(x_row).
     let b = logit_rows.len();
-    let mut xl = vec![0.0f32; b * d]; // (b, dim)
-    for (out, &r) in xl.chunks_exact_mut(d).zip(logit_rows) {
-        ops::rmsnorm(out, &x[r * d..(r + 1) * d], &w.final_norm, c.norm_eps);
+    let mut picked = vec![0.0f32; b * d]; // (b, dim)
+    for (out, &r) in picked.chunks_exact_mut(d).zip(logit_rows) {
+        out.copy_from_slice(&x[r * d..(r + 1) * d]);
     }
-    let mut logits = vec![0.0f32; b * c.vocab_size]; // (b, vocab_size)
-    linear(&mut logits, &xl, w.classifier(), b, d, c.vocab_size);
-    logits
-        .chunks_exact(c.vocab_size)
-        .map(<[f32]>::to_vec)
-        .collect()
-}
-
-/// RMSNorm of each row of x (rows, d) into out (rows, d).
-fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], d: usize, eps: f32) {
-    for (o, r) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-        ops::rmsnorm(o, r, w, eps);
-    }
+    let mut xl = vec![0.0f32; b * d]; // (b, dim) normalised
+    rmsnorm_rows(&mut xl, &picked, &w.final_norm, d, c.norm_eps);
+    linear_to_rows(&xl, w.classifier(), b, d, c.vocab_size)
 }

@@ -115,6 +115,42 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out
     sgemm_columns(y, x, w, t, d_in, d_out);
 }
 
+thread_local! {
+    /// [`linear_to_rows`]' product (t, out) of this thread's last call, kept between calls: the
+    /// logits of 32 sequences over a 32,000-token vocabulary are 4 MB, which a fresh allocation
+    /// zeroed (and faulted in) every step.
+    static ROWS_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`linear`] with each output row (out,) in a vector of its own, as the logits of a step's
+/// sequences are returned: one product into a buffer this thread keeps (every element of which
+/// the product writes), then the rows copied out, shared among the engine's threads.
+pub fn linear_to_rows(x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out: usize) -> Vec<Vec<f32>> {
+    ROWS_OUT.with_borrow_mut(|y| {
+        y.resize(t * d_out, 0.0);
+        linear(y, x, w, t, d_in, d_out);
+        // Allocated here, filled by the threads: a vector allocated on a helper would come from
+        // its own malloc arena, which returns freed memory to the system, and every step would
+        // fault its pages in again.
+        let mut rows: Vec<Vec<f32>> = (0..t).map(|_| Vec::with_capacity(d_out)).collect();
+        let per = t.div_ceil(threads::num_threads()).max(1);
+        let each = |i: usize, chunk: &mut [Vec<f32>]| {
+            for (j, row) in chunk.iter_mut().enumerate() {
+                row.extend_from_slice(&y[(i * per + j) * d_out..][..d_out]);
+            }
+        };
+        if t * d_out < PAR_COPY_MIN {
+            each(0, &mut rows);
+        } else {
+            threads::for_each_chunk_mut(&mut rows, per, each);
+        }
+        rows
+    })
+}
+
+/// Below this many floats, [`linear_to_rows`] copies the rows out on the calling thread.
+const PAR_COPY_MIN: usize = 1 << 16;
+
 /// Columns of the output one sgemm task computes at least (and a multiple of 16, the widest
 /// micro-kernel).
 const SGEMM_MIN_COLS: usize = 64;
@@ -268,6 +304,35 @@ mod tests {
                         .zip(&alone)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "t={t} row {r}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn linear_to_rows_is_linear_row_by_row_at_every_size() {
+        // Above PAR_COPY_MIN the rows are copied out by the threads; the kept buffer is reused
+        // larger, then smaller, then larger again.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let (d, vocab) = (16, 1000);
+        let w: Tensor = (0..vocab * d)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        for b in [70, 1, 3, 70, 20] {
+            let xl: Vec<f32> = (0..b * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let got = linear_to_rows(&xl, &w, b, d, vocab);
+            let mut want = vec![f32::NAN; b * vocab];
+            linear(&mut want, &xl, &w, b, d, vocab);
+            assert_eq!(got.len(), b);
+            for (r, row) in got.iter().enumerate() {
+                let want = &want[r * vocab..(r + 1) * vocab];
+                assert!(
+                    row.len() == vocab
+                        && row
+                            .iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "b={b} row {r}"
                 );
             }
         }
