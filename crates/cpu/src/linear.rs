@@ -93,8 +93,11 @@ fn gemv(out: &mut [f32], w: Weight, x: &[f32]) {
 }
 
 /// Up to this many rows, `linear` reads W once and dots each of its rows with every x row
-/// (a decode batch, a short prompt); sgemm's packing of W costs more than it saves there.
-pub const SMALL_BATCH: usize = 16;
+/// (a decode batch, a short prompt); sgemm's packing of W costs more than it saves there. On
+/// the 2-core AMD EPYC (AVX-512), `cargo xtask bench`'s 16-sequence decode of the stories15M
+/// shape went from 3,326 to 4,843 tok/s when 16 rows left this path for sgemm, and 8 rows were
+/// as fast either way (2,721 and 2,830 tok/s); 16 had been chosen on the 2-core Xeon.
+pub const SMALL_BATCH: usize = 8;
 
 /// y (t, out) = x (t, in) @ Wᵀ with W (out, in): a GEMV for t = 1, row-by-row dot products for
 /// t ≤ [`SMALL_BATCH`] (each equal, bit for bit, to the GEMV of that row alone), sgemm above.
