@@ -12,7 +12,6 @@ use kvlab_model::{LayerKind, Model, ops};
 
 use crate::attention::Heads;
 use crate::elementwise;
-use crate::elementwise::rmsnorm_rows;
 use crate::kv_cache::KvCache;
 use crate::linear::{linear, linear_to_rows};
 
@@ -51,7 +50,7 @@ pub fn forward(
     for (l, lw) in w.layers.iter().enumerate() {
         // Attention block: x += [post_norm] Wo · attention(RoPE(q), RoPE(k), v).
         // q, k, v for the step's new positions only. (rows, q_dim), (rows, kv_dim) ×2
-        rmsnorm_rows(&mut xn, &x, &lw.attn_norm, d, c.norm_eps);
+        elementwise::rmsnorm_rows(&mut xn, &x, &lw.attn_norm, d, c.norm_eps);
         linear(&mut q, &xn, &lw.wq, t, d, qd);
         linear(&mut k, &xn, &lw.wk, t, d, kvd);
         linear(&mut v, &xn, &lw.wv, t, d, kvd);
@@ -96,7 +95,7 @@ pub fn forward(
         // ANCHOR_END: cached_attention
 
         // Feed-forward block: x += [post_norm] W2 (act(W1 x) ⊙ W3 x).
-        rmsnorm_rows(&mut xn, &x, &lw.ffn_norm, d, c.norm_eps);
+        elementwise::rmsnorm_rows(&mut xn, &x, &lw.ffn_norm, d, c.norm_eps);
         linear(&mut gate, &xn, &lw.w1, t, d, hid);
         linear(&mut up, &xn, &lw.w3, t, d, hid);
         elementwise::glu(&mut gate, &up, c.activation);
@@ -115,6 +114,6 @@ pub fn forward(
         out.copy_from_slice(&x[r * d..(r + 1) * d]);
     }
     let mut xl = vec![0.0f32; b * d]; // (b, dim) normalised
-    rmsnorm_rows(&mut xl, &picked, &w.final_norm, d, c.norm_eps);
+    elementwise::rmsnorm_rows(&mut xl, &picked, &w.final_norm, d, c.norm_eps);
     linear_to_rows(&xl, w.classifier(), b, d, c.vocab_size)
 }
