@@ -35,7 +35,7 @@ pub fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], d: usize, eps: f32) {
             ops::rmsnorm(o, r, w, eps);
         }
     };
-    if rows < PAR_NORM_MIN_ROWS || threads::num_threads() == 1 {
+    if rows < PAR_NORM_MIN_ROWS {
         norm(out, x);
         return;
     }

@@ -136,7 +136,7 @@ pub fn linear_to_rows(x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out: usize
         // its own malloc arena, which returns freed memory to the system, and every step would
         // fault its pages in again.
         let mut rows: Vec<Vec<f32>> = (0..t).map(|_| Vec::with_capacity(d_out)).collect();
-        let per = t.div_ceil(threads::num_threads()).max(1);
+        let per = t.div_ceil(threads::num_threads());
         let each = |i: usize, chunk: &mut [Vec<f32>]| {
             for (j, row) in chunk.iter_mut().enumerate() {
                 row.extend_from_slice(&y[(i * per + j) * d_out..][..d_out]);
