@@ -16,13 +16,15 @@ const PAR_MIN_ELEMENTS: usize = 1 << 14;
 
 /// gate ← act(gate) ⊙ up (SwiGLU / GeGLU), gate and up (rows, hidden_dim) row-major.
 pub fn glu(gate: &mut [f32], up: &[f32], act: Activation) {
-    let threads = threads::num_threads();
-    if gate.len() < PAR_MIN_ELEMENTS || threads == 1 {
+    if gate.len() < PAR_MIN_ELEMENTS {
         ops::glu(gate, up, act);
         return;
     }
     // One contiguous share per thread, a multiple of 16 elements.
-    let per = gate.len().div_ceil(threads).next_multiple_of(16);
+    let per = gate
+        .len()
+        .div_ceil(threads::num_threads())
+        .next_multiple_of(16);
     threads::for_each_chunk_mut(gate, per, |i, g| ops::glu(g, &up[i * per..], act));
 }
 
