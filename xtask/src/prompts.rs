@@ -6,9 +6,7 @@ use anyhow::{Context, Result};
 
 /// The prompts of a fixture file, in order (the format: [`kvlab_model::fixtures`]).
 pub fn load(path: &Path) -> Result<Vec<String>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(kvlab_model::fixtures::prompt_lines(&text))
+    kvlab_model::fixtures::read_prompts(path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// A prompt shortened for a table cell.

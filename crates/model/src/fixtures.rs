@@ -2,6 +2,18 @@
 //! verify` and by the engines' integration tests: one prompt per line; `\n` and `\t` escapes;
 //! `<empty>` is the empty prompt; lines starting with `#` and blank lines are skipped.
 
+/// The repository's prompt fixture, `fixtures/prompts.txt`, found from this crate's folder (for
+/// tests inside the workspace).
+pub const PROMPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/prompts.txt");
+
+/// The prompts of the fixture file at `path`, in order.
+///
+/// # Errors
+/// Reading the file.
+pub fn read_prompts(path: &std::path::Path) -> std::io::Result<Vec<String>> {
+    Ok(prompt_lines(&std::fs::read_to_string(path)?))
+}
+
 /// The prompts of a fixture file's text, in order.
 pub fn prompt_lines(text: &str) -> Vec<String> {
     text.lines()

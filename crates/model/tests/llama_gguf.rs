@@ -160,12 +160,7 @@ fn assert_same_model(model: &Model, other: &Model) {
 }
 
 fn fixture_prompts() -> Vec<String> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/prompts.txt"
-    ))
-    .unwrap();
-    kvlab_model::fixtures::prompt_lines(&text)
+    kvlab_model::fixtures::read_prompts(Path::new(kvlab_model::fixtures::PROMPTS)).unwrap()
 }
 
 #[test]

@@ -57,12 +57,8 @@ pub fn windowed(mut model: Model, window: Option<usize>) -> Model {
     model
 }
 
-/// The texts of `fixtures/prompts.txt` ([`kvlab_model::fixtures::prompt_lines`]).
+/// The texts of `fixtures/prompts.txt` ([`kvlab_model::fixtures::read_prompts`]).
 pub fn fixture_prompts() -> Vec<String> {
-    let fixture = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/prompts.txt"
-    ))
-    .unwrap();
-    kvlab_model::fixtures::prompt_lines(&fixture)
+    let path = std::path::Path::new(kvlab_model::fixtures::PROMPTS);
+    kvlab_model::fixtures::read_prompts(path).unwrap()
 }

@@ -102,8 +102,9 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
     } else {
         None
     };
+    // Absent: the vocabulary type's default (the pre-tokenizer's for gpt2, true for SPM).
+    let add_bos = md.opt_bool("tokenizer.ggml.add_bos_token").map_err(e)?;
     if model == "gpt2" {
-        let add_bos = md.opt_bool("tokenizer.ggml.add_bos_token").map_err(e)?;
         let pre = md.get_str("tokenizer.ggml.pre").map_err(e)?;
         let split = pre_tokenizer(pre).ok_or_else(|| {
             Error::Format(format!(
@@ -126,12 +127,8 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
         .map_err(e)?
         .unwrap_or(true);
     let pieces = tokens.iter().map(str::as_bytes);
-    let add_bos = md
-        .opt_bool("tokenizer.ggml.add_bos_token")
-        .map_err(e)?
-        .unwrap_or(true);
     let mut tok = SpmTokenizer::new(pieces, scores.to_vec(), bos, eos, prefix)?
-        .with_add_bos(add_bos)
+        .with_add_bos(add_bos.unwrap_or(true))
         .with_escaped_spaces()
         .with_verbatim(of_types(&[USER_DEFINED]))
         .with_control(of_types(&[UNKNOWN, CONTROL]));
