@@ -43,6 +43,10 @@ pub struct Args {
     /// leaf-first.
     #[arg(long, default_value = "lru", value_parser = kvlab_cli::args::eviction_parser())]
     eviction: kvlab_paged::EvictionPolicy,
+    /// Turn the prefix cache off (vLLM's flag of this name): every prompt is prefilled in
+    /// full, and no block is shared between sequences.
+    #[arg(long)]
+    no_enable_prefix_caching: bool,
     /// Tenants the prompts belong to: prompt i is tenant i mod N's (their prefix-cache hit
     /// rates are printed apart when N > 1).
     #[arg(long, default_value_t = 1, value_parser = usize_in(1, 1_000))]
@@ -120,6 +124,7 @@ pub fn run(a: Args) -> Result<()> {
         eviction_policy: a.eviction,
         tenant_quota: a.tenant_quota,
         tiers: a.tiers.config(),
+        enable_prefix_caching: !a.no_enable_prefix_caching,
         ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
     };
     let mut sched = Scheduler::new(cfg)?;
@@ -166,6 +171,8 @@ pub fn run(a: Args) -> Result<()> {
             "steps": report.steps.len(),
             "tokens_computed": tokens,
             "engine_s": report.engine_time.as_secs_f64(),
+            // engine_s plus scheduling, sampling and updating: the whole run
+            "wall_s": report.wall_time.as_secs_f64(),
             "tokens_per_s": tokens_per_s,
             "num_blocks": num_blocks,
             "block_size": a.block_size,
@@ -186,10 +193,11 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("{v}");
     } else {
         eprintln!(
-            "{} steps, {tokens} tokens computed in {:.2} s ({:.0} tok/s); pool {num_blocks} blocks x {} tokens ({} of KV per block across layers); preemptions {}, prefix-cache hits {} of {} queried tokens, recomputed {} tokens",
+            "{} steps, {tokens} tokens computed in {:.2} s of engine time ({:.0} tok/s; {:.2} s in all with scheduling and sampling); pool {num_blocks} blocks x {} tokens ({} of KV per block across layers); preemptions {}, prefix-cache hits {} of {} queried tokens, recomputed {} tokens",
             report.steps.len(),
             report.engine_time.as_secs_f64(),
             tokens_per_s,
+            report.wall_time.as_secs_f64(),
             a.block_size,
             bytes(kv_bytes_per_block),
             m.num_preemptions,

@@ -41,6 +41,10 @@ pub struct Args {
     /// leaf-first.
     #[arg(long, default_value = "lru", value_parser = kvlab_cli::args::eviction_parser())]
     eviction: kvlab_paged::EvictionPolicy,
+    /// Turn the prefix cache off (vLLM's flag of this name): every prompt is prefilled in
+    /// full, and no block is shared between sequences.
+    #[arg(long)]
+    no_enable_prefix_caching: bool,
     /// Cached blocks each tenant (a request's OpenAI `user`) keeps safe from other tenants'
     /// demand (default: no quotas).
     #[arg(long, value_parser = usize_in(0, MAX_NUM_BLOCKS))]
@@ -124,6 +128,7 @@ pub fn run(a: Args) -> Result<()> {
     let stop_ids = model.config.stop_ids.clone();
     let kind = a.engine;
     let (eviction, tenant_quota, tiers) = (a.eviction, a.tenant_quota, a.tiers.config());
+    let enable_prefix_caching = !a.no_enable_prefix_caching;
     let step_delay = Duration::from_millis(a.step_delay_ms as u64);
     let engine = kvlab_serve::spawn_engine(
         move || {
@@ -132,6 +137,7 @@ pub fn run(a: Args) -> Result<()> {
                 eviction_policy: eviction,
                 tenant_quota,
                 tiers,
+                enable_prefix_caching,
                 ..SchedulerConfig::new(e.kv_cache().clone(), max_model_len)
             };
             let executor = PagedExecutor {

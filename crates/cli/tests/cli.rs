@@ -378,6 +378,32 @@ fn info_mem_and_batch_print_json_when_asked() {
     assert_eq!(sum(1), v["prefix_cache_hits"].as_u64().unwrap());
 }
 
+/// `--no-enable-prefix-caching` (vLLM's flag): the default prompts share an opening, so with the
+/// cache on later ones hit it; with it off nothing is served from it and the greedy texts are
+/// the same. The whole run's time holds the engine's.
+#[test]
+fn batch_without_prefix_caching_hits_nothing_and_says_the_same() {
+    let json = |s: &str| -> serde_json::Value { serde_json::from_str(s.trim()).unwrap() };
+    let on = kvlab("batch -n 8 --json");
+    let off = kvlab("batch -n 8 --json --no-enable-prefix-caching");
+    assert!(on.ok && off.ok, "{}\n{}", on.err, off.err);
+    let (v_on, v_off) = (json(&on.err), json(&off.err));
+    assert!(v_on["prefix_cache_hits"].as_u64().unwrap() > 0, "{v_on}");
+    assert_eq!(v_off["prefix_cache_hits"], 0, "{v_off}");
+    assert!(v_off["tokens_computed"].as_u64().unwrap() > v_on["tokens_computed"].as_u64().unwrap());
+    assert_eq!(on.out, off.out);
+    for v in [v_on, v_off] {
+        assert!(
+            v["wall_s"].as_f64().unwrap() >= v["engine_s"].as_f64().unwrap(),
+            "{v}"
+        );
+    }
+}
+
+refused! {
+    tiers_need_the_prefix_cache: "batch --no-enable-prefix-caching --host-tier-blocks 4" => "turn prefix caching on";
+}
+
 refused! {
     min_p_above_one: "generate --min-p 1.5" => "use a value from 0 (off) to 1";
     repeat_penalty_zero: "generate --repeat-penalty 0" => "from 0.1 to 10";

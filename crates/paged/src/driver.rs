@@ -118,6 +118,10 @@ pub struct DriveReport {
     /// Engine time summed over steps.
     #[serde(skip)]
     pub engine_time: Duration,
+    /// The whole run: scheduling, engine steps, sampling and updates (arrivals are step
+    /// numbers, never waited for), as vLLM's `benchmark_throughput.py` times `LLM.generate`.
+    #[serde(skip)]
+    pub wall_time: Duration,
 }
 
 /// Errors of [`drive`]: the scheduler's or the engine's.
@@ -156,6 +160,7 @@ where
     let mut first_token_steps: Vec<Option<usize>> = vec![None; requests.len()];
     let mut steps = Vec::new();
     let mut engine_time = Duration::ZERO;
+    let started = Instant::now();
     let last_arrival = requests.iter().map(|r| r.arrival_step).max().unwrap_or(0);
     let mut step = 0;
     loop {
@@ -224,5 +229,6 @@ where
         steps,
         metrics: scheduler.metrics(),
         engine_time,
+        wall_time: started.elapsed(),
     })
 }

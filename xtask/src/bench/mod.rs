@@ -111,7 +111,7 @@ struct Opts {
     #[arg(long = "rate", value_name = "REQ/S", value_parser = parse_rate)]
     rates: Vec<f64>,
     /// --serve: back-to-back pairs (all requests at once on the server, then kvlab batch, or
-    /// the other way round) whose median ratio is the throughput verdict [default: 3, --quick 1]
+    /// the other way round) whose median ratio is the throughput verdict [default: 7, --quick 1]
     #[arg(long, value_name = "N", value_parser = usize_in(1, 1000))]
     pairs: Option<usize>,
     /// --serve: seed of the prompt order and the arrival times

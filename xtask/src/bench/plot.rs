@@ -522,7 +522,10 @@ pub fn serve(
                 black,
                 Line::Dashed(6, 4),
             )
-            .key("kvlab batch (same prompts, no HTTP)".into(), black),
+            .key(
+                "kvlab batch (same prompts, no HTTP, prefix cache off)".into(),
+                black,
+            ),
             Series::new(
                 pts.iter().map(|p| (p.rate, p.tok_s)).collect(),
                 blue.stroke_width(2),
@@ -538,7 +541,7 @@ pub fn serve(
                 Line::Triangles,
             )
             .key(
-                "kvlab serve, all at once, beside each batch run".into(),
+                "kvlab serve, all at once, prefix cache off, beside each batch run".into(),
                 color("cpu").stroke_width(3),
             ),
         ],
