@@ -15,6 +15,9 @@
 //! * AVX2 + FMA, 16 columns per step: two 128-bit loads of 8 bf16, each zero-extended to 32-bit
 //!   lanes (`vpmovzxwd`) and shifted left by 16, then FMA with x's 8 floats.
 //!
+//! While it reads a group's columns it prefetches the same columns of the next group
+//! ([`crate::quant::prefetch`]).
+//!
 //! A row's last `cols mod 32` (16) columns are copied into zero-padded buffers, x's too, and run
 //! through the same step: zero weights times zero activations add nothing, and a NaN in x's tail
 //! still reaches the sum. One horizontal sum per row at the end; rows left over (rows mod 4) go
@@ -139,10 +142,14 @@ mod x86 {
         assert!(w.len() == N * 2 * n && out.len() == N);
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
         let mut i = 0;
+        // The same columns of the next group of rows (see quant::prefetch).
+        let ahead = N * 2 * n;
         while i + STEP <= n {
             // SAFETY: i + 32 ≤ n, so 32 floats of x and 32 bf16 of every row lie in bounds.
             unsafe {
-                let pw = std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
+                let pw: [*const u8; N] = std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
+                pw.iter()
+                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead)));
                 step_avx512::<N>(&mut acc, pw, x.as_ptr().add(i));
             }
             i += STEP;
@@ -214,10 +221,14 @@ mod x86 {
         assert!(w.len() == N * 2 * n && out.len() == N);
         let mut acc = [[_mm256_setzero_ps(); 2]; N];
         let mut i = 0;
+        // The same columns of the next group of rows (see quant::prefetch).
+        let ahead = N * 2 * n;
         while i + STEP <= n {
             // SAFETY: i + 16 ≤ n, so 16 floats of x and 16 bf16 of every row lie in bounds.
             unsafe {
-                let pw = std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
+                let pw: [*const u8; N] = std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
+                pw.iter()
+                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead)));
                 step_avx2::<N>(&mut acc, pw, x.as_ptr().add(i));
             }
             i += STEP;

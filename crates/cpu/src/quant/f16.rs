@@ -15,6 +15,9 @@
 //!   (`_mm256_cvtph_ps`). F16C is checked at run time; without it (or without AVX2) the plain
 //!   reference runs.
 //!
+//! While it reads a group's columns it prefetches the same columns of the next group
+//! ([`crate::quant::prefetch`]).
+//!
 //! A row's last `cols mod 32` (16) columns are copied into zero-padded buffers, x's too, and run
 //! through the same step: zero weights times zero activations add nothing, and a NaN in x's tail
 //! still reaches the sum. One horizontal sum per row at the end; rows left over (rows mod 4) go
@@ -83,11 +86,16 @@ mod x86 {
             assert!($w.len() == $N * 2 * n && $out.len() == $N);
             let mut acc = [[$zero; 2]; $N];
             let mut i = 0;
+            // The same columns of the next group of rows (see quant::prefetch).
+            let ahead = $N * 2 * n;
             while i + STEP <= n {
                 // SAFETY: i + STEP ≤ n, so STEP floats of x and STEP halves of every row lie in
                 // bounds.
                 unsafe {
-                    let pw = std::array::from_fn(|q| $w.as_ptr().add(2 * (q * n + i)));
+                    let pw: [*const u8; $N] =
+                        std::array::from_fn(|q| $w.as_ptr().add(2 * (q * n + i)));
+                    pw.iter()
+                        .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead)));
                     $step::<$N>(&mut acc, pw, $x.as_ptr().add(i));
                 }
                 i += STEP;

@@ -86,6 +86,25 @@ pub fn gemv_rows_reference(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
     }
 }
 
+/// Asks the CPU to start loading the cache line that holds `p` into L1 (`prefetcht0`). The bf16
+/// and f16 row kernels call it for the same columns one group of rows on, as they read each
+/// line: a group is R short streams (a stories42M-shape row is 1 KiB of bf16), and the hardware
+/// prefetcher did not run far enough ahead of them. On the 2-core AMD EPYC (AVX-512), bf16
+/// decode of the stories42M shape went from ~480 to ~590 tok/s with it, from 41 to 49 GB/s of
+/// weights: what the f32 kernel, whose rows are twice as long, reached without it (and did not
+/// gain from it). `p` may point anywhere, past the end of the weights included.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint: it never faults and changes no architectural state, whatever
+    // the address (Intel SDM vol. 2, "PREFETCHh"); the SSE it needs is part of x86-64.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// The row loop of every format's kernel: `group(out, w)` on R rows at a time (`out` R outputs,
 /// `w` R rows of `row_bytes`), so each load of x serves R rows, then `one` on each remaining
 /// row. `row_bytes` must not be 0 (the kernels return early on empty rows).
