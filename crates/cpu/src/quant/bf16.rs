@@ -149,7 +149,7 @@ mod x86 {
             unsafe {
                 let pw: [*const u8; N] = std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
                 pw.iter()
-                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead)));
+                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead), 64));
                 step_avx512::<N>(&mut acc, pw, x.as_ptr().add(i));
             }
             i += STEP;
@@ -228,7 +228,7 @@ mod x86 {
             unsafe {
                 let pw: [*const u8; N] = std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
                 pw.iter()
-                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead)));
+                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead), 64));
                 step_avx2::<N>(&mut acc, pw, x.as_ptr().add(i));
             }
             i += STEP;

@@ -95,7 +95,7 @@ mod x86 {
                     let pw: [*const u8; $N] =
                         std::array::from_fn(|q| $w.as_ptr().add(2 * (q * n + i)));
                     pw.iter()
-                        .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead)));
+                        .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead), 64));
                     $step::<$N>(&mut acc, pw, $x.as_ptr().add(i));
                 }
                 i += STEP;

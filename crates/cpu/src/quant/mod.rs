@@ -86,23 +86,29 @@ pub fn gemv_rows_reference(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
     }
 }
 
-/// Asks the CPU to start loading the cache line that holds `p` into L1 (`prefetcht0`). The bf16
-/// and f16 row kernels call it for the same columns one group of rows on, as they read each
-/// line: a group is R short streams (a stories42M-shape row is 1 KiB of bf16), and the hardware
-/// prefetcher did not run far enough ahead of them. On the 2-core AMD EPYC (AVX-512), bf16
-/// decode of the stories42M shape went from ~480 to ~590 tok/s with it, from 41 to 49 GB/s of
-/// weights: what the f32 kernel, whose rows are twice as long, reached without it (and did not
-/// gain from it). `p` may point anywhere, past the end of the weights included.
+/// Asks the CPU to start loading the cache lines of `bytes` bytes from `p` into L1
+/// (`prefetcht0`, one per 64-byte line), ahead of their use. The row kernels read a pass of R
+/// rows as R short interleaved streams, which the hardware prefetcher alone picks up too late:
+/// Q4_K and Q6_K prefetch each block ~16 KiB ahead; bf16 and f16 the same columns one pass of
+/// rows on. On the 2-core AMD EPYC (AVX-512), bf16 decode of the stories42M shape went from
+/// ~490 to ~580 tok/s with it (41 to 49 GB/s of weights: what the f32 kernel, whose rows are
+/// twice as long, reaches without it and did not gain from it). `p` may point anywhere, past
+/// the end of the weights included.
 #[inline(always)]
-pub(crate) fn prefetch(p: *const u8) {
+pub(crate) fn prefetch(p: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint: it never faults and changes no architectural state, whatever
-    // the address (Intel SDM vol. 2, "PREFETCHh"); the SSE it needs is part of x86-64.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: PREFETCHT0 is a hint: it never faults and changes no architectural state,
+        // whatever the address (Intel SDM vol. 2, "PREFETCHh"); the SSE it needs is part of
+        // x86-64.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(line).cast(),
+            );
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    let _ = (p, bytes);
 }
 
 /// The row loop of every format's kernel: `group(out, w)` on R rows at a time (`out` R outputs,

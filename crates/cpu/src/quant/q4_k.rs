@@ -80,6 +80,7 @@ pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{BLOCK, QK};
+    use crate::quant::prefetch;
     use std::arch::x86_64::*;
 
     /// Rows per pass.
@@ -88,19 +89,6 @@ mod x86 {
     /// How far ahead to prefetch, in bytes, at least (rounded to whole passes of rows): far
     /// enough to cover the memory latency, near enough to stay in L1.
     const PF_BYTES: usize = 16 << 10;
-
-    /// Asks for the 3 cache lines from `p` (a 144-byte block, whose successor starts 144 bytes
-    /// on) ahead of their use: a pass reads its rows as short
-    /// interleaved streams that the hardware prefetcher alone picks up too late.
-    #[inline(always)]
-    fn prefetch(p: *const u8) {
-        // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(p.cast());
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128).cast());
-        }
-    }
 
     pub fn has_avx2() -> bool {
         is_x86_feature_detected!("avx2")
@@ -173,7 +161,7 @@ mod x86 {
             // its 144 bytes are inside `w`; x[256·sb..256·sb + 256] is inside x; scl[q] is 16
             // floats.
             for q in 0..N {
-                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
+                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK), BLOCK);
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
                 let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
                     b[0], b[1], b[2], b[3],
@@ -260,7 +248,7 @@ mod x86 {
             // sb are xs[8·sb..8·sb + 8].
             let xsv = unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * sb)) };
             for q in 0..N {
-                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
+                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK), BLOCK);
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
                 let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
                     b[0], b[1], b[2], b[3],

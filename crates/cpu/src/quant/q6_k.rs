@@ -77,6 +77,7 @@ pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{BLOCK, QK};
+    use crate::quant::prefetch;
     use std::arch::x86_64::*;
 
     /// Rows per pass.
@@ -85,20 +86,6 @@ mod x86 {
     /// How far ahead to prefetch, in bytes, at least (rounded to whole passes of rows): far
     /// enough to cover the memory latency, near enough to stay in L1.
     const PF_BYTES: usize = 16 << 10;
-
-    /// Asks for the 4 cache lines from `p` (a 210-byte block, whose successor starts 210 bytes
-    /// on) ahead of their use: a pass reads its rows as short interleaved streams that the
-    /// hardware prefetcher alone picks up too late.
-    #[inline(always)]
-    fn prefetch(p: *const u8) {
-        // SAFETY: a prefetch is only a hint; it never faults, whatever the address.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(p.cast());
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128).cast());
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(192).cast());
-        }
-    }
 
     pub fn has_avx2() -> bool {
         is_x86_feature_detected!("avx2")
@@ -166,7 +153,7 @@ mod x86 {
             // and the scales at 192..208 of it; x[256·sb..256·sb + 256] is inside x; each
             // row's q8 is 128 bytes and scl[q] 16 floats.
             for q in 0..N {
-                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
+                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK), BLOCK);
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
                 // d·scale / 4: the quants below come out as 4·(q − 32).
                 let d = _mm512_mul_ps(_mm512_broadcastss_ps(block_d(b)), _mm512_set1_ps(0.25));
@@ -256,7 +243,7 @@ mod x86 {
             // and the scales at 192..208 of it; x[256·sb..256·sb + 256] is inside x; each
             // row's q8 is 128 bytes and scl[q] 16 floats.
             for q in 0..N {
-                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK));
+                prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK), BLOCK);
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
                 let d = _mm256_broadcastss_ps(block_d(b));
                 let sc = unsafe { _mm_loadu_si128(b.as_ptr().add(192).cast()) };
