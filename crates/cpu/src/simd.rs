@@ -239,8 +239,9 @@ impl HeadKernels for Avx2Heads {
     }
 }
 
-/// [`HeadKernels`] on AVX-512: [`Avx2Heads`] for one head; two heads of 8 dimensions in one
-/// register ([`crate::head8`]), the same bits as two AVX2 calls. Only for code that runs after
+/// [`HeadKernels`] on AVX-512: the weighted sum of values 16 lanes wide for a head of 16 to 128
+/// dimensions (a multiple of 16), [`Avx2Heads`] otherwise and for the scores; two heads of 8
+/// dimensions in one register ([`crate::head8`]), the same bits as two AVX2 calls. Only for code that runs after
 /// [`isa`] reported AVX-512.
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Avx512Heads;
@@ -254,7 +255,11 @@ impl HeadKernels for Avx512Heads {
     }
     #[inline(always)]
     fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) {
-        Avx2Heads::axpy_rows(y, a, x, stride)
+        debug_assert!(is_x86_feature_detected!("avx512f"));
+        // SAFETY: as for dot_rows2 below; the kernel checks lengths itself.
+        if !unsafe { x86::axpy_rows_avx512(y, a, x, stride) } {
+            Avx2Heads::axpy_rows(y, a, x, stride)
+        }
     }
     #[inline(always)]
     fn dot_rows2(s: [&mut [f32]; 2], q: [&[f32]; 2], x: &[f32], stride: usize) {
@@ -558,6 +563,85 @@ mod x86 {
                 .enumerate()
                 .map(|(b, a)| a * x[b * stride + t])
                 .sum::<f32>();
+        }
+    }
+
+    /// [`axpy_rows_avx2`] for a head of 16·V dimensions (V = 1..=8), 16 lanes wide: the head's
+    /// V vectors of y stay in registers for the whole run, twice (even and odd rows, so that
+    /// two FMAs on each vector are in flight), and each row costs one broadcast of a_b and V
+    /// FMAs, where the AVX2 kernel broadcasts a_b again for each of its 8-lane chunks (6 of
+    /// them for head_dim 48). Returns false, touching nothing, for another head_dim.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn axpy_rows_avx512(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) -> bool {
+        // SAFETY (each arm): the CPU has AVX-512F (the caller's promise).
+        unsafe {
+            match y.len() {
+                16 => axpy_rows_avx512_v::<1>(y, a, x, stride),
+                32 => axpy_rows_avx512_v::<2>(y, a, x, stride),
+                48 => axpy_rows_avx512_v::<3>(y, a, x, stride),
+                64 => axpy_rows_avx512_v::<4>(y, a, x, stride),
+                80 => axpy_rows_avx512_v::<5>(y, a, x, stride),
+                96 => axpy_rows_avx512_v::<6>(y, a, x, stride),
+                112 => axpy_rows_avx512_v::<7>(y, a, x, stride),
+                128 => axpy_rows_avx512_v::<8>(y, a, x, stride),
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F; y.len() = 16·V.
+    // v indexes y's vectors, both accumulators and the offset in a row: a range loop says that
+    // best.
+    #[allow(clippy::needless_range_loop)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn axpy_rows_avx512_v<const V: usize>(
+        y: &mut [f32],
+        a: &[f32],
+        x: &[f32],
+        stride: usize,
+    ) {
+        let nb = a.len();
+        assert!(y.len() == 16 * V);
+        if nb == 0 {
+            return;
+        }
+        assert!(
+            x.len() >= (nb - 1) * stride + 16 * V,
+            "axpy_rows: x holds fewer rows than a"
+        );
+        let px = x.as_ptr();
+        // SAFETY (every load and store below): vector v of y is y[16v..16v + 16], inside y; row
+        // b < nb starts at b·stride with (nb − 1)·stride + 16·V ≤ x.len() (asserted above).
+        unsafe {
+            let mut even: [__m512; V] =
+                std::array::from_fn(|v| _mm512_loadu_ps(y.as_ptr().add(16 * v)));
+            let mut odd = [_mm512_setzero_ps(); V];
+            let mut b = 0;
+            while b + 2 <= nb {
+                let (a0, a1) = (_mm512_set1_ps(a[b]), _mm512_set1_ps(a[b + 1]));
+                let (r0, r1) = (px.add(b * stride), px.add((b + 1) * stride));
+                for v in 0..V {
+                    even[v] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(r0.add(16 * v)), even[v]);
+                    odd[v] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(r1.add(16 * v)), odd[v]);
+                }
+                b += 2;
+            }
+            if b < nb {
+                let a0 = _mm512_set1_ps(a[b]);
+                let r0 = px.add(b * stride);
+                for v in 0..V {
+                    even[v] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(r0.add(16 * v)), even[v]);
+                }
+            }
+            for v in 0..V {
+                _mm512_storeu_ps(y.as_mut_ptr().add(16 * v), _mm512_add_ps(even[v], odd[v]));
+            }
         }
     }
 
@@ -942,6 +1026,10 @@ mod tests {
         if Isa::available().contains(&Isa::Avx2Fma) {
             v.push(("avx2", (Avx2Heads::dot_rows, Avx2Heads::axpy_rows)));
         }
+        #[cfg(target_arch = "x86_64")]
+        if Isa::available().contains(&Isa::Avx512) {
+            v.push(("avx512", (Avx512Heads::dot_rows, Avx512Heads::axpy_rows)));
+        }
         v
     }
     type HeadFns = (
@@ -953,8 +1041,8 @@ mod tests {
     fn row_kernels_match_the_scalar_reference() {
         let mut rng = ChaCha8Rng::seed_from_u64(22);
         for (name, (dot_rows, axpy_rows)) in head_kernels() {
-            for hd in [1, 7, 8, 9, 16, 48, 64, 259] {
-                for nb in [0usize, 1, 3, 4, 7, 8, 9, 16, 17, 37] {
+            for hd in [1, 7, 8, 9, 16, 32, 48, 64, 128, 259] {
+                for nb in [0usize, 1, 2, 3, 4, 7, 8, 9, 16, 17, 37] {
                     for stride in [hd, 4 * hd + 3] {
                         let q = rand_vec(&mut rng, hd);
                         // Exactly as long as nb rows need: the last row ends at the slice's end.
@@ -988,7 +1076,7 @@ mod tests {
             }
             // A NaN in one key makes its score NaN and no other; in one value, every output lane
             // it reaches.
-            for hd in [8, 9, 48] {
+            for hd in [8, 9, 48, 64] {
                 let (nb, stride) = (11, 2 * hd);
                 let q = vec![1.0f32; hd];
                 let mut x = vec![1.0f32; (nb - 1) * stride + hd];
