@@ -241,8 +241,8 @@ impl HeadKernels for Avx2Heads {
 
 /// [`HeadKernels`] on AVX-512: the weighted sum of values 16 lanes wide for a head of 16 to 128
 /// dimensions (a multiple of 16), [`Avx2Heads`] otherwise and for the scores; two heads of 8
-/// dimensions in one register ([`crate::head8`]), the same bits as two AVX2 calls. Only for code that runs after
-/// [`isa`] reported AVX-512.
+/// dimensions in one register ([`crate::head8`]), the same bits as two AVX2 calls. Only for
+/// code that runs after [`isa`] reported AVX-512.
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Avx512Heads;
 

@@ -137,37 +137,16 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn rows_avx512<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32]) {
-        const STEP: usize = 32;
-        let n = x.len();
-        assert!(w.len() == N * 2 * n && out.len() == N);
-        let mut acc = [[_mm512_setzero_ps(); 2]; N];
-        let mut i = 0;
-        // The same columns of the next group of rows (see quant::prefetch).
-        let ahead = N * 2 * n;
-        while i + STEP <= n {
-            // SAFETY: i + 32 ≤ n, so 32 floats of x and 32 bf16 of every row lie in bounds.
-            unsafe {
-                let pw: [*const u8; N] = std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
-                pw.iter()
-                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead), 64));
-                step_avx512::<N>(&mut acc, pw, x.as_ptr().add(i));
-            }
-            i += STEP;
-        }
-        if i < n {
-            let t = n - i;
-            let mut xt = [0.0f32; STEP];
-            xt[..t].copy_from_slice(&x[i..]);
-            let mut wt = [[0u8; 2 * STEP]; N];
-            for (q, wt) in wt.iter_mut().enumerate() {
-                wt[..2 * t].copy_from_slice(&w[2 * (q * n + i)..2 * (q + 1) * n]);
-            }
-            // SAFETY: the padded buffers hold exactly one step.
-            unsafe { step_avx512::<N>(&mut acc, wt.each_ref().map(|b| b.as_ptr()), xt.as_ptr()) };
-        }
-        for (o, a) in out.iter_mut().zip(&acc) {
-            *o = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
-        }
+        rows_body!(
+            step_avx512,
+            |a: &[__m512; 2]| _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1])),
+            _mm512_setzero_ps(),
+            32,
+            N,
+            out,
+            w,
+            x
+        );
     }
 
     /// # Safety
@@ -216,37 +195,16 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn rows_avx2<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32]) {
-        const STEP: usize = 16;
-        let n = x.len();
-        assert!(w.len() == N * 2 * n && out.len() == N);
-        let mut acc = [[_mm256_setzero_ps(); 2]; N];
-        let mut i = 0;
-        // The same columns of the next group of rows (see quant::prefetch).
-        let ahead = N * 2 * n;
-        while i + STEP <= n {
-            // SAFETY: i + 16 ≤ n, so 16 floats of x and 16 bf16 of every row lie in bounds.
-            unsafe {
-                let pw: [*const u8; N] = std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
-                pw.iter()
-                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead), 64));
-                step_avx2::<N>(&mut acc, pw, x.as_ptr().add(i));
-            }
-            i += STEP;
-        }
-        if i < n {
-            let t = n - i;
-            let mut xt = [0.0f32; STEP];
-            xt[..t].copy_from_slice(&x[i..]);
-            let mut wt = [[0u8; 2 * STEP]; N];
-            for (q, wt) in wt.iter_mut().enumerate() {
-                wt[..2 * t].copy_from_slice(&w[2 * (q * n + i)..2 * (q + 1) * n]);
-            }
-            // SAFETY: the padded buffers hold exactly one step.
-            unsafe { step_avx2::<N>(&mut acc, wt.each_ref().map(|b| b.as_ptr()), xt.as_ptr()) };
-        }
-        for (o, a) in out.iter_mut().zip(&acc) {
-            *o = hsum256(_mm256_add_ps(a[0], a[1]));
-        }
+        rows_body!(
+            step_avx2,
+            |a: &[__m256; 2]| hsum256(_mm256_add_ps(a[0], a[1])),
+            _mm256_setzero_ps(),
+            16,
+            N,
+            out,
+            w,
+            x
+        );
     }
 }
 

@@ -8,6 +8,48 @@
 //! "decode the row, then dot" only in the order of the additions (llama.cpp instead quantizes
 //! the activations to 8 bits for integer dot products; kvlab trades that speed for accuracy).
 
+/// The row pass of the two-byte formats' x86 kernels (bf16, f16: a row of `cols` elements is
+/// `2·cols` bytes): runs `step` over the whole `STEP`-column chunks of N rows, prefetching the
+/// same columns of the next N rows ([`prefetch`]), then over their zero-padded tail, and writes
+/// each row's horizontal sum (`hsum`) of its two accumulators.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows_body {
+    ($step:ident, $hsum:expr, $zero:expr, $STEP:expr, $N:ident, $out:ident, $w:ident, $x:ident) => {{
+        const STEP: usize = $STEP;
+        let n = $x.len();
+        assert!($w.len() == $N * 2 * n && $out.len() == $N);
+        let mut acc = [[$zero; 2]; $N];
+        let mut i = 0;
+        // The same columns of the next group of rows (see quant::prefetch).
+        let ahead = $N * 2 * n;
+        while i + STEP <= n {
+            // SAFETY: i + STEP ≤ n, so STEP floats of x and STEP two-byte elements of every
+            // row lie in bounds.
+            unsafe {
+                let pw: [*const u8; $N] = std::array::from_fn(|q| $w.as_ptr().add(2 * (q * n + i)));
+                pw.iter()
+                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead), 64));
+                $step::<$N>(&mut acc, pw, $x.as_ptr().add(i));
+            }
+            i += STEP;
+        }
+        if i < n {
+            let t = n - i;
+            let mut xt = [0.0f32; STEP];
+            xt[..t].copy_from_slice(&$x[i..]);
+            let mut wt = [[0u8; 2 * STEP]; $N];
+            for (q, wt) in wt.iter_mut().enumerate() {
+                wt[..2 * t].copy_from_slice(&$w[2 * (q * n + i)..2 * (q + 1) * n]);
+            }
+            // SAFETY: the padded buffers (borrowed, not moved) hold exactly one step.
+            unsafe { $step::<$N>(&mut acc, wt.each_ref().map(|b| b.as_ptr()), xt.as_ptr()) };
+        }
+        for (o, a) in $out.iter_mut().zip(&acc) {
+            *o = $hsum(a);
+        }
+    }};
+}
+
 pub mod bf16;
 pub mod f16;
 pub mod q4_k;
