@@ -170,9 +170,6 @@ pub struct Pair {
     /// server / batch over its engine time (stricter: the server is charged for its sampling
     /// and scheduling, `kvlab batch` is not).
     pub ratio_engine: f64,
-    /// Prompt tokens served by the prefix cache on each side (0: it is off in the pairs).
-    pub server_prefix_cache_hits: f64,
-    pub batch_prefix_cache_hits: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -399,8 +396,6 @@ fn saturation_pairs(f: &Fresh) -> Result<(Vec<Pair>, Vec<BatchRef>)> {
             batch_engine_output_tok_per_s: batch.output_tok_per_s_engine,
             ratio: server.output_tok_per_s / batch.output_tok_per_s,
             ratio_engine: server.output_tok_per_s / batch.output_tok_per_s_engine,
-            server_prefix_cache_hits: server.prefix_cache_hits,
-            batch_prefix_cache_hits: batch.prefix_cache_hits,
         });
         batches.push(batch);
     }
