@@ -7,7 +7,8 @@
 //! parallel loops shared statically by a fixed team of threads ([`threads`]).
 //!
 //! Files in data-flow order: [`simd`] (dot, axpy, GEMV rows), [`quant`] (GEMV rows over bf16,
-//! f16 and quantized weights), [`softmax`], [`linear`] (GEMV/sgemm), [`attention`], [`kv_store`]
+//! f16 and quantized weights), [`softmax`], [`skinny`] (the decode batch's matrix
+//! product), [`linear`] (GEMV/skinny/sgemm), [`attention`], [`kv_store`]
 //! (keys and values in a KV dtype), [`kv_cache`] (append, then attend), [`forward`] (the
 //! cached step), [`threads`]; [`paged`] is the same step over a block pool.
 
@@ -21,6 +22,7 @@ pub mod linear;
 pub mod paged;
 pub mod quant;
 pub mod simd;
+pub mod skinny;
 pub mod softmax;
 pub mod threads;
 pub mod transpose;
