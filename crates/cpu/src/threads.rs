@@ -4,6 +4,12 @@
 //! partition, as run.c's `#pragma omp parallel for` — and the caller does share 0 itself, then
 //! waits (spinning) for the helpers. No task queue, no stealing, no `sched_yield` between loops.
 //!
+//! One exception to the partition: a helper claims its share before running it, and a share
+//! still unclaimed when the caller has finished its own is claimed and run by the caller. A
+//! helper whose core was taken (by another process, or by `kvlab serve`'s HTTP threads, which
+//! the scheduler runs in the middle of a step) would otherwise hold the whole loop up until it
+//! got its core back. The shares are the same whoever runs them, so the results are too.
+//!
 //! The thread count is fixed once, before the first parallel loop: `kvlab -t N` calls
 //! [`set_num_threads`]; the default is the machine's physical cores (`RAYON_NUM_THREADS` is read
 //! too, for programs that set it for every pool).
@@ -66,8 +72,12 @@ struct Shared {
     /// Incremented once per job; a helper runs each epoch's job once.
     epoch: Padded<AtomicU64>,
     /// The current epoch's job. Written by the caller of `Team::run` only while no helper is
-    /// between seeing a new epoch and reporting it done; read by helpers only in that window.
+    /// between claiming its share of an epoch and reporting it done; read by helpers only in
+    /// that window.
     job: Padded<UnsafeCell<Option<Job>>>,
+    /// claimed[k − 1]: the last epoch whose share k was claimed, by helper k or by the caller
+    /// (`fetch_max`: whoever raises it runs the share).
+    claimed: Box<[Padded<AtomicU64>]>,
     /// done[k − 1]: the last epoch helper k finished.
     done: Box<[Padded<AtomicU64>]>,
     /// Helpers parked on `wake`.
@@ -84,9 +94,10 @@ struct Shared {
 // every helper's `done` to reach the epoch before returning).
 unsafe impl Send for Job {}
 // SAFETY: every field but `job` is Sync; `job` is written only by the one caller of `Team::run`
-// (it holds `Team::entry`) before it publishes a new epoch, when every helper has reported the
-// previous epoch done, and read by helpers only after they see the new epoch (SeqCst: the
-// write happens-before the read) and before they report it done.
+// (it holds `Team::entry`) before it publishes a new epoch, when every share of the previous
+// epoch was run by the caller or reported done by the helper that claimed it, and read by a
+// helper only after it claimed its share of the new epoch (SeqCst: the write happens-before the
+// read) and before it reports it done.
 unsafe impl Sync for Shared {}
 
 struct Team {
@@ -121,6 +132,7 @@ impl Team {
         let shared = Arc::new(Shared {
             epoch: Padded(AtomicU64::new(0)),
             job: Padded(UnsafeCell::new(None)),
+            claimed: (1..n_threads).map(|_| Padded(AtomicU64::new(0))).collect(),
             done: (1..n_threads).map(|_| Padded(AtomicU64::new(0))).collect(),
             sleeping: AtomicUsize::new(0),
             park: Mutex::new(()),
@@ -154,8 +166,9 @@ impl Team {
         // catch_unwind) before every helper has reported this epoch done.
         let f_static: *const (dyn Fn(usize) + Sync + 'static) =
             unsafe { std::mem::transmute(f as *const (dyn Fn(usize) + Sync)) };
-        // SAFETY: we hold `entry`, and every helper reported the previous epoch done before the
-        // previous `run` returned, so no helper reads `job` now (see `Shared`).
+        // SAFETY: we hold `entry`, and every share of the previous epoch was run here or
+        // reported done by the helper that claimed it before the previous `run` returned, so
+        // no helper reads `job` now (see `Shared`).
         unsafe {
             *s.job.0.get() = Some(Job {
                 f: f_static,
@@ -167,12 +180,26 @@ impl Team {
             let _g = s.park.lock().unwrap_or_else(|p| p.into_inner());
             s.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| {
+        let mut mine = catch_unwind(AssertUnwindSafe(|| {
             run_share(f, 0, s.n_threads, n_tasks);
         }));
+        // A helper that has not claimed its share yet (descheduled: another process, or the
+        // server's HTTP threads, took its core) will not start it now: the caller runs it,
+        // rather than wait for that core to come back with nothing to do.
+        for k in 1..s.n_threads {
+            if s.claimed[k - 1].0.fetch_max(epoch, SeqCst) < epoch {
+                let r = catch_unwind(AssertUnwindSafe(|| run_share(f, k, s.n_threads, n_tasks)));
+                if mine.is_ok() {
+                    mine = r;
+                }
+                // Helper k lost the claim, so it reports nothing for this epoch: the caller
+                // does.
+                s.done[k - 1].0.store(epoch, SeqCst);
+            }
+        }
         let all_done = || s.done.iter().all(|d| d.0.load(SeqCst) == epoch);
         while !spin_until(all_done) {
-            // A helper was descheduled: let it run.
+            // A helper was descheduled in its share: let it run.
             std::thread::yield_now();
         }
         if let Err(p) = mine {
@@ -213,8 +240,12 @@ fn helper(s: &Shared, k: usize) {
             s.sleeping.fetch_sub(1, SeqCst);
         }
         seen = s.epoch.0.load(SeqCst);
+        if s.claimed[k - 1].0.fetch_max(seen, SeqCst) >= seen {
+            continue; // the caller ran this share itself
+        }
         // SAFETY: a new epoch is published only after its job was written, and the next job is
-        // written only after this helper reports `seen` done below (see `Shared`).
+        // written only after this helper, which claimed its share, reports `seen` done below
+        // (see `Shared`).
         let job = unsafe { *s.job.0.get() };
         if let Some(job) = job {
             // SAFETY: see `Job::f`: the caller of `run` waits for this helper's report below
@@ -266,7 +297,8 @@ pub fn num_threads() -> usize {
     team().map_or(1, |t| t.shared.n_threads)
 }
 
-/// Runs `f(t)` for every `t` in `0..n_tasks` on the team, thread k taking tasks k, k + n, …; on
+/// Runs `f(t)` for every `t` in `0..n_tasks` on the team, share k being tasks k, k + n, … (run
+/// by thread k, or by the caller when thread k has not started it in time); on
 /// the calling thread alone when there is one thread or one task, or inside another team task.
 pub fn for_each_task(n_tasks: usize, f: impl Fn(usize) + Sync) {
     let nested = IN_TASK.with(Cell::get);
@@ -331,6 +363,40 @@ mod tests {
             });
             assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "n={n}");
         }
+    }
+
+    #[test]
+    fn a_share_whose_helper_is_away_is_run_once_by_the_caller() {
+        if num_threads() < 2 {
+            eprintln!("skipping: the team has one thread");
+            return;
+        }
+        let caller = std::thread::current().id();
+        let mut by_caller = 0;
+        for _ in 0..50 {
+            // With no work for 3 × SPIN_FOR the helpers have parked; waking one takes longer
+            // than the caller's share of empty tasks, so the caller should claim the others.
+            std::thread::sleep(SPIN_FOR * 3);
+            let n = num_threads();
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            let here: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+            for_each_task(n, |t| {
+                hits[t].fetch_add(1, SeqCst);
+                here[t].store(std::thread::current().id() == caller, SeqCst);
+            });
+            assert!(hits.iter().all(|h| h.load(SeqCst) == 1));
+            by_caller += usize::from(here[1].load(SeqCst));
+        }
+        assert!(
+            by_caller > 0,
+            "the caller never ran a parked helper's share in 50 loops"
+        );
+        // The team still works in parallel afterwards.
+        let hits: Vec<AtomicUsize> = (0..1000).map(|_| AtomicUsize::new(0)).collect();
+        for_each_task(1000, |t| {
+            hits[t].fetch_add(1, SeqCst);
+        });
+        assert!(hits.iter().all(|h| h.load(SeqCst) == 1));
     }
 
     #[test]
