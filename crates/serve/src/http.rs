@@ -696,6 +696,42 @@ async fn serve_request(
     .into_response())
 }
 
+/// One `data:` event of a stream: OpenAI's `text_completion` / `chat.completion.chunk` object.
+#[derive(serde::Serialize)]
+struct StreamChunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [StreamChoice<'a>; 1],
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum StreamChoice<'a> {
+    Text {
+        text: &'a str,
+        index: u32,
+        logprobs: Option<()>,
+        finish_reason: Option<&'a str>,
+    },
+    Chat {
+        index: u32,
+        delta: Delta<'a>,
+        logprobs: Option<()>,
+        finish_reason: Option<&'a str>,
+    },
+}
+
+/// A chat chunk's new text: `role` on the first chunk only, no `content` on the last.
+#[derive(serde::Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+}
+
 /// The SSE body of a streamed completion: one chunk per piece of text, a last chunk with the
 /// finish reason (or an error object), then `data: [DONE]`. A chat chunk carries its text as
 /// `delta.content` (the first also `delta.role`), as OpenAI's `chat.completion.chunk` does.
@@ -707,34 +743,39 @@ fn sse_chunks(
     api: Api,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let first = std::sync::atomic::AtomicBool::new(true);
+    // Serialized from borrowed structs, one String per chunk: this runs once per token of
+    // every open stream, and a `json!` tree costs a map and a string per field.
     let chunk = move |text: &str, reason: Option<&str>| {
-        let (object, choice) = match api {
-            Api::Completions => (
-                "text_completion",
-                json!({"text": text, "index": 0, "logprobs": null, "finish_reason": reason}),
-            ),
-            Api::Chat => {
-                let mut delta = serde_json::Map::new();
-                if first.swap(false, Ordering::Relaxed) {
-                    delta.insert("role".into(), "assistant".into());
-                }
-                if reason.is_none() {
-                    delta.insert("content".into(), text.into());
-                }
-                (
-                    "chat.completion.chunk",
-                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
-                )
-            }
+        let to_string = |choice| {
+            serde_json::to_string(&StreamChunk {
+                id: &id,
+                object: match api {
+                    Api::Completions => "text_completion",
+                    Api::Chat => "chat.completion.chunk",
+                },
+                created,
+                model: &model,
+                choices: [choice],
+            })
+            .expect("a chunk of strings and numbers serializes")
         };
-        json!({
-            "id": id,
-            "object": object,
-            "created": created,
-            "model": model,
-            "choices": [choice],
-        })
-        .to_string()
+        match api {
+            Api::Completions => to_string(StreamChoice::Text {
+                text,
+                index: 0,
+                logprobs: None,
+                finish_reason: reason,
+            }),
+            Api::Chat => to_string(StreamChoice::Chat {
+                index: 0,
+                delta: Delta {
+                    role: first.swap(false, Ordering::Relaxed).then_some("assistant"),
+                    content: reason.is_none().then_some(text),
+                },
+                logprobs: None,
+                finish_reason: reason,
+            }),
+        }
     };
     let chunk = std::sync::Arc::new(chunk);
     stream::unfold(Some(completion), move |state| {
@@ -761,6 +802,55 @@ fn sse_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_chunks_are_openais_objects() {
+        let parse = |c: StreamChunk| -> serde_json::Value {
+            serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap()
+        };
+        let text = parse(StreamChunk {
+            id: "cmpl-1",
+            object: "text_completion",
+            created: 7,
+            model: "m",
+            choices: [StreamChoice::Text {
+                text: "a \"quoted\"\n line",
+                index: 0,
+                logprobs: None,
+                finish_reason: None,
+            }],
+        });
+        assert_eq!(
+            text,
+            json!({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m",
+                   "choices": [{"text": "a \"quoted\"\n line", "index": 0, "logprobs": null,
+                                "finish_reason": null}]})
+        );
+        let chat = |role, content, finish_reason| {
+            parse(StreamChunk {
+                id: "chatcmpl-2",
+                object: "chat.completion.chunk",
+                created: 7,
+                model: "m",
+                choices: [StreamChoice::Chat {
+                    index: 0,
+                    delta: Delta { role, content },
+                    logprobs: None,
+                    finish_reason,
+                }],
+            })["choices"][0]
+                .clone()
+        };
+        assert_eq!(
+            chat(Some("assistant"), Some("Hi"), None),
+            json!({"index": 0, "delta": {"role": "assistant", "content": "Hi"}, "logprobs": null,
+                   "finish_reason": null})
+        );
+        assert_eq!(
+            chat(None, None, Some("length")),
+            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"})
+        );
+    }
 
     #[test]
     fn users_are_tenants_and_nobody_is_tenant_0() {
