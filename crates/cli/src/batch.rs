@@ -163,6 +163,7 @@ pub fn run(a: Args) -> Result<()> {
     let m = &report.metrics;
     let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
     let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
+    let (decode_tokens, decode_s) = report.decode_only();
     let kv_bytes_per_block = a.kv.kv_dtype.bytes_per_block(&model.config, a.block_size);
     if a.json {
         let v = serde_json::json!({
@@ -174,6 +175,8 @@ pub fn run(a: Args) -> Result<()> {
             // engine_s plus scheduling, sampling and updating: the whole run
             "wall_s": report.wall_time.as_secs_f64(),
             "tokens_per_s": tokens_per_s,
+            // decode steps alone (those that prefilled nothing): generated tokens per second
+            "decode_tokens_per_s": decode_tokens as f64 / decode_s.max(1e-9),
             "num_blocks": num_blocks,
             "block_size": a.block_size,
             "kv_bytes_per_block": kv_bytes_per_block,

@@ -366,6 +366,13 @@ fn info_mem_and_batch_print_json_when_asked() {
     let v = json(&r.err);
     assert_eq!(v["requests"], 4);
     assert!(v["tokens_computed"].as_u64().unwrap() > 0);
+    // The decode steps alone, as a rate.
+    assert!(
+        v["decode_tokens_per_s"]
+            .as_f64()
+            .is_some_and(|t| t.is_finite() && t > 0.0),
+        "{v}"
+    );
     // Tenants: each prompt's hits counted under its tenant, the rows adding up to the total.
     let r = kvlab("batch -n 4 --num-blocks 10 --tenants 2 --tenant-quota 2 --json");
     assert!(r.ok, "{}", r.err);

@@ -124,6 +124,18 @@ pub struct DriveReport {
     pub wall_time: Duration,
 }
 
+impl DriveReport {
+    /// Decode tokens and the engine seconds they took: the steps that prefilled nothing (a
+    /// step that prefills is mostly prompt, so it would mix the two phases' speeds).
+    pub fn decode_only(&self) -> (usize, f64) {
+        let d = self.steps.iter().filter(|s| s.num_prefills == 0);
+        (
+            d.clone().map(|s| s.num_batched_tokens).sum(),
+            d.map(|s| s.seconds).sum(),
+        )
+    }
+}
+
 /// Errors of [`drive`]: the scheduler's or the engine's.
 #[derive(Debug, thiserror::Error)]
 pub enum DriveError<E: std::fmt::Display> {

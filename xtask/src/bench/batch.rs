@@ -94,11 +94,8 @@ pub fn paged(
 
 /// Tokens and seconds of the steps that prefilled nothing.
 pub fn decode_only(r: &DriveReport) -> Timed {
-    let d = r.steps.iter().filter(|s| s.num_prefills == 0);
-    Timed {
-        tokens: d.clone().map(|s| s.num_batched_tokens).sum(),
-        seconds: d.map(|s| s.seconds).sum(),
-    }
+    let (tokens, seconds) = r.decode_only();
+    Timed { tokens, seconds }
 }
 
 /// Throughput of one (model, engine, batch size).

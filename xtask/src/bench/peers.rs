@@ -51,6 +51,9 @@ pub struct PeerRow {
     /// Same generated text (run.c) or ids (llama.cpp prefill) as the peer; `None` where it is
     /// not compared (llama.cpp on the quantized Gemma).
     pub same_tokens: Option<bool>,
+    /// The issue's goal for `ratio_median` ("> 1", "≥ 1.8", …) and whether this run meets it.
+    pub goal: String,
+    pub goal_met: bool,
     pub note: String,
 }
 
@@ -85,10 +88,12 @@ enum Peer {
     LlamaCppDecode,
     /// Prefill against llama.cpp on an f32 GGUF written from kvlab's llama2.c export.
     LlamaCppPrefill,
+    /// kvlab's paged engine decoding 32 sequences in one batch against itself at 1 and 8.
+    Batched,
 }
 
 /// The models a peer can run.
-const MODELS: [(&str, Peer); 7] = [
+const MODELS: [(&str, Peer); 8] = [
     ("stories260K", Peer::RunC(WeightFormat::Stored)),
     ("stories15M-shape", Peer::RunC(WeightFormat::Stored)),
     ("stories42M-shape", Peer::RunC(WeightFormat::Stored)),
@@ -97,7 +102,41 @@ const MODELS: [(&str, Peer); 7] = [
     ("gemma-3-270m", Peer::LlamaCppDecode),
     ("stories15M-shape", Peer::LlamaCppPrefill),
     ("stories42M-shape", Peer::LlamaCppPrefill),
+    ("stories15M-shape", Peer::Batched),
 ];
+
+/// Tokens each sequence of the batched rows generates (the serve load test's completion length;
+/// the stories15M shape holds 256 positions).
+const BATCH_GENERATE: usize = 64;
+/// The batched rows' batch sizes: the measured one and the two it is compared with.
+const BATCHES: [usize; 3] = [1, 8, 32];
+
+/// The issue's goal for a row's kvlab / peer ratio: at least `min`, or above it when `strict`.
+#[derive(Clone, Copy)]
+struct Goal {
+    min: f64,
+    strict: bool,
+}
+
+impl Goal {
+    const BEAT: Goal = Goal {
+        min: 1.0,
+        strict: true,
+    };
+    const fn at_least(min: f64) -> Goal {
+        Goal { min, strict: false }
+    }
+    fn text(self) -> String {
+        format!("{} {}", if self.strict { ">" } else { "≥" }, self.min)
+    }
+    fn met(self, ratio: f64) -> bool {
+        if self.strict {
+            ratio > self.min
+        } else {
+            ratio >= self.min
+        }
+    }
+}
 
 /// The prefill rows' prompt: 102 tokens with the Llama 2 tokenizer (BOS included).
 const PREFILL_PROMPT: &str = "Once upon a time, in a small village at the edge of a great \
@@ -123,16 +162,18 @@ pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
         if !o.models.is_empty() && !o.models.iter().any(|m| m.eq_ignore_ascii_case(model)) {
             continue;
         }
+        let one = |r: Result<PeerRow>| r.map(|row| vec![row]);
         let (result, name) = match peer {
-            Peer::RunC(w) => (vs_runc(&kvlab, &dir, model, w, o), "run.c"),
-            Peer::LlamaCppDecode => (vs_llama_cpp(&kvlab, model, o), "llama.cpp"),
+            Peer::RunC(w) => (one(vs_runc(&kvlab, &dir, model, w, o)), "run.c"),
+            Peer::LlamaCppDecode => (one(vs_llama_cpp(&kvlab, model, o)), "llama.cpp"),
             Peer::LlamaCppPrefill => (
-                vs_llama_cpp_prefill(&kvlab, &dir, model, o),
+                one(vs_llama_cpp_prefill(&kvlab, &dir, model, o)),
                 "llama.cpp prefill",
             ),
+            Peer::Batched => (vs_batch(&kvlab, model, o), "kvlab batch 1 and 8"),
         };
         match result {
-            Ok(row) => report.rows.push(row),
+            Ok(rows) => report.rows.extend(rows),
             Err(e) => report.missing.push(Missing {
                 model: model.into(),
                 peer: name.into(),
@@ -230,8 +271,86 @@ fn paired(
         peer_tok_s: theirs,
         ratio_median: Summary::of(&ratios).median,
         same_tokens: None,
+        goal: String::new(),
+        goal_met: false,
         note: String::new(),
-    })
+    }
+    .with_goal(Goal::BEAT))
+}
+
+impl PeerRow {
+    fn with_goal(self, goal: Goal) -> PeerRow {
+        PeerRow {
+            goal: goal.text(),
+            goal_met: goal.met(self.ratio_median),
+            ..self
+        }
+    }
+}
+
+/// kvlab's decode tokens/s of a batch: `kvlab batch`'s `decode_tokens_per_s` (the steps that
+/// prefilled nothing).
+fn kvlab_batch_decode_tok_s(stderr: &str) -> Result<f64> {
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("no JSON stats in kvlab batch's stderr: {stderr}"))?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    v["decode_tokens_per_s"]
+        .as_f64()
+        .with_context(|| format!("no decode_tokens_per_s in {line}"))
+}
+
+/// Batched decode (issue goal: batch 32 ≥ 8× batch 1, and above batch 8): `kvlab batch` on the
+/// paged CPU engine with 1, 8 and 32 requests arriving together, [`BATCH_GENERATE`] tokens
+/// each, one of each per rep, back to back; the rows are batch 32 against batch 1 and against
+/// batch 8.
+fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
+    let run = |b: usize| -> Result<f64> {
+        let mut cmd = kvlab_cmd(kvlab, o.threads);
+        cmd.args(["batch", "-m", model, "--engine", "cpu-paged", "--json"])
+            .args(["-n", &BATCH_GENERATE.to_string(), "--arrival-gap", "0"]);
+        for i in 0..b {
+            cmd.args(["-p", &format!("Once upon a time, in story number {i},")]);
+        }
+        let (_, err) = output(&mut cmd, &format!("kvlab batch ({b} requests)"))?;
+        kvlab_batch_decode_tok_s(&err)
+    };
+    let mut tok_s: [Vec<f64>; 3] = Default::default();
+    for _ in 0..o.reps {
+        for (i, &b) in BATCHES.iter().enumerate() {
+            tok_s[i].push(run(b)?);
+        }
+    }
+    let row = |vs: usize, goal: Goal| {
+        let ratios: Vec<f64> = tok_s[2]
+            .iter()
+            .zip(&tok_s[vs])
+            .map(|(a, b)| a / b)
+            .collect();
+        PeerRow {
+            model: model.into(),
+            peer: format!("kvlab batch {}", BATCHES[vs]),
+            phase: format!("decode, batch {}", BATCHES[2]),
+            threads: o.threads,
+            kvlab_weights: WeightFormat::Stored.name().into(),
+            steps: BATCH_GENERATE,
+            prompt_tokens: None,
+            kvlab_tok_s: tok_s[2].clone(),
+            peer_tok_s: tok_s[vs].clone(),
+            ratio_median: Summary::of(&ratios).median,
+            same_tokens: None,
+            goal: String::new(),
+            goal_met: false,
+            note: format!(
+                "cpu-paged, {} requests at once against {}, {BATCH_GENERATE} tokens each; tokens/s of the steps that prefilled nothing",
+                BATCHES[2], BATCHES[vs]
+            ),
+        }
+        .with_goal(goal)
+    };
+    Ok(vec![row(0, Goal::at_least(8.0)), row(1, Goal::BEAT)])
 }
 
 /// Writes `model` as a llama2.c checkpoint in `dir` with `kvlab export`; returns its path and
@@ -313,12 +432,18 @@ fn vs_runc(
             format!("kvlab {weights} weights vs run.c f32: text not compared; "),
         ),
     };
+    // Beating run.c on its own weights; in bf16, half the bytes per token, ≥ 1.8×.
+    let goal = match weights {
+        WeightFormat::Bf16 => Goal::at_least(1.8),
+        _ => Goal::BEAT,
+    };
     Ok(PeerRow {
         same_tokens,
         kvlab_weights: weights.name().into(),
         note: format!("{note}run.c: {}", runc.display()),
         ..row
-    })
+    }
+    .with_goal(goal))
 }
 
 /// kvlab against llama.cpp (llama-cpp-python) on a GGUF checkpoint: the same prompt and the
@@ -365,7 +490,8 @@ fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
              near-ties (see cargo xtask verify's oracle notes): ids are not compared here"
         ),
         ..row
-    })
+    }
+    .with_goal(Goal::at_least(1.0)))
 }
 
 /// The python of `KVLAB_PYTHON` (default python3) and its llama-cpp-python's version.
@@ -498,7 +624,8 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
             gguf.display()
         ),
         ..row
-    })
+    }
+    .with_goal(Goal::at_least(1.0)))
 }
 
 /// Prints the comparison, ratios first.
@@ -516,6 +643,10 @@ pub fn print(r: &PeersReport) {
             ("phase", &|p| p.phase.clone()),
             ("kvlab weights", &|p| p.kvlab_weights.clone()),
             ("kvlab/peer", &|p| format!("{:.2}x", p.ratio_median)),
+            ("goal", &|p| {
+                let met = if p.goal_met { "met" } else { "NOT met" };
+                format!("{} ({met})", p.goal)
+            }),
             ("kvlab tok/s", &|p| fmt(&p.kvlab_tok_s)),
             ("peer tok/s", &|p| fmt(&p.peer_tok_s)),
             ("threads", &|p| p.threads.to_string()),
@@ -534,6 +665,16 @@ pub fn print(r: &PeersReport) {
             }),
         ],
     );
+    let met = r.rows.iter().filter(|p| p.goal_met).count();
+    println!(
+        "goals met in this run: {met} of {} rows{}",
+        r.rows.len(),
+        if r.missing.is_empty() {
+            ""
+        } else {
+            " (rows missing below)"
+        }
+    );
     for m in &r.missing {
         println!("missing: {} / {}: {}", m.model, m.peer, m.why);
     }
@@ -543,6 +684,15 @@ pub fn print(r: &PeersReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn goals_are_strict_where_the_issue_says_beat() {
+        assert!(!Goal::BEAT.met(1.0) && Goal::BEAT.met(1.01));
+        assert!(Goal::at_least(8.0).met(8.0) && !Goal::at_least(8.0).met(7.99));
+        assert_eq!(Goal::BEAT.text(), "> 1");
+        assert_eq!(Goal::at_least(1.8).text(), "≥ 1.8");
+        assert!(!Goal::at_least(1.0).met(f64::NAN));
+    }
 
     #[test]
     fn fed_ids_come_from_trace_lines_only() {
