@@ -2,7 +2,7 @@
 //! (bf16, f16, ggml quantized blocks: [`crate::quant`]).
 //!
 //! One token (decode): a GEMV, each output row a SIMD dot product, rows split across threads.
-//! A decode batch of 9 to 64 tokens on AVX-512: [`crate::skinny`]'s kernel, W read in place.
+//! A decode batch of 5 to 64 tokens on AVX-512: [`crate::skinny`]'s kernel, W read in place.
 //! Many tokens (prefill, larger batches, CPUs without AVX-512): matrix-matrix products through the `gemm` crate (candle's
 //! GEMM, AVX-512 kernels; measured faster than matrixmultiply's sgemm at these shapes, which stays
 //! the reference GEMM of the tests and of `benches/benches/sgemm.rs`),
@@ -93,16 +93,25 @@ fn gemv(out: &mut [f32], w: Weight, x: &[f32]) {
     }
 }
 
-/// Up to this many rows, `linear` reads W once and dots each of its rows with every x row
-/// (a decode batch, a short prompt); sgemm's packing of W costs more than it saves there. On
+/// Up to this many rows (where the skinny kernel does not take them), `linear` reads W once
+/// and dots each of its rows with every x row (a decode batch, a short prompt); sgemm's packing
+/// of W costs more than it saves there. On
 /// the 2-core AMD EPYC (AVX-512), `cargo xtask bench`'s 16-sequence decode of the stories15M
 /// shape went from 3,326 to 4,843 tok/s when 16 rows left this path for sgemm, and 8 rows were
 /// as fast either way (2,721 and 2,830 tok/s); 16 had been chosen on the 2-core Xeon.
 pub const SMALL_BATCH: usize = 8;
 
-/// y (t, out) = x (t, in) @ Wᵀ with W (out, in): a GEMV for t = 1, row-by-row dot products for
-/// t ≤ [`SMALL_BATCH`] (each equal, bit for bit, to the GEMV of that row alone), the skinny
-/// kernel up to [`skinny::MAX_T`] where the CPU has AVX-512, sgemm above.
+/// From this many rows, on AVX-512, `linear` uses the skinny kernel instead of the row-by-row
+/// dot products. On the 2-core AMD EPYC, `kvlab batch` with 8 sequences went from about 2,500
+/// to 3,200 tok/s with it and 6 sequences from about 2,100 to 2,450 (four interleaved runs
+/// each); at 4 the two were within noise of each other, so 2 to 4 keep the GEMV's bits.
+pub const SKINNY_MIN: usize = 5;
+
+/// y (t, out) = x (t, in) @ Wᵀ with W (out, in): a GEMV for t = 1; on AVX-512, row-by-row dot
+/// products below [`SKINNY_MIN`] rows and the skinny kernel up to [`skinny::MAX_T`]; elsewhere,
+/// row-by-row dot products up to [`SMALL_BATCH`]; sgemm above. Either way a row's output does
+/// not depend on the other rows (batch invariance): the dot products give, bit for bit, the
+/// GEMV of that row alone, and the skinny kernel gives every row the same sum in the same order.
 pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out: usize) {
     assert!(
         x.len() >= t * d_in && y.len() >= t * d_out && w.len() == d_out * d_in,
@@ -111,17 +120,13 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out
     let w = Weight::of(w, d_in);
     if t == 1 {
         gemv(&mut y[..d_out], w, &x[..d_in]);
-        return;
-    }
-    if t <= SMALL_BATCH {
-        small_batch(y, &x[..t * d_in], w, t, d_in, d_out);
-        return;
-    }
-    if t <= skinny::MAX_T && skinny::available() {
+    } else if (SKINNY_MIN..=skinny::MAX_T).contains(&t) && skinny::available() {
         skinny_columns(y, x, w, t, d_in, d_out);
-        return;
+    } else if t <= SMALL_BATCH {
+        small_batch(y, &x[..t * d_in], w, t, d_in, d_out);
+    } else {
+        sgemm_columns(y, x, w, t, d_in, d_out);
     }
-    sgemm_columns(y, x, w, t, d_in, d_out);
 }
 
 thread_local! {
@@ -256,7 +261,7 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
 /// in = 288: L1/L2 while the kernel runs over them).
 const SKINNY_DECODE_ROWS: usize = 32;
 
-/// y (t, out) = x (t, in) @ Wᵀ for a decode batch ([`SMALL_BATCH`] < t ≤ [`skinny::MAX_T`], on
+/// y (t, out) = x (t, in) @ Wᵀ for a decode batch ([`SKINNY_MIN`] ≤ t ≤ [`skinny::MAX_T`], on
 /// AVX-512) by [`skinny::rows`]: x transposed once, W's rows split into one contiguous block per
 /// worker thread and read in place (an encoded W decoded [`SKINNY_DECODE_ROWS`] at a time), each
 /// task writing its own columns of y. On the 2-core AMD EPYC the stories15M classifier at t = 32
@@ -349,6 +354,9 @@ mod tests {
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         for t in 2..=SMALL_BATCH {
+            if t >= SKINNY_MIN && skinny::available() {
+                continue; // the skinny kernel's rows: see the next test
+            }
             let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
             let mut y = vec![f32::NAN; t * d_out];
             linear(&mut y, &x, &w, t, d_in, d_out);
@@ -363,6 +371,45 @@ mod tests {
                     "t={t} row {r}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_row_of_a_skinny_batch_is_the_same_in_every_batch_bit_for_bit() {
+        // Batch invariance for the skinny kernel's sizes: a row computed among 5, 17, 32, 33 or
+        // 64 rows (one token block or two, first or last) gives the same bits.
+        if !skinny::available() {
+            eprintln!("skipping: this CPU has no AVX-512F");
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(10);
+        let (d_in, d_out) = (288, 300);
+        let w: Tensor = (0..d_out * d_in)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let row: Vec<f32> = (0..d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut first: Option<Vec<f32>> = None;
+        for (t, at) in [
+            (5, 0),
+            (5, 4),
+            (17, 16),
+            (32, 31),
+            (33, 32),
+            (64, 40),
+            (64, 63),
+        ] {
+            let mut x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            x[at * d_in..(at + 1) * d_in].copy_from_slice(&row);
+            let mut y = vec![f32::NAN; t * d_out];
+            linear(&mut y, &x, &w, t, d_in, d_out);
+            let got = y[at * d_out..(at + 1) * d_out].to_vec();
+            let want = first.get_or_insert_with(|| got.clone());
+            assert!(
+                got.iter()
+                    .zip(want.iter())
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "t={t} row {at}"
+            );
         }
     }
 
