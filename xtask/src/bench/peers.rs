@@ -225,17 +225,24 @@ fn number_after(text: &str, key: &str) -> Option<f64> {
     s.parse().ok()
 }
 
-/// kvlab's decode tokens/s from the stats `generate --json` prints on stderr.
-fn kvlab_decode_tok_s(stderr: &str) -> Result<f64> {
+/// The stats `kvlab generate --json` and `kvlab batch --json` print on stderr (its last JSON
+/// line).
+fn kvlab_stats(stderr: &str) -> Result<serde_json::Value> {
     let line = stderr
         .lines()
         .rev()
         .find(|l| l.trim_start().starts_with('{'))
         .with_context(|| format!("no JSON stats in kvlab's stderr: {stderr}"))?;
-    let v: serde_json::Value = serde_json::from_str(line)?;
+    Ok(serde_json::from_str(line)?)
+}
+
+/// kvlab's decode tokens/s from its stats: `generate`'s steps after prefill, `batch`'s steps
+/// that prefilled nothing.
+fn kvlab_decode_tok_s(stderr: &str) -> Result<f64> {
+    let v = kvlab_stats(stderr)?;
     v["decode_tokens_per_s"]
         .as_f64()
-        .with_context(|| format!("no decode_tokens_per_s in {line}"))
+        .with_context(|| format!("no decode_tokens_per_s in {v}"))
 }
 
 fn kvlab_cmd(kvlab: &Path, threads: usize) -> Command {
@@ -288,20 +295,6 @@ impl PeerRow {
     }
 }
 
-/// kvlab's decode tokens/s of a batch: `kvlab batch`'s `decode_tokens_per_s` (the steps that
-/// prefilled nothing).
-fn kvlab_batch_decode_tok_s(stderr: &str) -> Result<f64> {
-    let line = stderr
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .with_context(|| format!("no JSON stats in kvlab batch's stderr: {stderr}"))?;
-    let v: serde_json::Value = serde_json::from_str(line)?;
-    v["decode_tokens_per_s"]
-        .as_f64()
-        .with_context(|| format!("no decode_tokens_per_s in {line}"))
-}
-
 /// Batched decode (issue goal: batch 32 ≥ 8× batch 1, and above batch 8): `kvlab batch` on the
 /// paged CPU engine with 1, 8 and 32 requests arriving together, [`BATCH_GENERATE`] tokens
 /// each, one of each per rep, back to back; the rows are batch 32 against batch 1 and against
@@ -315,7 +308,7 @@ fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
             cmd.args(["-p", &format!("Once upon a time, in story number {i},")]);
         }
         let (_, err) = output(&mut cmd, &format!("kvlab batch ({b} requests)"))?;
-        kvlab_batch_decode_tok_s(&err)
+        kvlab_decode_tok_s(&err)
     };
     let mut tok_s: [Vec<f64>; 3] = Default::default();
     for _ in 0..o.reps {
@@ -595,13 +588,7 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
                 .args(["--trace", "--json"]),
             "kvlab generate",
         )?;
-        let stats = k_err
-            .lines()
-            .rev()
-            .find(|l| l.trim_start().starts_with('{'))
-            .with_context(|| format!("no JSON stats in kvlab's stderr: {k_err}"))?;
-        let stats: serde_json::Value = serde_json::from_str(stats)?;
-        let k = stats["prefill_tokens_per_s"]
+        let k = kvlab_stats(&k_err)?["prefill_tokens_per_s"]
             .as_f64()
             .context("no prefill_tokens_per_s in kvlab's stats")?;
         let fed = kvlab_fed_ids(&k_err);
