@@ -68,15 +68,6 @@ mod x86 {
     /// Rows per pass.
     const R: usize = 4;
 
-    /// Horizontal sum of 8 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum256(v: __m256) -> f32 {
-        let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-        _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v)))
-    }
-
     /// # Safety
     /// The CPU must support AVX-512F; `w` must be `out.len()` rows of `2·x.len()` bytes.
     #[target_feature(enable = "avx512f")]
@@ -182,7 +173,7 @@ mod x86 {
     unsafe fn rows_avx2<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32]) {
         rows_body!(
             step_avx2,
-            |a: &[__m256; 2]| hsum256(_mm256_add_ps(a[0], a[1])),
+            |a: &[__m256; 2]| crate::quant::hsum256(_mm256_add_ps(a[0], a[1])),
             _mm256_setzero_ps(),
             16,
             N,

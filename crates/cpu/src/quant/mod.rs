@@ -89,6 +89,17 @@ pub fn gemv_rows(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
     }
 }
 
+/// Horizontal sum of 8 lanes: the two-byte formats' AVX2 rows end with it.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hsum256(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v)))
+}
+
 /// Every f16 bit pattern's f32 value (the `half` crate's conversion), built on first use
 /// (256 KiB), for the Q8_0 and Q5_0 kernels' block scales.
 ///
