@@ -44,8 +44,9 @@ pub struct Args {
     #[arg(long, default_value = "lru", value_parser = kvlab_cli::args::eviction_parser())]
     eviction: kvlab_paged::EvictionPolicy,
     /// Turn the prefix cache off (vLLM's flag of this name): every prompt is prefilled in
-    /// full, and no block is shared between sequences.
-    #[arg(long)]
+    /// full, and no block is shared between sequences. The tiers hold evicted prefix-cache
+    /// blocks, so they need it on.
+    #[arg(long, conflicts_with_all = ["host_tier_blocks", "disk_tier"])]
     no_enable_prefix_caching: bool,
     /// Tenants the prompts belong to: prompt i is tenant i mod N's (their prefix-cache hit
     /// rates are printed apart when N > 1).

@@ -42,8 +42,9 @@ pub struct Args {
     #[arg(long, default_value = "lru", value_parser = kvlab_cli::args::eviction_parser())]
     eviction: kvlab_paged::EvictionPolicy,
     /// Turn the prefix cache off (vLLM's flag of this name): every prompt is prefilled in
-    /// full, and no block is shared between sequences.
-    #[arg(long)]
+    /// full, and no block is shared between sequences. The tiers hold evicted prefix-cache
+    /// blocks, so they need it on.
+    #[arg(long, conflicts_with_all = ["host_tier_blocks", "disk_tier"])]
     no_enable_prefix_caching: bool,
     /// Cached blocks each tenant (a request's OpenAI `user`) keeps safe from other tenants'
     /// demand (default: no quotas).

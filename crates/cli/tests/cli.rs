@@ -408,7 +408,9 @@ fn batch_without_prefix_caching_hits_nothing_and_says_the_same() {
 }
 
 refused! {
-    tiers_need_the_prefix_cache: "batch --no-enable-prefix-caching --host-tier-blocks 4" => "turn prefix caching on";
+    tiers_need_the_prefix_cache: "batch --no-enable-prefix-caching --host-tier-blocks 4" => "'--no-enable-prefix-caching' cannot be used with '--host-tier-blocks";
+    disk_tier_needs_the_prefix_cache: "batch --no-enable-prefix-caching --disk-tier /tmp/x" => "'--no-enable-prefix-caching' cannot be used with '--disk-tier";
+    serve_tiers_need_the_prefix_cache: "serve -m stories260K --no-enable-prefix-caching --host-tier-blocks 4" => "'--no-enable-prefix-caching' cannot be used with '--host-tier-blocks";
 }
 
 refused! {
