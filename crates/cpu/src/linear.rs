@@ -250,11 +250,8 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
             })
         })
     };
-    if threads == 1 || d_out <= per {
-        block(0);
-    } else {
-        threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
-    }
+    // One block per thread; `for_each_task` runs a single block on the caller.
+    threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
 }
 
 /// W rows an encoded weight is decoded by at a time for [`skinny_columns`] (36 KiB of f32 at
@@ -297,11 +294,8 @@ fn skinny_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_
                 }
             })
         };
-        if threads == 1 || d_out <= per {
-            block(0);
-        } else {
-            threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
-        }
+        // One block per thread; `for_each_task` runs a single block on the caller.
+        threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
     })
 }
 
