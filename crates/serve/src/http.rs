@@ -746,36 +746,37 @@ fn sse_chunks(
     // Serialized from borrowed structs, one String per chunk: this runs once per token of
     // every open stream, and a `json!` tree costs a map and a string per field.
     let chunk = move |text: &str, reason: Option<&str>| {
-        let to_string = |choice| {
-            serde_json::to_string(&StreamChunk {
-                id: &id,
-                object: match api {
-                    Api::Completions => "text_completion",
-                    Api::Chat => "chat.completion.chunk",
+        let (object, choice) = match api {
+            Api::Completions => (
+                "text_completion",
+                StreamChoice::Text {
+                    text,
+                    index: 0,
+                    logprobs: None,
+                    finish_reason: reason,
                 },
-                created,
-                model: &model,
-                choices: [choice],
-            })
-            .expect("a chunk of strings and numbers serializes")
+            ),
+            Api::Chat => (
+                "chat.completion.chunk",
+                StreamChoice::Chat {
+                    index: 0,
+                    delta: Delta {
+                        role: first.swap(false, Ordering::Relaxed).then_some("assistant"),
+                        content: reason.is_none().then_some(text),
+                    },
+                    logprobs: None,
+                    finish_reason: reason,
+                },
+            ),
         };
-        match api {
-            Api::Completions => to_string(StreamChoice::Text {
-                text,
-                index: 0,
-                logprobs: None,
-                finish_reason: reason,
-            }),
-            Api::Chat => to_string(StreamChoice::Chat {
-                index: 0,
-                delta: Delta {
-                    role: first.swap(false, Ordering::Relaxed).then_some("assistant"),
-                    content: reason.is_none().then_some(text),
-                },
-                logprobs: None,
-                finish_reason: reason,
-            }),
-        }
+        serde_json::to_string(&StreamChunk {
+            id: &id,
+            object,
+            created,
+            model: &model,
+            choices: [choice],
+        })
+        .expect("a chunk of strings and numbers serializes")
     };
     let chunk = std::sync::Arc::new(chunk);
     stream::unfold(Some(completion), move |state| {
