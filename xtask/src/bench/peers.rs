@@ -252,11 +252,12 @@ fn kvlab_cmd(kvlab: &Path, threads: usize) -> Command {
 }
 
 /// `o.reps` pairs, the peer then kvlab back to back (`pair` returns kvlab's and the peer's
-/// decode tokens/s), and the median of the per-pair ratios.
+/// decode tokens/s), and the median of the per-pair ratios, judged against `goal`.
 fn paired(
     o: &PeerOpts,
     model: &str,
     peer: &str,
+    goal: Goal,
     mut pair: impl FnMut() -> Result<(f64, f64)>,
 ) -> Result<PeerRow> {
     let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
@@ -266,6 +267,7 @@ fn paired(
         theirs.push(r);
         ratios.push(k / r);
     }
+    let ratio_median = Summary::of(&ratios).median;
     Ok(PeerRow {
         model: model.into(),
         peer: peer.into(),
@@ -276,23 +278,12 @@ fn paired(
         prompt_tokens: None,
         kvlab_tok_s: ours,
         peer_tok_s: theirs,
-        ratio_median: Summary::of(&ratios).median,
+        ratio_median,
         same_tokens: None,
-        goal: String::new(),
-        goal_met: false,
+        goal: goal.text(),
+        goal_met: goal.met(ratio_median),
         note: String::new(),
-    }
-    .with_goal(Goal::BEAT))
-}
-
-impl PeerRow {
-    fn with_goal(self, goal: Goal) -> PeerRow {
-        PeerRow {
-            goal: goal.text(),
-            goal_met: goal.met(self.ratio_median),
-            ..self
-        }
-    }
+    })
 }
 
 /// Batched decode (issue goal: batch 32 ≥ 8× batch 1, and above batch 8): `kvlab batch` on the
@@ -322,6 +313,7 @@ fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
             .zip(&tok_s[vs])
             .map(|(a, b)| a / b)
             .collect();
+        let ratio_median = Summary::of(&ratios).median;
         PeerRow {
             model: model.into(),
             peer: format!("kvlab batch {}", BATCHES[vs]),
@@ -332,16 +324,15 @@ fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
             prompt_tokens: None,
             kvlab_tok_s: tok_s[2].clone(),
             peer_tok_s: tok_s[vs].clone(),
-            ratio_median: Summary::of(&ratios).median,
+            ratio_median,
             same_tokens: None,
-            goal: String::new(),
-            goal_met: false,
+            goal: goal.text(),
+            goal_met: goal.met(ratio_median),
             note: format!(
                 "cpu-paged, {} requests at once against {}, {BATCH_GENERATE} tokens each; tokens/s of the steps that prefilled nothing",
                 BATCHES[2], BATCHES[vs]
             ),
         }
-        .with_goal(goal)
     };
     Ok(vec![row(0, Goal::at_least(8.0)), row(1, Goal::BEAT)])
 }
@@ -389,7 +380,12 @@ fn vs_runc(
     let (bin, tokenizer) = export_llama2c(kvlab, dir, model)?;
     let steps = o.steps.to_string();
     let mut same = true;
-    let row = paired(o, model, "run.c", || {
+    // Beating run.c on its own weights; in bf16, half the bytes per token, ≥ 1.8×.
+    let goal = match weights {
+        WeightFormat::Bf16 => Goal::at_least(1.8),
+        _ => Goal::BEAT,
+    };
+    let row = paired(o, model, "run.c", goal, || {
         let (r_out, r_err) = output(
             Command::new(&runc)
                 .env("OMP_NUM_THREADS", o.threads.to_string())
@@ -425,18 +421,12 @@ fn vs_runc(
             format!("kvlab {weights} weights vs run.c f32: text not compared; "),
         ),
     };
-    // Beating run.c on its own weights; in bf16, half the bytes per token, ≥ 1.8×.
-    let goal = match weights {
-        WeightFormat::Bf16 => Goal::at_least(1.8),
-        _ => Goal::BEAT,
-    };
     Ok(PeerRow {
         same_tokens,
         kvlab_weights: weights.name().into(),
         note: format!("{note}run.c: {}", runc.display()),
         ..row
-    }
-    .with_goal(goal))
+    })
 }
 
 /// kvlab against llama.cpp (llama-cpp-python) on a GGUF checkpoint: the same prompt and the
@@ -456,7 +446,7 @@ fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
         }
     };
     let prompt = "Once upon a time";
-    let row = paired(o, model, "llama.cpp", || {
+    let row = paired(o, model, "llama.cpp", Goal::at_least(1.0), || {
         let (p_out, _) = output(
             Command::new(&python)
                 .arg(&script)
@@ -483,8 +473,7 @@ fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
              near-ties (see cargo xtask verify's oracle notes): ids are not compared here"
         ),
         ..row
-    }
-    .with_goal(Goal::at_least(1.0)))
+    })
 }
 
 /// The python of `KVLAB_PYTHON` (default python3) and its llama-cpp-python's version.
@@ -559,7 +548,7 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
     // (64 to 3200 tok/s for the same run at load 4-5); OMP_WAIT_POLICY=passive then keeps it
     // steady, at that cost. The note records which one ran.
     let omp_wait = std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "unset".into());
-    let row = paired(o, model, "llama.cpp", || {
+    let row = paired(o, model, "llama.cpp", Goal::at_least(1.0), || {
         let (p_out, _) = output(
             Command::new(&python)
                 .arg(root.join("scripts/peers/llama_cpp_prefill.py"))
@@ -611,8 +600,7 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
             gguf.display()
         ),
         ..row
-    }
-    .with_goal(Goal::at_least(1.0)))
+    })
 }
 
 /// Prints the comparison, ratios first.
