@@ -324,7 +324,8 @@ def build_seed(name, make_tok, make_cfg, dtype, out_dir, models_dir, prompts, se
                 "prompt_ids": prompt_ids, "n_gen": N_GEN, "generated_ids": gen,
                 "margins": [round(m, 6) for m in margins], "second_ids": second,
                 "stopped_at_eos": stopped,
-                "generated_text": fast.decode(gen, skip_special_tokens=False)}
+                "generated_text": fast.decode(gen, skip_special_tokens=False),
+                "generated_text_skip_special": fast.decode(gen, skip_special_tokens=True)}
         if i in (2, 3):
             case["step_logits"] = step_logits
         cases.append(case)
@@ -353,7 +354,7 @@ def build_seed(name, make_tok, make_cfg, dtype, out_dir, models_dir, prompts, se
     files = sorted(os.listdir(folder))
     record = {
         "format_version": 1,
-        "what": "greedy decoding by transformers (f32, eager attention, DynamicCache): prompt_ids are tokenizer(text).input_ids (an empty text: [BOS], or [EOS] without BOS), then at each step the argmax of the last position's logits (ties to the lowest id) is appended; margins[i] = logit(generated_ids[i]) - logit(second_ids[i]); stops early at EOS, recorded in stopped_at_eos; step_logits: the full logits of steps 0-2; tokens: tokenizer(text) ids with and without special tokens, and decode()",
+        "what": "greedy decoding by transformers (f32, eager attention, DynamicCache): prompt_ids are tokenizer(text).input_ids (an empty text: [BOS], or [EOS] without BOS), then at each step the argmax of the last position's logits (ties to the lowest id) is appended; margins[i] = logit(generated_ids[i]) - logit(second_ids[i]); stops early at EOS, recorded in stopped_at_eos; step_logits: the full logits of steps 0-2; tokens: tokenizer(text) ids with and without special tokens, and decode(); generated_text is decode(generated_ids, skip_special_tokens=False), generated_text_skip_special the same with True",
         "provenance": {
             "tool": "scripts/hf_oracle.py",
             "command": "python scripts/hf_oracle.py",

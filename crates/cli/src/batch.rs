@@ -22,6 +22,8 @@ use crate::{ModelArgs, bytes};
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    threads: crate::ThreadArgs,
     /// A prompt (repeat the flag for several); default: four stories sharing an opening.
     #[arg(long, short = 'p')]
     prompt: Vec<String>,
@@ -62,14 +64,20 @@ pub struct Args {
     kv: crate::KvArgs,
     #[command(flatten)]
     tiers: crate::TierArgs,
-    /// Print every step's batch: positions, slot_mapping, block tables.
+    /// Print every step's batch (positions, slot_mapping, block tables) to stderr, as
+    /// `generate --trace` does; stdout keeps the outputs.
     #[arg(long)]
     trace: bool,
     /// Write an SVG of the pool's block ownership at --svg-step.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// The engine step --svg draws (the first step after it if the run skips it).
     #[arg(long, default_value_t = 12)]
     svg_step: usize,
+    /// Print special tokens (`<|im_end|>`, `<start_of_turn>`) in the outputs as their text;
+    /// without it they print nothing (llama.cpp's flag).
+    #[arg(long)]
+    special: bool,
     /// Print the stats as one JSON object on stderr instead of text (stdout keeps the outputs).
     #[arg(long)]
     json: bool,
@@ -83,6 +91,7 @@ const DEFAULT_PROMPTS: [&str; 4] = [
 ];
 
 pub fn run(a: Args) -> Result<()> {
+    a.threads.apply()?;
     let loaded = crate::load(&a.model)?;
     let tok = loaded
         .tokenizer
@@ -159,7 +168,7 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     for (i, (out, reason)) in report.outputs.iter().enumerate() {
         let all = [prompts[i].as_slice(), out].concat();
-        println!("[{i}] ({:?}) {}", reason, tok.decode_all(&all));
+        println!("[{i}] ({:?}) {}", reason, tok.decode_all(&all, a.special));
     }
     let m = &report.metrics;
     let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
@@ -230,10 +239,10 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn print_step(step: usize, batch: &ScheduledBatch, tier_ops: &[TierOp]) {
-    println!(
-        "step {step}: {} sequences, {} tokens{}",
-        batch.seqs.len(),
-        batch.num_batched_tokens(),
+    eprintln!(
+        "step {step}: {}, {}{}",
+        kvlab_cli::plural(batch.seqs.len(), "sequence"),
+        kvlab_cli::plural(batch.num_batched_tokens(), "token"),
         if batch.preempted.is_empty() {
             String::new()
         } else {
@@ -259,29 +268,29 @@ fn print_step(step: usize, batch: &ScheduledBatch, tier_ops: &[TierOp]) {
             StepKind::Decode => "decode".into(),
         };
         let g = &s.groups[0];
-        println!(
+        eprintln!(
             "  {} {kind}: positions {}..={}, context_len {}",
             s.seq_id,
             s.positions[0],
             s.positions[s.positions.len() - 1],
             s.context_len
         );
-        println!("    block_table {:?}", g.block_table);
-        println!("    slot_mapping {:?}", g.slot_mapping);
+        eprintln!("    block_table {:?}", g.block_table);
+        eprintln!("    slot_mapping {:?}", g.slot_mapping);
         for c in &g.block_copies {
-            println!("    copy-on-write: block {} -> {}", c.src, c.dst);
+            eprintln!("    copy-on-write: block {} -> {}", c.src, c.dst);
         }
     }
     for op in tier_ops {
         match op {
             TierOp::Spill { key, block } => {
-                println!("  tier: spill block {block} (group {}) down", key.group)
+                eprintln!("  tier: spill block {block} (group {}) down", key.group)
             }
             TierOp::Restore { key, block } => {
-                println!("  tier: restore into block {block} (group {})", key.group)
+                eprintln!("  tier: restore into block {block} (group {})", key.group)
             }
             TierOp::Drop { key } => {
-                println!("  tier: drop entry {} (group {})", key.entry, key.group)
+                eprintln!("  tier: drop entry {} (group {})", key.entry, key.group)
             }
         }
     }

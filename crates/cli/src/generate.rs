@@ -18,6 +18,8 @@ const RUN_C_STEPS: usize = 256;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    threads: crate::ThreadArgs,
     /// The prompt (empty: start from BOS alone).
     #[arg(long, short = 'p', default_value = "")]
     prompt: String,
@@ -70,13 +72,19 @@ pub struct Args {
     /// Print the stats as one JSON object on stderr instead of text (stdout keeps the text).
     #[arg(long)]
     json: bool,
-    /// Send the prompt as a user message through the model's chat template (and the reply
-    /// starts after the template's assistant opening); `kvlab chat` for several turns.
+    /// Send the prompt as a user message through the model's chat template and print only the
+    /// reply (which starts after the template's assistant opening); `kvlab chat` for several
+    /// turns.
     #[arg(long)]
     chat: bool,
+    /// Print special tokens (`<|im_end|>`, `<start_of_turn>`) as their text; without it they
+    /// print nothing, as in llama.cpp (whose flag this is), transformers and vLLM.
+    #[arg(long)]
+    special: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.threads.apply()?;
     let t_load = Instant::now();
     let loaded = crate::load(&a.model)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -144,6 +152,7 @@ pub fn run(a: Args) -> Result<()> {
         steps,
         max_seq_len: a.ctx_size.unwrap_or(0),
         trace: a.trace,
+        special: a.special,
     };
     let mut sampler = Sampler::new(a.temperature, a.top_p, a.seed)?
         .with_top_k(a.top_k)
@@ -156,8 +165,20 @@ pub fn run(a: Args) -> Result<()> {
     };
     let on_trace = |pos: usize, fed: &[u32], step: kvlab_model::TraceStep| {
         eprintln!("[trace] pos {pos:>5} fed {fed:?} len {}", step.len);
-        for (l, shape) in step.layer_cache_shapes.iter().enumerate() {
-            eprintln!("[trace]   layer {l:>2} K,V {shape}");
+        // Layers whose caches look alike (every layer of a shared pool, every global layer of
+        // a contiguous cache) print as one line.
+        let shapes = &step.layer_cache_shapes;
+        let mut first = 0;
+        while first < shapes.len() {
+            let same = shapes[first..].iter().take_while(|s| **s == shapes[first]);
+            let last = first + same.count() - 1;
+            let layers = if last == first {
+                format!("layer  {first}")
+            } else {
+                format!("layers {first}-{last}")
+            };
+            eprintln!("[trace]   {layers} K,V {}", shapes[first]);
+            first = last + 1;
         }
         if let Some(bt) = &step.block_table {
             eprintln!("[trace]   block_table {bt:?}");

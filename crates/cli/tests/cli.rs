@@ -570,10 +570,11 @@ fn hf_fixture(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
-/// transformers' decoded greedy text for prompt `index` of `fixtures/hf/<name>.json`, less the
-/// control characters other than whitespace, which kvlab's stream drops as run.c's
-/// `safe_printf` does (a random model emits some).
-fn hf_oracle_text(name: &str, index: usize) -> (String, String) {
+/// transformers' decoded greedy text for prompt `index` of `fixtures/hf/<name>.json` (`key`:
+/// `generated_text_skip_special` for `decode(.., skip_special_tokens=True)`, `generated_text`
+/// with special tokens), less the control characters other than whitespace, which kvlab's
+/// stream drops as run.c's `safe_printf` does (a random model emits some).
+fn hf_oracle_text(name: &str, index: usize, key: &str) -> (String, String) {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures/hf")
         .join(format!("{name}.json"));
@@ -581,7 +582,7 @@ fn hf_oracle_text(name: &str, index: usize) -> (String, String) {
     let c = &v["cases"][index];
     (
         c["prompt"].as_str().unwrap().to_string(),
-        c["generated_text"]
+        c[key]
             .as_str()
             .unwrap()
             .chars()
@@ -592,8 +593,12 @@ fn hf_oracle_text(name: &str, index: usize) -> (String, String) {
 
 #[test]
 fn a_hugging_face_folder_and_a_cached_hub_id_generate_transformers_text() {
-    // Prompt 3 of the fixture, 40 greedy tokens: the text transformers decoded.
-    let (prompt, want) = hf_oracle_text("tiny-mistral", 3);
+    // Prompt 3 of the fixture, 40 greedy tokens, which emit `<s>` twice: the text transformers
+    // decoded with skip_special_tokens=True (vLLM's and llama.cpp's default), and with False
+    // under --special.
+    let (prompt, want) = hf_oracle_text("tiny-mistral", 3, "generated_text_skip_special");
+    let (_, with_special) = hf_oracle_text("tiny-mistral", 3, "generated_text");
+    assert!(with_special.contains("<s>") && !want.contains("<s>"));
     let dir = hf_fixture("tiny-mistral");
     let r = kvlab_fresh(&format!(
         "generate --temp 0 -n 40 --model {} --prompt '{prompt}'",
@@ -601,6 +606,15 @@ fn a_hugging_face_folder_and_a_cached_hub_id_generate_transformers_text() {
     ));
     assert!(r.ok, "{}", r.err);
     assert_eq!(r.out.trim_end_matches('\n'), format!("{prompt}{want}"));
+    let r = kvlab_fresh(&format!(
+        "generate --temp 0 -n 40 --special --model {} --prompt '{prompt}'",
+        dir.display()
+    ));
+    assert!(r.ok, "{}", r.err);
+    assert_eq!(
+        r.out.trim_end_matches('\n'),
+        format!("{prompt}{with_special}")
+    );
 
     // The same folder as hf-hub's cache lays out a snapshot of `kvlab/tiny-mistral`, read with
     // --offline (no network is touched).

@@ -19,6 +19,7 @@ fn stories260k_greedy_text_on_fixture_prompts() {
         steps: 96,
         max_seq_len: 0,
         trace: false,
+        special: false,
     };
     let mut out = String::new();
     for p in &prompts {

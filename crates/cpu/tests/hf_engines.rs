@@ -119,6 +119,7 @@ fn every_cpu_engine_generates_transformers_greedy_ids() {
                     steps: c.prompt.len() + c.n_gen - 1,
                     max_seq_len: 0,
                     trace: false,
+                    special: false,
                 };
                 let g = generate_tokens(
                     engine.as_mut(),
@@ -229,12 +230,13 @@ fn chat_reuses_its_cache(
             steps: ids.len() + 12 - 1,
             max_seq_len: 256,
             trace: false,
+            special: false,
         };
         let g = generate_tokens(&mut fresh, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
         let said = &chat.messages().last().unwrap().content;
         assert_eq!(
             said,
-            &tok.decode_all(&g.tokens),
+            &tok.decode_all(&g.tokens, false),
             "{}, turn {i}",
             engine.name()
         );
@@ -272,6 +274,7 @@ fn llama3_rope_scaling_matters_to_the_oracle() {
             steps: c.prompt.len() + c.n_gen - 1,
             max_seq_len: 0,
             trace: false,
+            special: false,
         };
         let g = generate_tokens(
             &mut engine,
@@ -344,6 +347,7 @@ fn gemma_gguf_and_its_hf_folder_are_the_same_model() {
             steps: ids.len() + 24 - 1,
             max_seq_len: 0,
             trace: false,
+            special: false,
         };
         let run = |m: &Arc<Model>| {
             let mut e = kvlab_cpu::CpuEngine::new(m.clone());
@@ -378,6 +382,7 @@ fn same_model_in_bf16(
             steps: ids.len() + 24 - 1,
             max_seq_len: 0,
             trace: false,
+            special: false,
         };
         let mut e = kvlab_cpu::CpuEngine::new(gguf.clone());
         let forced = generate_tokens(&mut e, &ids, &opts, &mut Sampler::greedy(), |_| {})

@@ -26,6 +26,7 @@ fn greedy_everywhere(model: &Arc<Model>, prompts: &[Vec<u32>]) -> Vec<Vec<Vec<u3
                     steps: p.len() + N_NEW - 1,
                     max_seq_len: 0,
                     trace: false,
+                    special: false,
                 };
                 generate_tokens(engine.as_mut(), p, &opts, &mut Sampler::greedy(), |_| {})
                     .unwrap()

@@ -91,12 +91,13 @@ fn stories260k_generates_the_llama2c_reference() {
         steps: 256,
         max_seq_len: 0,
         trace: false,
+        special: false,
     };
     for e in common::naive_and_cpu(&model).iter_mut() {
         let g =
             generate_tokens(e.as_mut(), &prompt, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
         assert_eq!(&g.tokens[..24], &expected, "{} engine", e.name());
-        let text = tok.decode_all(&[&prompt[..], &g.tokens[..]].concat());
+        let text = tok.decode_all(&[&prompt[..], &g.tokens[..]].concat(), false);
         assert!(text.starts_with("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high."), "{}: {text}", e.name());
     }
 }

@@ -383,7 +383,7 @@ impl ChatSession {
                 break;
             }
             reply.push(next);
-            let text = stream.push(&tok.decode(prev, next));
+            let text = stream.push(&tok.decode(prev, next, false));
             if !text.is_empty() {
                 on_text(&text);
             }
@@ -401,7 +401,7 @@ impl ChatSession {
         stats.generated_tokens = reply.len();
         stats.cached_tokens = self.cached.len();
         self.messages
-            .push(Message::new("assistant", &tok.decode_all(&reply)));
+            .push(Message::new("assistant", &tok.decode_all(&reply, false)));
         Ok(stats)
     }
 

@@ -76,6 +76,10 @@ pub struct GenerateOptions {
     pub max_seq_len: usize,
     /// Ask the engine for a [`TraceStep`] after every call.
     pub trace: bool,
+    /// Print special tokens in the text ([`Tokenizer::is_special`]; [`generate_text`] and
+    /// [`generate_ids_text`] only): llama.cpp's `--special`. Off, they print nothing, as in
+    /// transformers' `skip_special_tokens=True`, vLLM's default and llama.cpp's.
+    pub special: bool,
 }
 
 /// Runs a prompt of token ids through `engine` and samples until `steps` positions or a stop id.
@@ -243,11 +247,15 @@ pub fn generate_text(
         });
     }
     let prompt = tokenizer.encode_special(text, true, false);
-    generate_ids_text(engine, tokenizer, &prompt, opts, sampler, on_text, on_trace)
+    let echo = Echo::PromptAndContinuation;
+    stream_text(
+        engine, tokenizer, &prompt, echo, opts, sampler, on_text, on_trace,
+    )
 }
 
 /// [`generate_text`] from prompt ids already encoded (a chat template's render, which writes
-/// its own BOS): the prompt's text and the continuation stream to `on_text`.
+/// its own BOS): only the continuation streams to `on_text`, not the prompt (`kvlab generate
+/// --chat` prints the reply alone, as llama.cpp's conversation mode does).
 ///
 /// # Errors
 /// As [`generate_tokens`].
@@ -257,27 +265,58 @@ pub fn generate_ids_text(
     prompt: &[u32],
     opts: &GenerateOptions,
     sampler: &mut Sampler,
+    on_text: impl FnMut(&str),
+    on_trace: impl FnMut(usize, &[u32], TraceStep),
+) -> Result<Generation> {
+    let echo = Echo::ContinuationOnly;
+    stream_text(
+        engine, tokenizer, prompt, echo, opts, sampler, on_text, on_trace,
+    )
+}
+
+/// Whether [`stream_text`] prints the prompt before the continuation.
+#[derive(Clone, Copy, PartialEq)]
+enum Echo {
+    PromptAndContinuation,
+    ContinuationOnly,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream_text(
+    engine: &mut dyn Engine,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    echo: Echo,
+    opts: &GenerateOptions,
+    sampler: &mut Sampler,
     mut on_text: impl FnMut(&str),
     mut on_trace: impl FnMut(usize, &[u32], TraceStep),
 ) -> Result<Generation> {
     let mut stream = crate::tokenizer::Utf8Stream::default();
+    let echo_prompt = echo == Echo::PromptAndContinuation;
     // The loop echoes the prompt from its second token on (the first is BOS); a vocabulary
     // without BOS (Qwen's) starts with text, printed here.
     if let Some(&first) = prompt.first()
+        && echo_prompt
         && tokenizer.bos_id() != Some(first)
     {
-        let s = stream.push(&tokenizer.decode(u32::MAX, first));
+        let s = stream.push(&tokenizer.decode(u32::MAX, first, opts.special));
         if !s.is_empty() {
             on_text(&s);
         }
     }
     let g = generate_tokens(engine, prompt, opts, sampler, |e| match e {
-        Event::Token { prev, token, .. } => {
-            let s = stream.push(&tokenizer.decode(prev, token));
+        Event::Token {
+            prev,
+            token,
+            generated,
+        } if generated || echo_prompt => {
+            let s = stream.push(&tokenizer.decode(prev, token, opts.special));
             if !s.is_empty() {
                 on_text(&s);
             }
         }
+        Event::Token { .. } => {}
         Event::Trace { pos, fed, step } => on_trace(pos, fed, step),
     })?;
     let rest = stream.finish();

@@ -68,7 +68,7 @@ proptest! {
         std::fs::write(&p, &bytes).unwrap();
         if let Ok(t) = Tokenizer::load_llama2c(&p, vocab) {
             let ids = t.encode(&text, true, true);
-            let _ = t.decode_all(&ids);
+            let _ = t.decode_all(&ids, false);
         }
     }
 
@@ -77,7 +77,7 @@ proptest! {
         let t = common::tok512().expect("tok512.bin is shipped");
         let ids = t.encode(&text, true, false);
         prop_assert!(ids.iter().all(|&i| (i as usize) < t.vocab_size()));
-        prop_assert_eq!(t.decode_all(&ids), text);
+        prop_assert_eq!(t.decode_all(&ids, false), text);
     }
 
     #[test]
@@ -163,7 +163,7 @@ proptest! {
         if let Ok((m, tok, _)) = kvlab_model::hf::load_hf_dir(&dir) {
             prop_assert_eq!(m.weights.token_embedding.len(), m.config.vocab_size * m.config.dim);
             let ids = tok.encode_special("<|im_start|>user\nhi 123<|im_end|>", true, true);
-            let _ = tok.decode_all(&ids);
+            let _ = tok.decode_all(&ids, false);
         }
     }
 
@@ -187,7 +187,7 @@ proptest! {
         {
             prop_assert_eq!(header, m.config);
             let ids = tok.encode("hi 123 <|im_end|>", true, true);
-            let _ = tok.decode_all(&ids);
+            let _ = tok.decode_all(&ids, false);
         }
     }
 }

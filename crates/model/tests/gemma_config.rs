@@ -52,7 +52,7 @@ fn gemma3_gguf_becomes_the_expected_config() {
     let spm = tok.as_spm().expect("a GGUF vocabulary");
     assert!(!spm.add_dummy_prefix && spm.escape_spaces);
     assert_eq!(
-        tok.decode_all(&tok.encode("Hello  world\n", true, false)),
+        tok.decode_all(&tok.encode("Hello  world\n", true, false), false),
         "Hello  world\n"
     );
 }

@@ -44,7 +44,7 @@ fn gemma3_encodes_every_fixture_text_as_llama_cpp_does() {
         }
         // Decoding the ids gives the text back (llama.cpp's detokenize without special tokens).
         assert_eq!(
-            tok.decode_all(&want),
+            tok.decode_all(&want, false),
             case["detokenized"].as_str().unwrap(),
             "decode of {text:?}"
         );

@@ -19,6 +19,7 @@ const OPTS: GenerateOptions = GenerateOptions {
     steps: 32,
     max_seq_len: 0,
     trace: false,
+    special: false,
 };
 
 impl NanAt {

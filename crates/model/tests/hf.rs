@@ -150,7 +150,7 @@ fn tokenizer_json_gives_transformers_ids_and_text() {
             // transformers prints a BOS written in the text; kvlab's decode_all leaves BOS out.
             if tok.bos_id().is_none_or(|b| !plain.contains(&b)) {
                 assert_eq!(
-                    tok.decode_all(&plain),
+                    tok.decode_all(&plain, true),
                     t["decoded"].as_str().unwrap(),
                     "{name}"
                 );
@@ -173,11 +173,17 @@ fn tokenizer_json_gives_transformers_ids_and_text() {
             let generated = ids(&c["generated_ids"]);
             if tok.bos_id().is_none_or(|b| !generated.contains(&b)) {
                 assert_eq!(
-                    tok.decode_all(&generated),
+                    tok.decode_all(&generated, true),
                     c["generated_text"].as_str().unwrap(),
-                    "{name}: decoding {generated:?}"
+                    "{name}: decoding {generated:?} with special tokens"
                 );
             }
+            // Special tokens left out, BOS among them: transformers' skip_special_tokens=True.
+            assert_eq!(
+                tok.decode_all(&generated, false),
+                c["generated_text_skip_special"].as_str().unwrap(),
+                "{name}: decoding {generated:?}"
+            );
         }
     }
 }
@@ -193,11 +199,68 @@ fn streamed_bytes_make_the_same_text() {
         let mut stream = kvlab_model::tokenizer::Utf8Stream::default();
         let mut out = String::new();
         for w in ids.windows(2) {
-            out += &stream.push(&tok.decode(w[0], w[1]));
+            out += &stream.push(&tok.decode(w[0], w[1], false));
         }
         out += &stream.finish();
         assert_eq!(out, text, "{name}");
     }
+}
+
+/// What `kvlab generate` and `kvlab serve` stream for a generation that emits special tokens
+/// mid-text (`<s>`, `<unk>`, `<|im_end|>` in these random models): transformers'
+/// `decode(ids, skip_special_tokens=True)`, vLLM's and llama.cpp's default; with `--special`,
+/// `skip_special_tokens=False`. Compared where the text is valid UTF-8 (the stream replaces only
+/// invalid bytes by U+FFFD, transformers' `ByteFallback` every byte of an invalid run), less
+/// the control characters other than whitespace, which the stream drops as run.c does.
+#[test]
+fn streamed_text_leaves_special_tokens_out_as_transformers_does() {
+    let (mut with_special, mut compared) = (0, 0);
+    for name in hf_models() {
+        let (_, tok, _) = hf::load_hf_dir(&folder(name)).unwrap();
+        let r = record(name);
+        for c in r["cases"].as_array().unwrap() {
+            let generated = ids(&c["generated_ids"]);
+            let prev = *ids(&c["prompt_ids"]).last().unwrap();
+            let stream = |special: bool| {
+                let mut utf8 = kvlab_model::tokenizer::Utf8Stream::default();
+                let mut out = String::new();
+                let mut p = prev;
+                for &t in &generated {
+                    out += &utf8.push(&tok.decode(p, t, special));
+                    p = t;
+                }
+                out + &utf8.finish()
+            };
+            let printable = |key: &str| -> String {
+                c[key]
+                    .as_str()
+                    .unwrap()
+                    .chars()
+                    .filter(|ch| !ch.is_ascii_control() || ch.is_ascii_whitespace())
+                    .collect()
+            };
+            let (skipped, shown) = (
+                printable("generated_text_skip_special"),
+                printable("generated_text"),
+            );
+            if generated.iter().any(|&t| tok.is_special(t)) {
+                with_special += 1;
+                assert_ne!(skipped, shown, "{name}: the fixture shows the difference");
+            }
+            let bos_inside = tok.bos_id().is_some_and(|b| generated.contains(&b));
+            if !skipped.contains('\u{FFFD}') && !bos_inside {
+                assert_eq!(stream(false), skipped, "{name}: {generated:?}");
+                compared += 1;
+            }
+            if !shown.contains('\u{FFFD}') && !bos_inside {
+                assert_eq!(stream(true), shown, "{name}: {generated:?} with --special");
+            }
+        }
+    }
+    assert!(
+        with_special >= 5 && compared >= 15,
+        "{with_special} generations emit a special token; {compared} compared"
+    );
 }
 
 fn copy_folder(name: &str, to: &Path) {
@@ -301,7 +364,7 @@ fn tokenizer_enum_keeps_spm_behaviour() {
     assert!(t.as_spm().is_some());
     assert_eq!(t.bos_id(), Some(1));
     let ids = t.encode("Once upon a time", true, false);
-    assert_eq!(t.decode_all(&ids), "Once upon a time");
+    assert_eq!(t.decode_all(&ids, false), "Once upon a time");
 }
 
 #[test]

@@ -179,7 +179,11 @@ fn stories260k_written_as_llama_gguf_is_the_llama2c_model() {
     for p in fixture_prompts() {
         let ids = tok.encode(p.as_str(), true, false);
         assert_eq!(ids, l2c.encode(p.as_str(), true, false), "prompt {p:?}");
-        assert_eq!(tok.decode_all(&ids), l2c.decode_all(&ids), "prompt {p:?}");
+        assert_eq!(
+            tok.decode_all(&ids, false),
+            l2c.decode_all(&ids, false),
+            "prompt {p:?}"
+        );
     }
 }
 
@@ -305,7 +309,7 @@ fn llama_cpp_greedy_ids_on_the_gguf_are_the_engines_golden_text() {
         assert_eq!(generated.len(), 64);
         assert!(!generated.contains(&1) && !generated.contains(&2));
         let all: Vec<u32> = prompt_ids.iter().chain(&generated).copied().collect();
-        let text = tok.decode_all(&all);
+        let text = tok.decode_all(&all, false);
         let golden = snap
             .split(&format!("=== {prompt:?}\n"))
             .nth(1)

@@ -36,7 +36,7 @@ fn non_ascii_falls_back_to_byte_tokens() {
         ids.ends_with(&bytes),
         "{ids:?} should end with the byte tokens {bytes:?}"
     );
-    assert_eq!(t.decode_all(&t.encode("🌞", true, false)), "🌞");
+    assert_eq!(t.decode_all(&t.encode("🌞", true, false), false), "🌞");
 }
 
 #[test]
@@ -49,7 +49,7 @@ fn round_trip_restores_the_text() {
         "1 2 3",
     ] {
         let ids = t.encode(text, true, false);
-        assert_eq!(t.decode_all(&ids), text, "ids {ids:?}");
+        assert_eq!(t.decode_all(&ids, false), text, "ids {ids:?}");
     }
 }
 
@@ -57,8 +57,8 @@ fn round_trip_restores_the_text() {
 fn decode_drops_the_space_after_bos_only() {
     let Some(t) = tok512() else { return };
     let ids = t.encode("Once upon", true, false);
-    assert_eq!(t.decode(1, ids[1]), b"Once");
-    assert_eq!(t.decode(ids[1], ids[2]), b" upon");
+    assert_eq!(t.decode(1, ids[1], false), b"Once");
+    assert_eq!(t.decode(ids[1], ids[2], false), b" upon");
 }
 
 #[test]
@@ -74,7 +74,7 @@ fn llama2_vocab_encodes_like_run_c() {
         vec![1, 9038, 2501, 263, 931]
     );
     assert_eq!(
-        t.decode_all(&t.encode("naïve café ☕", true, false)),
+        t.decode_all(&t.encode("naïve café ☕", true, false), false),
         "naïve café ☕"
     );
 }

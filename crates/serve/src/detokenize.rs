@@ -1,5 +1,6 @@
 //! Token ids to the text a completion returns, as they stream in: UTF-8 characters split over
-//! byte tokens are held back until complete, stop tokens print nothing, and text that could be
+//! byte tokens are held back until complete, stop tokens (and special tokens, unless asked)
+//! print nothing, and text that could be
 //! the start of a `stop` string is held back until it is known not to be one.
 
 use std::sync::Arc;
@@ -17,15 +18,19 @@ pub struct Detokenizer {
     stop_token_ids: Vec<u32>,
     /// Decoded text not yet returned (a possible start of a stop string).
     held: String,
+    /// Print special tokens ([`Tokenizer::is_special`]); off by default in the API.
+    special: bool,
 }
 
 impl Detokenizer {
-    /// A detokenizer continuing after `prev` (the prompt's last token).
+    /// A detokenizer continuing after `prev` (the prompt's last token); special tokens print
+    /// only if `special`.
     pub fn new(
         tokenizer: Arc<Tokenizer>,
         prev: u32,
         stop_strings: Vec<String>,
         stop_token_ids: Vec<u32>,
+        special: bool,
     ) -> Detokenizer {
         Detokenizer {
             tokenizer,
@@ -34,6 +39,7 @@ impl Detokenizer {
             stop_strings: stop_strings.into_iter().filter(|s| !s.is_empty()).collect(),
             stop_token_ids,
             held: String::new(),
+            special,
         }
     }
 
@@ -43,7 +49,7 @@ impl Detokenizer {
         if self.stop_token_ids.contains(&token) {
             return (String::new(), false);
         }
-        let piece = self.tokenizer.decode(self.prev, token);
+        let piece = self.tokenizer.decode(self.prev, token, self.special);
         self.prev = token;
         self.held.push_str(&self.utf8.push(&piece));
         if let Some(at) = self

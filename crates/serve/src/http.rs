@@ -335,6 +335,9 @@ struct CompletionRequest {
     n: Option<u32>,
     /// OpenAI's end-user identifier: kvlab's tenant for prefix-cache quotas (`--tenant-quota`).
     user: Option<String>,
+    /// vLLM's extension: leave special tokens (`<|im_end|>`, `<bos>`) out of the text; true
+    /// when absent, as in vLLM (llama.cpp's server hides control tokens too).
+    skip_special_tokens: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -352,6 +355,8 @@ struct Prepared {
     stop: Vec<String>,
     stream: bool,
     tenant: kvlab_paged::Tenant,
+    /// Print special tokens in the text (`skip_special_tokens: false`).
+    special: bool,
 }
 
 /// Which OpenAI endpoint a request came to.
@@ -502,6 +507,7 @@ fn prepare(
         stop,
         stream: req.stream,
         tenant: req.user.as_deref().map_or(0, tenant_of),
+        special: req.skip_special_tokens == Some(false),
     })
 }
 
@@ -645,6 +651,7 @@ async fn serve_request(
         last,
         p.stop,
         s.engine.stop_token_ids().to_vec(),
+        p.special,
     );
     let mut completion = Completion::new(rx, detokenizer);
     let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };

@@ -487,6 +487,7 @@ async fn chat_completions_use_the_models_template() {
         steps: ids.len() + 8 - 1,
         max_seq_len: 0,
         trace: false,
+        special: false,
     };
     let g = kvlab_model::generate_tokens(
         &mut engine,

@@ -134,7 +134,7 @@ impl Lesson {
         } else {
             "stopped at a stop token".to_string()
         };
-        println!("{}", self.tokenizer.decode_all(tokens));
+        println!("{}", self.tokenizer.decode_all(tokens, false));
         let c = &self.model.config;
         println!(
             "--- {step} on {}: n_layers {}, n_heads {}, n_kv_heads {}, head_dim {}, kv_dim {}, max_seq_len {}",

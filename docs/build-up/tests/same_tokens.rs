@@ -43,6 +43,7 @@ fn naive(prompt: &str, steps: usize, window: Option<usize>) -> Vec<u32> {
         steps,
         max_seq_len: 0,
         trace: false,
+        special: false,
     };
     let g = generate_tokens(&mut engine, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
     [g.prompt, g.tokens].concat()

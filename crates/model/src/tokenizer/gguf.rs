@@ -131,7 +131,8 @@ pub fn tokenizer_from_gguf(f: &GgufFile, path: &Path) -> Result<Tokenizer> {
         .with_add_bos(add_bos.unwrap_or(true))
         .with_escaped_spaces()
         .with_verbatim(of_types(&[USER_DEFINED]))
-        .with_control(of_types(&[UNKNOWN, CONTROL]));
+        .with_control(of_types(&[UNKNOWN, CONTROL]))
+        .with_control_hidden(of_types(&[CONTROL]));
     tok.chat_template = template;
     Ok(tok.into())
 }

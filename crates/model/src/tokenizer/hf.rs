@@ -13,8 +13,9 @@
 //!   byte, and the first space of the text is dropped when the decoder strips it (`Strip` with
 //!   start 1, or `Metaspace` with a prepend scheme other than `never`).
 //!
-//! Added tokens (`<|im_start|>`, `<s>`) print as their text. Any other decoder is refused with
-//! an error naming it.
+//! Added tokens (`<|im_start|>`, `<s>`) print as their text, those marked special only when
+//! asked (transformers' `skip_special_tokens`). Any other decoder is refused with an error
+//! naming it.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,9 @@ pub struct HfTokenizer {
     plain: Option<Arc<tokenizers::Tokenizer>>,
     /// Bytes each token prints as. (vocab_size,)
     pieces: Pieces,
+    /// Ids of the added tokens marked `"special": true` (`<|im_end|>`, `<s>`, `<unk>`), sorted:
+    /// what transformers' `decode(.., skip_special_tokens=True)` leaves out.
+    special: Vec<u32>,
     /// What the post-processor puts before the text (Llama's `<s>`, `<|begin_of_text|>`), if
     /// it puts exactly one token; Qwen's puts none.
     bos_id: Option<u32>,
@@ -108,6 +112,12 @@ impl HfTokenizer {
             )));
         }
         let added = inner.get_added_tokens_decoder();
+        let mut special: Vec<u32> = added
+            .iter()
+            .filter(|(_, a)| a.special)
+            .map(|(&id, _)| id)
+            .collect();
+        special.sort_unstable();
         let table = byte_level_inverse();
         let mut pieces = Pieces::with_capacity(n);
         let mut bytes = Vec::new();
@@ -138,6 +148,7 @@ impl HfTokenizer {
         Ok(HfTokenizer {
             inner: Arc::new(inner),
             pieces,
+            special,
             plain: None,
             bos_id,
             eos_id: None,
@@ -232,23 +243,32 @@ impl HfTokenizer {
         text.len().div_ceil(self.max_piece_len)
     }
 
-    /// transformers' `tokenizer.decode(tokens)` of a generated sequence, BOS left out: the
-    /// `tokenizers` crate's own decoder, so text matches transformers' exactly, also where
-    /// streaming differs (its `ByteFallback` turns every byte of an invalid UTF-8 run into
-    /// U+FFFD; the stream replaces only the invalid bytes).
-    pub fn decode_all(&self, tokens: &[u32]) -> String {
+    /// Whether `id` is an added token marked special, which printed text leaves out unless
+    /// asked (transformers' `skip_special_tokens`).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.binary_search(&id).is_ok()
+    }
+
+    /// transformers' `tokenizer.decode(tokens, skip_special_tokens=!special)` of a generated
+    /// sequence, BOS left out either way: the `tokenizers` crate's own decoder, so text matches
+    /// transformers' exactly, also where streaming differs (its `ByteFallback` turns every byte
+    /// of an invalid UTF-8 run into U+FFFD; the stream replaces only the invalid bytes).
+    pub fn decode_all(&self, tokens: &[u32], special: bool) -> String {
         let ids: Vec<u32> = tokens
             .iter()
             .copied()
             .filter(|&t| Some(t) != self.bos_id && (t as usize) < self.vocab_size())
             .collect();
-        self.inner.decode(&ids, false).unwrap_or_default()
+        self.inner.decode(&ids, !special).unwrap_or_default()
     }
 
     /// The bytes `token` prints as after `prev`: its piece, less its leading space when it
     /// starts the text (follows BOS, or nothing when there is no BOS) and the decoder strips
-    /// that space.
-    pub fn decode(&self, prev: u32, token: u32) -> Vec<u8> {
+    /// that space; nothing for a special token unless `special`.
+    pub fn decode(&self, prev: u32, token: u32, special: bool) -> Vec<u8> {
+        if !special && self.is_special(token) {
+            return Vec::new();
+        }
         let piece = self.piece(token);
         let starts_text = match self.bos_id {
             Some(bos) => prev == bos,

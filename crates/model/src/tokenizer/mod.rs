@@ -124,28 +124,42 @@ impl Tokenizer {
         }
     }
 
-    /// The bytes `token` prints as after `prev` (a leading space is dropped right after BOS
-    /// where the vocabulary adds one when encoding).
-    pub fn decode(&self, prev: u32, token: u32) -> Vec<u8> {
+    /// Whether `token` is a special (control) token, which printed text leaves out unless
+    /// asked: a `tokenizer.json`'s added tokens marked `"special": true` (transformers'
+    /// `skip_special_tokens`, on by default in transformers' pipelines and vLLM), a GGUF
+    /// vocabulary's CONTROL tokens (llama.cpp hides them unless `--special`). A llama2.c
+    /// tokenizer has none.
+    pub fn is_special(&self, token: u32) -> bool {
         match self {
-            Tokenizer::Spm(t) => t.decode(prev, token),
-            Tokenizer::Hf(t) => t.decode(prev, token),
+            Tokenizer::Spm(t) => t.is_special(token),
+            Tokenizer::Hf(t) => t.is_special(token),
+        }
+    }
+
+    /// The bytes `token` prints as after `prev` (a leading space is dropped right after BOS
+    /// where the vocabulary adds one when encoding); a special token ([`Tokenizer::is_special`])
+    /// prints nothing unless `special` (llama.cpp's `--special`).
+    pub fn decode(&self, prev: u32, token: u32, special: bool) -> Vec<u8> {
+        match self {
+            Tokenizer::Spm(t) => t.decode(prev, token, special),
+            Tokenizer::Hf(t) => t.decode(prev, token, special),
         }
     }
 
     /// Decodes a whole generated sequence (the first token taken to follow BOS) into text, BOS
-    /// itself not printed; invalid UTF-8 becomes U+FFFD (for a `tokenizer.json`, exactly as
-    /// transformers' `decode` does it: [`HfTokenizer::decode_all`]).
-    pub fn decode_all(&self, tokens: &[u32]) -> String {
+    /// itself not printed, special tokens only if `special`; invalid UTF-8 becomes U+FFFD (for a
+    /// `tokenizer.json`, exactly as transformers' `decode(.., skip_special_tokens=!special)`
+    /// does it: [`HfTokenizer::decode_all`]).
+    pub fn decode_all(&self, tokens: &[u32], special: bool) -> String {
         if let Tokenizer::Hf(t) = self {
-            return t.decode_all(tokens);
+            return t.decode_all(tokens, special);
         }
         let bos = self.bos_id();
         let mut bytes = Vec::new();
         let mut prev = bos.unwrap_or(u32::MAX);
         for &t in tokens {
             if Some(t) != bos {
-                bytes.extend(self.decode(prev, t));
+                bytes.extend(self.decode(prev, t, special));
             }
             prev = t;
         }

@@ -44,6 +44,9 @@ pub struct SpmTokenizer {
     special: Vec<u32>,
     /// `verbatim_first` for `special`. (256,)
     special_first: [bool; 256],
+    /// Ids that print nothing unless asked (llama.cpp's CONTROL type: `<bos>`,
+    /// `<start_of_turn>`), sorted.
+    control: Vec<u32>,
     /// Bytes of the longest piece, for [`SpmTokenizer::min_tokens`].
     max_piece_len: usize,
     pub bos_id: u32,
@@ -111,6 +114,7 @@ impl SpmTokenizer {
             verbatim_first: [false; 256],
             special: Vec::new(),
             special_first: [false; 256],
+            control: Vec::new(),
             max_piece_len: 0,
             bos_id,
             eos_id,
@@ -179,6 +183,20 @@ impl SpmTokenizer {
         let all: Vec<u32> = self.special.iter().copied().chain(ids).collect();
         (self.special, self.special_first) = self.match_list(all);
         self
+    }
+
+    /// Marks the tokens that print nothing unless asked: llama.cpp's CONTROL type, which
+    /// `llama_token_to_piece(.., special = false)` renders as empty.
+    pub fn with_control_hidden(mut self, ids: impl IntoIterator<Item = u32>) -> SpmTokenizer {
+        self.control = ids.into_iter().collect();
+        self.control.sort_unstable();
+        self.control.dedup();
+        self
+    }
+
+    /// Whether `id` prints nothing unless asked ([`SpmTokenizer::with_control_hidden`]).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.control.binary_search(&id).is_ok()
     }
 
     /// Ids to match in the text, valid and non-empty, deduplicated, longest piece first (then
@@ -476,8 +494,12 @@ impl SpmTokenizer {
 
     /// The bytes a token prints as when it follows `prev` (run.c's `decode`): the leading space
     /// is dropped right after BOS when the tokenizer adds a dummy prefix (and only then: llama.cpp
-    /// strips it for the same reason), and `<0xXX>` becomes the byte.
-    pub fn decode(&self, prev: u32, token: u32) -> Vec<u8> {
+    /// strips it for the same reason), and `<0xXX>` becomes the byte; a control token prints
+    /// nothing unless `special` (llama.cpp's `llama_token_to_piece`).
+    pub fn decode(&self, prev: u32, token: u32, special: bool) -> Vec<u8> {
+        if !special && self.is_special(token) {
+            return Vec::new();
+        }
         let raw = self.piece(token);
         if let Some(b) = parse_byte_piece(raw) {
             return vec![b];
@@ -659,6 +681,19 @@ mod tests {
             .unwrap()
             .with_control([n])
             .with_verbatim([n + 1])
+            .with_control_hidden([n])
+    }
+
+    #[test]
+    fn a_control_token_prints_nothing_unless_asked() {
+        // llama.cpp's llama_token_to_piece(.., special): CONTROL tokens are empty without it;
+        // USER_DEFINED ones always print.
+        let t = with_specials();
+        let (ctl, ud) = (t.vocab_size() as u32 - 3, t.vocab_size() as u32 - 2);
+        assert!(t.is_special(ctl) && !t.is_special(ud));
+        assert_eq!(t.decode(0, ctl, false), b"");
+        assert_eq!(t.decode(0, ctl, true), b"<ctl>");
+        assert_eq!(t.decode(0, ud, false), b"<ud>");
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub fn cpu_greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &str, max_tokens:
         steps: ids.len() + max_tokens - 1,
         max_seq_len: 0,
         trace: false,
+        special: false,
     };
     let g = generate_tokens(&mut engine, &ids, &opts, &mut Sampler::greedy(), |_| {}).unwrap();
     assert_eq!(g.tokens.len(), max_tokens);
@@ -40,7 +41,7 @@ pub fn cpu_greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &str, max_tokens:
     let mut text = String::new();
     for &t in &g.tokens {
         if !model.config.stop_ids.contains(&t) {
-            text.push_str(&utf8.push(&tok.decode(prev, t)));
+            text.push_str(&utf8.push(&tok.decode(prev, t, false)));
         }
         prev = t;
     }
