@@ -18,6 +18,8 @@ use crate::{KvArgs, ModelArgs};
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    threads: crate::ThreadArgs,
     /// A system message opening the conversation (the template decides whether it accepts one).
     #[arg(long)]
     system: Option<String>,
@@ -49,6 +51,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.threads.apply()?;
     let loaded = crate::load(&a.model)?;
     let tok = loaded
         .tokenizer

@@ -23,6 +23,8 @@ use crate::ModelArgs;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    threads: crate::ThreadArgs,
     /// Pool sizes in blocks (repeat the flag; default: the largest prompt's blocks × 2, 4 and 8).
     #[arg(long = "num-blocks", value_parser = usize_in(1, MAX_NUM_BLOCKS))]
     pools: Vec<usize>,
@@ -62,6 +64,8 @@ pub struct Args {
     /// Token slots per block.
     #[arg(long, default_value_t = 16, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
     block_size: usize,
+    /// Seed of the chat workload (the sessions' prompts and turn order; the same seed gives
+    /// the same table).
     #[arg(long, short, default_value_t = 0)]
     seed: u64,
     /// Print JSON instead of a table.
@@ -103,6 +107,7 @@ struct Row {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.threads.apply()?;
     let loaded = crate::load(&a.model)?;
     let model = Arc::new(loaded.model);
     let vocab = u32::try_from(model.config.vocab_size).context("vocabulary too large")?;

@@ -28,9 +28,26 @@ pub fn human_bytes(n: f64) -> String {
     }
 }
 
+/// A count and its noun, the noun in the plural unless the count is 1: "1 block", "3 blocks"
+/// (nouns whose plural adds an s).
+pub fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::human_bytes;
+    use super::{human_bytes, plural};
+
+    #[test]
+    fn one_is_singular() {
+        assert_eq!(plural(1, "sequence"), "1 sequence");
+        assert_eq!(plural(0, "block"), "0 blocks");
+        assert_eq!(plural(12, "block"), "12 blocks");
+    }
 
     #[test]
     fn human_bytes_is_exact_when_it_can_be_and_never_wraps() {

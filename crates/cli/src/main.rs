@@ -25,11 +25,29 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// The CPU engines' worker threads, for the commands that run an engine.
+#[derive(clap::Args, Clone, Copy)]
+pub struct ThreadArgs {
     /// Worker threads of the CPU engines (llama.cpp's -t). Default: this machine's physical
     /// cores (hyper-threads share a core's vector units, so they rarely speed up decode);
     /// RAYON_NUM_THREADS also sets it.
-    #[arg(long, short = 't', global = true, value_parser = kvlab_cli::args::usize_in(1, 4096))]
-    threads: Option<usize>,
+    #[arg(long, short = 't', value_parser = kvlab_cli::args::usize_in(1, 4096))]
+    pub threads: Option<usize>,
+}
+
+impl ThreadArgs {
+    /// Starts the thread team with `--threads` threads, if given (before any engine runs).
+    ///
+    /// # Errors
+    /// When the OS refuses the threads.
+    pub fn apply(self) -> anyhow::Result<()> {
+        if let Some(n) = self.threads {
+            kvlab_cpu::set_num_threads(n).map_err(|e| anyhow::anyhow!("--threads {n}: {e}"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Where the model comes from.
@@ -199,12 +217,6 @@ fn main() {
         )
         .init();
     let cli = Cli::parse();
-    if let Some(n) = cli.threads
-        && let Err(e) = kvlab_cpu::set_num_threads(n)
-    {
-        eprintln!("error: --threads {n}: {e}");
-        std::process::exit(1);
-    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Chat(args) => chat::run(args),
@@ -255,4 +267,42 @@ pub fn load(m: &ModelArgs) -> anyhow::Result<kvlab_model::registry::Loaded> {
 /// Bytes as a human reads them (binary units), with the exact count.
 pub fn bytes(n: usize) -> String {
     kvlab_cli::human_bytes(n as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every flag of every subcommand says what it does in `--help`.
+    #[test]
+    fn every_flag_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} --{}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "kvlab", &mut missing);
+        assert!(missing.is_empty(), "flags without help: {missing:?}");
+    }
+
+    /// `-t/--threads` is offered by the commands that run an engine, and only by them.
+    #[test]
+    fn threads_only_where_an_engine_runs() {
+        let cli = Cli::command();
+        let with: Vec<&str> = cli
+            .get_subcommands()
+            .filter(|s| s.get_arguments().any(|a| a.get_id() == "threads"))
+            .map(|s| s.get_name())
+            .collect();
+        assert_eq!(with, ["generate", "chat", "batch", "evict", "serve"]);
+    }
 }

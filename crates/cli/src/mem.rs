@@ -198,10 +198,13 @@ pub struct Args {
     /// List the presets and their sources.
     #[arg(long)]
     list: bool,
+    /// Transformer layers, each with its own keys and values (overrides the preset's).
     #[arg(long, value_parser = usize_in(1, MAX_LAYERS))]
     n_layers: Option<usize>,
+    /// KV heads per layer: n_heads for MHA, fewer for GQA, 1 for MQA (overrides the preset's).
     #[arg(long, value_parser = usize_in(1, MAX_HEADS))]
     n_kv_heads: Option<usize>,
+    /// Channels per head (overrides the preset's).
     #[arg(long, value_parser = usize_in(1, MAX_HEAD_DIM))]
     head_dim: Option<usize>,
     /// Sliding window: positions kept by local layers.
@@ -227,6 +230,8 @@ pub struct Args {
     /// Weight memory in GiB (default: the preset's parameters at --weights-dtype).
     #[arg(long, value_parser = args::gib_or_zero)]
     weights_gib: Option<f64>,
+    /// Weight precision, for the weight memory: bytes per parameter of f32 (4), f16 or bf16 (2),
+    /// fp8/int8/q8 (1) or int4/q4 (0.5), without scales.
     #[arg(long, default_value = "f16")]
     weights_dtype: String,
     /// Average tokens a sequence really holds, for the paging estimate (default: half the context).

@@ -17,6 +17,8 @@ use crate::ModelArgs;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    threads: crate::ThreadArgs,
     /// Paged engine.
     #[arg(long, short = 'e', default_value_t = EngineKind::CpuPaged,
           value_parser = engines::value_parser(&EngineKind::paged()))]
@@ -102,6 +104,7 @@ impl StepExecutor for PagedExecutor {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.threads.apply()?;
     let loaded = crate::load(&a.model)?;
     let tokenizer = loaded
         .tokenizer
@@ -127,6 +130,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     };
     let stop_ids = model.config.stop_ids.clone();
+    let chat = tokenizer.chat_template().is_some();
     let kind = a.engine;
     let (eviction, tenant_quota, tiers) = (a.eviction, a.tenant_quota, a.tiers.config());
     let enable_prefix_caching = !a.no_enable_prefix_caching;
@@ -173,14 +177,19 @@ pub fn run(a: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
             .with_context(|| format!("binding {}:{}", a.host, a.port))?;
+        let addr = listener.local_addr()?;
         eprintln!(
-            "kvlab serve: {} on {} ({} blocks x {} tokens, {} positions per sequence) at http://{}",
+            "kvlab serve: {} on {} ({} x {} tokens, {} positions per sequence) at http://{addr}\n  POST /v1/completions, /v1/chat/completions ({}); GET /v1/models, /health, /metrics; the pool live at http://{addr}/",
             loaded.name,
             kind.name(),
-            pool.num_blocks,
+            kvlab_cli::plural(pool.num_blocks, "block"),
             pool.block_size,
             max_model_len,
-            listener.local_addr()?
+            if chat {
+                "messages through the model's chat template"
+            } else {
+                "refused: this model has no chat template"
+            },
         );
         kvlab_serve::serve(
             listener,

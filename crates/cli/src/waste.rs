@@ -17,6 +17,7 @@ pub struct Args {
     /// Context every sequence reserves under max-length preallocation.
     #[arg(long, default_value_t = 2048, value_parser = usize_in(1, MAX_POSITIONS))]
     max_seq_len: usize,
+    /// Seed of the workloads' random lengths (the same seed gives the same table).
     #[arg(long, short, default_value_t = 0)]
     seed: u64,
     /// Print JSON instead of a table.

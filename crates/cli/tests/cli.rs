@@ -720,3 +720,50 @@ fn kv_dtype_sizes_the_cache_and_is_refused_where_there_is_none() {
         assert!(r.out.starts_with("Once upon a time"), "{}", r.out);
     }
 }
+
+#[test]
+fn generate_chat_prints_the_reply_alone() {
+    // The rendered template (`<|im_start|>user\n…<|im_end|>\n<|im_start|>assistant\n`) is the
+    // prompt, not output: stdout carries only what the model says.
+    let dir = hf_fixture("tiny-qwen3");
+    let r = kvlab_fresh(&format!(
+        "generate --chat --temp 0 -n 8 -m {} -p 'Tell me a story.'",
+        dir.display()
+    ));
+    assert!(r.ok, "{}", r.err);
+    assert!(!r.out.trim().is_empty(), "no reply: {}", r.err);
+    for template in ["<|im_start|>", "assistant", "Tell me a story."] {
+        assert!(!r.out.contains(template), "{template:?} in {:?}", r.out);
+    }
+}
+
+#[test]
+fn threads_are_refused_where_nothing_runs_on_them() {
+    let r = kvlab("mem --preset llama-3-8b -t 2");
+    assert!(!r.ok && r.err.contains("unexpected argument"), "{}", r.err);
+    let r = kvlab("generate -p Hi -n 2 --temp 0 -t 1");
+    assert!(r.ok, "{}", r.err);
+}
+
+#[test]
+fn trace_and_summaries_read_as_english() {
+    // batch --trace goes to stderr like generate --trace; stdout keeps the outputs. One
+    // sequence is "1 sequence".
+    let r = kvlab("batch -p 'Once upon a time' -n 4 --trace");
+    assert!(r.ok, "{}", r.err);
+    assert!(!r.out.contains("step 0"), "{}", r.out);
+    assert!(r.err.contains("step 0: 1 sequence, "), "{}", r.err);
+    assert!(
+        !r.err.contains("1 sequences") && !r.err.contains(" 1 tokens"),
+        "{}",
+        r.err
+    );
+    // A model without sliding-window layers has no local RoPE theta to print.
+    let out = kvlab("info --model stories260K").out;
+    assert!(!out.contains("local layers"), "{out}");
+    // Identical layer caches print as one line (stories260K: 5 layers of one pool).
+    let err = kvlab("generate --temp 0 -p Hi -n 20 --trace --engine cpu-paged").err;
+    assert!(err.contains("layers 0-4 K,V pool"), "{err}");
+    assert!(!err.contains("layer  1 "), "{err}");
+    assert!(err.contains("blocks held by this sequence: 2"), "{err}");
+}

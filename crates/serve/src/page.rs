@@ -18,8 +18,6 @@ use crate::AppState;
 #[derive(Serialize)]
 pub(crate) struct PoolResponse {
     model: String,
-    /// Most positions of one sequence.
-    max_model_len: usize,
     /// Requests accepted that have not produced a token yet.
     num_requests_pending: usize,
     /// The bound on `num_requests_pending` past which requests get 429.
@@ -36,7 +34,6 @@ pub(crate) async fn pool(State(s): State<Arc<AppState>>) -> Json<PoolResponse> {
     let shared = s.engine.shared();
     Json(PoolResponse {
         model: s.model_name.clone(),
-        max_model_len: s.engine.max_model_len(),
         num_requests_pending: shared.pending(),
         max_waiting: s.max_waiting,
         view: shared.view(),

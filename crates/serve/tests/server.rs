@@ -406,6 +406,15 @@ async fn live_page_shows_the_pool_and_shared_prefix_blocks() {
     assert!(blocks.iter().all(|b| b["state"] == "free"), "{idle}");
     assert_eq!(idle["sequences"], json!([]));
     assert_eq!(idle["model"], "stories260K");
+    // Each key once: a JSON object with a key twice is read differently by different parsers.
+    let raw = reqwest::get(format!("{url}/pool"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(raw.matches("\"max_model_len\"").count(), 1, "{raw}");
+    assert_eq!(idle["max_model_len"], model.config.max_seq_len);
 
     // Two long streams whose prompts share more than two full blocks of 16 tokens: while they
     // run, the view shows both sequences and blocks held by both (the prefix cache), each
@@ -501,7 +510,7 @@ async fn chat_completions_use_the_models_template() {
     let mut prev = *ids.last().unwrap();
     let mut want = String::new();
     for &t in &g.tokens {
-        want += &utf8.push(&tok.decode(prev, t));
+        want += &utf8.push(&tok.decode(prev, t, false));
         prev = t;
     }
     want += &utf8.finish();
@@ -574,4 +583,48 @@ async fn chat_completions_use_the_models_template() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     assert_pool_free(&url, 0).await;
+}
+
+/// A random Hugging Face model whose greedy text emits `<s>` mid-generation (prompt 3 of
+/// `fixtures/hf/tiny-mistral.json`): the server leaves special tokens out, as transformers'
+/// `decode(.., skip_special_tokens=True)` and vLLM do, and prints them with vLLM's
+/// `"skip_special_tokens": false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_tokens_are_left_out_of_the_text_unless_asked() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let (model, tok, _) = kvlab_model::hf::load_hf_dir(&root.join("models/tiny-mistral")).unwrap();
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("hf/tiny-mistral.json")).unwrap())
+            .unwrap();
+    let case = &record["cases"][3];
+    // The stream drops lone control characters other than whitespace, as run.c does.
+    let printable = |key: &str| -> String {
+        case[key]
+            .as_str()
+            .unwrap()
+            .chars()
+            .filter(|ch| !ch.is_ascii_control() || ch.is_ascii_whitespace())
+            .collect()
+    };
+    let (skipped, shown) = (
+        printable("generated_text_skip_special"),
+        printable("generated_text"),
+    );
+    assert!(shown.contains("<s>") && !skipped.contains("<s>"));
+    let n = case["generated_ids"].as_array().unwrap().len();
+    let url = start(&Arc::new(model), &Arc::new(tok), 64).await;
+    let prompt = case["prompt"].as_str().unwrap();
+    for (extra, want) in [
+        (json!({}), &skipped),
+        (json!({"skip_special_tokens": true}), &skipped),
+        (json!({"skip_special_tokens": false}), &shown),
+    ] {
+        let mut body = json!({"prompt": prompt, "max_tokens": n, "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, v) = post(&url, body).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want, "{extra}");
+    }
 }

@@ -434,7 +434,7 @@ impl Engine for PagedCpuEngine {
             .map(|l| {
                 let t = &s.tables[c.layer_cache_group(l)];
                 format!(
-                    "pool (num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}) {}; this sequence holds {} blocks",
+                    "pool (num_blocks={}, block_size={}, n_kv_heads={}, head_dim={}) {}; blocks held by this sequence: {}",
                     self.pool.num_blocks, self.pool.block_size, c.n_kv_heads, c.head_dim, self.pool.dtype(),
                     t.blocks().iter().flatten().count()
                 )
