@@ -65,6 +65,35 @@ struct Stored {
     ratios: Vec<Ratio>,
 }
 
+/// Refuses a baseline whose mode (`quick` or `full`) is not `mode`: their ratios carry other
+/// models and contexts in their keys, so nothing would be compared.
+///
+/// # Errors
+/// The file is unreadable, not a bench.json, or of the other mode (the message says what to run).
+pub fn check_mode(file: &Path, mode: &str) -> Result<()> {
+    #[derive(Deserialize)]
+    struct Mode {
+        mode: String,
+    }
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading baseline {}", file.display()))?;
+    let then: Mode = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a kvlab bench.json", file.display()))?;
+    if then.mode != mode {
+        bail!(
+            "{} is a {} run's bench.json and this is a {mode} run: their speedups are measured on other models and contexts, so none would compare; {}",
+            file.display(),
+            then.mode,
+            if mode == "quick" {
+                "drop --quick to compare with it, or save a --quick run's target/kvlab-bench/bench.json as the baseline of --quick runs"
+            } else {
+                "add --quick to compare with it, or use a full run's bench.json (benches/baseline.json)"
+            }
+        );
+    }
+    Ok(())
+}
+
 /// What differs between the baseline's machine and this one, in words.
 pub fn machine_differences(then: &Machine, now: &Machine) -> Vec<String> {
     let mut d = Vec::new();
@@ -212,6 +241,17 @@ pub fn compare(file: &Path, now: &[Ratio], machine: &Machine) -> Result<Baseline
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_baseline_of_the_other_mode_is_refused_before_the_run() {
+        let stored = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/baseline.json");
+        check_mode(&stored, "full").unwrap();
+        let e = check_mode(&stored, "quick").unwrap_err().to_string();
+        assert!(
+            e.contains("is a full run's bench.json") && e.contains("drop --quick"),
+            "{e}"
+        );
+    }
 
     fn ratio(key: &str, value: f64, noise: f64) -> Ratio {
         Ratio {

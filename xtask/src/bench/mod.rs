@@ -70,8 +70,9 @@ struct Opts {
     /// Where bench.json and the plots go [default: target/kvlab-bench]
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Compare engine speedups with a stored bench.json (e.g. benches/baseline.json); exits
-    /// non-zero when one fell by more than the measured noise
+    /// Compare engine speedups with a stored bench.json of the same mode (benches/baseline.json
+    /// is a full run's; for --quick, a --quick run's bench.json); exits non-zero when one fell
+    /// by more than the measured noise
     #[arg(long, value_name = "FILE")]
     baseline: Option<PathBuf>,
     /// Skip the SVG/PNG plots
@@ -324,6 +325,10 @@ pub fn run(args: &[String]) -> Result<()> {
     plot::register_font();
     let machine = machine::detect();
     let plan = plan_for(&o, &machine)?;
+    if let Some(file) = &o.baseline {
+        // Before minutes of measuring: a baseline of the other mode has no key in common.
+        baseline::check_mode(file, &plan.mode)?;
+    }
     let (bw, infos, results) = measure(&o, &plan, &machine)?;
     let rep = analyse(&o, &plan, args, machine, bw, infos, results)?;
     write(rep, &o, started)
