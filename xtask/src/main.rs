@@ -4,6 +4,7 @@ mod bench;
 mod book;
 mod kv_quality;
 mod prompts;
+mod readme;
 mod table;
 mod verify;
 
@@ -14,6 +15,7 @@ fn main() -> anyhow::Result<()> {
         Some("bench") => bench::run(&args[1..]),
         Some("book") => book::run(&args[1..]),
         Some("kv-quality") => kv_quality::run(&args[1..]),
+        Some("readme") => readme::run(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{}", HELP);
             Ok(())
@@ -32,4 +34,6 @@ commands:
   bench    latency, throughput, memory and roofline of every engine; JSON, table and plots under
            target/kvlab-bench/ (cargo xtask bench --help for options)
   kv-quality  top-1, KL divergence, perplexity, bytes and decode speed of each --kv-dtype
-           against the f32 cache on real checkpoints (cargo xtask kv-quality --help)";
+           against the f32 cache on real checkpoints (cargo xtask kv-quality --help)
+  readme   render README.md's headline table and benches/README.md from benches/*.json
+           (--check: fail if either is stale)";

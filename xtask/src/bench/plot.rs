@@ -194,6 +194,11 @@ impl Panel {
         if self.y.log.is_some() {
             mesh.y_labels(10);
         }
+        // A log axis subdivides every decade (or octave) into light lines that merge into a grey
+        // band at this size: keep the bold lines at the labels only.
+        if self.x.log.is_some() || self.y.log.is_some() {
+            mesh.light_line_style(TRANSPARENT);
+        }
         mesh.draw().map_err(err)?;
         for s in &self.series {
             let pts = s.pts.iter().copied();
