@@ -171,7 +171,7 @@ const SGEMM_MIN_COLS: usize = 64;
 
 /// y (t, out) = x (t, in) @ Wᵀ by `gemm` (single-threaded calls), the output's columns (W's rows) split
 /// into one contiguous block per worker thread: the engine's own threads do the work, so a
-/// prefill step starts no other pool (`gemm::Parallelism::None`).
+/// prefill step starts no other pool (`gemm_common::Parallelism::None`).
 fn sgemm_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_out: usize) {
     thread_local! {
         /// xᵀ (in, t) of the caller's current call; reused across calls.
@@ -221,8 +221,10 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
                     // gemm computes dst := alpha·dst + beta·lhs·rhs, and with read_dst = false it
                     // never reads dst. lhs = x (t, in) from x_t: column stride t, row stride 1;
                     // rhs = B (in, n): column stride in, row stride 1; dst = C (t, n) in y_t:
-                    // column stride t, row stride 1.
-                    gemm::gemm(
+                    // column stride t, row stride 1. The f32 kernel itself, as the `gemm`
+                    // facade calls it for these strides (all positive, dst's column stride not
+                    // below its row stride, so the facade neither transposes nor flips).
+                    gemm_f32::gemm::f32::get_gemm_fn()(
                         t,
                         n,
                         d_in,
@@ -241,7 +243,7 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
                         false,
                         false,
                         false,
-                        gemm::Parallelism::None,
+                        gemm_common::Parallelism::None,
                     );
                     // y[i][c0 + j] = y_t[j][i]: this task's columns of y, which no other task
                     // writes.
