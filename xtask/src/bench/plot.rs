@@ -184,20 +184,29 @@ impl Panel {
         // A log x axis counts things (sequences, positions): whole numbers.
         let round = |v: &f64| format!("{}", v.round());
         let x_fmt: &dyn Fn(&f64) -> String = if self.x.log.is_some() { &round } else { &num };
+        // A log y axis has a tick at every 1..9 of each decade: labels at 1, 2 and 5 only, so
+        // that 700, 800, 900, 1000 do not print on top of each other.
+        let y_fmt: &dyn Fn(&f64) -> String = if self.y.log.is_some() {
+            &one_two_five
+        } else {
+            &num
+        };
         let mut mesh = chart.configure_mesh();
         mesh.x_desc(self.x.desc)
             .y_desc(self.y.desc)
             .x_label_formatter(x_fmt)
-            .y_label_formatter(&num)
+            .y_label_formatter(y_fmt)
             .label_style(("sans-serif", 12))
             .axis_desc_style(("sans-serif", 13));
         if self.y.log.is_some() {
-            mesh.y_labels(10);
+            // Enough ticks that every decade gets its 1, 2 and 5.
+            mesh.y_labels(40);
         }
-        // A log axis subdivides every decade (or octave) into light lines that merge into a grey
-        // band at this size: keep the bold lines at the labels only.
+        // A log axis subdivides every decade (or octave) into light lines that merged into a
+        // grey band at this size: no light lines, and faint ones at the ticks.
         if self.x.log.is_some() || self.y.log.is_some() {
-            mesh.light_line_style(TRANSPARENT);
+            mesh.light_line_style(TRANSPARENT)
+                .bold_line_style(BLACK.mix(0.1));
         }
         mesh.draw().map_err(err)?;
         for s in &self.series {
@@ -272,6 +281,22 @@ fn unique<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
 
 /// An axis number without trailing ".0" noise, two significant digits below 1: 30000, 12.5,
 /// 0.25, 0.0012.
+/// [`num`] for 1, 2 and 5 times a power of ten; nothing for the other ticks of a log axis.
+fn one_two_five(v: &f64) -> String {
+    if *v <= 0.0 || !v.is_finite() {
+        return String::new();
+    }
+    let mantissa = v / 10f64.powf(v.log10().floor());
+    if [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .any(|m| (mantissa - m).abs() < 1e-6)
+    {
+        num(v)
+    } else {
+        String::new()
+    }
+}
+
 fn num(v: &f64) -> String {
     let a = v.abs();
     if a >= 100.0 || a == 0.0 {
@@ -745,4 +770,18 @@ pub fn eviction(dir: &Path, r: &super::eviction::EvictionReport) -> Result<Vec<S
         &[("tiers", Line::Circles), ("offload", Line::Dashed(6, 4))],
     );
     write_pair(dir, "eviction_hit_rate", &[plain, tiered])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_two_five;
+
+    #[test]
+    fn a_log_axis_labels_one_two_and_five_only() {
+        let labels: Vec<String> = [100.0, 200.0, 300.0, 500.0, 700.0, 900.0, 1000.0, 0.02]
+            .iter()
+            .map(one_two_five)
+            .collect();
+        assert_eq!(labels, ["100", "200", "", "500", "", "", "1000", "0.02"]);
+    }
 }
