@@ -305,20 +305,24 @@ fn benches_readme(root: &Path) -> Result<String> {
          sides measured in the same run. The book (`docs/`) explains what each figure means; \
          `schema.md` in `xtask/src/bench/` documents the files.\n\n",
     );
-    let head = record(root, "headline.json")?;
-    let _ = write!(
-        md,
-        "## Engines against each other: `headline.json`\n\nThe run the top-level README quotes. {}\n{}\n",
-        headline(&head, "headline.json")?,
-        decode_table(&head)
-    );
-    let base = record(root, "baseline.json")?;
-    let _ = write!(
-        md,
-        "## The baseline the book quotes: `baseline.json`\n\n`cargo xtask bench --baseline benches/baseline.json` compares a new full run's speedups with it. {}\n{}\n",
-        headline(&base, "baseline.json")?,
-        decode_table(&base)
-    );
+    for (file, title) in [
+        (
+            "headline.json",
+            "Engines against each other: `headline.json`\n\nThe run the top-level README quotes.",
+        ),
+        (
+            "baseline.json",
+            "The baseline the book quotes: `baseline.json`\n\n`cargo xtask bench --baseline benches/baseline.json` compares a new full run's speedups with it.",
+        ),
+    ] {
+        let bench = record(root, file)?;
+        let _ = write!(
+            md,
+            "## {title} {}\n{}\n",
+            headline(&bench, file)?,
+            decode_table(&bench)
+        );
+    }
     md += &serve_section(&record(root, "serve.json")?);
     md += &tiers_section(&record(root, "tiers.json")?);
     md += &eviction_section(&record(root, "eviction.json")?);

@@ -167,17 +167,15 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("[trace] pos {pos:>5} fed {fed:?} len {}", step.len);
         // Layers whose caches look alike (every layer of a shared pool, every global layer of
         // a contiguous cache) print as one line.
-        let shapes = &step.layer_cache_shapes;
         let mut first = 0;
-        while first < shapes.len() {
-            let same = shapes[first..].iter().take_while(|s| **s == shapes[first]);
-            let last = first + same.count() - 1;
+        for run in step.layer_cache_shapes.chunk_by(|a, b| a == b) {
+            let last = first + run.len() - 1;
             let layers = if last == first {
                 format!("layer  {first}")
             } else {
                 format!("layers {first}-{last}")
             };
-            eprintln!("[trace]   {layers} K,V {}", shapes[first]);
+            eprintln!("[trace]   {layers} K,V {}", run[0]);
             first = last + 1;
         }
         if let Some(bt) = &step.block_table {

@@ -62,11 +62,8 @@ pub fn run(a: &Args) -> Result<()> {
     println!("kv_dim       {}", c.kv_dim());
     println!("vocab_size   {}", c.vocab_size);
     println!("max_seq_len  {}", c.max_seq_len);
-    let local = c
-        .layer_kinds
-        .iter()
-        .any(|k| matches!(k, kvlab_model::LayerKind::Local { .. }));
-    if local {
+    let windows: Vec<usize> = c.layer_kinds.iter().filter_map(|k| k.window()).collect();
+    if !windows.is_empty() {
         println!(
             "rope         {:?}, theta {} (local layers {})",
             c.rope_layout, c.rope_theta, c.rope_theta_local
@@ -75,7 +72,6 @@ pub fn run(a: &Args) -> Result<()> {
         println!("rope         {:?}, theta {}", c.rope_layout, c.rope_theta);
     }
     println!("activation   {:?}", c.activation);
-    let windows: Vec<usize> = c.layer_kinds.iter().filter_map(|k| k.window()).collect();
     if let Some(w) = windows.first() {
         println!(
             "layers       {} global, {} sliding-window ({w} positions)",

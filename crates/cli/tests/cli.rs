@@ -584,12 +584,7 @@ fn hf_oracle_text(name: &str, index: usize, key: &str) -> (String, String) {
     let c = &v["cases"][index];
     (
         c["prompt"].as_str().unwrap().to_string(),
-        c[key]
-            .as_str()
-            .unwrap()
-            .chars()
-            .filter(|ch| !ch.is_ascii_control() || ch.is_ascii_whitespace())
-            .collect(),
+        kvlab_model::fixtures::as_streamed(c[key].as_str().unwrap()),
     )
 }
 

@@ -28,6 +28,15 @@ pub fn prompt_lines(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// An oracle's decoded text as kvlab's stream prints it: without the ASCII control characters
+/// other than whitespace, which [`crate::tokenizer::Utf8Stream`] drops as run.c's `safe_printf`
+/// does (random test models emit some). For comparing streamed text with transformers' decode.
+pub fn as_streamed(text: &str) -> String {
+    text.chars()
+        .filter(|ch| !ch.is_ascii_control() || ch.is_ascii_whitespace())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::prompt_lines;

@@ -9,6 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::ids;
+use kvlab_model::fixtures::as_streamed;
 use kvlab_model::hf::{self, HfArch};
 use kvlab_model::{Activation, LayerKind, RopeLayout, Tokenizer};
 use serde_json::Value;
@@ -231,14 +232,7 @@ fn streamed_text_leaves_special_tokens_out_as_transformers_does() {
                 }
                 out + &utf8.finish()
             };
-            let printable = |key: &str| -> String {
-                c[key]
-                    .as_str()
-                    .unwrap()
-                    .chars()
-                    .filter(|ch| !ch.is_ascii_control() || ch.is_ascii_whitespace())
-                    .collect()
-            };
+            let printable = |key: &str| as_streamed(c[key].as_str().unwrap());
             let (skipped, shown) = (
                 printable("generated_text_skip_special"),
                 printable("generated_text"),
