@@ -33,6 +33,12 @@ pub enum CudaError {
          PyPI wheel nvidia-cublas and put its lib folder on LD_LIBRARY_PATH"
     )]
     NoCublas,
+    /// A CUDA library of another major version than kvlab's bindings (13) was loaded first.
+    #[error(
+        "{lib} {found} was loaded, but kvlab is built for CUDA 13: put the CUDA 13 library's \
+         folder first on LD_LIBRARY_PATH (the toolkit's lib64, or the PyPI wheel's nvidia/cu13/lib)"
+    )]
+    WrongVersion { lib: &'static str, found: String },
     /// No folder with cuda_fp16.h was found.
     #[error(
         "CUDA headers not found (looked for cuda_fp16.h in {searched}); set KVLAB_CUDA_INCLUDE \
@@ -89,6 +95,7 @@ impl CudaError {
                 | CudaError::NoDevice(_)
                 | CudaError::NoNvrtc(_)
                 | CudaError::NoCublas
+                | CudaError::WrongVersion { .. }
                 | CudaError::NoHeaders { .. }
         )
     }

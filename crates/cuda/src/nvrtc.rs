@@ -4,19 +4,22 @@
 //!   CUDA's (`cuda_fp16.h`) come from the first folder holding `cuda_fp16.h` among
 //!   `$KVLAB_CUDA_INCLUDE`, `$CUDA_HOME/include`, `/usr/local/cuda/include`
 //!   ([`resolve_include_dir`]).
-//! * Architecture: PTX for the virtual architecture `compute_XY` of the device's compute
-//!   capability X.Y ([`arch_for`]); the driver JIT-compiles it to the exact GPU when the module is
-//!   loaded. CI compiles every file for `compute_80` and `compute_90` without a GPU.
-//! * Cache: each (file, arch) is compiled once per process ([`ptx`]); engines and tests share it.
+//! * Architecture: a cubin (machine code) for the device's real architecture `sm_XY`
+//!   ([`sm_arch_for`]), which any driver that knows the GPU loads as is; PTX for the virtual
+//!   architecture `compute_XY` ([`arch_for`]) is the fallback, which the driver JIT-compiles, and
+//!   which a driver older than the NVRTC refuses (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`): see
+//!   [`module_image`]. CI compiles every file both ways for sm_80 and sm_90 without a GPU.
+//! * Cache: each (file, arch) is compiled once per process ([`compiled`]); engines and tests
+//!   share it.
+//! * Errors point into our files: pasted headers are bracketed by `#line` directives, so NVRTC's
+//!   and the device's line numbers name `common.cuh:42`, not line 342 of the pasted source.
 //!
 //! No nvcc is needed anywhere: only libnvrtc.so.13 (toolkit or PyPI wheel) and the headers.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
+use std::ffi::{CStr, CString, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-
-use cudarc::nvrtc::{CompileError, CompileOptions};
 
 use crate::error::{CudaError, Result};
 use crate::kernels::{HEADERS, KernelFile};
@@ -66,26 +69,21 @@ pub fn include_dir() -> Result<PathBuf> {
     )
 }
 
-/// NVRTC's `--gpu-architecture` for compute capability (major, minor): the virtual
-/// architecture `compute_<major><minor>`, so the PTX runs on that GPU and newer ones.
-pub fn arch_for(compute_capability: (i32, i32)) -> String {
-    format!("compute_{}{}", compute_capability.0, compute_capability.1)
-}
-
 /// Replaces every line `#include "<header>"` naming one of our [`HEADERS`] by the header's text,
-/// recursively (headers carry include guards, so repeats are harmless). Other includes
-/// (`<cuda_fp16.h>`) are left to NVRTC.
+/// recursively (headers carry include guards, so repeats are harmless), between `#line`
+/// directives that keep diagnostics pointing at `file` and the header's own lines. Other
+/// includes (`<cuda_fp16.h>`) are left to NVRTC.
 ///
 /// # Errors
 /// [`CudaError::Unsupported`] for an unknown quoted header or includes nested over 8 deep.
-pub fn expand_includes(source: &str) -> Result<String> {
-    fn expand(source: &str, depth: usize, out: &mut String) -> Result<()> {
+pub fn expand_includes(file: &str, source: &str) -> Result<String> {
+    fn expand(file: &str, source: &str, depth: usize, out: &mut String) -> Result<()> {
         if depth > 8 {
             return Err(CudaError::Unsupported(
                 "kernel headers include each other more than 8 deep".into(),
             ));
         }
-        for line in source.lines() {
+        for (i, line) in source.lines().enumerate() {
             let quoted = line
                 .trim()
                 .strip_prefix("#include")
@@ -99,7 +97,9 @@ pub fn expand_includes(source: &str) -> Result<String> {
                             "kernel source includes \"{name}\", which is not in kernels.rs HEADERS"
                         ))
                     })?;
-                    expand(header.source, depth + 1, out)?;
+                    out.push_str(&format!("#line 1 \"{name}\"\n"));
+                    expand(name, header.source, depth + 1, out)?;
+                    out.push_str(&format!("#line {} \"{file}\"\n", i + 2));
                 }
                 None => {
                     out.push_str(line);
@@ -110,8 +110,21 @@ pub fn expand_includes(source: &str) -> Result<String> {
         Ok(())
     }
     let mut out = String::with_capacity(source.len() * 2);
-    expand(source, 0, &mut out)?;
+    out.push_str(&format!("#line 1 \"{file}\"\n"));
+    expand(file, source, 0, &mut out)?;
     Ok(out)
+}
+
+/// NVRTC's `--gpu-architecture` for PTX for compute capability (major, minor): the virtual
+/// architecture `compute_<major><minor>`, so the PTX runs on that GPU and newer ones.
+pub fn arch_for(compute_capability: (i32, i32)) -> String {
+    format!("compute_{}{}", compute_capability.0, compute_capability.1)
+}
+
+/// NVRTC's `--gpu-architecture` for a cubin for compute capability (major, minor): the real
+/// architecture `sm_<major><minor>`, machine code for exactly that GPU.
+pub fn sm_arch_for(compute_capability: (i32, i32)) -> String {
+    format!("sm_{}{}", compute_capability.0, compute_capability.1)
 }
 
 /// The NVRTC options kvlab compiles with (before the include path).
@@ -123,57 +136,197 @@ pub fn compile_flags(arch: &str) -> Vec<String> {
         // (1e-5 relative) leaves no room for the approximate ones.
         "--prec-div=true".into(),
         "--prec-sqrt=true".into(),
+        // Source lines in the code, for compute-sanitizer's and the driver's reports.
+        "--generate-line-info".into(),
     ]
 }
 
-/// Compiles one kernel file to PTX for `arch` (e.g. "compute_90"), headers from `include`.
+/// The version of the libnvrtc this process loaded, (major, minor).
 ///
 /// # Errors
-/// [`CudaError::NoNvrtc`] if libnvrtc cannot be loaded; [`CudaError::Compile`] with NVRTC's log.
-pub fn compile(file: &KernelFile, arch: &str, include: &Path) -> Result<String> {
+/// [`CudaError::NoNvrtc`] when none can be loaded.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
     if !crate::device::nvrtc_loadable() {
         return Err(CudaError::NoNvrtc("libnvrtc.so.13"));
     }
-    let source = expand_includes(file.source)?;
-    let opts = CompileOptions {
-        include_paths: vec![include.display().to_string()],
-        options: compile_flags(arch),
-        name: Some(file.file.to_string()),
-        ..CompileOptions::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
-        let log = match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            other => format!("{other:?}"),
-        };
-        CudaError::Compile {
-            file: file.file,
-            arch: arch.to_string(),
-            log,
-        }
-    })?;
-    Ok(ptx.to_src())
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints through the pointers given, which live on this stack.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    status
+        .result()
+        .map_err(|e| CudaError::Unsupported(format!("nvrtcVersion failed: {e:?}")))?;
+    Ok((major, minor))
 }
 
-type PtxCache = Mutex<HashMap<(&'static str, String), Arc<str>>>;
+/// The CUDA major version kvlab's bindings are built for (cudarc's `cuda-13000` feature).
+pub const CUDA_MAJOR: i32 = 13;
 
-/// PTX of `file` for `arch`, compiled at most once per process.
+/// Checks that the loaded libnvrtc is CUDA 13's: cudarc opens the first of `libnvrtc.so`,
+/// `libnvrtc.so.13`, `libnvrtc.so.12`, ... that loads, so an older toolkit earlier on the loader
+/// path would otherwise be used silently.
 ///
 /// # Errors
-/// As [`compile`] and [`include_dir`].
-pub fn ptx(file: &KernelFile, arch: &str) -> Result<Arc<str>> {
-    static CACHE: OnceLock<PtxCache> = OnceLock::new();
+/// [`CudaError::NoNvrtc`]; [`CudaError::WrongVersion`] for another major version.
+pub fn check_nvrtc_version() -> Result<(i32, i32)> {
+    let v = nvrtc_version()?;
+    if v.0 != CUDA_MAJOR {
+        return Err(CudaError::WrongVersion {
+            lib: "libnvrtc",
+            found: format!("{}.{}", v.0, v.1),
+        });
+    }
+    Ok(v)
+}
+
+/// What NVRTC is asked to produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Output {
+    /// PTX text, for a virtual architecture `compute_XY`.
+    Ptx,
+    /// A cubin (ELF with machine code), for a real architecture `sm_XY`.
+    Cubin,
+}
+
+/// Compiles one kernel file for `arch` ("compute_90" for [`Output::Ptx`], "sm_90" for
+/// [`Output::Cubin`]), headers from `include`, and returns the image's bytes (PTX without its
+/// trailing NUL).
+///
+/// # Errors
+/// [`CudaError::NoNvrtc`] / [`CudaError::WrongVersion`] if no CUDA 13 libnvrtc can be loaded;
+/// [`CudaError::Compile`] with NVRTC's log.
+pub fn compile_image(
+    file: &KernelFile,
+    arch: &str,
+    include: &Path,
+    output: Output,
+) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    check_nvrtc_version()?;
+    let fail = |log: String| CudaError::Compile {
+        file: file.file,
+        arch: arch.to_string(),
+        log,
+    };
+    let source = CString::new(expand_includes(file.file, file.source)?)
+        .map_err(|_| fail("the source holds a NUL byte".into()))?;
+    let name =
+        CString::new(file.file).map_err(|_| fail("the file name holds a NUL byte".into()))?;
+    let mut options = compile_flags(arch);
+    options.push(format!("--include-path={}", include.display()));
+    let prog = result::create_program(&source, Some(&name)).map_err(|e| fail(format!("{e:?}")))?;
+    // SAFETY: `prog` was created above and is destroyed once, at the end of this block; the
+    // source and name it refers to outlive it. The image buffers are sized by NVRTC's own size
+    // query before NVRTC writes into them.
+    unsafe {
+        let compiled = result::compile_program(prog, &options);
+        let image = match compiled {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| format!("{e:?} (no log)"));
+                Err(fail(log))
+            }
+            Ok(()) => match output {
+                Output::Ptx => result::get_ptx(prog)
+                    .map(|p| {
+                        p.into_iter()
+                            .map(|c| c as u8)
+                            .take_while(|&b| b != 0)
+                            .collect()
+                    })
+                    .map_err(|e| fail(format!("nvrtcGetPTX: {e:?}"))),
+                Output::Cubin => {
+                    let mut size = 0usize;
+                    sys::nvrtcGetCUBINSize(prog, &mut size)
+                        .result()
+                        .map_err(|e| fail(format!("nvrtcGetCUBINSize: {e:?}")))
+                        .and_then(|()| {
+                            let mut bytes = vec![0u8; size];
+                            sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr().cast())
+                                .result()
+                                .map(|()| bytes)
+                                .map_err(|e| fail(format!("nvrtcGetCUBIN: {e:?}")))
+                        })
+                }
+            },
+        };
+        let _ = result::destroy_program(prog);
+        image
+    }
+}
+
+/// PTX of one kernel file for the virtual architecture `arch` (e.g. "compute_90").
+///
+/// # Errors
+/// As [`compile_image`].
+pub fn compile(file: &KernelFile, arch: &str, include: &Path) -> Result<String> {
+    let bytes = compile_image(file, arch, include, Output::Ptx)?;
+    String::from_utf8(bytes).map_err(|_| CudaError::Compile {
+        file: file.file,
+        arch: arch.to_string(),
+        log: "NVRTC returned PTX that is not UTF-8".into(),
+    })
+}
+
+type ImageCache = Mutex<HashMap<(&'static str, String, Output), Arc<[u8]>>>;
+
+/// `file` compiled for `arch` as `output`, compiled at most once per process.
+///
+/// # Errors
+/// As [`compile_image`] and [`include_dir`].
+pub fn compiled(file: &KernelFile, arch: &str, output: Output) -> Result<Arc<[u8]>> {
+    static CACHE: OnceLock<ImageCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (file.file, arch.to_string());
+    let key = (file.file, arch.to_string(), output);
     if let Some(p) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(p.clone());
     }
-    let compiled: Arc<str> = compile(file, arch, &include_dir()?)?.into();
+    let image: Arc<[u8]> = compile_image(file, arch, &include_dir()?, output)?.into();
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(key, compiled.clone());
-    Ok(compiled)
+        .insert(key, image.clone());
+    Ok(image)
+}
+
+/// A module image ready for `cuModuleLoadData`.
+pub struct ModuleImage {
+    /// `Cubin` or `Ptx`.
+    pub output: Output,
+    /// The architecture it was compiled for ("sm_90" or "compute_90").
+    pub arch: String,
+    /// The bytes; PTX is NUL-terminated, as the driver reads it as a C string.
+    pub bytes: Vec<u8>,
+}
+
+/// The images to try loading for a GPU of `compute_capability`, best first: the cubin for
+/// `sm_XY`, then PTX for `compute_XY` (the driver JIT-compiles it; needed only where NVRTC
+/// cannot emit machine code for the device). A compile failure of the cubin is returned in
+/// place of it, so the caller can report why it fell back.
+///
+/// # Errors
+/// As [`compiled`], for the PTX (the last resort).
+pub fn module_images(
+    file: &KernelFile,
+    compute_capability: (i32, i32),
+) -> Result<(Result<ModuleImage>, ModuleImage)> {
+    let sm = sm_arch_for(compute_capability);
+    let cubin = compiled(file, &sm, Output::Cubin).map(|b| ModuleImage {
+        output: Output::Cubin,
+        arch: sm,
+        bytes: b.to_vec(),
+    });
+    let arch = arch_for(compute_capability);
+    let mut bytes = compiled(file, &arch, Output::Ptx)?.to_vec();
+    bytes.push(0);
+    Ok((
+        cubin,
+        ModuleImage {
+            output: Output::Ptx,
+            arch,
+            bytes,
+        },
+    ))
 }
 
 /// The entry points (`.entry NAME(`) that a PTX module defines, in order.
@@ -228,13 +381,14 @@ mod tests {
         assert_eq!(arch_for((8, 0)), "compute_80");
         assert_eq!(arch_for((9, 0)), "compute_90");
         assert_eq!(arch_for((12, 0)), "compute_120");
+        assert_eq!(sm_arch_for((9, 0)), "sm_90");
         assert!(compile_flags("compute_90").contains(&"--gpu-architecture=compute_90".into()));
     }
 
     #[test]
     fn includes_are_expanded_once_per_line_and_unknown_ones_refused() {
         let src = "#include \"attention.cuh\"\n#include <cuda_fp16.h>\nint x;\n";
-        let out = expand_includes(src).unwrap();
+        let out = expand_includes("k.cu", src).unwrap();
         assert!(out.contains("KVLAB_ATTENTION_CUH"));
         assert!(
             out.contains("block_sum"),
@@ -246,7 +400,14 @@ mod tests {
             "no quoted include is left for NVRTC"
         );
         assert!(out.contains("int x;"));
-        assert!(expand_includes("#include \"nope.cuh\"").is_err());
+        assert!(expand_includes("k.cu", "#include \"nope.cuh\"").is_err());
+        // Diagnostics point into the right file: the header's lines, then the kernel's again.
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "#line 1 \"k.cu\"");
+        assert!(lines.contains(&"#line 1 \"attention.cuh\""));
+        assert!(lines.contains(&"#line 1 \"common.cuh\""));
+        let back = lines.iter().position(|l| *l == "#line 2 \"k.cu\"").unwrap();
+        assert_eq!(lines[back + 1], "#include <cuda_fp16.h>");
     }
 
     #[test]

@@ -6,17 +6,19 @@
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use kvlab_model::{Activation, KvDtype};
 
 use crate::device::Device;
 use crate::dtype::{CacheElem, DType, Int4x2, row_elems};
 use crate::error::{CudaError, Result};
-use crate::kernels::FILES;
+use crate::kernels::{FILES, KernelFile};
 use crate::launch::{self, i32_of};
 use crate::nvrtc;
 
@@ -114,11 +116,9 @@ impl Kernels {
     /// # Errors
     /// Missing NVRTC or headers, a compile error, or a driver error loading a module.
     pub fn load(dev: &Device) -> Result<Kernels> {
-        let arch = nvrtc::arch_for(dev.info.compute_capability);
         let mut functions = HashMap::new();
         for file in FILES {
-            let ptx = nvrtc::ptx(file, &arch)?;
-            let module = dev.ctx.load_module(Ptx::from_src(ptx.to_string()))?;
+            let module = load_module(dev, file)?;
             for &entry in file.entries {
                 functions.insert(entry, module.load_function(entry)?);
             }
@@ -135,6 +135,40 @@ impl Kernels {
             .get(name)
             .ok_or_else(|| CudaError::MissingKernel(name.to_string()))
     }
+}
+
+/// Loads `file` for `dev`: its cubin for the device's `sm_XY` when NVRTC can build it and the
+/// driver takes it, else its PTX (JIT-compiled by the driver). A fallback is reported on stderr
+/// once per file and process, with the reason, because PTX from an NVRTC newer than the driver
+/// fails to load (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`) where the cubin would not.
+///
+/// # Errors
+/// The PTX's compile error, or the driver's error loading it (with the cubin's failure named).
+fn load_module(dev: &Device, file: &KernelFile) -> Result<Arc<CudaModule>> {
+    let (cubin, ptx) = nvrtc::module_images(file, dev.info.compute_capability)?;
+    let why = match cubin {
+        Ok(image) => match dev.ctx.load_module(Ptx::from_binary(image.bytes)) {
+            Ok(module) => return Ok(module),
+            Err(e) => format!("the driver refused its {} cubin: {e:?}", image.arch),
+        },
+        Err(e) => e.to_string(),
+    };
+    static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if !warned.contains(&file.file) {
+        warned.push(file.file);
+        eprintln!(
+            "warning: kernels/{}: loading PTX for {} instead of a cubin ({why})",
+            file.file, ptx.arch
+        );
+    }
+    dev.ctx
+        .load_module(Ptx::from_binary(ptx.bytes))
+        .map_err(|e| CudaError::Unsupported(format!(
+            "the driver could not load kernels/{} as {} PTX ({e:?}; the cubin failed too: {why}); \
+             a CUDA_ERROR_UNSUPPORTED_PTX_VERSION means the NVRTC is newer than the driver",
+            file.file, ptx.arch
+        )))
 }
 
 /// The inputs of one attention launch (decode or prefill) for one layer.

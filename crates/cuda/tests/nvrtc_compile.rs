@@ -1,4 +1,6 @@
-//! Every kernel file compiles through NVRTC for sm_80 and sm_90 — no GPU needed, only
+//! Every kernel file compiles through NVRTC for sm_80 and sm_90, to PTX and to a cubin (NVRTC
+//! runs ptxas for the real architecture, so register and shared-memory limits are checked
+//! too) — no GPU needed, only
 //! libnvrtc.so.13 on the loader path and a folder with cuda_fp16.h (see
 //! scripts/cuda/setup-nvrtc.sh). Without them the test prints SKIPPED, unless
 //! KVLAB_REQUIRE_NVRTC=1, which turns the skip into a failure (CI sets it).
@@ -53,6 +55,23 @@ fn nvrtc_compiles_every_kernel() {
                 }
                 Err(e) => failures.push(e.to_string()),
             }
+            let sm = arch.replace("compute_", "sm_");
+            match nvrtc::compile_image(file, &sm, &include, nvrtc::Output::Cubin) {
+                // An ELF file: what cuModuleLoadData takes as machine code.
+                Ok(cubin) if cubin.starts_with(b"\x7fELF") => {
+                    eprintln!(
+                        "compiled {} for {sm}: {} bytes of cubin",
+                        file.file,
+                        cubin.len()
+                    );
+                }
+                Ok(cubin) => failures.push(format!(
+                    "{} for {sm}: NVRTC's cubin is not an ELF file ({} bytes)",
+                    file.file,
+                    cubin.len()
+                )),
+                Err(e) => failures.push(e.to_string()),
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -80,4 +99,6 @@ fn nvrtc_reports_compile_errors_with_the_log() {
         "{msg}"
     );
     assert!(msg.contains("identifier \"y\" is undefined"), "{msg}");
+    // The error names the kernel file's own line, not a line of the pasted header.
+    assert!(msg.contains("broken.cu(2)"), "{msg}");
 }

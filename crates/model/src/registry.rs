@@ -162,14 +162,24 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// The checkpoints shipped inside the repository (`fixtures/models/`: the default model,
-/// stories260K, and its tokenizer), found through the path this crate was compiled from; `None`
-/// when that folder is gone (a binary installed elsewhere and its clone removed).
+/// stories260K, and its tokenizer), found through the path this crate was compiled from, else
+/// in the current directory or one above it (a binary built on one machine and run from a
+/// checkout on another, as the GPU checks do); `None` when neither has the folder.
 pub fn shipped_dir() -> Option<PathBuf> {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let compiled_in = Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
+        .map(Path::to_path_buf);
+    let cwd = std::env::current_dir().ok();
+    let around_cwd = cwd
+        .iter()
+        .flat_map(|d| d.ancestors())
+        .map(Path::to_path_buf);
+    compiled_in
+        .into_iter()
+        .chain(around_cwd)
         .map(|root| root.join("fixtures").join("models"))
-        .filter(|d| d.is_dir())
+        .find(|d| d.join("stories260K.bin").is_file())
 }
 
 /// The folders searched for a file, in order: `$KVLAB_MODELS`, the user cache, the shipped copy.

@@ -60,11 +60,21 @@ struct Opts {
     out: Option<PathBuf>,
 }
 
+/// The checkout: the one xtask was built in, else the current directory when it is a checkout
+/// (a prebuilt xtask carried to another machine, as the GPU checks do).
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
-        .to_path_buf()
+        .to_path_buf();
+    let is_checkout = |d: &std::path::Path| d.join("fixtures").join("models.json").is_file();
+    if is_checkout(&built) {
+        return built;
+    }
+    std::env::current_dir()
+        .ok()
+        .filter(|d| is_checkout(d))
+        .unwrap_or(built)
 }
 
 /// `cmd` (a `cargo` build, or a shell that runs one) without the package variables `cargo run`

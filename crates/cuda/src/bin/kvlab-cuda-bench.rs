@@ -3,7 +3,11 @@
 //!
 //! ```text
 //! kvlab-cuda-bench [copy|attention|decode|waste|all]... [--quick] [--model NAME] [--out FILE]
+//! kvlab-cuda-bench smoke [--out FILE]
 //! ```
+//! `smoke` is the first thing to run on a new GPU machine: it opens the device, names the CUDA
+//! libraries this process actually mapped (and NVRTC's version), loads every kernel module
+//! (cubin or PTX, timed) and runs one kernel whose answer it checks.
 //! Prints a line per measurement on stderr and one JSON document on stdout (or into --out).
 //! Without a GPU it prints SKIPPED and exits 0, unless KVLAB_REQUIRE_CUDA=1 (then exit 1).
 
@@ -35,7 +39,7 @@ fn parse() -> Result<Args, String> {
             "--quick" => a.quick = true,
             "--model" => a.model = it.next().ok_or("--model needs a name")?,
             "--out" => a.out = Some(it.next().ok_or("--out needs a file")?),
-            "copy" | "attention" | "decode" | "waste" | "all" => a.what.push(s),
+            "copy" | "attention" | "decode" | "waste" | "all" | "smoke" => a.what.push(s),
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -55,7 +59,7 @@ impl Args {
     }
 }
 
-const USAGE: &str = "kvlab-cuda-bench [copy|attention|decode|waste|all]... [--quick] \
+const USAGE: &str = "kvlab-cuda-bench smoke | [copy|attention|decode|waste|all]... [--quick] \
                      [--model NAME (a synthetic model of fixtures/models.json, default \
                      llama-3-8b-shape)] [--out FILE]";
 
@@ -104,6 +108,9 @@ fn write_report(args: &Args, report: &Value) {
 }
 
 fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
+    if args.what.iter().any(|w| w == "smoke") {
+        return smoke();
+    }
     let mut report = serde_json::Map::new();
     let dev = Device::open(0)?;
     report.insert("device".into(), serde_json::to_value(&dev.info)?);
@@ -205,6 +212,76 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
         }
     }
     Ok(Value::Object(report))
+}
+
+/// Opens the GPU, loads every module, runs `argmax` on known rows; reports what it loaded.
+fn smoke() -> Result<Value, Box<dyn std::error::Error>> {
+    let t = std::time::Instant::now();
+    let dev = Device::open(0)?;
+    eprintln!("opened {} in {:.2} s", dev.info, t.elapsed().as_secs_f64());
+    let nvrtc = kvlab_cuda::nvrtc::check_nvrtc_version()?;
+    eprintln!("NVRTC {}.{}", nvrtc.0, nvrtc.1);
+    let t = std::time::Instant::now();
+    let ops = Ops::new(&dev)?;
+    let load_s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "compiled and loaded {} kernel files in {load_s:.2} s (a 'loading PTX' warning above \
+         means a file fell back from its cubin)",
+        kvlab_cuda::kernels::FILES.len()
+    );
+    let libs = mapped_cuda_libraries();
+    for l in &libs {
+        eprintln!("mapped: {l}");
+    }
+    // argmax over 3 rows of 1,000 with a known winner in each.
+    let (rows, vocab) = (3, 1000);
+    let mut logits = vec![0.0f32; rows * vocab];
+    let want = [7, 999, 500];
+    for (r, &w) in want.iter().enumerate() {
+        for v in 0..vocab {
+            logits[r * vocab + v] = ((v * 37 + r) % 101) as f32 * 0.01;
+        }
+        logits[r * vocab + w] = 2.0;
+    }
+    let d_logits = ops.stream.clone_htod(&logits)?;
+    let d_out = ops.stream.clone_htod(&[-1i32; 3])?;
+    ops.argmax(ops.dev(&d_logits), ops.dev(&d_out), rows, vocab)?;
+    let got = ops.stream.clone_dtoh(&d_out)?;
+    dev.sync()?;
+    let ok = got == want.map(|w| w as i32);
+    eprintln!(
+        "argmax kernel: got {got:?}, want {want:?}: {}",
+        if ok { "ok" } else { "WRONG" }
+    );
+    if !ok {
+        return Err(format!("argmax smoke test gave {got:?}, want {want:?}").into());
+    }
+    Ok(json!({
+        "device": dev.info,
+        "nvrtc": format!("{}.{}", nvrtc.0, nvrtc.1),
+        "module_load_s": load_s,
+        "mapped_libraries": libs,
+        "argmax_ok": ok,
+    }))
+}
+
+/// The CUDA libraries mapped into this process (from /proc/self/maps): which libcuda, libnvrtc
+/// and libcublas the loader actually picked.
+fn mapped_cuda_libraries() -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut libs: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| {
+            ["libcuda", "libnvrtc", "libcublas"]
+                .iter()
+                .any(|n| p.contains(n))
+        })
+        .map(String::from)
+        .collect();
+    libs.sort();
+    libs.dedup();
+    libs
 }
 
 /// The synthetic model `name` of fixtures/models.json.

@@ -82,14 +82,24 @@ pub fn rounded<T: DType>(x: &[f32]) -> Vec<f32> {
 /// Asserts the normwise relative error is within `T`'s tolerance, the issue's: < 1e-5 for f32,
 /// < 1e-2 for f16 (NaN never passes).
 pub fn check<T: DType>(what: &str, got: &[f32], want: &[f32]) {
-    let e = reference::rel_err(got, want);
-    let tol = if T::BYTES == 4 { 1e-5 } else { 1e-2 };
-    assert!(
-        e < tol,
-        "{what} ({}): relative error {e:e} >= {tol:e}",
-        T::NAME
+    check_within(
+        &format!("{what} ({})", T::NAME),
+        got,
+        want,
+        tolerance::<T>(),
     );
-    eprintln!("{what} ({}): relative error {e:e}", T::NAME);
+}
+
+/// The relative error allowed for results in `T`: 1e-5 for f32, 1e-2 for 16-bit types.
+pub fn tolerance<T: DType>() -> f32 {
+    if T::BYTES == 4 { 1e-5 } else { 1e-2 }
+}
+
+/// Asserts relative error < `tol` (NaN never passes) and prints it.
+pub fn check_within(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let e = reference::rel_err(got, want);
+    assert!(e < tol, "{what}: relative error {e:e} >= {tol:e}");
+    eprintln!("{what}: relative error {e:e}");
 }
 
 /// Greedy tokens of `n` steps after `prompt`, and each step's top-2 margin (for reports).
