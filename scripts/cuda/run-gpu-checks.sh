@@ -278,7 +278,10 @@ sanitize() {
     trap pack_logs EXIT
     local bin=$PWD/$stage_dir/bin failed=() tool
     for tool in memcheck racecheck synccheck; do
-        stage_run "sanitize-$tool" "${SANITIZE_LIMIT:-150}" bash -c "cd crates/cuda && compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 '$bin/test-gpu_kernels' --test-threads=1 ${SANITIZE_FILTER:-}" \
+        # cuBLAS's own GEMM kernels on Hopper (nvjet_*) are left out: racecheck reports
+        # hazards inside NVIDIA's split-K GEMM that are not ours to fix; kvlab's kernels are
+        # every entry point of kernels/*.cu, all named <kernel>_v<N>_<types>.
+        stage_run "sanitize-$tool" "${SANITIZE_LIMIT:-150}" bash -c "cd crates/cuda && compute-sanitizer --tool $tool --kernel-name-exclude kns=nvjet --error-exitcode 9 --print-limit 20 '$bin/test-gpu_kernels' --test-threads=1 ${SANITIZE_FILTER:-}" \
             || failed+=("$tool")
     done
     [ ${#failed[@]} -eq 0 ] || die "compute-sanitizer found errors or failed: ${failed[*]}"

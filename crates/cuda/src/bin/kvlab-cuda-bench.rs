@@ -196,7 +196,10 @@ fn run(args: &Args) -> Result<Value, Box<dyn std::error::Error>> {
         }
         if args.what.iter().any(|w| w == "waste") {
             let (num_blocks, block_size) = engine.pool();
-            let max_seq_len = model.config.max_seq_len.min(2048);
+            // The standard uniform workload's context (prompts and outputs of 100..=1024
+            // tokens), whatever the model's own: the comparison is of two reservation
+            // policies over this pool, not of the model (stories42M's 1,024 is too short).
+            let max_seq_len = 2048;
             let requests = kvlab_paged::uniform_requests(1000, 1);
             let w = bench::waste_comparison(num_blocks, block_size, max_seq_len, &requests)?;
             eprintln!(
