@@ -124,94 +124,58 @@ __device__ __forceinline__ void load_int4(float k[KVLAB_DIMS_PER_LANE],
     }
 }
 
-// This lane's dims of key j and value j (zero past head_dim), and for the scaled formats the KV
-// head's scales of a pool position (the dot product and the softmax weight take them; 1 else).
-template <typename A, typename C>
-__device__ __forceinline__ void load_kv(float k[KVLAB_DIMS_PER_LANE],
-                                        float v[KVLAB_DIMS_PER_LANE], float& ks, float& vs,
-                                        const KvView<A, C>& kv, int j) {
-    using Codec = KvCodec<C>;
-    const int lane = threadIdx.x % KVLAB_WARP;
-    const bool fresh = j >= kv.pos0;
-    ks = 1.0f;
-    vs = 1.0f;
-#pragma unroll
-    for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
-        k[i] = 0.0f;
-        v[i] = 0.0f;
-    }
-    if (fresh || !Codec::int4) {
-        const long long off = kv_offset(kv, j);
-        if constexpr (Codec::scaled) {
-            if (!fresh) {
-                ks = kv.k_scale[off / kv.head_dim];  // off / head_dim: its (slot, kv_head)
-                vs = kv.v_scale[off / kv.head_dim];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
-            const int d = lane + i * KVLAB_WARP;
-            if (d < kv.head_dim) {
-                if (fresh) {
-                    k[i] = to_float(kv.k_new[off + d]);
-                    v[i] = to_float(kv.v_new[off + d]);
-                } else if constexpr (!Codec::int4) {
-                    k[i] = Codec::decode(kv.k_cache[off + d]);
-                    v[i] = Codec::decode(kv.v_cache[off + d]);
-                }
-            }
-        }
-    } else if constexpr (Codec::int4) {
-        load_int4(k, v, kv, j);
-    }
-}
-
-// Keys a warp loads before it uses any of them: their block-table reads, then their key and
-// value reads, are in flight together, so a warp waits for memory once per tile instead of
-// twice per key (the table lookup, then the row it points to).
-#define KVLAB_ATTN_TILE 4
-
-// One warp folds keys j = begin, begin + step, ... < end into its online-softmax state, a tile
-// of KVLAB_ATTN_TILE keys at a time: the tile's scores, then one rescale by the tile's max
-// (m' = max(m, s_1..s_T), c = e^(m − m'), l ← l·c + Σ_t e^(s_t − m'), acc likewise), which is
-// the per-key update of the header comment applied to T keys at once.
+// One warp folds keys j = begin, begin + step, ... < end into its online-softmax state.
 // q: this lane's dims of the query (dims lane + 32·i, zero past head_dim).
 template <typename A, typename C>
 __device__ void warp_attend(float& m, float& l, float acc[KVLAB_DIMS_PER_LANE],
                             const float q[KVLAB_DIMS_PER_LANE], const KvView<A, C>& kv,
                             int begin, int end, int step, float scale) {
-    for (int j0 = begin; j0 < end; j0 += step * KVLAB_ATTN_TILE) {
-        float k[KVLAB_ATTN_TILE][KVLAB_DIMS_PER_LANE], v[KVLAB_ATTN_TILE][KVLAB_DIMS_PER_LANE];
-        float ks[KVLAB_ATTN_TILE], vs[KVLAB_ATTN_TILE], s[KVLAB_ATTN_TILE];
-#pragma unroll
-        for (int t = 0; t < KVLAB_ATTN_TILE; ++t) {
-            // j is the same in every lane: the branch never splits a warp.
-            if (j0 + t * step < end) load_kv(k[t], v[t], ks[t], vs[t], kv, j0 + t * step);
-        }
-        float m_new = m;
-#pragma unroll
-        for (int t = 0; t < KVLAB_ATTN_TILE; ++t) {
-            if (j0 + t * step < end) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) dot += q[i] * k[t][i];
-                s[t] = warp_sum(dot) * ks[t] * scale;
-                m_new = fmaxf(m_new, s[t]);
+    const int lane = threadIdx.x % KVLAB_WARP;
+    for (int j = begin; j < end; j += step) {
+        using Codec = KvCodec<C>;
+        const bool fresh = j >= kv.pos0;
+        // This lane's dims of key j and value j, and for the scaled formats the KV head's
+        // scales of a pool position (the dot product and the softmax weight take them).
+        float k[KVLAB_DIMS_PER_LANE], v[KVLAB_DIMS_PER_LANE];
+        float ks = 1.0f, vs = 1.0f;
+        if (fresh || !Codec::int4) {
+            const long long off = kv_offset(kv, j);
+            if constexpr (Codec::scaled) {
+                if (!fresh) {
+                    ks = kv.k_scale[off / kv.head_dim];  // off / head_dim: its (slot, kv_head)
+                    vs = kv.v_scale[off / kv.head_dim];
+                }
             }
-        }
-        const float c = expf(m - m_new);  // 0 for the first tile (m = -inf)
-        l *= c;
 #pragma unroll
-        for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) acc[i] *= c;
-#pragma unroll
-        for (int t = 0; t < KVLAB_ATTN_TILE; ++t) {
-            if (j0 + t * step < end) {
-                const float p = expf(s[t] - m_new);
-                l += p;
-                const float pv = p * vs[t];
-#pragma unroll
-                for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) acc[i] += pv * v[t][i];
+            for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+                const int d = lane + i * KVLAB_WARP;
+                if (d < kv.head_dim) {
+                    if (fresh) {
+                        k[i] = to_float(kv.k_new[off + d]);
+                        v[i] = to_float(kv.v_new[off + d]);
+                    } else if constexpr (!Codec::int4) {
+                        k[i] = Codec::decode(kv.k_cache[off + d]);
+                        v[i] = Codec::decode(kv.v_cache[off + d]);
+                    }
+                }
             }
+        } else if constexpr (Codec::int4) {
+            load_int4(k, v, kv, j);
+        }
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+            if (lane + i * KVLAB_WARP < kv.head_dim) dot += q[i] * k[i];
+        }
+        const float s = warp_sum(dot) * ks * scale;
+        const float m_new = fmaxf(m, s);
+        const float c = expf(m - m_new);  // 0 for the first key (m = -inf)
+        const float p = expf(s - m_new);
+        l = l * c + p;
+        const float pv = p * vs;
+#pragma unroll
+        for (int i = 0; i < KVLAB_DIMS_PER_LANE; ++i) {
+            if (lane + i * KVLAB_WARP < kv.head_dim) acc[i] = acc[i] * c + pv * v[i];
         }
         m = m_new;
     }
