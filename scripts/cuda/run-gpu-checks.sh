@@ -252,7 +252,7 @@ first_run() {
     local tests="cd crates/cuda && KVLAB_MODELS=${KVLAB_MODELS:-} "
     step smoke 90 "$bin/kvlab-cuda-bench" smoke --out "$logs/smoke.json"
     step nvrtc_compile 60 bash -c "$tests '$bin/test-nvrtc_compile' --nocapture"
-    step gpu_kernels 150 env CUDA_LAUNCH_BLOCKING=1 bash -c "$tests '$bin/test-gpu_kernels' --test-threads=4 --nocapture"
+    step gpu_kernels 150 env CUDA_LAUNCH_BLOCKING=1 bash -c "$tests '$bin/test-gpu_kernels' gpu_ --test-threads=4 --nocapture"
     step gpu_engine 150 bash -c "$tests '$bin/test-gpu_engine' --test-threads=4 --nocapture"
     if [ -x "$bin/xtask" ]; then
         # Every verify model but those whose files are not here (Gemma 3 270M lives outside the
@@ -287,7 +287,7 @@ sanitize() {
         # (--kernel-name-exclude) made them fault. Every kvlab kernel runs in the other tests.
         local filter=${SANITIZE_FILTER:-}
         [ "$tool" != racecheck ] || filter="${filter:-} --skip gpu_linear_cublas"
-        stage_run "sanitize-$tool" "${SANITIZE_LIMIT:-150}" bash -c "cd crates/cuda && compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 '$bin/test-gpu_kernels' --test-threads=1 $filter" \
+        stage_run "sanitize-$tool" "${SANITIZE_LIMIT:-150}" bash -c "cd crates/cuda && compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 '$bin/test-gpu_kernels' gpu_ --test-threads=1 $filter" \
             || failed+=("$tool")
     done
     [ ${#failed[@]} -eq 0 ] || die "compute-sanitizer found errors or failed: ${failed[*]}"

@@ -28,7 +28,7 @@ use crate::dtype::{CacheElem, DType};
 use crate::engine::CudaEngine;
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel};
-use crate::ops::{AttentionArgs, Ops, cache_sizes};
+use crate::ops::{AttentionArgs, Launcher, Ops, cache_sizes};
 
 /// Measured device-to-device copy bandwidth, in bytes per second (read + write counted).
 ///

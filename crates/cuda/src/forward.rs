@@ -32,7 +32,7 @@ use crate::device::Device;
 use crate::dtype::{CacheElem, DType};
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel, PackGeometry, PackedStep};
-use crate::ops::{AttentionArgs, Int4Op, Ops, RowsAndPool};
+use crate::ops::{AttentionArgs, Int4Op, Launcher, Ops, RowsAndPool};
 use crate::pool::{KvPool, PoolPlan};
 use crate::residual::Residuals;
 use crate::rope::RopeTables;

@@ -1,7 +1,8 @@
-//! Typed launches of every kernel: the forward pass and the GPU tests call these, never
-//! `launch_builder` directly. Each wrapper checks that every buffer holds the elements its shape
-//! needs before launching, takes its grid from `launch.rs`, and names the entry point
-//! `<kernel>_v<version>_<types>` from the element types.
+//! Typed launches of every kernel: the forward pass and the kernel tests call these, never
+//! `launch_builder` directly. Each wrapper (a provided method of [`Launcher`]) checks that every
+//! buffer holds the elements its shape needs before launching, takes its grid from `launch.rs`,
+//! and names the entry point `<kernel>_v<version>_<types>` from the element types; [`Ops`] runs
+//! them on the GPU, the tests' emulator (kvlab-cuda-emu) on the CPU.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -88,6 +89,20 @@ impl<T> Dev<T> {
             len: self.len,
             _t: PhantomData,
         })
+    }
+
+    /// A buffer of `len` elements at address `ptr` that is not a cudarc slice: host memory the
+    /// CPU emulator of the kernels reads and writes (kvlab-cuda-emu, in tests).
+    ///
+    /// # Safety
+    /// `ptr` addresses `len` live elements of `T`, valid for reads and writes for as long as
+    /// any kernel launched with this `Dev` runs.
+    pub unsafe fn from_raw_parts(ptr: u64, len: usize) -> Dev<T> {
+        Dev {
+            ptr,
+            len,
+            _t: PhantomData,
+        }
     }
 
     /// The address, after checking the buffer holds at least `n` elements.
@@ -240,7 +255,7 @@ pub struct Int4Keys {
 /// One kernel argument, typed as the kernel's parameter list types it: a device address, an
 /// `int`, a `long long` or a `float`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Arg {
+pub enum Arg {
     Ptr(u64),
     I32(i32),
     I64(i64),
@@ -420,13 +435,15 @@ impl Ops {
             _t: PhantomData,
         }
     }
+}
 
-    /// Launches `f` on the stream with `args`, in order.
-    ///
-    /// # Safety
-    /// `args` match `f`'s parameter list in number, types and order, and every buffer holds
-    /// what the grid `cfg` reads and writes.
-    unsafe fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+impl Launcher for Ops {
+    fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
+    unsafe fn launch_kernel(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        let f = self.kernels.get(name)?;
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -440,13 +457,33 @@ impl Ops {
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
+}
+
+/// Something that runs kvlab's kernels by name: the GPU ([`Ops`], through cudarc) or, in tests,
+/// the CPU emulator (`kvlab-cuda-emu`). Every typed launch below is written once, here: it checks
+/// that each buffer holds the elements its shape needs, packs the arguments in the kernel's
+/// order, takes its grid from `launch.rs` and calls [`Launcher::launch_kernel`].
+pub trait Launcher {
+    /// Streaming multiprocessors of the device (the v1/v2 attention choice reads it).
+    fn multiprocessors(&self) -> usize;
+
+    /// Runs kernel `name` over grid `cfg` with `args`, in order (queued on the GPU's stream;
+    /// run to completion by the emulator).
+    ///
+    /// # Errors
+    /// [`CudaError::MissingKernel`], or the backend's launch error.
+    ///
+    /// # Safety
+    /// `args` match the kernel's parameter list in number, types and order, and every buffer
+    /// holds what the grid `cfg` reads and writes.
+    unsafe fn launch_kernel(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()>;
 
     /// x (n_tokens, dim) f32 = table (vocab, dim)[ids] · scale.
     ///
     /// # Errors
     /// Short buffers, launch errors. Token ids must be < vocab (pack_step checks them).
     #[allow(clippy::too_many_arguments)]
-    pub fn embedding<W: DType>(
+    fn embedding<W: DType>(
         &self,
         x: Dev<f32>,
         table: Dev<W>,
@@ -456,7 +493,7 @@ impl Ops {
         dim: usize,
         scale: f32,
     ) -> Result<()> {
-        let f = self.kernels.get(&format!("embedding_v1_{}", W::NAME))?;
+        let f: &str = &format!("embedding_v1_{}", W::NAME);
         let args = [
             Ptr(x.need(n_tokens * dim, "embedding out")?),
             Ptr(table.need(vocab * dim, "embedding table")?),
@@ -468,7 +505,7 @@ impl Ops {
         // SAFETY: argument types and order match embedding_v1_<W> (float*, const W*, const int*,
         // int, float); every buffer was checked to hold what the grid touches, and ids index
         // rows < vocab (checked by the caller).
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// y (rows, n) = rmsnorm(x (rows, n)) · w (n,). In place when `y` and `x` are the same.
@@ -476,7 +513,7 @@ impl Ops {
     /// # Errors
     /// Short buffers, launch errors.
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm<I: DType, O: DType>(
+    fn rmsnorm<I: DType, O: DType>(
         &self,
         y: Dev<O>,
         x: Dev<I>,
@@ -485,9 +522,7 @@ impl Ops {
         n: usize,
         eps: f32,
     ) -> Result<()> {
-        let f = self
-            .kernels
-            .get(&format!("rmsnorm_v1_{}_{}", I::NAME, O::NAME))?;
+        let f: &str = &format!("rmsnorm_v1_{}_{}", I::NAME, O::NAME);
         let args = [
             Ptr(y.need(rows * n, "rmsnorm out")?),
             Ptr(x.need(rows * n, "rmsnorm in")?),
@@ -498,7 +533,7 @@ impl Ops {
         let cfg = launch::rmsnorm_config(rows, n)?;
         // SAFETY: matches rmsnorm_v1_<I>_<O> (O*, const I*, const float*, int, float); one block
         // per row of n elements, all checked above; threads are a multiple of 32 (block_sum).
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// RoPE in place on x (n_tokens, n_heads, head_dim) with cos/sin tables (positions,
@@ -507,7 +542,7 @@ impl Ops {
     /// # Errors
     /// Short buffers, launch errors.
     #[allow(clippy::too_many_arguments)]
-    pub fn rope<T: DType>(
+    fn rope<T: DType>(
         &self,
         x: Dev<T>,
         positions: Dev<i32>,
@@ -519,7 +554,7 @@ impl Ops {
         neox: bool,
     ) -> Result<()> {
         launch::check_head_dim(head_dim)?;
-        let f = self.kernels.get(&format!("rope_v1_{}", T::NAME))?;
+        let f: &str = &format!("rope_v1_{}", T::NAME);
         let half = head_dim / 2;
         if cos.len() != sin.len() || !cos.len().is_multiple_of(half) {
             return Err(CudaError::BadInput(
@@ -540,7 +575,7 @@ impl Ops {
         // SAFETY: matches rope_v1_<T> (T*, const int*, const float*, const float*, int, int,
         // int, int); the grid covers n_tokens·n_heads·head_dim/2 threads, the kernel returns past
         // that; x was checked; table rows are indexed by positions checked by pack_step.
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// Stores `r.k`, `r.v` at rows `r.slots` of the caches in the cache type, with one scale
@@ -551,10 +586,8 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn reshape_and_cache<A: DType, C: CacheElem>(&self, r: &RowsAndPool<A, C>) -> Result<()> {
-        let f = self
-            .kernels
-            .get(&format!("reshape_and_cache_v1_{}_{}", A::NAME, C::NAME))?;
+    fn reshape_and_cache<A: DType, C: CacheElem>(&self, r: &RowsAndPool<A, C>) -> Result<()> {
+        let f: &str = &format!("reshape_and_cache_v1_{}_{}", A::NAME, C::NAME);
         let args = r.args()?;
         let cfg = launch::row_copy_config(r.n_tokens, r.n_kv_heads * r.head_dim)?;
         // SAFETY: matches reshape_and_cache_v1_<A>_<C> (const A*, const A*, C*, C*, float*,
@@ -562,7 +595,7 @@ impl Ops {
         // threads a multiple of 32 (the scaled types and int4's values reduce per warp); slots
         // are -1 or < num_slots (pack_step), int4's write map names a residual < residuals for
         // every block written (residual.rs), caches and scales checked.
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// The step's own rows `r.k`, `r.v` replaced by what the pool gives back for them after
@@ -572,13 +605,11 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn kv_read_back<A: DType, C: CacheElem>(&self, r: &RowsAndPool<A, C>) -> Result<()> {
+    fn kv_read_back<A: DType, C: CacheElem>(&self, r: &RowsAndPool<A, C>) -> Result<()> {
         if C::KV_DTYPE == KvDtype::F32 || r.n_tokens == 0 {
             return Ok(());
         }
-        let f = self
-            .kernels
-            .get(&format!("kv_read_back_v1_{}_{}", A::NAME, C::NAME))?;
+        let f: &str = &format!("kv_read_back_v1_{}_{}", A::NAME, C::NAME);
         let args = r.args()?;
         let cfg = launch::row_copy_config(r.n_tokens, r.n_kv_heads * r.head_dim)?;
         // SAFETY: matches kv_read_back_v1_<A>_<C> (A*, A*, const C*, const C*, const float*,
@@ -586,7 +617,7 @@ impl Ops {
         // token, threads a multiple of 32 (rows not stored reduce per warp); slots are -1 or <
         // num_slots (pack_step); int4's read map names a residual < residuals or -1
         // (residual.rs); buffers checked.
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// int4 keys of whole blocks, `pairs` (n_pairs, 2) = (block, residual): quantized from
@@ -596,13 +627,7 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn int4_keys(
-        &self,
-        op: Int4Op,
-        t: Int4Keys,
-        pairs: Dev<i32>,
-        n_pairs: usize,
-    ) -> Result<()> {
+    fn int4_keys(&self, op: Int4Op, t: Int4Keys, pairs: Dev<i32>, n_pairs: usize) -> Result<()> {
         if n_pairs == 0 {
             return Ok(());
         }
@@ -610,7 +635,7 @@ impl Ops {
             Int4Op::Close => "int4_close_keys_v1",
             Int4Op::Open => "int4_open_keys_v1",
         };
-        let f = self.kernels.get(name)?;
+        let f: &str = name;
         let (bs, heads) = (t.block_size, (t.n_kv_heads, t.head_dim));
         let [cache, k_scales, _, residual, _] =
             cache_sizes::<Int4x2>(t.num_blocks * bs, bs, heads, t.residuals);
@@ -628,7 +653,7 @@ impl Ops {
         // int, int, int) and int4_open_keys_v1 (the same but const codes and scales and a
         // mutable residual); one block per pair; block ids < num_blocks and residual ids <
         // residuals (residual.rs); buffers checked.
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// Copies whole blocks `pairs` (n_pairs, 2) = (src, dst) of both caches (num_blocks,
@@ -637,7 +662,7 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn copy_blocks<C: CacheElem>(
+    fn copy_blocks<C: CacheElem>(
         &self,
         k_cache: Dev<C>,
         v_cache: Option<Dev<C>>,
@@ -649,7 +674,7 @@ impl Ops {
         if n_pairs == 0 {
             return Ok(());
         }
-        let f = self.kernels.get(&format!("copy_blocks_v1_{}", C::NAME))?;
+        let f: &str = &format!("copy_blocks_v1_{}", C::NAME);
         let v = match v_cache {
             Some(v) => v.need(num_blocks * block_elems, "value cache")?,
             None => 0,
@@ -664,28 +689,26 @@ impl Ops {
         // SAFETY: matches copy_blocks_v1_<C> (C*, C*, const int*, long long); one block per
         // pair; block ids < num_blocks (pack_step), caches checked to hold num_blocks blocks (a
         // null value cache is skipped by the kernel).
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// paged_attention_v1 over the leading `n_decode` sequences (one query each).
     ///
     /// # Errors
     /// Short buffers, unsupported shapes, launch errors.
-    pub fn paged_attention_v1<A: DType, C: CacheElem>(
+    fn paged_attention_v1<A: DType, C: CacheElem>(
         &self,
         a: &AttentionArgs<A, C>,
         n_decode: usize,
     ) -> Result<()> {
         let p = a.checked()?;
-        let f = self
-            .kernels
-            .get(&format!("paged_attention_v1_{}_{}", A::NAME, C::NAME))?;
+        let f: &str = &format!("paged_attention_v1_{}_{}", A::NAME, C::NAME);
         let cfg = launch::decode_v1_config(n_decode, a.n_heads)?;
         let args = [&[Ptr(p.out)][..], &p.inputs, &p.shape].concat();
         // SAFETY: matches paged_attention_v1_<A>_<C>'s parameter list; every buffer was checked
         // by `checked`; block-table entries the kernel dereferences are valid blocks and query
         // rows / context lengths are consistent (pack_step); head_dim <= 256.
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// paged_attention_v2 (partitions of `launch::PARTITION_SIZE` keys) and its reduce, over
@@ -694,7 +717,7 @@ impl Ops {
     ///
     /// # Errors
     /// Short buffers, unsupported shapes, launch errors.
-    pub fn paged_attention_v2<A: DType, C: CacheElem>(
+    fn paged_attention_v2<A: DType, C: CacheElem>(
         &self,
         a: &AttentionArgs<A, C>,
         n_decode: usize,
@@ -716,19 +739,15 @@ impl Ops {
             I32(i32_of("partitions", max_partitions)?),
         ];
 
-        let f = self
-            .kernels
-            .get(&format!("paged_attention_v2_{}_{}", A::NAME, C::NAME))?;
+        let f: &str = &format!("paged_attention_v2_{}_{}", A::NAME, C::NAME);
         let cfg = launch::decode_v2_config(n_decode, a.n_heads, max_partitions)?;
         let args = [&tmp[..], &p.inputs, &p.shape, &partitions].concat();
         // SAFETY: matches paged_attention_v2_<A>_<C>'s parameter list; the workspace holds
         // (n_decode, n_heads, max_partitions) cells of max, sum and head_dim floats (checked);
         // the other buffers as in paged_attention_v1.
-        unsafe { self.launch(f, cfg, &args) }?;
+        unsafe { self.launch_kernel(f, cfg, &args) }?;
 
-        let f = self
-            .kernels
-            .get(&format!("paged_attention_v2_reduce_{}", A::NAME))?;
+        let f: &str = &format!("paged_attention_v2_reduce_{}", A::NAME);
         // One block per (decode sequence, query head), as v1; threads over dims.
         let cfg = launch::decode_v1_config(n_decode, a.n_heads)?;
         let [.., query_start_loc, context_lens] = p.inputs;
@@ -738,14 +757,14 @@ impl Ops {
         // SAFETY: matches paged_attention_v2_reduce_<A>; reads only the partitions each
         // sequence has (< max_partitions, as the launch above computed them), writes out rows
         // checked above.
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// prefill_attention_v1 for token rows `first_row .. first_row + n_rows`.
     ///
     /// # Errors
     /// Short buffers, unsupported shapes, launch errors.
-    pub fn prefill_attention_v1<A: DType, C: CacheElem>(
+    fn prefill_attention_v1<A: DType, C: CacheElem>(
         &self,
         a: &AttentionArgs<A, C>,
         first_row: usize,
@@ -760,26 +779,24 @@ impl Ops {
             )));
         }
         let rows = [Ptr(p.token_seq), I32(i32_of("first_row", first_row)?)];
-        let f = self
-            .kernels
-            .get(&format!("prefill_attention_v1_{}_{}", A::NAME, C::NAME))?;
+        let f: &str = &format!("prefill_attention_v1_{}_{}", A::NAME, C::NAME);
         let cfg = launch::prefill_config(n_rows, a.n_heads)?;
         let args = [&[Ptr(p.out)][..], &p.inputs, &rows, &p.shape].concat();
         // SAFETY: matches prefill_attention_v1_<A>_<C>'s parameter list; rows are inside the
         // checked buffers; metadata consistent (pack_step).
-        unsafe { self.launch(f, cfg, &args) }
+        unsafe { self.launch_kernel(f, cfg, &args) }
     }
 
     /// gate ← act(gate) ⊙ up over n elements.
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn glu<T: DType>(&self, gate: Dev<T>, up: Dev<T>, n: usize, act: Activation) -> Result<()> {
+    fn glu<T: DType>(&self, gate: Dev<T>, up: Dev<T>, n: usize, act: Activation) -> Result<()> {
         let name = match act {
             Activation::Silu => "glu_silu",
             Activation::GeluTanh => "glu_gelu_tanh",
         };
-        let f = self.kernels.get(&format!("{name}_v1_{}", T::NAME))?;
+        let f: &str = &format!("{name}_v1_{}", T::NAME);
         let args = [
             Ptr(gate.need(n, "gate")?),
             Ptr(up.need(n, "up")?),
@@ -787,15 +804,15 @@ impl Ops {
         ];
         // SAFETY: matches <act>_v1_<T> (T*, const T*, long long); grid-stride over n checked
         // elements.
-        unsafe { self.launch(f, launch::elementwise_config(n), &args) }
+        unsafe { self.launch_kernel(f, launch::elementwise_config(n), &args) }
     }
 
     /// x (f32) ← x + o over n elements.
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn residual_add<T: DType>(&self, x: Dev<f32>, o: Dev<T>, n: usize) -> Result<()> {
-        let f = self.kernels.get(&format!("residual_add_v1_{}", T::NAME))?;
+    fn residual_add<T: DType>(&self, x: Dev<f32>, o: Dev<T>, n: usize) -> Result<()> {
+        let f: &str = &format!("residual_add_v1_{}", T::NAME);
         let args = [
             Ptr(x.need(n, "residual")?),
             Ptr(o.need(n, "residual addend")?),
@@ -803,21 +820,21 @@ impl Ops {
         ];
         // SAFETY: matches residual_add_v1_<T> (float*, const T*, long long); grid-stride over n
         // checked elements.
-        unsafe { self.launch(f, launch::elementwise_config(n), &args) }
+        unsafe { self.launch_kernel(f, launch::elementwise_config(n), &args) }
     }
 
     /// x (rows, cols) ← x + bias (cols,), the bias broadcast over rows.
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn add_bias<T: DType>(
+    fn add_bias<T: DType>(
         &self,
         x: Dev<T>,
         bias: Dev<f32>,
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        let f = self.kernels.get(&format!("add_bias_v1_{}", T::NAME))?;
+        let f: &str = &format!("add_bias_v1_{}", T::NAME);
         let n = rows * cols;
         let args = [
             Ptr(x.need(n, "biased rows")?),
@@ -827,14 +844,14 @@ impl Ops {
         ];
         // SAFETY: matches add_bias_v1_<T> (T*, const float*, long long, int); grid-stride over n
         // checked elements, bias indices i % cols < cols checked elements.
-        unsafe { self.launch(f, launch::elementwise_config(n), &args) }
+        unsafe { self.launch_kernel(f, launch::elementwise_config(n), &args) }
     }
 
     /// out (n_rows, dim) = x[rows] for x (n_tokens, dim). Rows must be < n_tokens.
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn gather_rows(
+    fn gather_rows(
         &self,
         out: Dev<f32>,
         x: Dev<f32>,
@@ -843,7 +860,7 @@ impl Ops {
         n_tokens: usize,
         dim: usize,
     ) -> Result<()> {
-        let f = self.kernels.get("gather_rows_v1_f32")?;
+        let f: &str = "gather_rows_v1_f32";
         let args = [
             Ptr(out.need(n_rows * dim, "gathered rows")?),
             Ptr(x.need(n_tokens * dim, "rows source")?),
@@ -852,21 +869,15 @@ impl Ops {
         ];
         // SAFETY: matches gather_rows_v1_f32 (float*, const float*, const int*, int); row
         // indices < n_tokens (pack_step's logits rows).
-        unsafe { self.launch(f, launch::row_copy_config(n_rows, dim)?, &args) }
+        unsafe { self.launch_kernel(f, launch::row_copy_config(n_rows, dim)?, &args) }
     }
 
     /// out (n_rows,) = argmax of each row of logits (n_rows, vocab), ties to the lowest id.
     ///
     /// # Errors
     /// Short buffers, launch errors.
-    pub fn argmax(
-        &self,
-        logits: Dev<f32>,
-        out: Dev<i32>,
-        n_rows: usize,
-        vocab: usize,
-    ) -> Result<()> {
-        let f = self.kernels.get("argmax_v1_f32")?;
+    fn argmax(&self, logits: Dev<f32>, out: Dev<i32>, n_rows: usize, vocab: usize) -> Result<()> {
+        let f: &str = "argmax_v1_f32";
         let args = [
             Ptr(logits.need(n_rows * vocab, "logits")?),
             Ptr(out.need(n_rows, "argmax out")?),
@@ -874,6 +885,6 @@ impl Ops {
         ];
         // SAFETY: matches argmax_v1_f32 (const float*, int*, int); exactly ARGMAX_THREADS
         // threads per block as the kernel's shared arrays assume.
-        unsafe { self.launch(f, launch::argmax_config(n_rows)?, &args) }
+        unsafe { self.launch_kernel(f, launch::argmax_config(n_rows)?, &args) }
     }
 }

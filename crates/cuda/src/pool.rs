@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::dtype::CacheElem;
 use crate::error::{CudaError, Result};
-use crate::ops::{Dev, Int4Keys, Int4Op, Ops, cache_sizes};
+use crate::ops::{Dev, Int4Keys, Int4Op, Launcher, Ops, cache_sizes};
 use crate::residual::Residuals;
 
 /// Bytes kept free beyond the utilization fraction for cuBLAS workspaces and the driver.

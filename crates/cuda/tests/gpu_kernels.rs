@@ -6,14 +6,14 @@
 mod common;
 
 use common::reference::{self, AttnCase};
+use common::{Backend, Buf};
 use common::{
     check, check_within, down, gpu, poisoned, rng, rounded, tolerance, uniform, up, up_i32,
 };
-use cudarc::driver::CudaSlice;
 use kvlab_cpu::kv_store::{KvStore, Part, round_trip};
 use kvlab_cuda::dtype::{CacheElem, DType, Int4x2, row_elems};
 use kvlab_cuda::launch::{self, DecodeKernel};
-use kvlab_cuda::ops::{AttentionArgs, Dev, Int4Keys, Int4Op, Ops, RowsAndPool};
+use kvlab_cuda::ops::{AttentionArgs, Dev, Int4Keys, Int4Op, Launcher, RowsAndPool};
 use kvlab_cuda::residual::Residuals;
 use kvlab_model::rope::RopeTable;
 use kvlab_model::{Activation, KvDtype, RopeLayout, ops as refops};
@@ -23,12 +23,9 @@ use rand_chacha::ChaCha8Rng;
 
 type F16 = half::f16;
 
-#[test]
-fn gpu_embedding() {
-    let Some((_dev, ops)) = gpu("gpu_embedding") else {
-        return;
-    };
-    fn run<W: DType>(ops: &Ops) {
+on_gpu_and_emu!(embedding, gpu_embedding, emu_embedding);
+fn embedding(ops: &Backend) {
+    fn run<W: DType>(ops: &Backend) {
         let (vocab, dim, t) = (50, 96, 7);
         let mut r = rng(1);
         let table = rounded::<W>(&uniform(&mut r, vocab * dim, 1.0));
@@ -43,15 +40,16 @@ fn gpu_embedding() {
             .collect();
         check::<W>("embedding", &down(ops, &x), &want);
     }
-    run::<f32>(&ops);
-    run::<F16>(&ops);
+    run::<f32>(ops);
+    run::<F16>(ops);
 }
 
-#[test]
-fn gpu_rmsnorm_plain_qk_and_in_place() {
-    let Some((_dev, ops)) = gpu("gpu_rmsnorm") else {
-        return;
-    };
+on_gpu_and_emu!(
+    rmsnorm_plain_qk_and_in_place,
+    gpu_rmsnorm_plain_qk_and_in_place,
+    emu_rmsnorm_plain_qk_and_in_place
+);
+fn rmsnorm_plain_qk_and_in_place(ops: &Backend) {
     let mut r = rng(2);
     // Residual f32 → activation type, rows of dim 288 (stories15M) and 4096 (Llama-3-8B).
     for n in [288, 4096] {
@@ -59,18 +57,18 @@ fn gpu_rmsnorm_plain_qk_and_in_place() {
         let x = uniform(&mut r, rows * n, 3.0);
         let w = uniform(&mut r, n, 1.0);
         let want = reference::rmsnorm_rows(&x, &w, n, 1e-5);
-        let (xd, wd) = (up::<f32>(&ops, &x), up::<f32>(&ops, &w));
-        let y = poisoned::<f32>(&ops, rows * n);
+        let (xd, wd) = (up::<f32>(ops, &x), up::<f32>(ops, &w));
+        let y = poisoned::<f32>(ops, rows * n);
         ops.rmsnorm::<f32, f32>(ops.dev(&y), ops.dev(&xd), ops.dev(&wd), rows, n, 1e-5)
             .unwrap();
-        check::<f32>("rmsnorm f32->f32", &down(&ops, &y), &want);
-        let y = poisoned::<F16>(&ops, rows * n);
+        check::<f32>("rmsnorm f32->f32", &down(ops, &y), &want);
+        let y = poisoned::<F16>(ops, rows * n);
         ops.rmsnorm::<f32, F16>(ops.dev(&y), ops.dev(&xd), ops.dev(&wd), rows, n, 1e-5)
             .unwrap();
-        check::<F16>("rmsnorm f32->f16", &down(&ops, &y), &want);
+        check::<F16>("rmsnorm f32->f16", &down(ops, &y), &want);
     }
     // Gemma's QK-norm: every head of 4 tokens × 3 heads × head_dim 256, in place.
-    fn qk<T: DType>(ops: &Ops, r: &mut ChaCha8Rng) {
+    fn qk<T: DType>(ops: &Backend, r: &mut ChaCha8Rng) {
         let (rows, hd) = (12, 256);
         let x = rounded::<T>(&uniform(r, rows * hd, 2.0));
         let w = uniform(r, hd, 1.0);
@@ -80,16 +78,17 @@ fn gpu_rmsnorm_plain_qk_and_in_place() {
             .unwrap();
         check::<T>("qk-norm in place", &down(ops, &xd), &want);
     }
-    qk::<f32>(&ops, &mut r);
-    qk::<F16>(&ops, &mut r);
+    qk::<f32>(ops, &mut r);
+    qk::<F16>(ops, &mut r);
 }
 
-#[test]
-fn gpu_rope_both_layouts() {
-    let Some((_dev, ops)) = gpu("gpu_rope") else {
-        return;
-    };
-    fn run<T: DType>(ops: &Ops, layout: RopeLayout) {
+on_gpu_and_emu!(
+    rope_both_layouts,
+    gpu_rope_both_layouts,
+    emu_rope_both_layouts
+);
+fn rope_both_layouts(ops: &Backend) {
+    fn run<T: DType>(ops: &Backend, layout: RopeLayout) {
         let (t, heads, hd, max_pos) = (6, 4, 64, 300);
         let mut r = rng(3);
         let x = rounded::<T>(&uniform(&mut r, t * heads * hd, 1.0));
@@ -120,17 +119,18 @@ fn gpu_rope_both_layouts() {
         check::<T>(&format!("rope {layout:?}"), &down(ops, &xd), &want);
     }
     for layout in [RopeLayout::Interleaved, RopeLayout::Neox] {
-        run::<f32>(&ops, layout);
-        run::<F16>(&ops, layout);
+        run::<f32>(ops, layout);
+        run::<F16>(ops, layout);
     }
 }
 
-#[test]
-fn gpu_reshape_and_cache_and_copy_blocks() {
-    let Some((_dev, ops)) = gpu("gpu_reshape_and_cache") else {
-        return;
-    };
-    fn run<A: DType, C: DType + CacheElem>(ops: &Ops) {
+on_gpu_and_emu!(
+    reshape_and_cache_and_copy_blocks,
+    gpu_reshape_and_cache_and_copy_blocks,
+    emu_reshape_and_cache_and_copy_blocks
+);
+fn reshape_and_cache_and_copy_blocks(ops: &Backend) {
+    fn run<A: DType, C: DType + CacheElem>(ops: &Backend) {
         let (t, kv_dim, bs, nb) = (5, 32, 4, 6);
         let num_slots = nb * bs;
         let mut r = rng(4);
@@ -194,22 +194,23 @@ fn gpu_reshape_and_cache_and_copy_blocks() {
             <C as DType>::NAME
         );
     }
-    run::<f32, f32>(&ops);
-    run::<f32, F16>(&ops);
-    run::<F16, f32>(&ops);
-    run::<F16, F16>(&ops);
+    run::<f32, f32>(ops);
+    run::<f32, F16>(ops);
+    run::<F16, f32>(ops);
+    run::<F16, F16>(ops);
 }
 
+on_gpu_and_emu!(
+    reshape_and_cache_stores_the_cpu_pools_bits,
+    gpu_reshape_and_cache_stores_the_cpu_pools_bits,
+    emu_reshape_and_cache_stores_the_cpu_pools_bits
+);
 /// reshape_and_cache of every cache type stores the bits kvlab-cpu's `KvStore` stores for the
 /// same f32 row: elements or codes, and the per-(token, KV head) scales of fp8-e4m3 and int8.
 /// head_dim 40 leaves 8 lanes of a warp's second pass idle; one head is all zeros (scale 1) and
 /// one holds a NaN (its scale must be NaN, so it reads back NaN).
-#[test]
-fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
-    let Some((_dev, ops)) = gpu("gpu_reshape_and_cache_bits") else {
-        return;
-    };
-    fn run<C: CacheElem>(ops: &Ops) {
+fn reshape_and_cache_stores_the_cpu_pools_bits(ops: &Backend) {
+    fn run<C: CacheElem>(ops: &Backend) {
         let (t, nkv, hd, num_slots) = (5, 3, 40, 24);
         let kvd = nkv * hd;
         let mut r = rng(14);
@@ -220,8 +221,8 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
         let slots = [9, -1, 2, 23, 10];
         let (kd, vd, sd) = (up::<f32>(ops, &k), up::<f32>(ops, &v), up_i32(ops, &slots));
         let (kc, vc) = (
-            ops.stream.alloc_zeros::<C>(num_slots * kvd).unwrap(),
-            ops.stream.alloc_zeros::<C>(num_slots * kvd).unwrap(),
+            ops.zeros::<C>(num_slots * kvd),
+            ops.zeros::<C>(num_slots * kvd),
         );
         let n_scales = if C::SCALED { num_slots * nkv } else { 1 };
         let (ks, vs) = (
@@ -240,8 +241,8 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
             (num_slots, 4),
         ))
         .unwrap();
-        let device = |codes: &CudaSlice<C>, scales: &CudaSlice<f32>| {
-            let codes = ops.stream.clone_dtoh(codes).unwrap();
+        let device = |codes: &Buf<C>, scales: &Buf<f32>| {
+            let codes = ops.to_vec(codes);
             let scales = down::<f32>(ops, scales);
             (codes, scales)
         };
@@ -323,11 +324,11 @@ fn gpu_reshape_and_cache_stores_the_cpu_pools_bits() {
         }
         eprintln!("reshape_and_cache f32 -> {}: the CPU pool's bits", C::NAME);
     }
-    run::<f32>(&ops);
-    run::<F16>(&ops);
-    run::<half::bf16>(&ops);
-    run::<u8>(&ops);
-    run::<i8>(&ops);
+    run::<f32>(ops);
+    run::<F16>(ops);
+    run::<half::bf16>(ops);
+    run::<u8>(ops);
+    run::<i8>(ops);
 }
 
 /// A step's rows and a pool as the row kernels take them ([`RowsAndPool`]).
@@ -369,15 +370,16 @@ fn bits_eq(a: &[f32], b: &[f32]) -> bool {
             .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
 }
 
+on_gpu_and_emu!(
+    kv_read_back_gives_what_the_cpu_pool_gives,
+    gpu_kv_read_back_gives_what_the_cpu_pool_gives,
+    emu_kv_read_back_gives_what_the_cpu_pool_gives
+);
 /// kv_read_back replaces the step's rows by what the pool gives back, stored or not (slot -1):
 /// for the per-row formats both are kvlab-cpu's `round_trip` of the row, bit for bit (a zero
 /// head, a NaN head).
-#[test]
-fn gpu_kv_read_back_gives_what_the_cpu_pool_gives() {
-    let Some((_dev, ops)) = gpu("gpu_kv_read_back") else {
-        return;
-    };
-    fn run<C: CacheElem>(ops: &Ops) {
+fn kv_read_back_gives_what_the_cpu_pool_gives(ops: &Backend) {
+    fn run<C: CacheElem>(ops: &Backend) {
         let (t, nkv, hd, num_slots, bs) = (5, 3, 40, 24, 4);
         let kvd = nkv * hd;
         let mut r = rng(17);
@@ -387,16 +389,10 @@ fn gpu_kv_read_back_gives_what_the_cpu_pool_gives() {
         k[3 * kvd + 7] = f32::NAN;
         let slots = [9, -1, 2, 23, 10];
         let (kd, vd, sd) = (up::<f32>(ops, &k), up::<f32>(ops, &v), up_i32(ops, &slots));
-        let s = &ops.stream;
-        let (kc, vc) = (
-            s.alloc_zeros::<C>(num_slots * kvd).unwrap(),
-            s.alloc_zeros::<C>(num_slots * kvd).unwrap(),
-        );
+        let s = ops;
+        let (kc, vc) = (s.zeros::<C>(num_slots * kvd), s.zeros::<C>(num_slots * kvd));
         let n_scales = if C::SCALED { num_slots * nkv } else { 1 };
-        let (ks, vs) = (
-            s.alloc_zeros::<f32>(n_scales).unwrap(),
-            s.alloc_zeros::<f32>(n_scales).unwrap(),
-        );
+        let (ks, vs) = (s.zeros::<f32>(n_scales), s.zeros::<f32>(n_scales));
         let (unused, no_map) = (up::<f32>(ops, &[f32::NAN]), up_i32(ops, &[-1]));
         let (rows, pool) = ((ops.dev(&kd), ops.dev(&vd)), (ops.dev(&kc), ops.dev(&vc)));
         let scales = (ops.dev(&ks), ops.dev(&vs));
@@ -420,22 +416,23 @@ fn gpu_kv_read_back_gives_what_the_cpu_pool_gives() {
         }
         eprintln!("kv_read_back f32 <- {}: kvlab-cpu's values", C::NAME);
     }
-    run::<F16>(&ops);
-    run::<half::bf16>(&ops);
-    run::<u8>(&ops);
-    run::<i8>(&ops);
+    run::<F16>(ops);
+    run::<half::bf16>(ops);
+    run::<u8>(ops);
+    run::<i8>(ops);
 }
 
+on_gpu_and_emu!(
+    int4_keys_close_and_open_as_the_cpu_pool,
+    gpu_int4_keys_close_and_open_as_the_cpu_pool,
+    emu_int4_keys_close_and_open_as_the_cpu_pool
+);
 /// int4 through the steps forward.rs runs (residual.rs's plan, then open, reshape_and_cache,
 /// close): a block's keys wait in f32 and are quantized per channel when its last row arrives, a
 /// complete block written again is decoded back first, and the pool ends holding the bytes
 /// kvlab-cpu's `KvStore` holds after the same writes (codes, (s, min), the residual of the block
 /// still filling), bit for bit.
-#[test]
-fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
-    let Some((_dev, ops)) = gpu("gpu_int4_keys") else {
-        return;
-    };
+fn int4_keys_close_and_open_as_the_cpu_pool(ops: &Backend) {
     let ops = &ops;
     let (nkv, hd, bs, nb, capacity): (usize, usize, usize, usize, usize) = (2, 40, 4, 4, 2);
     let (kvd, slots_n) = (nkv * hd, nb * bs);
@@ -443,14 +440,12 @@ fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
     let mut residuals = Residuals::new(nb, bs, capacity);
     let mut cpu_k = KvStore::new(KvDtype::Int4, Part::Keys, slots_n, (nkv, hd), bs);
     let mut cpu_v = KvStore::new(KvDtype::Int4, Part::Values, slots_n, (nkv, hd), bs);
-    let s = &ops.stream;
-    let kc = s.alloc_zeros::<Int4x2>(slots_n * nkv * hb).unwrap();
-    let vc = s.alloc_zeros::<Int4x2>(slots_n * nkv * hb).unwrap();
-    let ks = s.alloc_zeros::<f32>(2 * nb * kvd).unwrap();
-    let vs = s
-        .alloc_zeros::<f32>(2 * slots_n * nkv * hd.div_ceil(32))
-        .unwrap();
-    let kr = s.alloc_zeros::<f32>(capacity * bs * kvd).unwrap();
+    let s = ops;
+    let kc = s.zeros::<Int4x2>(slots_n * nkv * hb);
+    let vc = s.zeros::<Int4x2>(slots_n * nkv * hb);
+    let ks = s.zeros::<f32>(2 * nb * kvd);
+    let vs = s.zeros::<f32>(2 * slots_n * nkv * hd.div_ceil(32));
+    let kr = s.zeros::<f32>(capacity * bs * kvd);
     let mut r = rng(16);
     // Block 0 whole and block 1's first rows; block 1 completes; row 5 again (block 1 reopens);
     // rows 6 and 7 again (it closes again); block 2's first two rows (left filling).
@@ -534,15 +529,13 @@ fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
     let (mut want_k, mut want_v) = (Vec::new(), Vec::new());
     cpu_k.save_rows(0, slots_n, &mut want_k).unwrap();
     cpu_v.save_rows(0, slots_n, &mut want_v).unwrap();
-    let bytes = |c: &CudaSlice<Int4x2>| -> Vec<u8> {
-        s.clone_dtoh(c).unwrap().into_iter().map(|b| b.0).collect()
-    };
+    let bytes = |c: &Buf<Int4x2>| -> Vec<u8> { s.to_vec(c).into_iter().map(|b| b.0).collect() };
     let split = |pairs: Vec<f32>| -> Vec<u8> {
         let (s, m): (Vec<f32>, Vec<f32>) = pairs.chunks_exact(2).map(|p| (p[0], p[1])).unzip();
         s.iter().chain(&m).flat_map(|x| x.to_le_bytes()).collect()
     };
     let mut got_k = bytes(&kc);
-    got_k.extend(split(s.clone_dtoh(&ks).unwrap()));
+    got_k.extend(split(s.to_vec(&ks)));
     let open_block = 2;
     let res = residuals
         .residual_of(open_block)
@@ -550,9 +543,7 @@ fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
     for b in 0..nb {
         got_k.push(u8::from(b == open_block));
         if b == open_block {
-            let rows = s
-                .clone_dtoh(&kr.slice(res * bs * kvd..(res + 1) * bs * kvd))
-                .unwrap();
+            let rows = s.to_vec(&kr)[res * bs * kvd..(res + 1) * bs * kvd].to_vec();
             // Rows 2 and 3 were never written: kvlab-cpu's residual holds zeros there.
             let written = 2 * kvd;
             got_k.extend(rows[..written].iter().flat_map(|x| x.to_le_bytes()));
@@ -560,21 +551,22 @@ fn gpu_int4_keys_close_and_open_as_the_cpu_pool() {
         }
     }
     let mut got_v = bytes(&vc);
-    got_v.extend(split(s.clone_dtoh(&vs).unwrap()));
+    got_v.extend(split(s.to_vec(&vs)));
     assert_eq!(got_k.len(), want_k.len());
     assert!(got_k == want_k, "int4 keys differ from kvlab-cpu's");
     assert!(got_v == want_v, "int4 values differ from kvlab-cpu's");
     eprintln!("int4: keys closed, reopened and closed again, values: kvlab-cpu's bits");
 }
 
+on_gpu_and_emu!(
+    paged_attention_over_quantized_pools,
+    gpu_paged_attention_over_quantized_pools,
+    emu_paged_attention_over_quantized_pools
+);
 /// Paged attention reads the quantized pools (bf16, fp8-e4m3, int8, int4, the CPU pool's
 /// bits), dequantizing in registers, as the reference reads the values those bits stand for.
-#[test]
-fn gpu_paged_attention_over_quantized_pools() {
-    let Some((_dev, ops)) = gpu("gpu_paged_attention_quantized") else {
-        return;
-    };
-    fn all<A: DType, C: CacheElem>(ops: &Ops) {
+fn paged_attention_over_quantized_pools(ops: &Backend) {
+    fn all<A: DType, C: CacheElem>(ops: &Backend) {
         let mut r = rng(15);
         for heads in [(8, 2, 128), (8, 4, 8), (4, 1, 256)] {
             let prefill = [(0, 9), (40, 23)];
@@ -588,13 +580,13 @@ fn gpu_paged_attention_over_quantized_pools() {
             }
         }
     }
-    all::<f32, half::bf16>(&ops);
-    all::<f32, u8>(&ops);
-    all::<f32, i8>(&ops);
-    all::<F16, u8>(&ops);
-    all::<F16, i8>(&ops);
-    all::<f32, Int4x2>(&ops);
-    all::<F16, Int4x2>(&ops);
+    all::<f32, half::bf16>(ops);
+    all::<f32, u8>(ops);
+    all::<f32, i8>(ops);
+    all::<F16, u8>(ops);
+    all::<F16, i8>(ops);
+    all::<f32, Int4x2>(ops);
+    all::<F16, Int4x2>(ops);
 }
 
 /// A batch of sequences over a shuffled pool: some decode (1 new token), some prefill with a
@@ -661,17 +653,17 @@ fn attn_case<A: DType, C: DType>(
 /// A layer's pool on the device: K and V in the cache type, with their scales (one unused
 /// element for the unscaled types).
 struct DevicePool<C> {
-    k: CudaSlice<C>,
-    v: CudaSlice<C>,
-    k_scale: CudaSlice<f32>,
-    v_scale: CudaSlice<f32>,
+    k: Buf<C>,
+    v: Buf<C>,
+    k_scale: Buf<f32>,
+    v_scale: Buf<f32>,
     /// int4: no block still filling, so one unused residual and a read map of -1.
-    k_residual: CudaSlice<f32>,
-    read_map: CudaSlice<i32>,
+    k_residual: Buf<f32>,
+    read_map: Buf<i32>,
 }
 
 /// The case's caches uploaded as they are, rounded to `C` (f32, f16).
-fn plain_pool<C: DType + CacheElem>(ops: &Ops, case: &AttnCase) -> DevicePool<C> {
+fn plain_pool<C: DType + CacheElem>(ops: &Backend, case: &AttnCase) -> DevicePool<C> {
     DevicePool {
         k: up::<C>(ops, &case.k_cache),
         v: up::<C>(ops, &case.v_cache),
@@ -687,7 +679,7 @@ fn plain_pool<C: DType + CacheElem>(ops: &Ops, case: &AttnCase) -> DevicePool<C>
 /// device's (s, min) pairs, its key groups the case's blocks, every one complete): the device
 /// reads the CPU engine's bits. The case's caches become what the store reads back, the
 /// reference's input.
-fn stored_pool<C: CacheElem>(ops: &Ops, case: &mut AttnCase) -> DevicePool<C> {
+fn stored_pool<C: CacheElem>(ops: &Backend, case: &mut AttnCase) -> DevicePool<C> {
     let (nkv, hd, slots, bs) = (
         case.n_kv_heads,
         case.head_dim,
@@ -740,10 +732,7 @@ fn stored_pool<C: CacheElem>(ops: &Ops, case: &mut AttnCase) -> DevicePool<C> {
         }
         let mut tile = Vec::new();
         x.copy_from_slice(store.read(0..slots, 0..nkv, &mut tile));
-        halves.push((
-            ops.stream.clone_htod(&codes).expect("upload"),
-            ops.stream.clone_htod(&scales).expect("upload"),
-        ));
+        halves.push((ops.upload(&codes), ops.upload(&scales)));
     }
     let (v, v_scale) = halves.pop().expect("values");
     let (k, k_scale) = halves.pop().expect("keys");
@@ -760,7 +749,7 @@ fn stored_pool<C: CacheElem>(ops: &Ops, case: &mut AttnCase) -> DevicePool<C> {
 /// The case's attention on the GPU over `pool` (decodes with `decode`, prefills with
 /// prefill_attention_v1) against [`reference::attention`].
 fn run_attention<A: DType, C: CacheElem>(
-    ops: &Ops,
+    ops: &Backend,
     case: &AttnCase,
     pool: &DevicePool<C>,
     decode: DecodeKernel,
@@ -831,12 +820,13 @@ fn run_attention<A: DType, C: CacheElem>(
     check::<A>(&what, &down(ops, &out), &want);
 }
 
-#[test]
-fn gpu_paged_attention_decode_and_prefill() {
-    let Some((_dev, ops)) = gpu("gpu_paged_attention") else {
-        return;
-    };
-    fn all<A: DType, C: DType + CacheElem>(ops: &Ops) {
+on_gpu_and_emu!(
+    paged_attention_decode_and_prefill,
+    gpu_paged_attention_decode_and_prefill,
+    emu_paged_attention_decode_and_prefill
+);
+fn paged_attention_decode_and_prefill(ops: &Backend) {
+    fn all<A: DType, C: DType + CacheElem>(ops: &Backend) {
         let mut r = rng(5);
         // (heads, kv_heads, head_dim): MHA, GQA, MQA, stories260K's tiny head, Gemma's 256.
         for heads in [(4, 4, 64), (8, 2, 128), (6, 1, 96), (8, 4, 8), (4, 1, 256)] {
@@ -853,17 +843,18 @@ fn gpu_paged_attention_decode_and_prefill() {
             }
         }
     }
-    all::<f32, f32>(&ops);
-    all::<f32, F16>(&ops);
-    all::<F16, F16>(&ops);
+    all::<f32, f32>(ops);
+    all::<f32, F16>(ops);
+    all::<F16, F16>(ops);
 }
 
-#[test]
-fn gpu_glu_residual_gather_argmax() {
-    let Some((_dev, ops)) = gpu("gpu_elementwise") else {
-        return;
-    };
-    fn run<T: DType>(ops: &Ops) {
+on_gpu_and_emu!(
+    glu_residual_gather_argmax,
+    gpu_glu_residual_gather_argmax,
+    emu_glu_residual_gather_argmax
+);
+fn glu_residual_gather_argmax(ops: &Backend) {
+    fn run<T: DType>(ops: &Backend) {
         let mut r = rng(6);
         let n = 3000;
         for act in [Activation::Silu, Activation::GeluTanh] {
@@ -895,15 +886,15 @@ fn gpu_glu_residual_gather_argmax() {
             .unwrap();
         check::<T>("add bias", &down(ops, &xd), &want);
     }
-    run::<f32>(&ops);
-    run::<F16>(&ops);
+    run::<f32>(ops);
+    run::<F16>(ops);
 
     let (t, dim) = (9, 70);
     let mut r = rng(7);
     let x = uniform(&mut r, t * dim, 1.0);
     let rows = [8, 0, 3];
-    let out = poisoned::<f32>(&ops, rows.len() * dim);
-    let (xd, rd) = (up::<f32>(&ops, &x), up_i32(&ops, &rows));
+    let out = poisoned::<f32>(ops, rows.len() * dim);
+    let (xd, rd) = (up::<f32>(ops, &x), up_i32(ops, &rows));
     ops.gather_rows(
         ops.dev(&out),
         ops.dev(&xd),
@@ -917,7 +908,7 @@ fn gpu_glu_residual_gather_argmax() {
         .iter()
         .flat_map(|&i| x[i as usize * dim..][..dim].to_vec())
         .collect();
-    assert_eq!(down(&ops, &out), want);
+    assert_eq!(down(ops, &out), want);
 
     // argmax: random rows, a tie (lowest id wins), NaNs (never win), all-NaN row (id 0).
     let vocab = 32_000;
@@ -933,25 +924,28 @@ fn gpu_glu_residual_gather_argmax() {
         .collect();
     assert_eq!(want[1], 100);
     assert_eq!(want[3], 0);
-    let (ld, od) = (up::<f32>(&ops, &logits), up_i32(&ops, &[-5; 4]));
+    let (ld, od) = (up::<f32>(ops, &logits), up_i32(ops, &[-5; 4]));
     ops.argmax(ops.dev(&ld), ops.dev(&od), 4, vocab).unwrap();
-    let got = ops.stream.clone_dtoh(&od).unwrap();
+    let got = ops.to_vec(&od);
     assert_eq!(got, want);
 }
 
 #[test]
 fn gpu_linear_cublas() {
-    let Some((_dev, ops)) = gpu("gpu_linear") else {
+    let Some(ops) = gpu("gpu_linear") else {
         return;
     };
-    fn run<W: DType, Y: DType>(ops: &Ops, t: usize, i: usize, o: usize) {
+    fn run<W: DType, Y: DType>(ops: &Backend, t: usize, i: usize, o: usize) {
         let mut r = rng(8);
         let x = rounded::<W>(&uniform(&mut r, t * i, 1.0));
         let w = rounded::<W>(&uniform(&mut r, o * i, 1.0 / (i as f32).sqrt()));
         let want = reference::linear(&x, &w, i, o);
         let (xd, wd) = (up::<W>(ops, &x), up::<W>(ops, &w));
         let y = poisoned::<Y>(ops, t * o);
-        ops.linear::<W, Y>(ops.dev(&y), ops.dev(&xd), ops.dev(&wd), t, i, o)
+        // cuBLAS: the GPU only (the emulator runs kvlab's own kernels).
+        let cublas = ops.ops().expect("gpu_linear runs on the GPU");
+        cublas
+            .linear::<W, Y>(ops.dev(&y), ops.dev(&xd), ops.dev(&wd), t, i, o)
             .unwrap();
         // The tolerance of the coarser type: f16 inputs accumulated on tensor cores can miss
         // the f32 tolerance even when the output is f32.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use kvlab_cuda::bench;
 use kvlab_cuda::device::Device;
-use kvlab_cuda::ops::Ops;
+use kvlab_cuda::ops::{Launcher, Ops};
 use kvlab_cuda::{CudaEngine, CudaOptions, DecodeAttention, Precision};
 use serde_json::{Value, json};
 

@@ -2,14 +2,16 @@
 //! random inputs, the kernels' CPU references ([`reference`]) and the engine scenarios.
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod reference;
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
 use kvlab_cuda::device::Device;
 use kvlab_cuda::dtype::DType;
 use kvlab_cuda::ops::Ops;
+
+pub use backend::{Backend, Buf};
 use kvlab_cuda::{CudaError, require_cuda};
 use kvlab_model::sampler::{argmax, top2_margin};
 use kvlab_model::{Activation, Engine, LayerKind, Model, RopeLayout, registry};
@@ -41,37 +43,56 @@ pub fn skip_unless_available(e: CudaError, test: &str) {
     }
 }
 
-/// The GPU and its kernels, or None (skipped).
-pub fn gpu(test: &str) -> Option<(Device, Ops)> {
+/// The GPU and its kernels as a [`Backend`], or None (skipped).
+pub fn gpu(test: &str) -> Option<Backend> {
     kvlab_cuda::probe()
         .and_then(|_| Device::open(0))
-        .and_then(|d| Ops::new(&d).map(|ops| (d, ops)))
+        .and_then(|d| Ops::new(&d).map(|ops| Backend::Gpu { _dev: d, ops }))
         .map_err(|e| skip_unless_available(e, test))
         .ok()
 }
 
+/// The CPU emulator of the kernels as a [`Backend`].
+pub fn emu() -> Backend {
+    Backend::Emu(backend::Emu)
+}
+
+/// A kernel test body run twice: `gpu_<name>` on the GPU (skipped without one) and
+/// `emu_<name>` on the CPU emulator, which always runs.
+#[macro_export]
+macro_rules! on_gpu_and_emu {
+    ($body:ident, $gpu:ident, $emu:ident) => {
+        #[test]
+        fn $gpu() {
+            if let Some(b) = common::gpu(stringify!($gpu)) {
+                $body(&b);
+            }
+        }
+        #[test]
+        fn $emu() {
+            $body(&common::emu());
+        }
+    };
+}
+
 /// Uploads f32 values converted to `T`.
-pub fn up<T: DType>(ops: &Ops, x: &[f32]) -> CudaSlice<T> {
-    ops.stream
-        .clone_htod(T::from_f32_slice(x).as_ref())
-        .expect("upload")
+pub fn up<T: DType>(ops: &Backend, x: &[f32]) -> Buf<T> {
+    ops.upload(T::from_f32_slice(x).as_ref())
 }
 
 /// Uploads i32 values.
-pub fn up_i32(ops: &Ops, x: &[i32]) -> CudaSlice<i32> {
-    ops.stream.clone_htod(x).expect("upload")
+pub fn up_i32(ops: &Backend, x: &[i32]) -> Buf<i32> {
+    ops.upload(x)
 }
 
 /// A buffer of `n` NaNs: a kernel that leaves an element unwritten fails the comparison.
-pub fn poisoned<T: DType>(ops: &Ops, n: usize) -> CudaSlice<T> {
+pub fn poisoned<T: DType>(ops: &Backend, n: usize) -> Buf<T> {
     up::<T>(ops, &vec![f32::NAN; n])
 }
 
-/// Downloads as f32 (after the stream's work).
-pub fn down<T: DType>(ops: &Ops, x: &CudaSlice<T>) -> Vec<f32> {
-    let v = ops.stream.clone_dtoh(x).expect("download");
-    ops.stream.synchronize().expect("sync");
-    v.into_iter().map(T::to_f32).collect()
+/// Downloads as f32 (after the queued work).
+pub fn down<T: DType>(ops: &Backend, x: &Buf<T>) -> Vec<f32> {
+    ops.to_vec(x).into_iter().map(T::to_f32).collect()
 }
 
 /// Values as stored in `T` and read back (what the kernel actually sees).
