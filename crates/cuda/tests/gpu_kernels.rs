@@ -828,12 +828,21 @@ on_gpu_and_emu!(
 fn paged_attention_decode_and_prefill(ops: &Backend) {
     fn all<A: DType, C: DType + CacheElem>(ops: &Backend) {
         let mut r = rng(5);
-        // (heads, kv_heads, head_dim): MHA, GQA, MQA, stories260K's tiny head, Gemma's 256.
-        for heads in [(4, 4, 64), (8, 2, 128), (6, 1, 96), (8, 4, 8), (4, 1, 256)] {
+        // ((heads, kv_heads, head_dim), block_size): MHA, GQA, MQA, stories260K's tiny head,
+        // Gemma's 256; blocks of 8, 16 and 32 tokens.
+        let shapes = [
+            ((4, 4, 64), 16),
+            ((8, 2, 128), 16),
+            ((8, 2, 128), 8),
+            ((6, 1, 96), 32),
+            ((8, 4, 8), 16),
+            ((4, 1, 256), 32),
+        ];
+        for (heads, bs) in shapes {
             // Decodes of 1, 17, 700 and 1500 keys (v2: 1, 1, 2, 3 partitions), then prefills
             // without and with a cached prefix.
             let prefill = [(0, 9), (40, 23)];
-            let mut case = attn_case::<A, C>(&mut r, &[1, 17, 700, 1500], &prefill, heads, 16);
+            let mut case = attn_case::<A, C>(&mut r, &[1, 17, 700, 1500], &prefill, heads, bs);
             let max_partitions = launch::num_partitions(1500, launch::PARTITION_SIZE);
             let pool = plain_pool::<C>(ops, &case);
             for window in [None, Some(300)] {

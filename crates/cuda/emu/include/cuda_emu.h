@@ -10,8 +10,10 @@
 //   __any_sync) exchange through a per-warp slot array between two barriers of the warp.
 // * __half, __nv_bfloat16 and __nv_fp8_e4m3 are their bit patterns, converted in software with
 //   round-to-nearest-even as the device does (fp8: saturating to ±448, NaN kept).
-// * Floating point is the host's IEEE f32 (built with -ffp-contract=off, so a*b+c is never
-//   fused unless a kernel asks); expf and friends are the host's, a few ulp from the device's.
+// * Floating point is the host's IEEE f32, built with -ffp-contract=off, so a*b+c is never
+//   fused (the device may fuse it: NVRTC's default --fmad=true; where bits matter the kernels
+//   use the __f*_rn intrinsics, which neither fuses); expf and friends are the host's, a few ulp
+//   from the device's, within the tests' tolerances.
 #ifndef KVLAB_CUDA_EMU_H
 #define KVLAB_CUDA_EMU_H
 

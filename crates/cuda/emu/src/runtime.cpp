@@ -31,7 +31,7 @@ namespace {
 // A fiber's saved machine state and how to switch to it. On x86-64 a switch saves the
 // callee-saved registers on the old stack and loads the new stack pointer (no system call;
 // swapcontext's signal-mask calls made the emulator ten times slower); elsewhere, and under
-// -DKVLAB_EMU_UCONTEXT (the sanitizer builds), ucontext.
+// -DKVLAB_EMU_UCONTEXT, ucontext (which sanitizers know how to follow).
 #ifdef KVLAB_EMU_USE_UCONTEXT
 struct Context {
     ucontext_t uc;
