@@ -3,6 +3,11 @@
 //! points `../src/kernels.rs` lists for it, plus `src/runtime.cpp`. `-ffp-contract=off`: each
 //! operation rounded on its own, as Rust computes the references. (The device may fuse `a*b+c`,
 //! NVRTC's default `--fmad=true`; kernels use the `__f*_rn` intrinsics where bits must match.)
+//!
+//! `KVLAB_EMU_SANITIZE=address,undefined` (any of gcc's `-fsanitize=` lists) instruments the
+//! kernels and the runtime (which then tells AddressSanitizer of every fiber switch) and links
+//! the sanitizers' runtimes; scripts/cuda/emu-sanitize.sh runs the emulated tests so, and
+//! shows that a planted out-of-bounds write (`planted/planted.cu`) is caught.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -40,12 +45,20 @@ fn main() {
         .to_path_buf();
     let kernels_rs_path = cuda.join("src").join("kernels.rs");
     let kernels_rs = std::fs::read_to_string(&kernels_rs_path).expect("read src/kernels.rs");
-    let files = kernel_files(&kernels_rs);
+    let mut files = kernel_files(&kernels_rs);
     assert!(
         !files.is_empty(),
         "no KernelFile found in {}",
         kernels_rs_path.display()
     );
+    // Kernels with bugs planted on purpose (tests/emu_planted.rs shows the checks catch them).
+    files.push((
+        "../emu/planted/planted.cu".into(),
+        vec![
+            "planted_out_of_bounds_v1".into(),
+            "planted_missing_sync_v1".into(),
+        ],
+    ));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
 
     let mut build = cc::Build::new();
@@ -59,6 +72,19 @@ fn main() {
         .include(here.join("include"))
         .include(here.join("src"))
         .file(here.join("src").join("runtime.cpp"));
+    let sanitize = std::env::var("KVLAB_EMU_SANITIZE").unwrap_or_default();
+    if !sanitize.is_empty() {
+        build
+            .flag(format!("-fsanitize={sanitize}"))
+            .flag("-fno-sanitize-recover=all")
+            .flag("-fno-omit-frame-pointer")
+            .flag("-g");
+        for (check, lib) in [("address", "asan"), ("undefined", "ubsan")] {
+            if sanitize.split(',').any(|s| s == check) {
+                println!("cargo:rustc-link-lib=dylib={lib}");
+            }
+        }
+    }
     let mut registry =
         String::from("#include <cstring>\n#include \"kvlab_emu.h\"\nnamespace kvlab_emu {\n");
     let mut lookups = String::new();
@@ -113,4 +139,5 @@ fn main() {
         println!("cargo:rerun-if-changed={}", cuda.join(dir).display());
     }
     println!("cargo:rerun-if-changed={}", kernels_rs_path.display());
+    println!("cargo:rerun-if-env-changed=KVLAB_EMU_SANITIZE");
 }

@@ -3,10 +3,18 @@
 // until it reaches a barrier or returns, and releases a barrier once every fiber that still runs
 // the kernel has reached it. Blocks run one after another (so a function-local static is the
 // running block's __shared__ memory) and launches one at a time, process-wide. Deterministic:
-// the same launch interleaves its threads the same way every time.
+// the same launch interleaves its threads the same way every time, first thread to last, or
+// last to first with KVLAB_EMU_REVERSE=1; a thread runs until it blocks, so a shared-memory read
+// that lacks its barrier reads a slot a thread later in the order has not written yet.
 #if !defined(__x86_64__) || defined(KVLAB_EMU_UCONTEXT)
 #define KVLAB_EMU_USE_UCONTEXT 1
 #include <ucontext.h>
+#endif
+#if defined(__SANITIZE_ADDRESS__) && !defined(KVLAB_EMU_USE_UCONTEXT)
+// AddressSanitizer is told about every stack switch (its fiber interface), so it keeps checking
+// the fibers' stacks instead of mistaking a switch for a stack overflow.
+#define KVLAB_EMU_ASAN_FIBERS 1
+#include <sanitizer/common_interface_defs.h>
 #endif
 
 #include <algorithm>
@@ -85,24 +93,54 @@ struct Launch {
     std::vector<Fiber> fibers;
     Context scheduler;
     int running = -1;          // the fiber now running
+    bool reverse = false;      // KVLAB_EMU_REVERSE=1: run the fibers last to first
     uint32_t slots[1024];      // warp exchange: one slot per thread
 };
 
 Launch* L = nullptr;
 
-void switch_to(Context& save, Context& load) {
+#ifdef KVLAB_EMU_ASAN_FIBERS
+// The scheduler's stack, as ASan reported it at the first switch into a fiber.
+const void* scheduler_stack_bottom = nullptr;
+size_t scheduler_stack_size = 0;
+#endif
+
+// Switches to `load`, whose stack is [bottom, bottom + size) (the scheduler's: nullptr, 0).
+// `leaving`: the current fiber never runs again.
+void switch_to(Context& save, Context& load, const void* bottom, size_t size, bool leaving) {
 #ifdef KVLAB_EMU_USE_UCONTEXT
+    (void)bottom;
+    (void)size;
+    (void)leaving;
     swapcontext(&save.uc, &load.uc);
 #else
+#ifdef KVLAB_EMU_ASAN_FIBERS
+    void* fake_stack = nullptr;
+    if (bottom == nullptr) {
+        bottom = scheduler_stack_bottom;
+        size = scheduler_stack_size;
+    }
+    __sanitizer_start_switch_fiber(leaving ? nullptr : &fake_stack, bottom, size);
+#else
+    (void)bottom;
+    (void)size;
+    (void)leaving;
+#endif
     kvlab_emu_switch(&save.sp, load.sp);
+#ifdef KVLAB_EMU_ASAN_FIBERS
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
 #endif
 }
 
 void fiber_main() {
+#ifdef KVLAB_EMU_ASAN_FIBERS
+    __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom, &scheduler_stack_size);
+#endif
     L->entry->run(L->args);
     Fiber& f = L->fibers[L->running];
     f.wait = Wait::Done;
-    switch_to(f.ctx, L->scheduler);  // never resumed
+    switch_to(f.ctx, L->scheduler, nullptr, 0, true);  // never resumed
     std::abort();
 }
 
@@ -130,7 +168,7 @@ void start(Fiber& f) {
 void park(Wait kind) {
     Fiber& f = L->fibers[L->running];
     f.wait = kind;
-    switch_to(f.ctx, L->scheduler);
+    switch_to(f.ctx, L->scheduler, nullptr, 0, false);
 }
 
 int warp_of(int t) { return t / 32; }
@@ -186,12 +224,13 @@ void run_block() {
     }
     for (;;) {
         bool ran = false;
-        for (int t = 0; t < n; ++t) {
+        for (int i = 0; i < n; ++i) {
+            const int t = L->reverse ? n - 1 - i : i;
             Fiber& f = L->fibers[t];
             if (f.wait != Wait::None) continue;
             L->running = t;
             thread_idx = f.idx;
-            switch_to(L->scheduler, f.ctx);
+            switch_to(L->scheduler, f.ctx, f.stack.get(), kStack, false);
             ran = true;
         }
         if (!ran && !release(n)) return;
@@ -243,6 +282,8 @@ extern "C" int kvlab_emu_launch(const char* name, const unsigned int grid[3],
     Launch l;
     l.entry = entry;
     l.args = args;
+    const char* rev = std::getenv("KVLAB_EMU_REVERSE");
+    l.reverse = rev != nullptr && rev[0] == '1';
     l.fibers.resize((size_t)threads);
     for (int t = 0; t < (int)threads; ++t) {
         l.fibers[t].stack.reset(new char[kStack]);
