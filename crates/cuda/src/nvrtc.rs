@@ -8,7 +8,7 @@
 //!   ([`sm_arch_for`]), which any driver that knows the GPU loads as is; PTX for the virtual
 //!   architecture `compute_XY` ([`arch_for`]) is the fallback, which the driver JIT-compiles, and
 //!   which a driver older than the NVRTC refuses (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`): see
-//!   [`module_image`]. CI compiles every file both ways for sm_80 and sm_90 without a GPU.
+//!   `ops::load_module`. CI compiles every file both ways for sm_80 and sm_90 without a GPU.
 //! * Cache: each (file, arch) is compiled once per process ([`compiled`]); engines and tests
 //!   share it.
 //! * Errors point into our files: pasted headers are bracketed by `#line` directives, so NVRTC's
@@ -287,46 +287,6 @@ pub fn compiled(file: &KernelFile, arch: &str, output: Output) -> Result<Arc<[u8
         .unwrap_or_else(|p| p.into_inner())
         .insert(key, image.clone());
     Ok(image)
-}
-
-/// A module image ready for `cuModuleLoadData`.
-pub struct ModuleImage {
-    /// `Cubin` or `Ptx`.
-    pub output: Output,
-    /// The architecture it was compiled for ("sm_90" or "compute_90").
-    pub arch: String,
-    /// The bytes; PTX is NUL-terminated, as the driver reads it as a C string.
-    pub bytes: Vec<u8>,
-}
-
-/// The images to try loading for a GPU of `compute_capability`, best first: the cubin for
-/// `sm_XY`, then PTX for `compute_XY` (the driver JIT-compiles it; needed only where NVRTC
-/// cannot emit machine code for the device). A compile failure of the cubin is returned in
-/// place of it, so the caller can report why it fell back.
-///
-/// # Errors
-/// As [`compiled`], for the PTX (the last resort).
-pub fn module_images(
-    file: &KernelFile,
-    compute_capability: (i32, i32),
-) -> Result<(Result<ModuleImage>, ModuleImage)> {
-    let sm = sm_arch_for(compute_capability);
-    let cubin = compiled(file, &sm, Output::Cubin).map(|b| ModuleImage {
-        output: Output::Cubin,
-        arch: sm,
-        bytes: b.to_vec(),
-    });
-    let arch = arch_for(compute_capability);
-    let mut bytes = compiled(file, &arch, Output::Ptx)?.to_vec();
-    bytes.push(0);
-    Ok((
-        cubin,
-        ModuleImage {
-            output: Output::Ptx,
-            arch,
-            bytes,
-        },
-    ))
 }
 
 /// The entry points (`.entry NAME(`) that a PTX module defines, in order.

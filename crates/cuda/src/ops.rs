@@ -158,32 +158,39 @@ impl Kernels {
 /// fails to load (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`) where the cubin would not.
 ///
 /// # Errors
-/// The PTX's compile error, or the driver's error loading it (with the cubin's failure named).
+/// When the cubin fails: the PTX's compile error, or the driver's error loading it (with the
+/// cubin's failure named).
 fn load_module(dev: &Device, file: &KernelFile) -> Result<Arc<CudaModule>> {
-    let (cubin, ptx) = nvrtc::module_images(file, dev.info.compute_capability)?;
-    let why = match cubin {
-        Ok(image) => match dev.ctx.load_module(Ptx::from_binary(image.bytes)) {
+    let sm = nvrtc::sm_arch_for(dev.info.compute_capability);
+    let why = match nvrtc::compiled(file, &sm, nvrtc::Output::Cubin) {
+        Ok(cubin) => match dev.ctx.load_module(Ptx::from_binary(cubin.to_vec())) {
             Ok(module) => return Ok(module),
-            Err(e) => format!("the driver refused its {} cubin: {e:?}", image.arch),
+            Err(e) => format!("the driver refused its {sm} cubin: {e:?}"),
         },
         Err(e) => e.to_string(),
     };
+    // The fallback, compiled only now: PTX the driver JIT-compiles, NUL-terminated as the
+    // driver reads it as a C string.
+    let arch = nvrtc::arch_for(dev.info.compute_capability);
     static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
     let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
     if !warned.contains(&file.file) {
         warned.push(file.file);
         eprintln!(
-            "warning: kernels/{}: loading PTX for {} instead of a cubin ({why})",
-            file.file, ptx.arch
+            "warning: kernels/{}: loading PTX for {arch} instead of a cubin ({why})",
+            file.file
         );
     }
-    dev.ctx
-        .load_module(Ptx::from_binary(ptx.bytes))
-        .map_err(|e| CudaError::Unsupported(format!(
-            "the driver could not load kernels/{} as {} PTX ({e:?}; the cubin failed too: {why}); \
-             a CUDA_ERROR_UNSUPPORTED_PTX_VERSION means the NVRTC is newer than the driver",
-            file.file, ptx.arch
-        )))
+    drop(warned);
+    let mut ptx = nvrtc::compiled(file, &arch, nvrtc::Output::Ptx)?.to_vec();
+    ptx.push(0);
+    dev.ctx.load_module(Ptx::from_binary(ptx)).map_err(|e| {
+        CudaError::Unsupported(format!(
+            "the driver could not load kernels/{} as {arch} PTX ({e:?}; the cubin failed too: \
+             {why}); a CUDA_ERROR_UNSUPPORTED_PTX_VERSION means the NVRTC is newer than the driver",
+            file.file
+        ))
+    })
 }
 
 /// The inputs of one attention launch (decode or prefill) for one layer.

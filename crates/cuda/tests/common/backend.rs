@@ -48,15 +48,6 @@ pub enum Buf<T> {
     Host(HostBuf<T>),
 }
 
-impl<T> Buf<T> {
-    pub fn len(&self) -> usize {
-        match self {
-            Buf::Gpu(s) => s.len(),
-            Buf::Host(h) => h.len,
-        }
-    }
-}
-
 /// The CPU emulator of the kernels.
 pub struct Emu;
 
@@ -103,13 +94,6 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Backend::Gpu { .. } => "gpu",
-            Backend::Emu(_) => "emu",
-        }
-    }
-
     /// The buffer's address and length for the kernels.
     pub fn dev<T>(&self, b: &Buf<T>) -> Dev<T> {
         match (self, b) {
