@@ -159,7 +159,7 @@ pub fn run(a: Args) -> Result<()> {
         argmax,
         |step, batch, s| {
             if a.trace {
-                print_step(step, batch, s.pending_tier_ops());
+                print_step(step, batch, s.kv_cache_manager().pending_tier_ops());
             }
             if step == a.svg_step || (picture.is_none() && a.svg.is_some() && step > a.svg_step) {
                 picture = Some(block_svg(step, s));

@@ -56,7 +56,7 @@ pub trait StepExecutor {
     }
 }
 
-/// Runs one scheduled step: the tier moves it needs ([`Scheduler::move_tier_blocks`]), then the
+/// Runs one scheduled step: the tier moves it needs ([`crate::KvCacheManager::move_tier_blocks`]), then the
 /// engine's copies and forward pass ([`StepExecutor::execute`]).
 ///
 /// # Errors
@@ -70,6 +70,7 @@ where
     E::Error: std::fmt::Display,
 {
     scheduler
+        .kv_cache_manager_mut()
         .move_tier_blocks(engine)
         .map_err(DriveError::Tier)?;
     engine.execute(batch).map_err(DriveError::Engine)

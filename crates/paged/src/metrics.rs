@@ -76,6 +76,16 @@ pub struct HitsByTier {
     pub disk: u64,
 }
 
+impl std::ops::AddAssign for HitsByTier {
+    fn add_assign(&mut self, other: HitsByTier) {
+        (self.pool, self.host, self.disk) = (
+            self.pool + other.pool,
+            self.host + other.host,
+            self.disk + other.disk,
+        );
+    }
+}
+
 impl Metrics {
     /// Block gauges and allocator counters of some pools; scheduler counters left at 0.
     pub fn of_pools(pools: &[BlockAllocator]) -> Self {
@@ -122,6 +132,37 @@ impl Metrics {
             0.0
         } else {
             self.prefix_cache_hits as f64 / self.prefix_cache_queries as f64
+        }
+    }
+}
+
+/// Totals the scheduler counts itself (the pools count the rest).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub(crate) prefix_cache_queries: u64,
+    pub(crate) prefix_cache_hits: u64,
+    /// Of the hits, tokens served from the pool, restored from host memory, from files.
+    pub(crate) hits_by_tier: HitsByTier,
+    pub(crate) num_preemptions: u64,
+    pub(crate) num_recomputed_tokens: u64,
+    pub(crate) num_steps: u64,
+    pub(crate) num_restores_declined: u64,
+}
+
+impl Counters {
+    /// The metrics: these counters, the queue lengths and the pools' and tiers' half `kv`.
+    pub(crate) fn metrics(&self, num_running: usize, num_waiting: usize, kv: Metrics) -> Metrics {
+        Metrics {
+            prefix_cache_queries: self.prefix_cache_queries,
+            prefix_cache_hits: self.prefix_cache_hits,
+            prefix_cache_hits_by_tier: self.hits_by_tier,
+            num_preemptions: self.num_preemptions,
+            num_recomputed_tokens: self.num_recomputed_tokens,
+            num_running,
+            num_waiting,
+            num_steps: self.num_steps,
+            num_restores_declined: self.num_restores_declined,
+            ..kv
         }
     }
 }

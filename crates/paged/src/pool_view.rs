@@ -95,6 +95,7 @@ impl PoolView {
             })
             .collect();
         let groups = s
+            .kv_cache_manager()
             .allocators()
             .iter()
             .enumerate()

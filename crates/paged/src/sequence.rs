@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::{BlockTable, Tenant};
+use crate::{BlockTable, PagedError, Result, Tenant};
 
 /// Identifies a sequence for its whole life (unique per scheduler, never reused). Ids are given
 /// in arrival order (a fork arrives when forked): the running queue is sorted by id, and
@@ -110,6 +110,57 @@ pub struct Sequence {
 }
 
 impl Sequence {
+    /// A waiting request `id` of `tenant` for `prompt`, with empty `block_tables` (one per KV
+    /// cache group).
+    ///
+    /// # Errors
+    /// [`PagedError::EmptyPrompt`]; [`PagedError::PromptTooLong`] if the prompt exceeds
+    /// `max_model_len` (it could never fit); [`PagedError::InvalidRequest`] if `max_tokens` is 0
+    /// or `max_seq_len` is below the prompt length.
+    pub(crate) fn new(
+        id: SeqId,
+        prompt: Vec<u32>,
+        stop: StopConditions,
+        tenant: Tenant,
+        block_tables: Vec<BlockTable>,
+        max_model_len: usize,
+    ) -> Result<Self> {
+        if prompt.is_empty() {
+            return Err(PagedError::EmptyPrompt);
+        }
+        if prompt.len() > max_model_len {
+            return Err(PagedError::PromptTooLong {
+                prompt_len: prompt.len(),
+                max_model_len,
+            });
+        }
+        if stop.max_tokens == 0 {
+            return Err(PagedError::InvalidRequest(
+                "max_tokens is 0; ask for at least one token".into(),
+            ));
+        }
+        if stop.max_seq_len.is_some_and(|m| m < prompt.len()) {
+            return Err(PagedError::InvalidRequest(format!(
+                "max_seq_len {:?} is below the prompt length {}; raise it or leave it None",
+                stop.max_seq_len,
+                prompt.len()
+            )));
+        }
+        Ok(Self {
+            id,
+            prompt_len: prompt.len(),
+            token_ids: prompt,
+            stop,
+            status: SequenceStatus::Waiting,
+            num_computed_tokens: 0,
+            max_computed_tokens: 0,
+            tenant,
+            block_tables,
+            num_preemptions: 0,
+            offload_on_finish: false,
+        })
+    }
+
     /// The id.
     pub fn id(&self) -> SeqId {
         self.id

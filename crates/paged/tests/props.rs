@@ -377,7 +377,8 @@ fn run_step(
     let batch = s.schedule().unwrap();
     let bs = s.config().kv_cache.block_size;
     // Tier moves first: spilled blocks read before restores write (see `tier`).
-    s.move_tier_blocks(&mut ShadowBlocks { shadow, bs })
+    s.kv_cache_manager_mut()
+        .move_tier_blocks(&mut ShadowBlocks { shadow, bs })
         .unwrap();
     let windows: Vec<Option<usize>> = s
         .config()
@@ -410,7 +411,7 @@ fn run_step(
                 }
                 let block = (slot as usize / bs) as u32;
                 assert_eq!(
-                    s.allocators()[g].ref_count(block),
+                    s.kv_cache_manager().allocators()[g].ref_count(block),
                     1,
                     "write into shared block"
                 );
@@ -438,7 +439,7 @@ fn run_step(
 fn check_scheduler(s: &Scheduler) {
     let live: Vec<SeqId> = s.running().iter().copied().chain(s.waiting()).collect();
     let bs = s.config().kv_cache.block_size;
-    for (g, alloc) in s.allocators().iter().enumerate() {
+    for (g, alloc) in s.kv_cache_manager().allocators().iter().enumerate() {
         let tables: Vec<&BlockTable> = live
             .iter()
             .map(|id| &s.sequence(*id).unwrap().block_tables()[g])
@@ -549,7 +550,7 @@ proptest! {
             prop_assert_eq!(h.pool + h.host + h.disk, m.prefix_cache_hits, "hits by tier add up");
         }
         prop_assert!(!s.has_unfinished(), "did not finish in 500 steps");
-        for alloc in s.allocators() {
+        for alloc in s.kv_cache_manager().allocators() {
             prop_assert_eq!(alloc.num_free_blocks(), alloc.num_blocks(), "blocks leaked");
             let mut evict_all = alloc.clone();
             evict_all.allocate(alloc.num_blocks()).unwrap();
@@ -562,9 +563,9 @@ proptest! {
                 "ghost entries leaked"
             );
         }
-        if let Some(store) = s.tier_store() {
+        if let Some(store) = s.kv_cache_manager().tier_store() {
             let st = store.stats();
-            let tiered: usize = s.allocators().iter().map(|a| a.num_tiered_blocks()).sum();
+            let tiered: usize = s.kv_cache_manager().allocators().iter().map(|a| a.num_tiered_blocks()).sum();
             prop_assert_eq!(st.host_blocks + st.disk_blocks, tiered, "store and index agree");
         }
         for f in &finished {

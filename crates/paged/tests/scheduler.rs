@@ -474,7 +474,7 @@ fn sliding_window_prefix_hit_adopts_only_the_window() {
     assert_eq!(s.metrics().prefix_cache_hits, 22);
 
     // Evicting every cached block leaves no ghost behind: nothing hangs from them any more.
-    for alloc in s.allocators() {
+    for alloc in s.kv_cache_manager().allocators() {
         let mut a = alloc.clone();
         a.allocate(a.num_blocks()).unwrap();
         assert_eq!(a.num_ghost_entries(), 0);
@@ -506,7 +506,7 @@ fn sliding_window_prefill_falls_back_to_the_window_when_the_pool_is_small() {
     step(&mut s, &b);
     drain(&mut s);
     assert!(
-        s.allocators()[1].num_ghost_entries() > 0,
+        s.kv_cache_manager().allocators()[1].num_ghost_entries() > 0,
         "levels stay verified"
     );
 }

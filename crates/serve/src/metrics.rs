@@ -251,7 +251,7 @@ impl ServerMetrics {
         self.running.set(m.num_running as i64);
         self.waiting.set(m.num_waiting as i64);
         self.usage.set(m.kv_cache_usage_perc);
-        for (g, a) in s.allocators().iter().enumerate() {
+        for (g, a) in s.kv_cache_manager().allocators().iter().enumerate() {
             let g = g.to_string();
             let set = |v: &IntGaugeVec, n: usize| v.with_label_values(&[g.as_str()]).set(n as i64);
             set(&self.blocks_free, a.num_free_blocks());

@@ -49,15 +49,15 @@ impl Scheduler {
             seq.num_computed_tokens = seq.len();
             seq.max_computed_tokens = seq.max_computed_tokens.max(seq.len());
             seq.token_ids.push(token);
-            for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.block_tables) {
-                alloc.register_full_blocks(table, &seq.token_ids, seq.num_computed_tokens)?;
-            }
+            let computed = seq.num_computed_tokens;
+            self.kv
+                .cache_blocks(&mut seq.block_tables, &seq.token_ids, computed)?;
             match seq.check_stop(max_model_len) {
                 Some(reason) => finished.push(self.finish(id, reason)?),
                 None => self.trim_windows(id)?,
             }
         }
-        self.apply_tier_drops();
+        self.kv.apply_tier_drops();
         Ok(finished)
     }
 
@@ -95,9 +95,7 @@ impl Scheduler {
             )));
         }
         let mut child = self.seq(parent)?.clone();
-        for (alloc, table) in self.allocators.iter_mut().zip(&mut child.block_tables) {
-            *table = alloc.fork(table)?;
-        }
+        child.block_tables = self.kv.fork(&child.block_tables)?;
         let id = self.new_id();
         child.id = id;
         child.num_preemptions = 0;
@@ -137,21 +135,8 @@ impl Scheduler {
             .seqs
             .remove(&id)
             .ok_or(PagedError::UnknownSequence(id))?;
-        let offload = seq.offload_on_finish
-            && reason != FinishReason::Aborted
-            && self.config.tiers.as_ref().is_some_and(|t| t.offload_paused);
-        for (g, (alloc, table)) in self
-            .allocators
-            .iter_mut()
-            .zip(&mut seq.block_tables)
-            .enumerate()
-        {
-            if offload {
-                self.paused_blocks
-                    .push((g, table.blocks.iter().flatten().copied().collect()));
-            }
-            alloc.free(table)?;
-        }
+        let offload = seq.offload_on_finish && reason != FinishReason::Aborted;
+        self.kv.free(&mut seq.block_tables, offload)?;
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&w| w != id);
         Ok(FinishedSeq {

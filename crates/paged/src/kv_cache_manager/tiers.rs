@@ -1,12 +1,12 @@
-//! The scheduler's side of the tiers below the pools ([`crate::tier`]): checking that a level
+//! The manager's side of the tiers below the pools ([`crate::tier`]): checking that a level
 //! to restore can be read back before a step relies on it, and performing a step's moves with
 //! the engine.
 
-use super::Scheduler;
+use super::KvCacheManager;
 use crate::tier::index::IndexOp;
 use crate::{HitsByTier, PrefixMatch, StepExecutor, TierKey, TierOp};
 
-/// Errors of [`Scheduler::move_tier_blocks`]: the engine's, or a restore without bytes.
+/// Errors of [`KvCacheManager::move_tier_blocks`]: the engine's, or a restore without bytes.
 #[derive(Debug, thiserror::Error)]
 pub enum TierMoveError<E: std::fmt::Display> {
     #[error("engine: {0}")]
@@ -17,12 +17,12 @@ pub enum TierMoveError<E: std::fmt::Display> {
     Lost(TierKey),
 }
 
-impl Scheduler {
+impl KvCacheManager {
     /// With a [`crate::tier::RestoreCost`], declines this request's restores when the model
     /// says recomputing them is cheaper: every restorable level of every group's match becomes
     /// a hole. Returns the levels declined (0 without a cost model, or when restoring wins).
     pub(crate) fn weigh_restores(&self, matches: &mut [PrefixMatch]) -> usize {
-        let Some(cost) = self.config.tiers.as_ref().and_then(|t| t.restore_cost) else {
+        let Some(cost) = self.tier_config.as_ref().and_then(|t| t.restore_cost) else {
             return 0;
         };
         let Some(store) = self.tiers.as_ref() else {
@@ -45,7 +45,7 @@ impl Scheduler {
             }
             levels += usize::from(any);
         }
-        let tokens = levels * self.config.kv_cache.block_size;
+        let tokens = levels * self.kv_cache.block_size;
         if levels == 0 || cost.restore_wins(tokens, host, disk) {
             return 0;
         }
@@ -61,7 +61,7 @@ impl Scheduler {
     /// from: a level any group restores from a file counts for disk, else one any group
     /// restores from host memory for host, else for the pool.
     pub(crate) fn hits_by_tier(&self, matches: &[PrefixMatch], levels: usize) -> HitsByTier {
-        let bs = self.config.kv_cache.block_size as u64;
+        let bs = self.kv_cache.block_size as u64;
         let mut h = HitsByTier::default();
         for level in 0..levels {
             let restored = matches
@@ -141,7 +141,7 @@ impl Scheduler {
         });
     }
 
-    /// Moves the last [`Scheduler::schedule`]d step decided were never made (the caller ran
+    /// Moves the last [`crate::Scheduler::schedule`]d step decided were never made (the caller ran
     /// the step without [`crate::driver::execute_step`]): those spills never reached the store,
     /// so the pools forget them. Keeps the list bounded and every tiered level readable.
     pub(crate) fn forget_unmoved(&mut self) {
@@ -158,7 +158,7 @@ impl Scheduler {
     /// The tier moves of the step just scheduled, in order: every block to spill is read
     /// first (a block evicted this step may receive a restore), then every restore is written,
     /// then the spilled bytes are stored and dropped keys forgotten. Call it after
-    /// [`Scheduler::schedule`] and before the engine runs the step (its copies and forward
+    /// [`crate::Scheduler::schedule`] and before the engine runs the step (its copies and forward
     /// pass); [`crate::driver::execute_step`] does. A no-op without tiers.
     ///
     /// # Errors

@@ -1,0 +1,131 @@
+//! The prefix hit of a prompt over every KV cache group, and the slots of its prefill.
+//!
+//! The hit is the longest `h` full blocks that every group can serve: a full-attention group
+//! needs all `h` blocks, a sliding-window group only those from `window_start(h · block_size)`
+//! on (see `allocator/prefix.rs`). Levels the tiers below the pools would restore are weighed
+//! against recomputing them (`RestoreCost`) and checked readable before a step relies on them.
+
+use super::KvCacheManager;
+use crate::{BlockCopy, BlockTable, HitsByTier, PrefixMatch, Result};
+
+/// What [`KvCacheManager::get_computed_blocks`] found for a prompt: the hit every group serves,
+/// to hand to [`KvCacheManager::allocate_prompt_slots`] before anything else changes the pools.
+#[derive(Debug)]
+pub struct ComputedBlocks {
+    /// (num_groups,) each group's match, levels past the hit not yet cut.
+    matches: Vec<PrefixMatch>,
+    /// Full blocks of the prompt served from the cache (its first `num_blocks · block_size`
+    /// tokens are computed).
+    pub num_blocks: usize,
+    /// Whether the prefill keeps (and so caches) every key it writes, or only what its sliding
+    /// windows need once it ends (when the pools cannot take more).
+    cache_all: bool,
+    /// Restorable levels declined because recomputing them was cheaper.
+    pub num_restores_declined: usize,
+}
+
+/// What [`KvCacheManager::allocate_prompt_slots`] gave a prefill.
+#[derive(Debug)]
+pub struct PromptSlots {
+    /// Per group, the copy-on-write copies the engine makes before it writes.
+    pub copies: Vec<Vec<BlockCopy>>,
+    /// Tokens of the hit by where they came from: the pool, host memory, files.
+    pub hits_by_tier: HitsByTier,
+}
+
+impl KvCacheManager {
+    /// The longest prefix-cache hit of the prompt `tokens` that leaves a prefill of at most
+    /// `budget` tokens the pools can take; `None` when even no hit does not fit. The last
+    /// token is always computed (its logits are the step's output).
+    pub fn get_computed_blocks(&mut self, tokens: &[u32], budget: usize) -> Option<ComputedBlocks> {
+        let bs = self.kv_cache.block_size;
+        let len = tokens.len();
+        let max_blocks = (len - 1) / bs;
+        let mut matches: Vec<_> = (self.allocators.iter().zip(&self.kv_cache.groups))
+            .map(|(alloc, group)| match group.sliding_window {
+                Some(_) => alloc.match_prefix_levels(tokens, max_blocks),
+                None => alloc.match_prefix(tokens, max_blocks),
+            })
+            .collect();
+        let declined = self.weigh_restores(&mut matches);
+        for (g, m) in matches.iter_mut().enumerate() {
+            self.check_restores(g, m);
+        }
+        let keep_from = |g: usize, end: usize| self.kv_cache.groups[g].keep_from(end);
+        let first_needed = |g: usize, h: usize| keep_from(g, h * bs) / bs;
+        // First position of the prompt group g keeps after a hit of h blocks. A sliding-window
+        // group needs only what the queries after this prefill can see (`keep_from(len)`): the
+        // keys only this prefill's own queries read get PAD_SLOT and no memory. With prefix
+        // caching, those keys are what a later prompt sharing this one needs to hit, so the
+        // prefill writes them, registers its full blocks and trims them into the cache right
+        // after the step (vLLM also allocates the whole scheduled prompt); when the pool cannot
+        // take that, the prompt is prefilled windowed and simply caches less.
+        let keep = |g: usize, h: usize, cache_all: bool| {
+            keep_from(g, if cache_all { h * bs } else { len })
+        };
+        // Blocks group g must take to prefill from a hit of h blocks: the matched blocks it
+        // adopts that are evictable now, plus fresh ones for the uncached positions it keeps.
+        let blocks_to_take = |g: usize, h: usize, cache_all: bool| {
+            let adopted = matches[g].num_blocks_taken_in(first_needed(g, h).min(h)..h);
+            let keep = keep(g, h, cache_all);
+            let fresh = (h..len.div_ceil(bs))
+                .filter(|j| (j + 1) * bs > keep)
+                .count();
+            adopted + fresh
+        };
+        let longest = matches.iter().map(|m| m.num_blocks()).min().unwrap_or(0);
+        let groups = || 0..matches.len();
+        let fits = |h: usize, cache_all: bool| {
+            groups().all(|g| self.allocators[g].can_allocate(blocks_to_take(g, h, cache_all)))
+        };
+        let caching = self.enable_prefix_caching;
+        let (num_blocks, cache_all) = (0..=longest)
+            .rev()
+            .filter(|&h| groups().all(|g| matches[g].holds(h, first_needed(g, h))))
+            .take_while(|&h| len - h * bs <= budget) // A shorter hit computes even more tokens.
+            .find_map(|h| {
+                if caching && fits(h, true) {
+                    Some((h, true))
+                } else {
+                    fits(h, false).then_some((h, false))
+                }
+            })?;
+        Some(ComputedBlocks {
+            matches,
+            num_blocks,
+            cache_all,
+            num_restores_declined: declined,
+        })
+    }
+
+    /// Takes the hit `computed` found for the prompt of `tables` (`len` tokens) — its cached
+    /// blocks adopted, restores scheduled — and slots for the rest of the prompt.
+    ///
+    /// # Errors
+    /// [`crate::PagedError`] if the pools changed since `computed` was found (a bug).
+    pub fn allocate_prompt_slots(
+        &mut self,
+        tables: &mut [BlockTable],
+        computed: ComputedBlocks,
+        len: usize,
+    ) -> Result<PromptSlots> {
+        let bs = self.kv_cache.block_size;
+        let (h, mut matches) = (computed.num_blocks, computed.matches);
+        for (m, group) in matches.iter_mut().zip(&self.kv_cache.groups) {
+            m.truncate(h);
+            m.forget_before(group.keep_from(h * bs) / bs);
+        }
+        let hits_by_tier = self.hits_by_tier(&matches, h);
+        let mut copies = Vec::with_capacity(matches.len());
+        let pools = self.allocators.iter_mut().zip(tables);
+        for (((alloc, table), m), group) in pools.zip(&matches).zip(&self.kv_cache.groups) {
+            let keep = group.keep_from(if computed.cache_all { h * bs } else { len });
+            alloc.adopt_prefix(table, m)?;
+            copies.push(alloc.append_slots(table, len - h * bs, keep)?);
+        }
+        Ok(PromptSlots {
+            copies,
+            hits_by_tier,
+        })
+    }
+}
