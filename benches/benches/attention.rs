@@ -20,7 +20,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use kvlab_benches::{assert_close, data};
 use kvlab_cpu::attention::{Contiguous, Heads, attention};
 use kvlab_cpu::kv_cache::{ContiguousKvCache, KvCache};
-use kvlab_cpu::paged::attention::{PagedLayer, SeqView, paged_attention};
+use kvlab_cpu::paged::attention::{PagedLayer, SeqSpan, paged_attention};
 use kvlab_cpu::paged::pool::KvPool;
 use kvlab_model::{Config, KvDtype, ops};
 
@@ -81,7 +81,7 @@ fn bench(c: &mut Criterion) {
             );
         }
         let (pool_k, pool_v) = pool.layer(0);
-        let seqs = [SeqView {
+        let seqs = [SeqSpan {
             row0: 0,
             n: 1,
             pos0: past,

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, usize_in};
 use kvlab_cli::engines::{self, EngineKind, MAX_MODEL_LEN, PagedEngine, PoolOptions, build_paged};
-use kvlab_paged::{ScheduledBatch, SchedulerConfig, StepExecutor};
+use kvlab_paged::{ModelInput, SchedulerConfig, StepExecutor};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor};
 
 use crate::ModelArgs;
@@ -77,8 +77,8 @@ struct PagedExecutor {
 impl StepExecutor for PagedExecutor {
     type Error = kvlab_model::Error;
 
-    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error> {
-        let logits = self.engine.execute(batch);
+    fn execute(&mut self, input: &ModelInput) -> Result<Vec<Vec<f32>>, Self::Error> {
+        let logits = self.engine.execute(input);
         if !self.step_delay.is_zero() {
             std::thread::sleep(self.step_delay);
         }

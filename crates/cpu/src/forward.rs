@@ -16,13 +16,13 @@ use crate::kv_cache::KvCache;
 use crate::linear::{linear, linear_to_rows};
 
 /// Runs `tokens` at `positions` (one per row) through every layer, appending their keys and
-/// values to `cache`, and returns the logits (vocab_size,) of each row listed in `logit_rows`.
+/// values to `cache`, and returns the logits (vocab_size,) of each row listed in `logits_indices`.
 pub fn forward(
     model: &Model,
     rope: &RopeTables,
     tokens: &[u32],
     positions: &[usize],
-    logit_rows: &[usize],
+    logits_indices: &[usize],
     cache: &mut impl KvCache,
 ) -> Vec<Vec<f32>> {
     let c = &model.config;
@@ -108,9 +108,9 @@ pub fn forward(
     }
 
     // Logits of the requested rows only: W_cls (vocab, dim) @ rmsnorm(x_row).
-    let b = logit_rows.len();
+    let b = logits_indices.len();
     let mut picked = vec![0.0f32; b * d]; // (b, dim)
-    for (out, &r) in picked.chunks_exact_mut(d).zip(logit_rows) {
+    for (out, &r) in picked.chunks_exact_mut(d).zip(logits_indices) {
         out.copy_from_slice(&x[r * d..(r + 1) * d]);
     }
     let mut xl = vec![0.0f32; b * d]; // (b, dim) normalised

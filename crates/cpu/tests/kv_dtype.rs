@@ -20,7 +20,7 @@ use kvlab_cpu::attention::{Contiguous, Heads, attention};
 use kvlab_cpu::kv_cache::{ContiguousKvCache, KvCache};
 use kvlab_cpu::kv_store::{Part, round_trip};
 use kvlab_cpu::paged::PagedCpuEngine;
-use kvlab_cpu::paged::attention::{PagedLayer, SeqView, paged_attention};
+use kvlab_cpu::paged::attention::{PagedLayer, SeqSpan, paged_attention};
 use kvlab_cpu::paged::pool::KvPool;
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Config, Engine, KvDtype, LayerKind, Model, teacher_force};
@@ -128,7 +128,7 @@ fn both_caches_attend_over_exactly_the_rounded_rows() {
                 v_new: &v_rt[pos0 * kvd..],
                 kv_dim: kvd,
             };
-            let seq = SeqView {
+            let seq = SeqSpan {
                 row0: 0,
                 n: 5,
                 pos0,

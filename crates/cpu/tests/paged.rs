@@ -11,8 +11,8 @@ use kvlab_model::sampler::argmax;
 use kvlab_model::{Engine, Model, SyntheticSpec, teacher_force};
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::{
-    KvCacheConfig, Request, RestoreCost, Scheduler, SchedulerConfig, Sessions, StopConditions,
-    TierConfig, drive, session_turns,
+    KvCacheConfig, Request, RestoreCost, Scheduler, SchedulerConfig, Sessions, StepExecutor,
+    StopConditions, TierConfig, drive, session_turns,
 };
 use proptest::prelude::*;
 
@@ -306,4 +306,38 @@ fn an_unscheduled_sequence_and_a_scheduled_batch_never_overlap_in_one_pool() {
     let mut sched = Scheduler::new(cfg).unwrap();
     let report = drive(&mut engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
     assert_eq!(report.outputs[0].0, naive_greedy(&model, &[9, 8, 7], 4));
+}
+
+/// The engine refuses every malformed step `ModelInput::malformed_variants` builds (the same
+/// list the CUDA engine's `pack_step` test refuses), naming the rule, and still runs the valid
+/// step afterwards: a refused step touches nothing.
+#[test]
+fn malformed_steps_are_refused_with_the_reason_and_change_nothing() {
+    let model = small_model();
+    let kv_cache = KvCacheConfig::new(model.config.kv_cache_groups(), 32, 4);
+    let mut engine = PagedCpuEngine::new(model.clone(), kv_cache.clone()).unwrap();
+    let mut sched = Scheduler::new(SchedulerConfig::new(kv_cache.clone(), 64)).unwrap();
+    sched
+        .add_request((1..=9).collect(), StopConditions::max_tokens(3))
+        .unwrap();
+    sched
+        .add_request(vec![3, 4], StopConditions::max_tokens(3))
+        .unwrap();
+    let mut decode_seen = false;
+    while sched.has_unfinished() {
+        let batch = sched.schedule().unwrap();
+        let input = batch.model_input();
+        let variants = input.malformed_variants(&kv_cache, model.config.vocab_size);
+        assert!(variants.len() >= 9, "{}", variants.len());
+        decode_seen |= variants.iter().any(|(w, _)| *w == "no physical block");
+        for (word, bad) in variants {
+            let err = engine.execute(&bad).unwrap_err().to_string();
+            assert!(err.contains(word), "{word}: {err}");
+        }
+        let logits = engine.execute(&input).unwrap();
+        let seqs = batch.seqs.iter().zip(&logits);
+        let sampled: Vec<_> = seqs.map(|(s, l)| (s.seq_id, argmax(l))).collect();
+        sched.update(&sampled).unwrap();
+    }
+    assert!(decode_seen, "no step past a first block was tried");
 }

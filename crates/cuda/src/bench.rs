@@ -258,7 +258,7 @@ pub fn decode_bench(
         let all_decode = b.num_prefills() == 0 && b.seqs.len() == batch;
         engine.synchronize()?;
         let t = Instant::now();
-        let tokens = engine.execute_greedy(&b)?;
+        let tokens = engine.execute_greedy(&b.model_input())?;
         engine.synchronize()?;
         let dt = t.elapsed().as_secs_f64();
         if all_decode && warm {

@@ -6,7 +6,8 @@
 //! off) and a `BlockTable` per group for each sequence (`kvlab_paged::UnscheduledPools`, shared
 //! with the paged CPU engine), reserves slots exactly as the
 //! scheduler would (trim sliding windows, then `append_slots` with `keep_from = window_start`),
-//! and runs the resulting one-sequence `ScheduledBatch`. In batched mode the scheduler owns the tables.
+//! and runs the resulting one-sequence `ModelInput`, as a scheduled step is run. In batched mode the
+//! scheduler owns the tables.
 //! The two modes share one pool, so a run uses one or the other: `execute` refuses to run while
 //! single-sequence sequences are alive.
 
@@ -16,8 +17,7 @@ use half::{bf16, f16};
 use kvlab_model::engine::{check_max_seq_len, check_tokens};
 use kvlab_model::{Config, Engine, Error, KvDtype, KvUsage, Model, SeqId, Sequences, TraceStep};
 use kvlab_paged::{
-    BlockId, KvCacheConfig, PagedError, ScheduledBatch, StepExecutor, UnscheduledPools,
-    UnscheduledSeq,
+    BlockId, KvCacheConfig, ModelInput, PagedError, StepExecutor, UnscheduledPools, UnscheduledSeq,
 };
 
 use crate::device::{Device, DeviceInfo};
@@ -230,8 +230,8 @@ impl CudaEngine {
     ///
     /// # Errors
     /// As [`StepExecutor::execute`].
-    pub fn execute_greedy(&mut self, batch: &ScheduledBatch) -> Result<Vec<u32>, Error> {
-        let n = self.run(batch)?;
+    pub fn execute_greedy(&mut self, input: &ModelInput) -> Result<Vec<u32>, Error> {
+        let n = self.run(input)?;
         Ok(with_runner!(&self.runner, f => f.greedy(n))?)
     }
 
@@ -243,9 +243,8 @@ impl CudaEngine {
         Ok(with_runner!(&self.runner, f => f.dev.sync())?)
     }
 
-    fn run(&mut self, batch: &ScheduledBatch) -> Result<usize> {
-        let input = batch.model_input();
-        let packed = with_runner!(&self.runner, f => pack_step(&input, &f.geometry))?;
+    fn run(&mut self, input: &ModelInput) -> Result<usize> {
+        let packed = with_runner!(&self.runner, f => pack_step(input, &f.geometry))?;
         with_runner!(&mut self.runner, f => f.step(&packed))?;
         Ok(packed.n_seqs)
     }
@@ -254,21 +253,14 @@ impl CudaEngine {
         let (num_blocks, block_size) = self.pool();
         let st = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, st.len, st.max_seq_len, tokens)?;
-        let step = self
-            .unscheduled
-            .reserve(st, seq, tokens)
-            .map_err(|e| match e {
-                PagedError::OutOfBlocks { .. } => CudaError::PoolFull {
-                    num_blocks,
-                    block_size,
-                },
-                e => CudaError::Paged(e),
-            })?;
-        let batch = ScheduledBatch {
-            seqs: vec![step],
-            ..ScheduledBatch::default()
-        };
-        let n = self.run(&batch)?;
+        let input = self.unscheduled.step(st, tokens).map_err(|e| match e {
+            PagedError::OutOfBlocks { .. } => CudaError::PoolFull {
+                num_blocks,
+                block_size,
+            },
+            e => CudaError::Paged(e),
+        })?;
+        let n = self.run(&input)?;
         let mut logits = with_runner!(&self.runner, f => f.logits(n))?;
         if let Ok(st) = self.seqs.get_mut(seq) {
             st.len += tokens.len();
@@ -349,22 +341,12 @@ impl Engine for CudaEngine {
             c.head_dim,
             plan.kv_dtype.name()
         );
+        let (block_table, slot_mapping) = st.trace_rows();
         Some(TraceStep {
             len: st.len,
             layer_cache_shapes: vec![shape; c.n_layers],
-            block_table: Some(
-                st.tables[0]
-                    .blocks()
-                    .iter()
-                    .map(|b| b.unwrap_or(u32::MAX))
-                    .collect(),
-            ),
-            slot_mapping: Some(
-                st.last_slots
-                    .iter()
-                    .map(|&s| u32::try_from(s).unwrap_or(u32::MAX))
-                    .collect(),
-            ),
+            block_table: Some(block_table),
+            slot_mapping: Some(slot_mapping),
         })
     }
 }
@@ -372,7 +354,7 @@ impl Engine for CudaEngine {
 impl StepExecutor for CudaEngine {
     type Error = Error;
 
-    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Error> {
+    fn execute(&mut self, input: &ModelInput) -> Result<Vec<Vec<f32>>, Error> {
         if !self.seqs.is_empty() {
             return Err(CudaError::BadInput(format!(
                 "{} single-sequence sequences hold blocks of the pool the scheduler also \
@@ -381,7 +363,7 @@ impl StepExecutor for CudaEngine {
             ))
             .into());
         }
-        let n = self.run(batch)?;
+        let n = self.run(input)?;
         Ok(with_runner!(&self.runner, f => f.logits(n))?)
     }
 

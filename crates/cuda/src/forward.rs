@@ -371,7 +371,7 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
 
         // 5. Logits of each sequence's last token only.
         let (last, last_n) = (ops.dev(&ws.last), ops.dev(&ws.last_n));
-        ops.gather_rows(last, x, meta.range(p.logits_rows.clone())?, s, t, d)?;
+        ops.gather_rows(last, x, meta.range(p.logits_indices.clone())?, s, t, d)?;
         ops.rmsnorm::<f32, A>(last_n, last, ops.dev(&w.final_norm), s, d, c.norm_eps)?;
         ops.linear::<A, f32>(
             ops.dev(&ws.logits),

@@ -7,7 +7,8 @@
 use std::ops::Range;
 
 use cudarc::driver::LaunchConfig;
-use kvlab_paged::{KvCacheConfig, ModelInput, PAD_BLOCK, PAD_SLOT};
+pub use kvlab_paged::first_key;
+use kvlab_paged::{KvCacheConfig, ModelInput, PAD_BLOCK};
 
 use crate::error::{CudaError, Result};
 
@@ -293,8 +294,8 @@ pub struct PackedStep {
     pub context_lens: Range<usize>,
     /// (n_tokens,) sequence index of each token.
     pub token_seq: Range<usize>,
-    /// (n_seqs,) row of each sequence's last token.
-    pub logits_rows: Range<usize>,
+    /// (n_seqs,) row of each sequence's last token: the rows whose logits are sampled.
+    pub logits_indices: Range<usize>,
     /// (num_groups,)
     pub groups: Vec<GroupMeta>,
 }
@@ -305,195 +306,57 @@ fn push(ints: &mut Vec<i32>, values: impl IntoIterator<Item = i32>) -> Range<usi
     start..ints.len()
 }
 
-/// The first key position a query at `p` sees under `window` (all of them without one).
-pub fn first_key(p: usize, window: Option<usize>) -> usize {
-    window.map_or(0, |w| (p + 1).saturating_sub(w))
-}
-
-/// Validates a [`ModelInput`] against the model and the pool, and packs it into one i32 arena.
-///
-/// Beyond shapes it checks what the kernels would otherwise read or write out of bounds: token
-/// ids below the vocabulary, positions consecutive and ending at `context_len − 1` and below the
-/// RoPE tables, every slot either -1 or exactly `block_table[pos / bs] · bs + pos % bs`, every key
-/// a query reads from the pool backed by a block, and copies inside the pool.
+/// Validates a [`ModelInput`] ([`ModelInput::validate`]: what the kernels would otherwise read
+/// or write out of bounds — token ids, consecutive positions below the RoPE tables, slots that
+/// match the block tables, cached keys backed by blocks, copies inside the pool) and packs it
+/// into one i32 arena.
 ///
 /// # Errors
 /// [`CudaError::BadInput`] naming the first violation; [`CudaError::Unsupported`] for counts
 /// beyond i32.
 pub fn pack_step(input: &ModelInput, geom: &PackGeometry) -> Result<PackedStep> {
-    let bad = |msg: String| Err(CudaError::BadInput(msg));
-    let n_tokens = input.input_ids.len();
-    let n_seqs = input.context_lens.len();
-    if n_seqs == 0 || n_tokens == 0 {
-        return bad("an empty step".into());
-    }
-    if input.positions.len() != n_tokens
-        || input.query_start_loc.len() != n_seqs + 1
-        || input.logits_indices.len() != n_seqs
-    {
-        return bad(format!(
-            "inconsistent lengths: {n_tokens} tokens, {} positions, {} query_start_loc, {} \
-             context_lens, {} logits_indices",
-            input.positions.len(),
-            input.query_start_loc.len(),
-            n_seqs,
-            input.logits_indices.len()
-        ));
-    }
+    input
+        .validate(&geom.kv_cache, geom.vocab_size, geom.max_positions)
+        .map_err(|e| CudaError::BadInput(e.to_string()))?;
+    let (n_tokens, n_seqs) = (input.input_ids.len(), input.num_seqs());
     let bs = geom.kv_cache.block_size;
-    if input.groups.len() != geom.kv_cache.groups.len() {
-        return bad(format!(
-            "{} KV groups in the step, the model has {}",
-            input.groups.len(),
-            geom.kv_cache.groups.len()
-        ));
-    }
     i32_of("tokens in a step", n_tokens)?;
     for group in &geom.kv_cache.groups {
         i32_of("slots in the pool", group.num_blocks * bs)?;
     }
     let qsl = &input.query_start_loc;
-    if qsl[0] != 0 || qsl[n_seqs] as usize != n_tokens {
-        return bad(format!(
-            "query_start_loc runs {}..{}, the step has {n_tokens} tokens",
-            qsl[0], qsl[n_seqs]
-        ));
-    }
     let mut ints = Vec::new();
-    if let Some(&id) = input
-        .input_ids
-        .iter()
-        .find(|&&t| t as usize >= geom.vocab_size)
-    {
-        return bad(format!(
-            "token id {id} is outside the vocabulary ({})",
-            geom.vocab_size
-        ));
-    }
     let input_ids = push(&mut ints, input.input_ids.iter().map(|&t| t as i32));
-    let mut token_seq_v = Vec::with_capacity(n_tokens);
-    for s in 0..n_seqs {
-        let (a, b) = (qsl[s], qsl[s + 1]);
-        if b <= a {
-            return bad(format!(
-                "sequence {s} has no tokens (query_start_loc {a}..{b})"
-            ));
-        }
-        let n = (b - a) as usize;
-        let ctx = input.context_lens[s];
-        if ctx < n as i32 {
-            return bad(format!(
-                "sequence {s} feeds {n} tokens but its context_len is {ctx}"
-            ));
-        }
-        for r in a as usize..b as usize {
-            let want = ctx as i64 - (b as i64 - r as i64);
-            let p = input.positions[r];
-            if p != want {
-                return bad(format!(
-                    "token {r} of sequence {s} is at position {p}; positions must be consecutive \
-                     and end at context_len - 1 = {}",
-                    ctx - 1
-                ));
-            }
-            if p as usize >= geom.max_positions {
-                return bad(format!(
-                    "position {p} is past the RoPE tables ({} positions)",
-                    geom.max_positions
-                ));
-            }
-            token_seq_v.push(s as i32);
-        }
-        if input.logits_indices[s] != b as usize - 1 {
-            return bad(format!(
-                "logits index {} of sequence {s} is not its last token {}",
-                input.logits_indices[s],
-                b - 1
-            ));
-        }
-    }
     let n_decode = (0..n_seqs)
         .take_while(|&s| qsl[s + 1] - qsl[s] == 1)
         .count();
     let positions = push(&mut ints, input.positions.iter().map(|&p| p as i32));
     let query_start_loc = push(&mut ints, qsl.iter().copied());
     let context_lens = push(&mut ints, input.context_lens.iter().copied());
-    let token_seq = push(&mut ints, token_seq_v);
-    let logits_rows = push(&mut ints, (0..n_seqs).map(|s| qsl[s + 1] - 1));
-
+    let token_seq = push(
+        &mut ints,
+        (0..n_seqs).flat_map(|s| std::iter::repeat_n(s as i32, (qsl[s + 1] - qsl[s]) as usize)),
+    );
+    let logits_indices = push(&mut ints, input.logits_indices.iter().map(|&r| r as i32));
     let mut groups = Vec::with_capacity(input.groups.len());
-    for (g, (gi, group)) in input.groups.iter().zip(&geom.kv_cache.groups).enumerate() {
-        let (nb, window) = (group.num_blocks, group.sliding_window);
+    for (gi, group) in input.groups.iter().zip(&geom.kv_cache.groups) {
+        let window = group.sliding_window;
         let bt = &gi.block_tables;
-        if gi.slot_mapping.len() != n_tokens || bt.num_seqs != n_seqs {
-            return bad(format!(
-                "group {g}: {} slots for {n_tokens} tokens, {} block-table rows for {n_seqs} \
-                 sequences",
-                gi.slot_mapping.len(),
-                bt.num_seqs
-            ));
-        }
-        if let Some(&b) = bt
-            .data
-            .iter()
-            .find(|&&b| b != PAD_BLOCK && (b < 0 || b as usize >= nb))
-        {
-            return bad(format!(
-                "group {g}: block id {b} outside the pool of {nb} blocks"
-            ));
-        }
         // A kernel needs at least one column even if every row is empty.
         let max_blocks = bt.max_blocks_per_seq.max(1);
-        let mut max_decode_keys = 0;
-        for s in 0..n_seqs {
-            let row = bt.row(s).unwrap_or(&[]);
-            let block_of = |pos: usize| row.get(pos / bs).copied().unwrap_or(PAD_BLOCK);
-            let (a, b) = (qsl[s] as usize, qsl[s + 1] as usize);
-            let ctx = input.context_lens[s] as usize;
-            let pos0 = ctx - (b - a);
-            for (r, pos) in (a..b).zip(pos0..) {
-                let slot = gi.slot_mapping[r];
-                if slot == PAD_SLOT {
-                    continue;
-                }
-                let block = block_of(pos);
-                let want = block as i64 * bs as i64 + (pos % bs) as i64;
-                if block == PAD_BLOCK || slot != want {
-                    return bad(format!(
-                        "group {g}: token {r} (position {pos}) has slot {slot}, its block table \
-                         puts it at {want}"
-                    ));
-                }
-            }
-            let lo = first_key(pos0, window);
-            if lo < pos0 {
-                for j in lo / bs..=(pos0 - 1) / bs {
-                    if block_of(j * bs) == PAD_BLOCK {
-                        return bad(format!(
-                            "group {g}: sequence {s} attends to cached keys in logical block {j}, \
-                             which has no physical block"
-                        ));
-                    }
-                }
-            }
-            if s < n_decode {
-                max_decode_keys = max_decode_keys.max(ctx - first_key(ctx - 1, window));
-            }
-        }
+        let max_decode_keys = (0..n_decode)
+            .map(|s| {
+                let ctx = input.context_lens[s] as usize;
+                ctx - first_key(ctx - 1, window)
+            })
+            .max()
+            .unwrap_or(0);
         let slot_mapping = push(&mut ints, gi.slot_mapping.iter().map(|&s| s as i32));
         let block_tables = if bt.max_blocks_per_seq == 0 {
             push(&mut ints, std::iter::repeat_n(PAD_BLOCK, n_seqs))
         } else {
             push(&mut ints, bt.data.iter().copied())
         };
-        for c in &gi.block_copies {
-            if c.src as usize >= nb || c.dst as usize >= nb || c.src == c.dst {
-                return bad(format!(
-                    "group {g}: block copy {} -> {} outside the pool of {nb} blocks",
-                    c.src, c.dst
-                ));
-            }
-        }
         let copies = push(
             &mut ints,
             gi.block_copies
@@ -520,7 +383,7 @@ pub fn pack_step(input: &ModelInput, geom: &PackGeometry) -> Result<PackedStep> 
         query_start_loc,
         context_lens,
         token_seq,
-        logits_rows,
+        logits_indices,
         groups,
     })
 }

@@ -11,22 +11,24 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::{
-    BlockId, FinishReason, Metrics, PagedError, ScheduledBatch, Scheduler, SeqId, StopConditions,
-    Tenant, TierMoveError,
+    BlockId, FinishReason, Metrics, ModelInput, PagedError, ScheduledBatch, Scheduler, SeqId,
+    StopConditions, Tenant, TierMoveError,
 };
 
 /// An engine that runs scheduled steps over a paged KV cache (CPU or CUDA).
 pub trait StepExecutor {
     type Error;
 
-    /// Performs every block copy of `batch` (copy-on-write, before any write), then computes
-    /// each scheduled sequence's new tokens, storing their K and V at the step's `slot_mapping`
-    /// and attending through the sequence's `block_table`. Returns the logits (vocab_size,) of
-    /// each sequence's last new token, in `batch.seqs` order.
+    /// Checks `input` ([`ModelInput::validate`]), performs every block copy of it
+    /// (copy-on-write, before any write), then computes each sequence's new tokens, storing
+    /// their K and V at the step's `slot_mapping` and attending through the sequence's row of
+    /// `block_tables`. Returns the logits (vocab_size,) of each `logits_indices` row, in
+    /// sequence order.
     ///
     /// # Errors
-    /// Whatever the engine fails with (out of device memory, a kernel failure, ...).
-    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error>;
+    /// A malformed step, or whatever the engine fails with (out of device memory, a kernel
+    /// failure, ...).
+    fn execute(&mut self, input: &ModelInput) -> Result<Vec<Vec<f32>>, Self::Error>;
 
     /// The bytes of `block` of KV cache group `group`: every layer of the group, keys and
     /// values, exactly as the pool stores them (scales included), for a tier below the pool
@@ -73,7 +75,9 @@ where
         .kv_cache_manager_mut()
         .move_tier_blocks(engine)
         .map_err(DriveError::Tier)?;
-    engine.execute(batch).map_err(DriveError::Engine)
+    engine
+        .execute(&batch.model_input())
+        .map_err(DriveError::Engine)
 }
 
 /// A request of a batched run.

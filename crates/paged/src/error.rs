@@ -118,6 +118,11 @@ pub enum PagedError {
     )]
     Stuck(String),
 
+    /// A step's arrays break a rule of [`crate::ModelInput::validate`] (an engine got a step no
+    /// scheduler builds).
+    #[error("malformed step: {0}")]
+    MalformedStep(String),
+
     /// The waste calculator or a workload generator got unusable input.
     #[error("invalid workload: {0}")]
     InvalidWorkload(String),

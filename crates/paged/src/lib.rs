@@ -54,8 +54,9 @@
 //!   with checksums, and restored on a later hit (`index.rs`: which entries, bounded by size and
 //!   time to live; `store.rs`: [`KvTierStore`], the bytes; [`RestoreCost`]: restore or
 //!   recompute, per request).
-//! * `scheduled_batch.rs`: [`ScheduledBatch`], what a step hands the engine, and [`ModelInput`],
-//!   the same flattened for a batched kernel.
+//! * `scheduled_batch.rs`: [`ScheduledBatch`], what a step schedules; `model_input.rs`:
+//!   [`ModelInput`], the same flattened into the arrays every paged engine executes, and
+//!   `validate`, the checks every engine makes of them.
 //! * `unscheduled.rs`: [`UnscheduledPools`], sequences driven one at a time through the `Engine`
 //!   API without the scheduler, reserving slots as the scheduler does.
 //! * [`driver`]: the [`drive`] loop, [`execute_step`] (a step's tier moves, then the engine) and
@@ -96,6 +97,7 @@ mod config;
 mod error;
 mod eviction;
 mod kv_cache_manager;
+mod model_input;
 mod pool_view;
 mod prefix_cache;
 mod scheduled_batch;
@@ -114,11 +116,10 @@ pub use eviction::EvictionPolicy;
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a, fnv1a_block_hash};
 pub use kv_cache_manager::{ComputedBlocks, KvCacheManager, PromptSlots, TierMoveError};
 pub use metrics::{HitsByTier, Metrics};
+pub use model_input::{GroupInput, ModelInput, first_key};
 pub use pool_view::{BlockState, GroupView, PoolView, SeqView};
 pub use prefix_cache::PrefixMatch;
-pub use scheduled_batch::{
-    FinishedSeq, GroupInput, GroupStep, ModelInput, ScheduledBatch, ScheduledSeq, StepKind,
-};
+pub use scheduled_batch::{FinishedSeq, GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
 pub use scheduler::Scheduler;
 pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
 pub use tier::{

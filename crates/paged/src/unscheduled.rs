@@ -3,10 +3,13 @@
 //! and per sequence a [`BlockTable`] per group. Each step reserves slots exactly as the
 //! [`crate::Scheduler`] does — free the sliding-window blocks the step's first query cannot
 //! reach, then `append_slots` with `keep_from = window_start(end, window)` — and describes itself
-//! as a one-sequence [`ScheduledSeq`], which a paged engine runs like any scheduled step. The
+//! as a one-sequence [`ModelInput`], which a paged engine runs like any scheduled step. The
 //! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
 
-use crate::{BlockAllocator, BlockTable, KvCacheConfig, Result, ScheduledSeq, SeqId, StepKind};
+use crate::{
+    BlockAllocator, BlockTable, KvCacheConfig, ModelInput, Result, ScheduledBatch, ScheduledSeq,
+    SeqId, StepKind,
+};
 
 /// One sequence's tables and length.
 #[derive(Debug, Clone)]
@@ -18,6 +21,23 @@ pub struct UnscheduledSeq {
     pub max_seq_len: usize,
     /// Group 0's slots of the last step, for `Engine::trace`.
     pub last_slots: Vec<i64>,
+}
+
+impl UnscheduledSeq {
+    /// Group 0's block table and the slots of the last step, for `Engine::trace`: a hole
+    /// (`PAD_BLOCK`) or an unstored slot (`PAD_SLOT`) reads `u32::MAX`.
+    pub fn trace_rows(&self) -> (Vec<u32>, Vec<u32>) {
+        let pad = |x: i64| u32::try_from(x).unwrap_or(u32::MAX);
+        let table = self
+            .tables
+            .first()
+            .map(BlockTable::to_row)
+            .unwrap_or_default();
+        (
+            table.iter().map(|&b| pad(b.into())).collect(),
+            self.last_slots.iter().map(|&s| pad(s)).collect(),
+        )
+    }
 }
 
 /// The pools of the unscheduled sequences of one engine.
@@ -51,16 +71,12 @@ impl UnscheduledPools {
     }
 
     /// Reserves the slots of `tokens` at the sequence's next positions in every group (all or
-    /// none) and returns the step. The caller adds `tokens.len()` to `seq.len` once it ran.
+    /// none) and returns the one-sequence step to execute. The caller adds `tokens.len()` to
+    /// `seq.len` once it ran.
     ///
     /// # Errors
     /// [`crate::PagedError::OutOfBlocks`] when a group lacks free blocks (nothing is reserved).
-    pub fn reserve(
-        &mut self,
-        seq: &mut UnscheduledSeq,
-        id: u64,
-        tokens: &[u32],
-    ) -> Result<ScheduledSeq> {
+    pub fn step(&mut self, seq: &mut UnscheduledSeq, tokens: &[u32]) -> Result<ModelInput> {
         let (pos0, n) = (seq.len, tokens.len());
         let end = pos0 + n;
         let groups = &self.kv_cache.groups;
@@ -83,13 +99,17 @@ impl UnscheduledPools {
                 is_recompute: false,
             }
         };
-        let step = ScheduledSeq::new(SeqId(id), tokens, pos0, kind, &seq.tables, copies);
+        let step = ScheduledSeq::new(SeqId(0), tokens, pos0, kind, &seq.tables, copies);
         seq.last_slots = step
             .groups
             .first()
             .map(|g| g.slot_mapping.clone())
             .unwrap_or_default();
-        Ok(step)
+        let batch = ScheduledBatch {
+            seqs: vec![step],
+            ..ScheduledBatch::default()
+        };
+        Ok(batch.model_input())
     }
 
     /// Forgets positions `len..` of `seq` in every group, or in none: `false` when a group

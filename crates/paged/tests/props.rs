@@ -329,7 +329,7 @@ struct ShadowBlocks<'a> {
 impl StepExecutor for ShadowBlocks<'_> {
     type Error = String;
 
-    fn execute(&mut self, _: &kvlab_paged::ScheduledBatch) -> Result<Vec<Vec<f32>>, String> {
+    fn execute(&mut self, _: &kvlab_paged::ModelInput) -> Result<Vec<Vec<f32>>, String> {
         Err("only moves blocks".into())
     }
 

@@ -29,12 +29,18 @@ fn code_lines(paths: &[&str]) -> usize {
 fn the_scheduler_stays_under_450_lines_of_code() {
     let n = code_lines(&["src/scheduler"]);
     assert!(n > 100, "{n}: the files moved? update this test and lib.rs");
-    assert!(n < 450, "scheduler/ has {n} lines of code; lib.rs says under 450");
+    assert!(
+        n < 450,
+        "scheduler/ has {n} lines of code; lib.rs says under 450"
+    );
 }
 
 #[test]
 fn the_allocator_and_prefix_cache_stay_under_1000_lines_of_code() {
     let n = code_lines(&["src/allocator", "src/prefix_cache.rs"]);
     assert!(n > 300, "{n}: the files moved? update this test and lib.rs");
-    assert!(n < 1000, "allocator/ and prefix_cache.rs have {n}; lib.rs says under 1,000");
+    assert!(
+        n < 1000,
+        "allocator/ and prefix_cache.rs have {n}; lib.rs says under 1,000"
+    );
 }

@@ -11,19 +11,21 @@ fn windowed_steps_stay_bounded_and_free_everything() {
     let mut seq = pools.new_seq(1024);
     let mut tokens: Vec<u32> = (0..70).map(|i| i % 900 + 1).collect();
     for step in 0..301 {
-        let s = pools.reserve(&mut seq, 7, &tokens).unwrap();
-        assert_eq!(s.positions[0], seq.len);
+        let s = pools.step(&mut seq, &tokens).unwrap();
+        assert_eq!(s.positions[0], seq.len as i64);
         assert_eq!(s.groups.len(), 2);
         for g in &s.groups {
             assert_eq!(g.slot_mapping.len(), tokens.len(), "step {step}");
         }
         // The global group stores every position at the slot its block table gives.
         let bs = 16;
+        let table = s.groups[0].block_tables.row(0).unwrap();
         for (i, &slot) in s.groups[0].slot_mapping.iter().enumerate() {
-            let pos = s.positions[i];
-            let block = s.groups[0].block_table[pos / bs];
-            assert_eq!(slot, (block as usize * bs + pos % bs) as i64);
+            let pos = s.positions[i] as usize;
+            assert_eq!(slot, (table[pos / bs] as usize * bs + pos % bs) as i64);
         }
+        s.validate(pools.kv_cache(), 1000, 4096)
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
         seq.len += tokens.len();
         assert!(
             pools.used_blocks(1) <= max_window_blocks(40, 16),
@@ -40,10 +42,10 @@ fn windowed_steps_stay_bounded_and_free_everything() {
 fn a_full_pool_is_refused_without_reserving() {
     let mut pools = UnscheduledPools::new(&KvCacheConfig::new([None], 2, 16)).unwrap();
     let mut a = pools.new_seq(64);
-    pools.reserve(&mut a, 0, &[1; 20]).unwrap();
+    pools.step(&mut a, &[1; 20]).unwrap();
     a.len = 20;
     let mut b = pools.new_seq(64);
-    let e = pools.reserve(&mut b, 1, &[1; 17]).unwrap_err();
+    let e = pools.step(&mut b, &[1; 17]).unwrap_err();
     assert!(
         matches!(e, PagedError::OutOfBlocks { needed: 2, free: 0 }),
         "{e}"

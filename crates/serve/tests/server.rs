@@ -15,7 +15,7 @@ use common::{cpu_greedy, stories260k};
 use futures_util::StreamExt;
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::{Model, Tokenizer};
-use kvlab_paged::{KvCacheConfig, ScheduledBatch, SchedulerConfig, StepExecutor};
+use kvlab_paged::{KvCacheConfig, ModelInput, SchedulerConfig, StepExecutor};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor, router, spawn_engine};
 use serde_json::{Value, json};
 
@@ -28,9 +28,9 @@ struct Slowed(PagedCpuEngine);
 impl StepExecutor for Slowed {
     type Error = kvlab_model::Error;
 
-    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error> {
+    fn execute(&mut self, input: &ModelInput) -> Result<Vec<Vec<f32>>, Self::Error> {
         std::thread::sleep(Duration::from_millis(2));
-        self.0.execute(batch)
+        self.0.execute(input)
     }
 }
 

@@ -19,7 +19,7 @@ use common::{cpu_greedy, stories260k};
 use futures_util::future::join_all;
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::{Model, Tokenizer};
-use kvlab_paged::{KvCacheConfig, ScheduledBatch, SchedulerConfig, StepExecutor};
+use kvlab_paged::{KvCacheConfig, ModelInput, SchedulerConfig, StepExecutor};
 use kvlab_serve::{
     AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, Executor, HEADER_READ_TIMEOUT, router,
     spawn_engine,
@@ -48,12 +48,12 @@ struct Gated {
 impl StepExecutor for Gated {
     type Error = kvlab_model::Error;
 
-    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>, Self::Error> {
+    fn execute(&mut self, input: &ModelInput) -> Result<Vec<Vec<f32>>, Self::Error> {
         while self.hold.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
         }
         std::thread::sleep(self.delay);
-        self.engine.execute(batch)
+        self.engine.execute(input)
     }
 }
 

@@ -10,9 +10,9 @@ use std::ops::Range;
 use crate::attention::{Heads, KvRows, Part, attention};
 use crate::kv_store::KvStore;
 
-/// One sequence of a step, as the attention sees it.
+/// One sequence's rows of a step, as the attention sees them.
 #[derive(Clone, Copy)]
-pub struct SeqView<'a> {
+pub struct SeqSpan<'a> {
     /// Row of this sequence's first new token in the step's activations.
     pub row0: usize,
     /// New tokens this step.
@@ -41,7 +41,7 @@ pub struct PagedLayer<'a> {
 #[derive(Clone, Copy)]
 struct BlockRows<'a> {
     layer: PagedLayer<'a>,
-    seq: SeqView<'a>,
+    seq: SeqSpan<'a>,
 }
 
 // ANCHOR: paged_lookup
@@ -108,7 +108,7 @@ pub fn paged_attention(
     q: &[f32],
     heads: &Heads,
     layer: PagedLayer<'_>,
-    seqs: &[SeqView<'_>],
+    seqs: &[SeqSpan<'_>],
     row_seq: &[usize],
 ) {
     let seq_of = |r: usize| seqs[row_seq[r]];

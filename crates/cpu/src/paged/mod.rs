@@ -2,13 +2,14 @@
 //! in a pool of fixed-size blocks (vLLM's PagedAttention, Kwon et al. 2023) instead of one
 //! `(n_layers, max_seq_len, kv_dim)` buffer per sequence.
 //!
-//! Two ways in:
-//! * as a [`kvlab_paged::StepExecutor`], the scheduler's [`ScheduledBatch`] is run as one step:
-//!   block copies first, then every sequence's new tokens through one matrix product per layer,
-//!   K and V stored through `slot_mapping`, attention per sequence through its `block_table`;
+//! Two ways in, one step ([`ModelInput`], checked by [`ModelInput::validate`] as every paged
+//! engine checks it):
+//! * as a [`kvlab_paged::StepExecutor`], the scheduler's step is run whole: block copies first,
+//!   then every sequence's new tokens through one matrix product per layer, K and V stored
+//!   through `slot_mapping`, attention per sequence through its row of `block_tables`;
 //! * as an [`Engine`] (one sequence at a time, for `generate` and verify), the engine reserves
-//!   slots through [`UnscheduledPools`] exactly as the scheduler would and runs the same step.
-//!   The two ways share the pool, so `execute` refuses while such sequences hold blocks.
+//!   slots through [`UnscheduledPools::step`] exactly as the scheduler would and runs the same
+//!   step. The two ways share the pool, so `execute` refuses while such sequences hold blocks.
 
 pub mod attention;
 pub mod pool;
@@ -20,38 +21,24 @@ use kvlab_model::{
     Config, Engine, Error, KvDtype, KvUsage, Model, Result, SeqId, Sequences, TraceStep,
 };
 use kvlab_paged::{
-    BlockCopy, BlockId, KvCacheConfig, ScheduledBatch, StepExecutor, UnscheduledPools,
-    UnscheduledSeq,
+    BlockCopy, BlockId, KvCacheConfig, ModelInput, StepExecutor, UnscheduledPools, UnscheduledSeq,
 };
 
 use crate::attention::Heads;
 use crate::forward::forward;
 use crate::kv_cache::KvCache;
 use crate::kv_store::{Part, round_trip};
-use attention::{PagedLayer, SeqView, paged_attention};
+use attention::{PagedLayer, SeqSpan, paged_attention};
 use kvlab_model::rope::RopeTables;
 use pool::KvPool;
 
 const NAME: &str = "cpu-paged";
 
-/// One sequence's part of a step, whoever scheduled it.
-pub struct StepSeq<'a> {
-    pub tokens: &'a [u32],
-    /// Position of `tokens[0]`.
-    pub pos0: usize,
-    /// Per KV group: where each new token's K and V go (−1: not stored). (n_groups,) × (n,)
-    pub slot_mapping: Vec<&'a [i64]>,
-    /// Per KV group: the block table. (n_groups,) × (num_logical_blocks,)
-    pub block_table: Vec<&'a [i32]>,
-}
-
-/// The pool as the cached forward step sees it during one scheduled step.
+/// The pool as the cached forward step sees it during one step.
 struct PagedStep<'a> {
     config: &'a Config,
     pool: &'a mut KvPool,
-    seqs: &'a [StepSeq<'a>],
-    /// Row of each sequence's first token. (num_seqs,)
-    row0: &'a [usize],
+    input: &'a ModelInput,
     /// Sequence of each row. (num_tokens,)
     row_seq: &'a [usize],
     /// The step's own keys and values of the layer being run. (num_tokens, kv_dim) each
@@ -66,8 +53,8 @@ impl KvCache for PagedStep<'_> {
     fn append(&mut self, l: usize, k: &[f32], v: &[f32]) {
         let g = self.config.layer_cache_group(l);
         let kvd = self.config.kv_dim();
-        let slots = self.seqs.iter().flat_map(|s| s.slot_mapping[g].iter());
-        for (r, &slot) in slots.enumerate() {
+        let slots = &self.input.groups[g].slot_mapping;
+        for (r, &slot) in slots.iter().enumerate() {
             if slot >= 0 {
                 self.pool.write(
                     l,
@@ -82,7 +69,6 @@ impl KvCache for PagedStep<'_> {
         // whether it comes from this step or a later one. A row not kept reads as written alone.
         let (c, dtype) = (self.config, self.pool.dtype());
         let (pool_k, pool_v) = self.pool.layer(l);
-        let slots = self.seqs.iter().flat_map(|s| s.slot_mapping[g].iter());
         let mut tile = Vec::new();
         for (part, new, x, store) in [
             (Part::Keys, &mut self.k_new, k, pool_k),
@@ -93,7 +79,7 @@ impl KvCache for PagedStep<'_> {
             if dtype == KvDtype::F32 {
                 continue;
             }
-            for (row, &slot) in new.chunks_exact_mut(kvd).zip(slots.clone()) {
+            for (row, &slot) in new.chunks_exact_mut(kvd).zip(slots) {
                 if slot >= 0 {
                     let slot = slot as usize;
                     row.copy_from_slice(store.read(slot..slot + 1, 0..c.n_kv_heads, &mut tile));
@@ -108,15 +94,16 @@ impl KvCache for PagedStep<'_> {
     /// this step's from the step's rows.
     fn attend(&self, l: usize, q: &[f32], heads: &Heads, out: &mut [f32]) {
         let g = self.config.layer_cache_group(l);
-        let views: Vec<SeqView<'_>> = self
-            .seqs
-            .iter()
-            .zip(self.row0)
-            .map(|(s, &row0)| SeqView {
-                row0,
-                n: s.tokens.len(),
-                pos0: s.pos0,
-                block_table: s.block_table[g],
+        let (input, tables) = (self.input, &self.input.groups[g].block_tables);
+        let spans: Vec<SeqSpan<'_>> = (0..input.num_seqs())
+            .map(|s| {
+                let row0 = input.query_start_loc[s] as usize;
+                SeqSpan {
+                    row0,
+                    n: input.query_start_loc[s + 1] as usize - row0,
+                    pos0: input.positions[row0] as usize,
+                    block_table: tables.row(s).unwrap_or(&[]),
+                }
             })
             .collect();
         let (pool_k, pool_v) = self.pool.layer(l);
@@ -128,7 +115,7 @@ impl KvCache for PagedStep<'_> {
             v_new: &self.v_new,
             kv_dim: self.config.kv_dim(),
         };
-        paged_attention(out, q, heads, layer, &views, self.row_seq);
+        paged_attention(out, q, heads, layer, &spans, self.row_seq);
     }
 }
 
@@ -199,35 +186,49 @@ impl PagedCpuEngine {
         self.unscheduled.kv_cache()
     }
 
-    /// Runs one step over the given sequences; returns each one's last-token logits.
-    pub fn run_step(&mut self, seqs: &[StepSeq<'_>]) -> Vec<Vec<f32>> {
-        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        let positions: Vec<usize> = seqs
-            .iter()
-            .flat_map(|s| s.pos0..s.pos0 + s.tokens.len())
-            .collect();
-        let mut row0 = Vec::with_capacity(seqs.len());
-        let mut row_seq = Vec::with_capacity(tokens.len());
-        for (i, s) in seqs.iter().enumerate() {
-            row0.push(row_seq.len());
-            row_seq.extend(std::iter::repeat_n(i, s.tokens.len()));
+    /// Runs one step: checks it ([`ModelInput::validate`]), makes its block copies, then runs
+    /// every sequence's new tokens through the forward pass. Returns the logits (vocab_size,) of
+    /// each `logits_indices` row.
+    ///
+    /// # Errors
+    /// [`Error::Engine`] for a malformed step.
+    pub fn run_step(&mut self, input: &ModelInput) -> Result<Vec<Vec<f32>>> {
+        let c = &self.model.config;
+        input
+            .validate(
+                self.unscheduled.kv_cache(),
+                c.vocab_size,
+                self.rope.positions(),
+            )
+            .map_err(|e| Error::Engine {
+                engine: NAME,
+                reason: e.to_string(),
+            })?;
+        for (g, group) in input.groups.iter().enumerate() {
+            self.copy_blocks(g, &group.block_copies);
         }
-        let logit_rows: Vec<usize> = seqs
-            .iter()
-            .zip(&row0)
-            .map(|(s, r)| r + s.tokens.len() - 1)
-            .collect();
+        let positions: Vec<usize> = input.positions.iter().map(|&p| p as usize).collect();
+        let mut row_seq = Vec::with_capacity(positions.len());
+        for (s, w) in input.query_start_loc.windows(2).enumerate() {
+            row_seq.extend(std::iter::repeat_n(s, (w[1] - w[0]) as usize));
+        }
         let mut step = PagedStep {
             config: &self.model.config,
             pool: &mut self.pool,
-            seqs,
-            row0: &row0,
+            input,
             row_seq: &row_seq,
             k_new: Vec::new(),
             v_new: Vec::new(),
         };
-        let (model, rope) = (&self.model, &self.rope);
-        forward(model, rope, &tokens, &positions, &logit_rows, &mut step)
+        let (model, rope, tokens) = (&self.model, &self.rope, &input.input_ids);
+        Ok(forward(
+            model,
+            rope,
+            tokens,
+            &positions,
+            &input.logits_indices,
+            &mut step,
+        ))
     }
 
     /// Copies every block of `copies` in every layer of KV group `group`.
@@ -241,14 +242,14 @@ impl PagedCpuEngine {
         }
     }
 
-    /// One step of an unscheduled sequence: reserve its slots as the scheduler would, then run
-    /// it as a one-sequence scheduled step.
+    /// One step of an unscheduled sequence: reserve its slots as the scheduler would
+    /// ([`UnscheduledPools::step`]), then run it as a one-sequence step.
     fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         let s = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, s.len, s.max_seq_len, tokens)?;
-        let step = self
+        let input = self
             .unscheduled
-            .reserve(s, seq, tokens)
+            .step(s, tokens)
             .map_err(|e| Error::Engine {
                 engine: NAME,
                 reason: format!(
@@ -256,11 +257,7 @@ impl PagedCpuEngine {
                     self.pool.num_blocks, self.pool.block_size
                 ),
             })?;
-        let batch = ScheduledBatch {
-            seqs: vec![step],
-            ..ScheduledBatch::default()
-        };
-        let mut logits = self.run_batch(&batch)?;
+        let mut logits = self.run_step(&input)?;
         if let Ok(s) = self.seqs.get_mut(seq) {
             s.len += tokens.len();
         }
@@ -268,40 +265,6 @@ impl PagedCpuEngine {
             engine: NAME,
             reason: "a step returned no logits".into(),
         })
-    }
-
-    /// Block copies first, then every sequence's new tokens through the forward step.
-    fn run_batch(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>> {
-        let n_groups = self.model.config.kv_cache_groups().len();
-        if let Some(bad) = batch.seqs.iter().find(|s| {
-            s.groups.len() != n_groups
-                || s.token_ids.is_empty()
-                || s.token_ids
-                    .iter()
-                    .any(|&t| t as usize >= self.model.config.vocab_size)
-        }) {
-            return Err(Error::Engine {
-                engine: NAME,
-                reason: format!(
-                    "malformed step for {}: expected {n_groups} KV groups and in-vocabulary tokens",
-                    bad.seq_id
-                ),
-            });
-        }
-        for g in 0..n_groups {
-            self.copy_blocks(g, &batch.block_copies(g));
-        }
-        let seqs: Vec<StepSeq<'_>> = batch
-            .seqs
-            .iter()
-            .map(|s| StepSeq {
-                tokens: &s.token_ids,
-                pos0: s.positions[0],
-                slot_mapping: s.groups.iter().map(|g| g.slot_mapping.as_slice()).collect(),
-                block_table: s.groups.iter().map(|g| g.block_table.as_slice()).collect(),
-            })
-            .collect();
-        Ok(self.run_step(&seqs))
     }
 }
 
@@ -311,7 +274,7 @@ impl StepExecutor for PagedCpuEngine {
     /// # Errors
     /// [`Error::Engine`] while sequences driven through the `Engine` API hold blocks of the pool
     /// (the scheduler would hand the same blocks out again), or for a malformed step.
-    fn execute(&mut self, batch: &ScheduledBatch) -> Result<Vec<Vec<f32>>> {
+    fn execute(&mut self, input: &ModelInput) -> Result<Vec<Vec<f32>>> {
         if !self.seqs.is_empty() {
             return Err(Error::Engine {
                 engine: NAME,
@@ -322,7 +285,7 @@ impl StepExecutor for PagedCpuEngine {
                 ),
             });
         }
-        self.run_batch(batch)
+        self.run_step(input)
     }
 
     /// K and V of every layer of `group`, as the pool stores them.
@@ -440,17 +403,12 @@ impl Engine for PagedCpuEngine {
                 )
             })
             .collect();
+        let (block_table, slot_mapping) = s.trace_rows();
         Some(TraceStep {
             len: s.len,
             layer_cache_shapes: shapes,
-            block_table: Some(
-                s.tables[0]
-                    .to_row()
-                    .iter()
-                    .map(|&b| b.max(-1) as u32)
-                    .collect(),
-            ),
-            slot_mapping: Some(s.last_slots.iter().map(|&x| x as u32).collect()),
+            block_table: Some(block_table),
+            slot_mapping: Some(slot_mapping),
         })
     }
 }

@@ -120,7 +120,7 @@ fn packs_a_scheduled_prefill_then_decode_step() {
     assert_eq!(&p.ints[p.query_start_loc.clone()], &[0, 6, 9]);
     assert_eq!(&p.ints[p.context_lens.clone()], &[6, 3]);
     assert_eq!(&p.ints[p.token_seq.clone()], &[0, 0, 0, 0, 0, 0, 1, 1, 1]);
-    assert_eq!(&p.ints[p.logits_rows.clone()], &[5, 8]);
+    assert_eq!(&p.ints[p.logits_indices.clone()], &[5, 8]);
     let g = &p.groups[0];
     let slots: Vec<i64> = input.groups[0].slot_mapping.to_vec();
     let packed: Vec<i64> = p.ints[g.slot_mapping.clone()]
@@ -185,29 +185,12 @@ fn bad_metadata_is_refused_with_the_reason() {
     let input = sched.schedule().unwrap().model_input();
     let geom = geometry(32, vec![None]);
 
-    type Corrupt = fn(&mut ModelInput);
-    let cases: [(Corrupt, &str); 5] = [
-        (|m| m.input_ids[0] = 100, "vocabulary"),
-        (|m| m.positions[2] = 7, "consecutive"),
-        (|m| m.groups[0].slot_mapping[1] += 1, "slot"),
-        (
-            |m| m.groups[0].block_tables = PaddedBlockTables::from_rows(&[vec![40, 41]]),
-            "outside the pool",
-        ),
-        (
-            |m| {
-                m.groups[0]
-                    .block_copies
-                    .push(kvlab_paged::BlockCopy { src: 1, dst: 99 })
-            },
-            "copy",
-        ),
-    ];
-    for (corrupt, reason) in cases {
-        let mut bad = input.clone();
-        corrupt(&mut bad);
+    // The same malformed steps the paged CPU engine refuses (crates/cpu/tests/paged.rs).
+    let variants = input.malformed_variants(&geom.kv_cache, geom.vocab_size);
+    assert!(variants.len() >= 9, "{}", variants.len());
+    for (reason, bad) in variants {
         let err = pack_step(&bad, &geom).unwrap_err().to_string();
-        assert!(err.contains(reason), "{err}");
+        assert!(err.contains(reason), "{reason}: {err}");
     }
 
     let mut small = geom.clone();
@@ -260,13 +243,8 @@ fn unscheduled_windowed_steps_pack() {
     };
     let mut tokens: Vec<u32> = (0..70).map(|i| i % 900 + 1).collect();
     for step in 0..301 {
-        let s = pools.reserve(&mut seq, 7, &tokens).unwrap();
-        let batch = kvlab_paged::ScheduledBatch {
-            seqs: vec![s],
-            ..Default::default()
-        };
-        let p =
-            pack_step(&batch.model_input(), &geom).unwrap_or_else(|e| panic!("step {step}: {e}"));
+        let input = pools.step(&mut seq, &tokens).unwrap();
+        let p = pack_step(&input, &geom).unwrap_or_else(|e| panic!("step {step}: {e}"));
         assert_eq!(p.n_decode, usize::from(step > 0));
         seq.len += tokens.len();
         assert!(

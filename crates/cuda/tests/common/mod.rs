@@ -340,7 +340,7 @@ where
             .flat_map(|s| &s.groups)
             .map(|g| g.block_copies.len())
             .sum::<usize>();
-        let logits = engine.execute(&b).unwrap();
+        let logits = engine.execute(&b.model_input()).unwrap();
         let out: Vec<_> = b
             .seqs
             .iter()
