@@ -1,18 +1,20 @@
-//! The continuous-batching loop, written once for every paged engine.
+//! The continuous-batching step, written once for every paged engine and every caller: [`step`]
+//! is schedule → execute → sample → update, and both [`drive`] (batched runs, verify, bench)
+//! and `kvlab serve`'s engine thread turn it.
 //!
-//! Each step: requests whose arrival step has come join the waiting queue; the [`Scheduler`]
-//! picks a batch; blocks move between the pool and the tiers below it if it has any; the engine
-//! ([`StepExecutor`]) performs the batch's block copies and runs its tokens, returning one row
-//! of logits per scheduled sequence; a token is sampled for each; the scheduler appends them,
-//! frees finished sequences and registers full blocks for reuse.
+//! Each step: the [`Scheduler`] picks a batch; blocks move between the pool and the tiers below
+//! it if it has any; the engine ([`StepExecutor`]) performs the batch's block copies and runs its
+//! tokens, returning one row of logits per scheduled sequence; a token is sampled for each; the
+//! scheduler appends them, frees finished sequences and registers full blocks for reuse. `drive`
+//! adds arrivals: requests whose arrival step has come join the waiting queue first.
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::{
-    BlockId, FinishReason, Metrics, ModelInput, PagedError, ScheduledBatch, Scheduler, SeqId,
-    StopConditions, Tenant, TierMoveError,
+    BlockId, FinishReason, FinishedSeq, Metrics, ModelInput, PagedError, ScheduledBatch, Scheduler,
+    SeqId, StopConditions, Tenant, TierMoveError,
 };
 
 /// An engine that runs scheduled steps over a paged KV cache (CPU or CUDA).
@@ -78,6 +80,66 @@ where
     engine
         .execute(&batch.model_input())
         .map_err(DriveError::Engine)
+}
+
+/// What one [`step`] did.
+#[derive(Debug)]
+pub struct StepOutcome<R> {
+    /// The step the scheduler built and the engine ran.
+    pub batch: ScheduledBatch,
+    /// (sequence, token) sampled, in batch order.
+    pub sampled: Vec<(SeqId, u32)>,
+    /// Sequences the sampler refused, with its reason: aborted, their blocks already free.
+    pub refused: Vec<(SeqId, R)>,
+    /// Sequences that finished with this step; their blocks are already free.
+    pub finished: Vec<FinishedSeq>,
+    /// Wall time of the tier moves and the engine's step.
+    pub engine_time: Duration,
+}
+
+/// One turn of continuous batching: schedule a step (`None` when it is empty: nothing waits
+/// or runs, or nothing fits), show it to `on_batch`, run it ([`execute_step`]), sample each
+/// sequence's logits with `sample` (an `Err` aborts that sequence), and hand the tokens back
+/// to the scheduler.
+///
+/// # Errors
+/// [`DriveError`] from the scheduler, the tier moves or the engine; the step is then left in
+/// flight only if the engine failed (abort its sequences, or `update(&[])` after aborting them).
+pub fn step<E: StepExecutor + ?Sized, R>(
+    engine: &mut E,
+    scheduler: &mut Scheduler,
+    mut sample: impl FnMut(SeqId, Vec<f32>) -> Result<u32, R>,
+    on_batch: impl FnOnce(&ScheduledBatch, &Scheduler),
+) -> Result<Option<StepOutcome<R>>, DriveError<E::Error>>
+where
+    E::Error: std::fmt::Display,
+{
+    let batch = scheduler.schedule()?;
+    if batch.is_empty() {
+        return Ok(None);
+    }
+    on_batch(&batch, scheduler);
+    let t = Instant::now();
+    let logits = execute_step(engine, scheduler, &batch)?;
+    let engine_time = t.elapsed();
+    let (mut sampled, mut refused) = (Vec::with_capacity(logits.len()), Vec::new());
+    for (s, row) in batch.seqs.iter().zip(logits) {
+        match sample(s.seq_id, row) {
+            Ok(token) => sampled.push((s.seq_id, token)),
+            Err(reason) => {
+                scheduler.abort(s.seq_id)?;
+                refused.push((s.seq_id, reason));
+            }
+        }
+    }
+    let finished = scheduler.update(&sampled)?;
+    Ok(Some(StepOutcome {
+        batch,
+        sampled,
+        refused,
+        finished,
+        engine_time,
+    }))
 }
 
 /// A request of a batched run.
@@ -194,33 +256,25 @@ where
         if !scheduler.has_unfinished() && step >= last_arrival {
             break;
         }
-        let batch = scheduler.schedule()?;
-        if batch.is_empty() {
+        let on_batch = |batch: &ScheduledBatch, s: &Scheduler| on_step(step, batch, s);
+        let sample = |_, logits: Vec<f32>| Ok::<_, std::convert::Infallible>(sample(&logits));
+        let Some(outcome) = self::step(engine, scheduler, sample, on_batch)? else {
             if scheduler.has_unfinished() && step >= last_arrival {
                 return Err(DriveError::Stuck(step));
             }
             step += 1;
             continue;
-        }
-        on_step(step, &batch, scheduler);
-        let t = Instant::now();
-        let logits = execute_step(engine, scheduler, &batch)?;
-        let seconds = t.elapsed();
+        };
+        let (batch, seconds) = (&outcome.batch, outcome.engine_time);
         engine_time += seconds;
-        let sampled: Vec<(SeqId, u32)> = batch
-            .seqs
-            .iter()
-            .zip(&logits)
-            .map(|(s, l)| (s.seq_id, sample(l)))
-            .collect();
         for (i, id) in ids.iter().enumerate() {
             if first_token_steps[i].is_none()
-                && id.is_some_and(|id| sampled.iter().any(|(s, _)| *s == id))
+                && id.is_some_and(|id| outcome.sampled.iter().any(|(s, _)| *s == id))
             {
                 first_token_steps[i] = Some(step);
             }
         }
-        for f in scheduler.update(&sampled)? {
+        for f in outcome.finished {
             if let Some(i) = ids.iter().position(|id| *id == Some(f.seq_id)) {
                 outputs[i] = Some((f.output_token_ids, f.reason));
             }

@@ -59,7 +59,8 @@
 //!   `validate`, the checks every engine makes of them.
 //! * `unscheduled.rs`: [`UnscheduledPools`], sequences driven one at a time through the `Engine`
 //!   API without the scheduler, reserving slots as the scheduler does.
-//! * [`driver`]: the [`drive`] loop, [`execute_step`] (a step's tier moves, then the engine) and
+//! * [`driver`]: [`driver::step`], schedule → execute → sample → update once, which the [`drive`]
+//!   loop and `kvlab serve` both turn; [`execute_step`] (a step's tier moves, then the engine) and
 //!   the [`StepExecutor`] an engine implements; [`metrics`]:
 //!   [`Metrics`] named like vLLM's; `pool_view.rs`: [`PoolView`], who holds which block (the
 //!   block-table picture as data, for `kvlab batch --svg` and `kvlab serve`'s live page); [`waste`], [`workload`]: the memory-waste calculator and
@@ -110,7 +111,9 @@ pub use allocator::{
 };
 pub use block_table::{BlockId, BlockTable, PAD_BLOCK, PAD_SLOT, PaddedBlockTables, Tenant};
 pub use config::{KvCacheConfig, KvGroupConfig, SchedulerConfig};
-pub use driver::{DriveError, DriveReport, Request, StepExecutor, StepStats, drive, execute_step};
+pub use driver::{
+    DriveError, DriveReport, Request, StepExecutor, StepOutcome, StepStats, drive, execute_step,
+};
 pub use error::{PagedError, Result};
 pub use eviction::EvictionPolicy;
 pub use hash::{BlockHash, HashFn, chain_hashes, fnv1a, fnv1a_block_hash};

@@ -241,14 +241,12 @@ impl ModelInput {
                 }
             }
             let lo = first_key(pos0, window);
-            if lo < pos0 {
-                if let Some(j) = (lo / bs..=(pos0 - 1) / bs).find(|j| block_of(j * bs) == PAD_BLOCK)
-                {
-                    return bad(format!(
-                        "group {g}: sequence {s} attends to cached keys in logical block {j}, \
-                         which has no physical block"
-                    ));
-                }
+            let mut cached_blocks = (lo / bs..pos0.div_ceil(bs)).filter(|_| lo < pos0);
+            if let Some(j) = cached_blocks.find(|j| block_of(j * bs) == PAD_BLOCK) {
+                return bad(format!(
+                    "group {g}: sequence {s} attends to cached keys in logical block {j}, \
+                     which has no physical block"
+                ));
             }
         }
         if let Some(c) = (gi.block_copies.iter())

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use kvlab_model::Sampler;
 use kvlab_paged::{
-    FinishReason, Metrics, PoolView, Scheduler, SchedulerConfig, SeqId, StepExecutor,
+    DriveError, FinishReason, Metrics, PoolView, Scheduler, SchedulerConfig, SeqId, StepExecutor,
     StopConditions,
 };
 use tokio::sync::mpsc::UnboundedSender;
@@ -377,45 +377,37 @@ impl EngineLoop {
         let _ = self.sched.update(&[]);
     }
 
-    /// One scheduler step: schedule, execute, sample each sequence with its own sampler,
-    /// update, and send the tokens and ends out.
+    /// One scheduler step ([`kvlab_paged::driver::step`], the loop `drive` turns too): each
+    /// sequence sampled with its own sampler, then the tokens and ends sent out.
     fn step(&mut self) {
-        let batch = match self.sched.schedule() {
-            Ok(b) => b,
-            Err(e) => return self.fail_all(&format!("scheduler: {e}")),
+        let live = &mut self.live;
+        let sample = |id, mut row: Vec<f32>| match live.get_mut(&id) {
+            Some(r) => r.sampler.sample(&mut row).map_err(|bad| {
+                format!(
+                    "the model produced a non-finite logit ({} at token {})",
+                    bad.value, bad.index
+                )
+            }),
+            None => Err("the request is gone".to_string()),
         };
-        if batch.is_empty() {
-            return self.fail_all(
-                "the scheduler made no progress: the KV pool is too small for the live requests",
-            );
-        }
-        let logits = match kvlab_paged::execute_step(self.engine.as_mut(), &mut self.sched, &batch)
-        {
-            Ok(l) => l,
-            Err(e) => return self.fail_all(&e.to_string()),
-        };
-        let mut sampled = Vec::with_capacity(batch.seqs.len());
-        for (s, row) in batch.seqs.iter().zip(logits) {
-            let Some(r) = self.live.get_mut(&s.seq_id) else {
-                continue;
-            };
-            let mut row = row;
-            match r.sampler.sample(&mut row) {
-                Ok(token) => sampled.push((s.seq_id, token)),
-                Err(bad) => {
-                    let _ = self.sched.abort(s.seq_id);
-                    if let Some(r) = self.remove(s.seq_id) {
-                        let _ = r.events.send(TokenEvent::Failed(format!(
-                            "the model produced a non-finite logit ({} at token {})",
-                            bad.value, bad.index
-                        )));
+        let outcome =
+            kvlab_paged::driver::step(self.engine.as_mut(), &mut self.sched, sample, |_, _| {});
+        let (sampled, finished) = match outcome {
+            Ok(Some(o)) => {
+                for (id, reason) in o.refused {
+                    if let Some(r) = self.remove(id) {
+                        let _ = r.events.send(TokenEvent::Failed(reason));
                     }
                 }
+                (o.sampled, o.finished)
             }
-        }
-        let finished = match self.sched.update(&sampled) {
-            Ok(f) => f,
-            Err(e) => return self.fail_all(&format!("scheduler update: {e}")),
+            Ok(None) => {
+                return self.fail_all(
+                    "the scheduler made no progress: the KV pool is too small for the live requests",
+                );
+            }
+            Err(DriveError::Paged(e)) => return self.fail_all(&format!("scheduler: {e}")),
+            Err(e) => return self.fail_all(&e.to_string()),
         };
         let now = Instant::now();
         let shared = self.shared.clone();
