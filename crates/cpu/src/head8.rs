@@ -113,7 +113,7 @@ pub unsafe fn axpy_rows2(y: [&mut [f32]; 2], a: [&[f32]; 2], x: &[f32], stride: 
         _mm512_setzero_ps(),
         _mm512_setzero_ps(),
     ];
-    // SAFETY (the loads below): row b < nb starts at b·stride, (nb − 1)·stride + 8 ≤ x.len().
+    // SAFETY: (the loads below) row b < nb starts at b·stride, (nb − 1)·stride + 8 ≤ x.len().
     let v = |b: usize| unsafe { twice(px.add(b * stride)) };
     let mut b = 0;
     while b + 4 <= nb {

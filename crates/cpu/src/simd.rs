@@ -415,6 +415,7 @@ mod x86 {
             // SAFETY: i + 8 ≤ n ≤ the length of q and of every k_b.
             let qv = unsafe { _mm256_loadu_ps(q.as_ptr().add(i)) };
             for b in 0..4 {
+                // SAFETY: i + 8 ≤ n ≤ k[b].len(), as for q above.
                 let kv = unsafe { _mm256_loadu_ps(k[b].as_ptr().add(i)) };
                 acc[b] = _mm256_fmadd_ps(kv, qv, acc[b]);
             }
@@ -530,7 +531,7 @@ mod x86 {
         let px = x.as_ptr();
         let mut c = 0;
         while c < full {
-            // SAFETY (all loads and the store below): c + 8 ≤ full ≤ hd = y.len(), and row
+            // SAFETY: (all loads and the store below) c + 8 ≤ full ≤ hd = y.len(), and row
             // b < nb starts at b·stride with (nb − 1)·stride + hd ≤ x.len() (asserted above).
             unsafe {
                 let p = |b: usize| _mm256_loadu_ps(px.add(b * stride + c));
@@ -576,7 +577,7 @@ mod x86 {
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn axpy_rows_avx512(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) -> bool {
-        // SAFETY (each arm): the CPU has AVX-512F (the caller's promise).
+        // SAFETY: (each arm) the CPU has AVX-512F (the caller's promise).
         unsafe {
             match y.len() {
                 16 => axpy_rows_avx512_v::<1>(y, a, x, stride),
@@ -616,7 +617,7 @@ mod x86 {
             "axpy_rows: x holds fewer rows than a"
         );
         let px = x.as_ptr();
-        // SAFETY (every load and store below): vector v of y is y[16v..16v + 16], inside y; row
+        // SAFETY: (every load and store below) vector v of y is y[16v..16v + 16], inside y; row
         // b < nb starts at b·stride with (nb − 1)·stride + 16·V ≤ x.len() (asserted above).
         unsafe {
             let mut even: [__m512; V] =
@@ -660,7 +661,7 @@ mod x86 {
         let rows = out.len();
         let mut r = 0;
         while r + R <= rows {
-            // SAFETY (every raw load below): row r + q < rows starts at (r + q)·n inside w, and
+            // SAFETY: (every raw load below) row r + q < rows starts at (r + q)·n inside w, and
             // i + lanes ≤ n, so each load reads inside its row and inside x.
             let pw: [*const f32; R] =
                 std::array::from_fn(|k| unsafe { w.as_ptr().add((r + k) * n) });
@@ -668,8 +669,10 @@ mod x86 {
             let mut i = 0;
             while i + 64 <= n {
                 for k in 0..4 {
+                    // SAFETY: i + 16k + 16 ≤ i + 64 ≤ n = x.len().
                     let xv = unsafe { _mm512_loadu_ps(px.add(i + 16 * k)) };
                     for q in 0..R {
+                        // SAFETY: i + 16k + 16 ≤ n, inside row r + q of w (and x, as above).
                         acc[q][k] = unsafe {
                             _mm512_fmadd_ps(_mm512_loadu_ps(pw[q].add(i + 16 * k)), xv, acc[q][k])
                         };
@@ -678,9 +681,11 @@ mod x86 {
                 i += 64;
             }
             while i + 16 <= n {
+                // SAFETY: i + 16 ≤ n: inside x and inside row r + q of w.
                 let xv = unsafe { _mm512_loadu_ps(px.add(i)) };
                 for q in 0..R {
                     acc[q][0] =
+                        // SAFETY: i + 16 ≤ n: inside x and inside row r + q of w.
                         unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(pw[q].add(i)), xv, acc[q][0]) };
                 }
                 i += 16;
@@ -698,6 +703,7 @@ mod x86 {
             r += R;
         }
         for q in r..rows {
+            // SAFETY: the CPU has AVX-512F (this function's own requirement).
             out[q] = unsafe { dot_avx512(&w[q * n..(q + 1) * n], x) };
         }
     }
@@ -715,7 +721,7 @@ mod x86 {
         let rows = out.len();
         let mut r = 0;
         while r + R <= rows {
-            // SAFETY (every raw load below): row r + q < rows starts at (r + q)·n inside w, and
+            // SAFETY: (every raw load below) row r + q < rows starts at (r + q)·n inside w, and
             // i + lanes ≤ n, so each load reads inside its row and inside x.
             let pw: [*const f32; R] =
                 std::array::from_fn(|k| unsafe { w.as_ptr().add((r + k) * n) });
@@ -723,8 +729,10 @@ mod x86 {
             let mut i = 0;
             while i + 32 <= n {
                 for k in 0..4 {
+                    // SAFETY: i + 8k + 8 ≤ i + 32 ≤ n = x.len().
                     let xv = unsafe { _mm256_loadu_ps(px.add(i + 8 * k)) };
                     for q in 0..R {
+                        // SAFETY: i + 8k + 8 ≤ n, inside row r + q of w (and x, as above).
                         acc[q][k] = unsafe {
                             _mm256_fmadd_ps(_mm256_loadu_ps(pw[q].add(i + 8 * k)), xv, acc[q][k])
                         };
@@ -733,9 +741,11 @@ mod x86 {
                 i += 32;
             }
             while i + 8 <= n {
+                // SAFETY: i + 8 ≤ n: inside x and inside row r + q of w.
                 let xv = unsafe { _mm256_loadu_ps(px.add(i)) };
                 for q in 0..R {
                     acc[q][0] =
+                        // SAFETY: i + 8 ≤ n: inside x and inside row r + q of w.
                         unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pw[q].add(i)), xv, acc[q][0]) };
                 }
                 i += 8;
@@ -756,6 +766,7 @@ mod x86 {
             r += R;
         }
         for q in r..rows {
+            // SAFETY: the CPU has AVX2 and FMA (this function's own requirement).
             out[q] = unsafe { dot_avx2(&w[q * n..(q + 1) * n], x) };
         }
     }
@@ -770,10 +781,11 @@ mod x86 {
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc = [_mm512_setzero_ps(); 4];
         let mut i = 0;
-        // SAFETY (all loads below): i + 64 ≤ n, resp. i + 16 ≤ n, so every lane is in bounds.
+        // SAFETY: (all loads below) i + 64 ≤ n, resp. i + 16 ≤ n, so every lane is in bounds.
         while i + 64 <= n {
             for (k, acc) in acc.iter_mut().enumerate() {
                 let off = i + 16 * k;
+                // SAFETY: off + 16 ≤ i + 64 ≤ n, inside a and b.
                 *acc = unsafe {
                     _mm512_fmadd_ps(
                         _mm512_loadu_ps(pa.add(off)),
@@ -785,6 +797,7 @@ mod x86 {
             i += 64;
         }
         while i + 16 <= n {
+            // SAFETY: i + 16 ≤ n, inside a and b.
             acc[0] = unsafe {
                 _mm512_fmadd_ps(
                     _mm512_loadu_ps(pa.add(i)),
@@ -811,10 +824,11 @@ mod x86 {
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
-        // SAFETY (all loads below): i + 32 ≤ n, resp. i + 8 ≤ n.
+        // SAFETY: (all loads below) i + 32 ≤ n, resp. i + 8 ≤ n.
         while i + 32 <= n {
             for (k, acc) in acc.iter_mut().enumerate() {
                 let off = i + 8 * k;
+                // SAFETY: off + 8 ≤ i + 32 ≤ n, inside a and b.
                 *acc = unsafe {
                     _mm256_fmadd_ps(
                         _mm256_loadu_ps(pa.add(off)),
@@ -826,6 +840,7 @@ mod x86 {
             i += 32;
         }
         while i + 8 <= n {
+            // SAFETY: i + 8 ≤ n, inside a and b.
             acc[0] = unsafe {
                 _mm256_fmadd_ps(
                     _mm256_loadu_ps(pa.add(i)),

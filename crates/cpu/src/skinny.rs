@@ -152,10 +152,12 @@ mod x86 {
         let mut j0 = 0;
         while j0 < n {
             let r = ROWS.min(n - j0);
+            // SAFETY: rows j0..j0 + r < n of w, (n, k) row-major, exist.
             let wj = unsafe { w.add(j0 * k) };
             let mut i0 = 0;
             while i0 < t {
                 let tb = TOKENS.min(t - i0);
+                // SAFETY: x_t's block i0 / 32 of (k, 32) floats exists: i0 < t.
                 let xi = unsafe { x_t.add(i0 * k) }; // block i0 / 32
                 let (ldx, tp) = (TOKENS, tile.as_mut_ptr());
                 // SAFETY: rows j0..j0 + r of w and x_t's block i0 / 32, (k, 32), exist.
