@@ -136,25 +136,17 @@ impl ServerMetrics {
                 "Tokens prefilled again after a preemption.",
             )?,
             cow_copies: counter(r, "kvlab:cow_copies_total", "Copy-on-write block copies.")?,
-            evictions: register(
+            evictions: counter_by(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "kvlab:evictions_total",
-                        "Cached blocks whose content was dropped (or spilled) to make room, by the eviction policy that chose them (--eviction).",
-                    ),
-                    &["policy"],
-                ),
+                "kvlab:evictions_total",
+                "Cached blocks whose content was dropped (or spilled) to make room, by the eviction policy that chose them (--eviction).",
+                "policy",
             )?,
-            hits_by_tier: register(
+            hits_by_tier: counter_by(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "kvlab:prefix_cache_hits_by_tier_total",
-                        "Prompt tokens the prefix cache served, by where their KV came from: pool (blocks in the pool), host or disk (restored from a tier); each over vllm:prefix_cache_queries_total is that tier's hit rate.",
-                    ),
-                    &["tier"],
-                ),
+                "kvlab:prefix_cache_hits_by_tier_total",
+                "Prompt tokens the prefix cache served, by where their KV came from: pool (blocks in the pool), host or disk (restored from a tier); each over vllm:prefix_cache_queries_total is that tier's hit rate.",
+                "tier",
             )?,
             tier_spills: counter(
                 r,
@@ -171,30 +163,22 @@ impl ServerMetrics {
                 "kvlab:kv_tier_restores_total",
                 "Prefix-cache blocks restored from a tier instead of recomputed.",
             )?,
-            tier_drops: register(
+            tier_drops: counter_by(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "kvlab:kv_tier_drops_total",
-                        "Blocks the tiers let go, by reason: full (oldest spill pushed out), expired (--tier-ttl-steps), recomputed (the content computed again), lost (a file failed to write or verify).",
-                    ),
-                    &["reason"],
-                ),
+                "kvlab:kv_tier_drops_total",
+                "Blocks the tiers let go, by reason: full (oldest spill pushed out), expired (--tier-ttl-steps), recomputed (the content computed again), lost (a file failed to write or verify).",
+                "reason",
             )?,
             tier_file_errors: counter(
                 r,
                 "kvlab:kv_tier_file_errors_total",
                 "Disk-tier files that failed to write or to verify (each a clean miss).",
             )?,
-            tier_bytes: register(
+            tier_bytes: gauge_by(
                 r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "kvlab:kv_tier_bytes",
-                        "Bytes of KV blocks each tier holds now.",
-                    ),
-                    &["tier"],
-                ),
+                "kvlab:kv_tier_bytes",
+                "Bytes of KV blocks each tier holds now.",
+                "tier",
             )?,
             steps: counter(r, "kvlab:steps_total", "Engine steps run.")?,
             prompt_tokens: counter(
@@ -207,15 +191,11 @@ impl ServerMetrics {
                 "vllm:generation_tokens_total",
                 "Tokens generated, over all requests.",
             )?,
-            request_success: register(
+            request_success: counter_by(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "vllm:request_success_total",
-                        "Requests that ran to their end, by finish reason.",
-                    ),
-                    &["finished_reason"],
-                ),
+                "vllm:request_success_total",
+                "Requests that ran to their end, by finish reason.",
+                "finished_reason",
             )?,
             cancelled: counter(
                 r,
@@ -366,8 +346,23 @@ fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounte
     register(r, IntCounter::new(name, help))
 }
 
+/// An integer counter with one label, `label`.
+fn counter_by(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+) -> prometheus::Result<IntCounterVec> {
+    register(r, IntCounterVec::new(Opts::new(name, help), &[label]))
+}
+
+/// An integer gauge with one label, `label`.
+fn gauge_by(r: &Registry, name: &str, help: &str, label: &str) -> prometheus::Result<IntGaugeVec> {
+    register(r, IntGaugeVec::new(Opts::new(name, help), &[label]))
+}
+
 fn per_group(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGaugeVec> {
-    register(r, IntGaugeVec::new(Opts::new(name, help), &["group"]))
+    gauge_by(r, name, help, "group")
 }
 
 fn histogram(
