@@ -252,7 +252,14 @@ pub fn run(a: Args) -> Result<()> {
             ))
         );
     }
-    let tenant_cols = noisy.is_some() || !a.quotas.is_empty();
+    print_table(&a, &rows, noisy.is_some());
+    Ok(())
+}
+
+/// The rows as a table, the tenant columns when a tenant is noisy or quotas are set, the tier
+/// columns when tiers are given.
+fn print_table(a: &Args, rows: &[Row], noisy: bool) {
+    let tenant_cols = noisy || !a.quotas.is_empty();
     let tier_cols = a.tiers.config().is_some();
     print!(
         "{:>7} {:<11} {:>9} {:>15} {:>10} {:>12} {:>15} {:>14} {:>9}",
@@ -277,7 +284,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     println!();
     let percent = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x));
-    for r in &rows {
+    for r in rows {
         print!(
             "{:>7} {:<11} {:>8.1}% {:>15} {:>10} {:>12} {:>15.2} {:>14.2} {:>9.3}",
             r.num_blocks,
@@ -320,7 +327,6 @@ pub fn run(a: Args) -> Result<()> {
             _ => "",
         }
     );
-    Ok(())
 }
 
 fn row(num_blocks: usize, policy: EvictionPolicy, requests: &[Request], r: &DriveReport) -> Row {

@@ -92,17 +92,7 @@ pub fn run(a: Args) -> Result<()> {
         .tokenizer
         .as_ref()
         .with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
-    let weights = format!(
-        "weights {} {}",
-        loaded
-            .model
-            .matrix_dtypes()
-            .iter()
-            .map(|(ty, n)| format!("{n}×{ty}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        bytes(loaded.model.weights.bytes())
-    );
+    let weights = describe_weights(&loaded.model);
     // With --chat the prompt is the template's render, which writes its own BOS.
     let chat_prompt = if a.chat {
         let template = tok.chat_template().with_context(|| {
@@ -163,28 +153,7 @@ pub fn run(a: Args) -> Result<()> {
         let _ = out.write_all(s.as_bytes());
         let _ = out.flush();
     };
-    let on_trace = |pos: usize, fed: &[u32], step: kvlab_model::TraceStep| {
-        eprintln!("[trace] pos {pos:>5} fed {fed:?} len {}", step.len);
-        // Layers whose caches look alike (every layer of a shared pool, every global layer of
-        // a contiguous cache) print as one line.
-        let mut first = 0;
-        for run in step.layer_cache_shapes.chunk_by(|a, b| a == b) {
-            let last = first + run.len() - 1;
-            let layers = if last == first {
-                format!("layer  {first}")
-            } else {
-                format!("layers {first}-{last}")
-            };
-            eprintln!("[trace]   {layers} K,V {}", run[0]);
-            first = last + 1;
-        }
-        if let Some(bt) = &step.block_table {
-            eprintln!("[trace]   block_table {bt:?}");
-        }
-        if let Some(sm) = &step.slot_mapping {
-            eprintln!("[trace]   slot_mapping {sm:?}");
-        }
-    };
+    let on_trace = print_trace;
     let g = match &chat_prompt {
         Some(ids) => generate_ids_text(
             engine.as_mut(),
@@ -250,25 +219,73 @@ pub fn run(a: Args) -> Result<()> {
             ""
         }
     );
-    eprintln!(
+    eprintln!("{}", kv_summary(kv, &config, &g.kv, positions));
+    Ok(())
+}
+
+/// `--trace`: a step's length, each run of alike layers' cache shape, the block table and the
+/// slot mapping, on stderr.
+fn print_trace(pos: usize, fed: &[u32], step: kvlab_model::TraceStep) {
+    eprintln!("[trace] pos {pos:>5} fed {fed:?} len {}", step.len);
+    // Layers whose caches look alike (every layer of a shared pool, every global layer of
+    // a contiguous cache) print as one line.
+    let mut first = 0;
+    for run in step.layer_cache_shapes.chunk_by(|a, b| a == b) {
+        let last = first + run.len() - 1;
+        let layers = if last == first {
+            format!("layer  {first}")
+        } else {
+            format!("layers {first}-{last}")
+        };
+        eprintln!("[trace]   {layers} K,V {}", run[0]);
+        first = last + 1;
+    }
+    if let Some(bt) = &step.block_table {
+        eprintln!("[trace]   block_table {bt:?}");
+    }
+    if let Some(sm) = &step.slot_mapping {
+        eprintln!("[trace]   slot_mapping {sm:?}");
+    }
+}
+
+/// "weights 12×q4_k 2×f32 164.8 MiB": each matrix type with its count, and the weights' bytes.
+fn describe_weights(model: &kvlab_model::Model) -> String {
+    let types: Vec<String> = (model.matrix_dtypes().iter())
+        .map(|(ty, n)| format!("{n}×{ty}"))
+        .collect();
+    format!(
+        "weights {} {}",
+        types.join(" "),
+        bytes(model.weights.bytes())
+    )
+}
+
+/// The cache's line of the report: bytes used and reserved, against the formula (bytes per
+/// token × `positions`), and the ring buffers' total where sliding windows make it smaller.
+fn kv_summary(
+    kv: kvlab_model::KvDtype,
+    config: &kvlab_model::Config,
+    usage: &kvlab_model::KvUsage,
+    positions: usize,
+) -> String {
+    format!(
         "KV cache ({kv}): {} used, {} reserved (formula: {} per token x {positions} positions = {}{})",
-        bytes(g.kv.used_bytes),
-        bytes(g.kv.reserved_bytes),
-        bytes(kv.bytes_per_token(&config)),
-        bytes(kv.bytes_per_token(&config) * positions),
+        bytes(usage.used_bytes),
+        bytes(usage.reserved_bytes),
+        bytes(kv.bytes_per_token(config)),
+        bytes(kv.bytes_per_token(config) * positions),
         if config
             .layer_kinds
             .iter()
             .any(|k| matches!(k, kvlab_model::LayerKind::Local { .. }))
-            && kv.bytes_windowed(&config, positions) != kv.bytes_per_token(&config) * positions
+            && kv.bytes_windowed(config, positions) != kv.bytes_per_token(config) * positions
         {
             format!(
                 "; with sliding-window ring buffers {}",
-                bytes(kv.bytes_windowed(&config, positions))
+                bytes(kv.bytes_windowed(config, positions))
             )
         } else {
             String::new()
         }
-    );
-    Ok(())
+    )
 }
