@@ -1,5 +1,9 @@
 //! The `kvlab` binary as a user runs it: stdout carries only text, errors say what to do.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 
 /// What one run of kvlab printed, and whether it exited with success.

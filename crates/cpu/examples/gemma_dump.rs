@@ -10,6 +10,10 @@
 //! With the HF fixture: kvlab's step-0 logits of HF's step-0 top-10 ids, and teacher-forced on
 //! HF's ids: kvlab's argmax and logit(hf id) − logit(hf second) at each step. With --raw DIR, each
 //! case's full step-0 logits as little-endian f32 in DIR/NAME.f32.
+
+// An example may unwrap: it is run by hand, and a panic says where it stopped.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 
 use kvlab_model::Engine;

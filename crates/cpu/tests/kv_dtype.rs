@@ -11,6 +11,10 @@
 //! not by f32 tolerance.) What a dtype costs in quality is measured by `cargo xtask verify`
 //! (tolerance mode) and `cargo xtask kv-quality`, not asserted here.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::Arc;

@@ -2,6 +2,10 @@
 //! model on every CPU engine: the naive, cpu and cpu-paged engines generate from it exactly the
 //! tokens they generate from the llama2.c file.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::Arc;

@@ -1,6 +1,10 @@
 //! The paged CPU engine against the naive reference: solo through the Engine trait, and batched
 //! through the scheduler with a pool small enough to force preemption and with shared prefixes.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::Arc;

@@ -5,6 +5,10 @@
 //! prompt), the sgemm path that decodes a block of rows at a time (a long prompt), and the
 //! embedding lookup of one encoded row.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::sync::Arc;

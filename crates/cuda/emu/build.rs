@@ -99,14 +99,15 @@ fn main() {
             cuda.join("kernels").join(file).display()
         );
         for e in entries {
-            writeln!(tu, "    {{\"{e}\", [](void** a) {{ call(&::{e}, a); }}}},").unwrap();
+            writeln!(tu, "    {{\"{e}\", [](void** a) {{ call(&::{e}, a); }}}},")
+                .expect("writing to a String");
         }
         writeln!(
             tu,
             "}};\nextern const std::size_t n_entries_{stem} = {};\n}}",
             entries.len()
         )
-        .unwrap();
+        .expect("writing to a String");
         let path = out.join(format!("emu_{stem}.cpp"));
         std::fs::write(&path, tu).expect("write a generated translation unit");
         build.file(&path);
@@ -114,13 +115,13 @@ fn main() {
             registry,
             "extern const KernelEntry entries_{stem}[];\nextern const std::size_t n_entries_{stem};"
         )
-        .unwrap();
+        .expect("writing to a String");
         writeln!(
             lookups,
             "    for (std::size_t i = 0; i < n_entries_{stem}; ++i)\n        \
              if (std::strcmp(entries_{stem}[i].name, name) == 0) return &entries_{stem}[i];"
         )
-        .unwrap();
+        .expect("writing to a String");
         println!(
             "cargo:rerun-if-changed={}",
             cuda.join("kernels").join(file).display()
@@ -130,7 +131,7 @@ fn main() {
         registry,
         "const KernelEntry* find_kernel(const char* name) {{\n{lookups}    return nullptr;\n}}\n}}\n"
     )
-    .unwrap();
+    .expect("writing to a String");
     let reg = out.join("emu_registry.cpp");
     std::fs::write(&reg, registry).expect("write the registry");
     build.file(&reg);

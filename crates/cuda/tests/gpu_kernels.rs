@@ -3,6 +3,10 @@
 //! within 1e-2 relative error (normwise), NaN never passing. Skips without a GPU unless
 //! KVLAB_REQUIRE_CUDA=1. The `reference_*` tests check the references themselves, GPU or not.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::reference::{self, AttnCase};

@@ -6,6 +6,10 @@
 //! are proven sound, and a `gpu_engine` failure on a GPU is the CUDA engine's. The kernels are
 //! `gpu_kernels`' business, `pack_step` is unit-tested in `src/launch/tests.rs`.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{

@@ -1,6 +1,10 @@
 //! Malformed and edge-case GGUF files, crafted in memory (or in a temp dir): every one must give
 //! the right typed error, and none may panic.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::path::PathBuf;

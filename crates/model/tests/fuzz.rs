@@ -4,6 +4,10 @@
 //! typed error, never a panic, a hang or an allocation sized by an unchecked field. Each
 //! `proptest!` runs 256 cases by default (`PROPTEST_CASES` raises it for a longer campaign).
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::tmp;

@@ -4,6 +4,10 @@
 //! (records in `fixtures/hf/<name>.json`). The engines' greedy ids are checked against
 //! transformers' in kvlab-cpu's `hf_engines` test and in `cargo xtask verify`.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -3,6 +3,9 @@
 //! loader now maps the file, whose populated pages count once), and the tensors are the map's.
 //! Alone in its test binary, so no other test allocates while it measures.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
 #![cfg(target_os = "linux")]
 
 use kvlab_model::{SyntheticSpec, llama2c};

@@ -4,6 +4,10 @@
 //! (fixtures/stories260k_gguf/greedy.json) are the engines' golden text of the .bin; and every
 //! unsupported feature is refused by name.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,10 @@
 //! Unit tests of prefix caching: hash chaining, verified hits, forced collisions, LRU eviction,
 //! deduplication, and ghost entries that keep evicted levels verified.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 use kvlab_paged::{
     BlockAllocator, BlockHash, BlockTable, PagedError, chain_hashes, fnv1a, fnv1a_block_hash,
 };

@@ -9,6 +9,10 @@
 //! from a 3-token alphabet with common prefixes so that prefix sharing and (with the weak hash
 //! functions) hash collisions happen all the time.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 use kvlab_paged::{
     BlockAllocator, BlockHash, BlockTable, EvictionPolicy, HashFn, KvCacheConfig, KvGroupConfig,
     PAD_BLOCK, PAD_SLOT, RestoreCost, Scheduler, SchedulerConfig, SeqId, StepExecutor,

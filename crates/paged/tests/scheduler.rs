@@ -1,6 +1,10 @@
 //! Unit tests of the scheduler: admission under budgets, preemption order and readmission,
 //! prefix hits, copy-on-write forks, stop conditions, sliding windows and the flattened batch.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 use kvlab_paged::{
     BlockCopy, BlockHash, DEFAULT_BLOCK_SIZE, EvictionPolicy, FinishReason, FinishedSeq,
     KvCacheConfig, KvGroupConfig, PAD_BLOCK, PAD_SLOT, PagedError, ScheduledBatch, Scheduler,

@@ -8,6 +8,10 @@
 //! The raw-socket clients use tokio's `try_read`/`try_write` (the workspace's tokio has no
 //! `io-util`), and send `Connection: close` so a response ends at EOF.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::net::SocketAddr;

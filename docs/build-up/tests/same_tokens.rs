@@ -4,6 +4,10 @@
 //! compared with the naive engine run with the same window. The steps run as the programs a
 //! reader runs (`cargo run --bin stepN_*`); no timing is asserted.
 
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 use std::sync::Arc;
 

@@ -3,6 +3,9 @@
 //! `KVLAB_REQUIRE_MODELS=1`), the logit tolerance, and the engines greedy text is compared on.
 //! Each test binary uses a part of it.
 #![allow(dead_code)]
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 

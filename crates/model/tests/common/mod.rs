@@ -2,6 +2,9 @@
 //! `kvlab_model::registry::test_model_file`): a missing file is a loud skip, or a failure when
 //! `KVLAB_REQUIRE_MODELS=1`. Each test binary uses a part of it.
 #![allow(dead_code)]
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
 

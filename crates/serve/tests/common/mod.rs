@@ -2,6 +2,9 @@
 //! missing file is a loud skip, or a failure under `KVLAB_REQUIRE_MODELS=1`), the cpu engine's
 //! greedy text as the reference, and the check that the pool is free once requests end.
 #![allow(dead_code)]
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
