@@ -30,10 +30,12 @@ use crate::{Error, Result};
 pub struct Message {
     /// "system", "user" or "assistant" (what the template accepts is up to it).
     pub role: String,
+    /// The turn's text.
     pub content: String,
 }
 
 impl Message {
+    /// A turn of `role` saying `content`.
     pub fn new(role: &str, content: &str) -> Message {
         Message {
             role: role.into(),

@@ -13,7 +13,9 @@ use crate::sampler::argmax;
 /// sum of terms as large as the others, so it carries the same absolute rounding error.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Tolerance {
+    /// Absolute part, in logit units.
     pub abs: f32,
+    /// Relative part, a fraction of the position's largest |ref| logit.
     pub rel: f32,
 }
 

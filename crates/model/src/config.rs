@@ -35,7 +35,11 @@ pub enum LayerKind {
     Global,
     /// Causal attention over the last `window` positions, the query's own included: a query at
     /// `pos` sees keys `pos + 1 - window ..= pos` (Mistral's and Gemma's sliding window).
-    Local { window: usize },
+    Local {
+        /// Positions a query sees, its own included (config.json's `sliding_window`, GGUF's
+        /// `{arch}.attention.sliding_window`).
+        window: usize,
+    },
 }
 
 impl LayerKind {
@@ -69,8 +73,13 @@ impl LayerKind {
 /// bakes into its `rope_freqs` tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Llama3RopeScaling {
+    /// Divisor of the low frequencies (8 for Llama 3.1, 32 for Llama 3.2).
     pub factor: f32,
+    /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are divided by
+    /// `factor` (1 for Llama 3.1).
     pub low_freq_factor: f32,
+    /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept (4 for
+    /// Llama 3.1).
     pub high_freq_factor: f32,
     /// Positions (the context the model was first trained at: 8192 for Llama 3.1).
     pub original_max_position_embeddings: usize,
@@ -110,6 +119,7 @@ pub struct Config {
     pub dim: usize,
     /// FFN inner width.
     pub hidden_dim: usize,
+    /// Transformer layers (GGUF's `block_count`, config.json's `num_hidden_layers`).
     pub n_layers: usize,
     /// Query heads.
     pub n_heads: usize,
@@ -117,11 +127,15 @@ pub struct Config {
     pub n_kv_heads: usize,
     /// Width of one head (dim / n_heads for llama2.c; 256 for Gemma 3 270M).
     pub head_dim: usize,
+    /// Tokens in the vocabulary: rows of the embedding and of the classifier (GGUF: the length
+    /// of `tokenizer.ggml.tokens`; config.json's `vocab_size`).
     pub vocab_size: usize,
     /// Longest context the model was trained for (positions).
     pub max_seq_len: usize,
     /// RMSNorm epsilon: y = x / sqrt(mean(x²) + eps) · w.
     pub norm_eps: f32,
+    /// Which dimensions RoPE pairs: interleaved for llama2.c and `llama` GGUFs, NeoX for the other
+    /// GGUF architectures and Hugging Face folders.
     pub rope_layout: RopeLayout,
     /// RoPE base for global layers (10,000 in Llama 2; 1e6 in Gemma 3's global layers).
     pub rope_theta: f32,
@@ -135,6 +149,8 @@ pub struct Config {
     /// `freq_factors`): frequency j becomes f_j / factor_j. Empty when absent. (head_dim/2,)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rope_freq_factors: Vec<f32>,
+    /// The FFN's gate activation: SiLU for Llama, Qwen and Mistral, GELU-tanh for Gemma
+    /// (config.json's `hidden_act` or `hidden_activation`).
     pub activation: Activation,
     /// One entry per layer.
     pub layer_kinds: Vec<LayerKind>,
@@ -154,15 +170,22 @@ pub struct Config {
     pub post_norms: bool,
     /// The classifier reuses the token embedding.
     pub shared_classifier: bool,
+    /// Beginning-of-sequence token id (1 in llama2.c; GGUF's `tokenizer.ggml.bos_token_id`,
+    /// config.json's `bos_token_id`).
     pub bos_id: u32,
     /// Generation stops when the model emits one of these (llama2.c's run.c stops on BOS).
     pub stop_ids: Vec<u32>,
 }
 
 /// Bounds that reject absurd header fields before anything is allocated from them.
+/// This one bounds widths and head counts (`dim`, `n_heads`, `head_dim`; llama2.c's
+/// `hidden_dim` gets 8×).
 pub const MAX_DIM: usize = 1 << 16;
+/// Most layers a header may announce.
 pub const MAX_LAYERS: usize = 1024;
+/// Largest vocabulary a header may announce (tokens).
 pub const MAX_VOCAB: usize = 1 << 20;
+/// Longest context or sliding window a header may announce (positions).
 pub const MAX_SEQ_LEN: usize = 1 << 20;
 
 /// Rejects a zero or absurd header field before anything is sized from it.
@@ -260,7 +283,6 @@ impl Config {
         self.n_heads / self.n_kv_heads
     }
 
-    /// RoPE base for layer `l`.
     /// The rotation frequency of each pair j of a head, (head_dim/2,), for base `theta`:
     /// theta^(−2j/head_dim) (RoFormer; computed as run.c does, 1/theta^(2j/head_dim)), scaled by
     /// [`Llama3RopeScaling`] when the model has it. Every engine's RoPE takes its angles
@@ -316,6 +338,8 @@ impl Config {
         }
     }
 
+    /// RoPE base for layer `layer`: `rope_theta` if it is global, `rope_theta_local` if it is a
+    /// sliding-window layer.
     pub fn rope_theta_for(&self, layer: usize) -> f32 {
         match self.layer_kinds[layer] {
             LayerKind::Global => self.rope_theta,

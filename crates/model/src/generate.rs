@@ -54,14 +54,20 @@ pub enum Event<'a> {
     /// A token reached its position in the text: prompt tokens after BOS first, then new ones.
     /// `prev` is the token before it (for [`Tokenizer::decode`]).
     Token {
+        /// The token before it.
         prev: u32,
+        /// The token itself.
         token: u32,
+        /// Sampled, not from the prompt.
         generated: bool,
     },
     /// The engine's cache view after a prefill or decode call (only when tracing is on).
     Trace {
+        /// First position of the call: 0 for the prefill, the new token's for a decode.
         pos: usize,
+        /// The tokens the call fed: the whole prompt, or the one new token.
         fed: &'a [u32],
+        /// The engine's view of the sequence's cache after the call.
         step: TraceStep,
     },
 }

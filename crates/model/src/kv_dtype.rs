@@ -42,7 +42,9 @@ pub enum KvDtype {
     /// As computed: the identity suite's cache.
     #[default]
     F32,
+    /// IEEE half precision, 2 bytes per element, no scale.
     F16,
+    /// bfloat16 (f32's exponent, 8 mantissa bits), 2 bytes per element, no scale.
     Bf16,
     /// FP8 E4M3 with a scale per (token, KV head).
     Fp8E4m3,

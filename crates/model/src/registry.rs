@@ -22,6 +22,8 @@ pub const MANIFEST_FORMAT_VERSION: u32 = 1;
 pub struct FileRef {
     /// File name inside `$KVLAB_MODELS` or the cache directory.
     pub file: String,
+    /// SHA-256 of the file as lowercase hex (of a Hugging Face folder, its `model.safetensors`'s);
+    /// a download must match it.
     pub sha256: String,
     /// Size in bytes.
     pub bytes: u64,
@@ -82,14 +84,21 @@ pub enum Format {
 /// One model of the manifest.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelEntry {
+    /// What the CLI and tests call it (`stories260K`, `synth-gqa`).
     pub name: String,
+    /// How its model file is read.
     pub format: Format,
+    /// One line on the architecture and shape, for `kvlab models`.
     pub description: String,
     /// Provenance and licence of the weights.
     #[serde(default)]
     pub source: String,
+    /// The checkpoint (a folder for [`Format::Hf`]); `None` for a synthetic model.
     pub model: Option<FileRef>,
+    /// A separate tokenizer file (llama2.c's); `None` when the model file holds it, or there is
+    /// none.
     pub tokenizer: Option<FileRef>,
+    /// Shape and seed of a [`Format::Synthetic`] model; `None` otherwise.
     pub synthetic: Option<SyntheticSpec>,
     /// Context verify runs this model to (defaults to its max_seq_len).
     pub verify_max_seq_len: Option<usize>,
@@ -118,7 +127,9 @@ fn yes() -> bool {
 /// The whole manifest.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Manifest {
+    /// Schema version; must be [`MANIFEST_FORMAT_VERSION`].
     pub format_version: u32,
+    /// Every named model, in the file's order (`kvlab models` lists them so).
     pub models: Vec<ModelEntry>,
 }
 
@@ -252,8 +263,11 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 
 /// A model ready to run, with its tokenizer when it has one.
 pub struct Loaded {
+    /// The manifest name, or for a model given by path a name taken from the path.
     pub name: String,
+    /// Config and weights.
     pub model: Model,
+    /// `None` for a llama2.c or synthetic model without a tokenizer file.
     pub tokenizer: Option<Tokenizer>,
     /// Files it was read from.
     pub files: Vec<PathBuf>,
@@ -263,14 +277,20 @@ pub struct Loaded {
 pub enum Located {
     /// Every file is present.
     Ready {
+        /// The manifest entry.
         entry: &'static ModelEntry,
+        /// Where the model file (or folder) is; `None` for a synthetic model.
         model: Option<PathBuf>,
+        /// Where the separate tokenizer file is; `None` when the entry has none.
         tokenizer: Option<PathBuf>,
     },
     /// A file is missing: the reference to fetch, and where it was looked for.
     Missing {
+        /// The manifest entry.
         entry: &'static ModelEntry,
+        /// The first file not found (the model's before the tokenizer's).
         file: &'static FileRef,
+        /// The places it was looked for, comma-separated ([`searched_places`]).
         searched: String,
     },
 }

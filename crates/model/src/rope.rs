@@ -9,8 +9,11 @@ use crate::{Config, RopeLayout};
 
 /// cos and sin of every angle for one theta. Each (max_pos, head_dim/2), row-major.
 pub struct RopeTable {
+    /// The RoPE base the table is for.
     pub theta: f32,
+    /// (max_pos, head_dim/2) cos(p · freq_j)
     pub cos: Vec<f32>,
+    /// (max_pos, head_dim/2) sin(p · freq_j)
     pub sin: Vec<f32>,
     half: usize,
 }

@@ -78,6 +78,7 @@ pub fn check_repeat_penalty(r: f32) -> Result<f32> {
 pub struct NonFiniteLogit {
     /// Its index (token id) in the logits.
     pub index: usize,
+    /// The logit: NaN or ±infinity.
     pub value: f32,
 }
 

@@ -31,13 +31,21 @@ use crate::{Config, Model, Result, Weights};
 /// A named synthetic model: a Llama shape and a seed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SyntheticSpec {
+    /// Residual stream width ([`Config::dim`]).
     pub dim: usize,
+    /// FFN inner width.
     pub hidden_dim: usize,
+    /// Transformer layers.
     pub n_layers: usize,
+    /// Query heads; head_dim is dim / n_heads.
     pub n_heads: usize,
+    /// Key/value heads (n_heads for MHA, 1 for MQA).
     pub n_kv_heads: usize,
+    /// Tokens in the vocabulary; the entry's tokenizer file, if any, must have as many.
     pub vocab_size: usize,
+    /// Longest context (positions).
     pub max_seq_len: usize,
+    /// Seed of every tensor's random stream: one seed, one set of weights.
     pub seed: u64,
     /// Classifier gain (see the module docs); 4 by default.
     #[serde(default = "default_margin")]

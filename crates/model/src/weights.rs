@@ -333,10 +333,13 @@ pub struct LayerWeights {
     /// Biases of the q, k, v projections (Qwen2). (q_dim,), (kv_dim,), (kv_dim,); empty when
     /// unused.
     pub bq: Tensor,
+    /// Key bias (Qwen2). (kv_dim,); empty when unused.
     pub bk: Tensor,
+    /// Value bias (Qwen2). (kv_dim,); empty when unused.
     pub bv: Tensor,
     /// QK-norm gains, shared by all heads (Gemma 3). (head_dim,) each; empty when unused.
     pub q_norm: Tensor,
+    /// QK-norm gain of the keys. (head_dim,); empty when unused.
     pub k_norm: Tensor,
     /// RMSNorm gain on the attention output before the residual add (Gemma). (dim,) or empty.
     pub post_attn_norm: Tensor,
@@ -577,7 +580,9 @@ impl std::str::FromStr for WeightFormat {
 /// A model: its config and its weights, checked against each other.
 #[derive(Clone, Debug)]
 pub struct Model {
+    /// Shapes and arithmetic, checked against the weights.
     pub config: Config,
+    /// The tensors, shaped by `config`.
     pub weights: Weights,
 }
 

@@ -31,6 +31,7 @@ use crate::Result;
 pub enum Tokenizer {
     /// Boxed: its byte tables make it some KB, and the enum is passed around by value.
     Spm(Box<SpmTokenizer>),
+    /// A Hugging Face `tokenizer.json`.
     Hf(HfTokenizer),
 }
 

@@ -49,7 +49,11 @@ pub struct SpmTokenizer {
     control: Vec<u32>,
     /// Bytes of the longest piece, for [`SpmTokenizer::min_tokens`].
     max_piece_len: usize,
+    /// Beginning-of-sequence id, prepended when an encode asks for BOS (1 in llama2.c; GGUF's
+    /// `tokenizer.ggml.bos_token_id`).
     pub bos_id: u32,
+    /// End-of-sequence id, appended when an encode asks for EOS (2 in llama2.c; GGUF's
+    /// `tokenizer.ggml.eos_token_id`).
     pub eos_id: u32,
     /// Prepend a space to non-empty text (llama2.c; SentencePiece's `add_dummy_prefix`).
     pub add_dummy_prefix: bool,
