@@ -228,7 +228,7 @@ impl SpmTokenizer {
     /// BOS is 1 and EOS 2, as in llama2.c.
     ///
     /// # Errors
-    /// [`Error::Open`], or [`Error::SpmTokenizer`] if the file is truncated, a length is negative or
+    /// [`Error::Open`], or [`Error::Tokenizer`] if the file is truncated, a length is negative or
     /// larger than max_token_length, or bytes are left over.
     pub fn load_llama2c(path: &Path, vocab_size: usize) -> Result<SpmTokenizer> {
         let bytes = std::fs::read(path).map_err(|source| Error::Open {
