@@ -37,18 +37,31 @@ mod ty {
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MetadataValue {
+    /// GGUF type 0 (`GGUF_TYPE_UINT8`).
     U8(u8),
+    /// GGUF type 1 (`GGUF_TYPE_INT8`).
     I8(i8),
+    /// GGUF type 2 (`GGUF_TYPE_UINT16`), little-endian like every scalar.
     U16(u16),
+    /// GGUF type 3 (`GGUF_TYPE_INT16`).
     I16(i16),
+    /// GGUF type 4 (`GGUF_TYPE_UINT32`): most hyperparameters, e.g. `llama.block_count`.
     U32(u32),
+    /// GGUF type 5 (`GGUF_TYPE_INT32`).
     I32(i32),
+    /// GGUF type 6 (`GGUF_TYPE_FLOAT32`), e.g. `llama.rope.freq_base`.
     F32(f32),
+    /// GGUF type 7 (`GGUF_TYPE_BOOL`): one byte; any nonzero byte reads as `true`.
     Bool(bool),
+    /// GGUF type 8 (`GGUF_TYPE_STRING`): u64 length, then UTF-8 bytes (no NUL).
     String(String),
+    /// GGUF type 10 (`GGUF_TYPE_UINT64`).
     U64(u64),
+    /// GGUF type 11 (`GGUF_TYPE_INT64`).
     I64(i64),
+    /// GGUF type 12 (`GGUF_TYPE_FLOAT64`).
     F64(f64),
+    /// GGUF type 9 (`GGUF_TYPE_ARRAY`): element type (u32), count (u64), elements.
     Array(MetadataArray),
 }
 
@@ -56,17 +69,29 @@ pub enum MetadataValue {
 /// llama.cpp rejects them too; this reader reports them as [`GgufError::BadMetadataValue`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum MetadataArray {
+    /// Elements of GGUF type 0 (u8).
     U8(Vec<u8>),
+    /// Elements of GGUF type 1 (i8).
     I8(Vec<i8>),
+    /// Elements of GGUF type 2 (u16).
     U16(Vec<u16>),
+    /// Elements of GGUF type 3 (i16).
     I16(Vec<i16>),
+    /// Elements of GGUF type 4 (u32).
     U32(Vec<u32>),
+    /// Elements of GGUF type 5 (i32), e.g. `tokenizer.ggml.token_type` (vocab_size,).
     I32(Vec<i32>),
+    /// Elements of GGUF type 6 (f32), e.g. `tokenizer.ggml.scores` (vocab_size,).
     F32(Vec<f32>),
+    /// Elements of GGUF type 7 (bool, one byte each).
     Bool(Vec<bool>),
+    /// Elements of GGUF type 8 (string), e.g. `tokenizer.ggml.tokens` (vocab_size,).
     String(StringArray),
+    /// Elements of GGUF type 10 (u64).
     U64(Vec<u64>),
+    /// Elements of GGUF type 11 (i64).
     I64(Vec<i64>),
+    /// Elements of GGUF type 12 (f64).
     F64(Vec<f64>),
 }
 

@@ -10,24 +10,32 @@ use crate::types::GgmlType;
 /// Tensors of one ggml type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TypeCount {
+    /// The type these counts are for.
     pub ggml_type: GgmlType,
+    /// Tensors stored as this type.
     pub n_tensors: usize,
+    /// Elements (parameters) in those tensors.
     pub n_elements: u64,
+    /// Bytes of data in those tensors.
     pub n_bytes: u64,
 }
 
 /// Counts and sizes of a GGUF file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Summary {
+    /// GGUF version from the header (2 or 3).
     pub version: u32,
     /// `general.architecture`, if present.
     pub architecture: Option<String>,
+    /// Metadata key-value pairs.
     pub n_metadata: usize,
+    /// Tensors (tensor infos).
     pub n_tensors: usize,
     /// Sum of all tensors' element counts (parameters).
     pub n_elements: u64,
     /// Sum of all tensors' data bytes.
     pub tensor_bytes: u64,
+    /// Length of the whole file in bytes (header, metadata, tensor infos, padding, data).
     pub file_bytes: u64,
     /// One entry per type present, in ggml id order.
     pub by_type: Vec<TypeCount>,

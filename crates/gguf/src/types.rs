@@ -16,40 +16,99 @@ pub const QK_K: usize = 256;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum GgmlType {
+    /// id 0: IEEE 754 f32; a block is 1 element in 4 bytes.
     F32,
+    /// id 1: IEEE 754 half; 1 element in 2 bytes.
     F16,
+    /// id 2: 32 elements in 18 bytes (`block_q4_0`): f16 scale d, 16 bytes of 4-bit quants;
+    /// x = d·(q − 8).
     Q4_0,
+    /// id 3: 32 elements in 20 bytes (`block_q4_1`): f16 d, f16 min m, 16 bytes of 4-bit quants;
+    /// x = d·q + m.
     Q4_1,
+    /// id 6: 32 elements in 22 bytes (`block_q5_0`): f16 d, 4 bytes of 5th bits, 16 bytes of low
+    /// nibbles; x = d·(q − 16).
     Q5_0,
+    /// id 7: 32 elements in 24 bytes (`block_q5_1`): f16 d, f16 m, 4 bytes of 5th bits, 16 bytes of
+    /// low nibbles; x = d·q + m.
     Q5_1,
+    /// id 8: 32 elements in 34 bytes (`block_q8_0`): f16 d, 32 i8 quants; x = d·q.
     Q8_0,
+    /// id 9: 32 elements in 36 bytes (`block_q8_1`): f16 d, f16 s = d·Σq, 32 i8 quants; ggml's
+    /// dot-product operand, not dequantized here.
     Q8_1,
+    /// id 10: 256 elements in 84 bytes (`block_q2_K`): 16 bytes of 4-bit scales/mins, 64 bytes of
+    /// 2-bit quants, f16 d, f16 dmin; not dequantized here.
     Q2_K,
+    /// id 11: 256 elements in 110 bytes (`block_q3_K`): 32 bytes of high bits, 64 bytes of low 2
+    /// bits, 12 bytes of 6-bit scales, f16 d; not dequantized here.
     Q3_K,
+    /// id 12: 256 elements in 144 bytes (`block_q4_K`): f16 d, f16 dmin, 12 bytes of 6-bit
+    /// scales/mins for 8 sub-blocks of 32, 128 bytes of 4-bit quants.
     Q4_K,
+    /// id 13: 256 elements in 176 bytes (`block_q5_K`): f16 d, f16 dmin, 12 bytes of 6-bit
+    /// scales/mins, 32 bytes of 5th bits, 128 bytes of low nibbles.
     Q5_K,
+    /// id 14: 256 elements in 210 bytes (`block_q6_K`): 128 bytes of low nibbles, 64 bytes of high
+    /// 2 bits, 16 i8 scales (sub-blocks of 16), f16 d.
     Q6_K,
+    /// id 15: 256 elements in 292 bytes (`block_q8_K`): f32 d, 256 i8 quants, 16 i16 sums of 16
+    /// quants each.
     Q8_K,
+    /// id 16: 256 elements in 66 bytes (`block_iq2_xxs`): f16 d, 64 bytes of grid indices and
+    /// signs; not dequantized here.
     IQ2_XXS,
+    /// id 17: 256 elements in 74 bytes (`block_iq2_xs`): f16 d, 64 bytes of quants, 8 bytes of
+    /// scales; not dequantized here.
     IQ2_XS,
+    /// id 18: 256 elements in 98 bytes (`block_iq3_xxs`): f16 d, 96 bytes of grid indices, signs
+    /// and scales; not dequantized here.
     IQ3_XXS,
+    /// id 19: 256 elements in 50 bytes (`block_iq1_s`): f16 d, 32 bytes of grid indices, 16 bytes
+    /// of high bits; not dequantized here.
     IQ1_S,
+    /// id 20: 32 elements in 18 bytes (`block_iq4_nl`): f16 d, 16 bytes of 4-bit indices into a
+    /// non-linear table; not dequantized here.
     IQ4_NL,
+    /// id 21: 256 elements in 110 bytes (`block_iq3_s`): f16 d, 64 + 8 bytes of grid indices, 32
+    /// bytes of signs, 4 bytes of scales; not dequantized here.
     IQ3_S,
+    /// id 22: 256 elements in 82 bytes (`block_iq2_s`): f16 d, 64 bytes of quants and signs, 16
+    /// bytes of high bits and scales; not dequantized here.
     IQ2_S,
+    /// id 23: 256 elements in 136 bytes (`block_iq4_xs`): f16 d, u16 high scale bits, 4 bytes of
+    /// low scale bits, 128 bytes of 4-bit indices; not dequantized here.
     IQ4_XS,
+    /// id 24: i8; 1 element in 1 byte; not dequantized here.
     I8,
+    /// id 25: i16; 1 element in 2 bytes; not dequantized here.
     I16,
+    /// id 26: i32; 1 element in 4 bytes; not dequantized here.
     I32,
+    /// id 27: i64; 1 element in 8 bytes; not dequantized here.
     I64,
+    /// id 28: IEEE 754 f64; 1 element in 8 bytes; not dequantized here.
     F64,
+    /// id 29: 256 elements in 56 bytes (`block_iq1_m`): 32 bytes of grid indices, 16 bytes of high
+    /// bits, 8 bytes of scales (d packed in them); not dequantized here.
     IQ1_M,
+    /// id 30: bfloat16 (the top half of an f32); 1 element in 2 bytes.
     BF16,
+    /// id 34: ternary, 256 elements in 54 bytes (`block_tq1_0`): 52 bytes of base-3 packed trits,
+    /// f16 d; not dequantized here.
     TQ1_0,
+    /// id 35: ternary, 256 elements in 66 bytes (`block_tq2_0`): 64 bytes of 2-bit trits, f16 d;
+    /// not dequantized here.
     TQ2_0,
+    /// id 39: OCP microscaling FP4, 32 elements in 17 bytes (`block_mxfp4`): E8M0 shared exponent,
+    /// 16 bytes of E2M1 nibbles; not dequantized here.
     MXFP4,
+    /// id 40: 64 elements in 36 bytes: 4 bytes of per-16-element scales, 32 bytes of E2M1 nibbles;
+    /// not dequantized here.
     NVFP4,
+    /// id 41: 128 elements in 18 bytes: f16 d, 16 bytes of 1-bit quants; not dequantized here.
     Q1_0,
+    /// id 42: 64 elements in 18 bytes: f16 d, 16 bytes of 2-bit quants; not dequantized here.
     Q2_0,
 }
 

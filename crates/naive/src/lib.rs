@@ -27,6 +27,7 @@ pub struct NaiveEngine {
 }
 
 impl NaiveEngine {
+    /// An engine over `model` with no sequences.
     pub fn new(model: Arc<Model>) -> NaiveEngine {
         NaiveEngine {
             model,

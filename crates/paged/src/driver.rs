@@ -19,6 +19,7 @@ use crate::{
 
 /// An engine that runs scheduled steps over a paged KV cache (CPU or CUDA).
 pub trait StepExecutor {
+    /// What the engine fails with (a malformed step, out of device memory, a kernel failure).
     type Error;
 
     /// Checks `input` ([`ModelInput::validate`]), performs every block copy of it
@@ -147,6 +148,7 @@ where
 pub struct Request {
     /// Prompt token ids, BOS included.
     pub prompt: Vec<u32>,
+    /// When it finishes: max_tokens, stop_token_ids, max_seq_len.
     pub stop: StopConditions,
     /// The step at which it arrives (0: before the first step).
     pub arrival_step: usize,
@@ -161,11 +163,15 @@ pub struct Request {
 /// One step of a batched run, for reports and plots.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepStats {
+    /// The step's index in the run (0: the first step).
     pub step: usize,
+    /// Sequences scheduled in the step (prefills and decodes).
     pub num_seqs: usize,
+    /// Sequences that prefilled (a whole prompt or a chunk of one) in the step.
     pub num_prefills: usize,
     /// Tokens computed this step (prefill tokens plus one per decoding sequence).
     pub num_batched_tokens: usize,
+    /// Sequences preempted by recompute in the step (their blocks freed).
     pub num_preempted: usize,
     /// Seconds the engine spent on the step.
     pub seconds: f64,
@@ -180,7 +186,9 @@ pub struct DriveReport {
     pub outputs: Vec<(Vec<u32>, FinishReason)>,
     /// Per request, in the order given: the step that sampled its first token.
     pub first_token_steps: Vec<Option<usize>>,
+    /// One entry per step, in order.
     pub steps: Vec<StepStats>,
+    /// The scheduler's metrics after the last step.
     pub metrics: Metrics,
     /// Engine time summed over steps.
     #[serde(skip)]
@@ -206,12 +214,17 @@ impl DriveReport {
 /// Errors of [`drive`]: the scheduler's or the engine's.
 #[derive(Debug, thiserror::Error)]
 pub enum DriveError<E: std::fmt::Display> {
+    /// The scheduler refused a request or an update (see [`PagedError`]).
     #[error(transparent)]
     Paged(#[from] PagedError),
+    /// The engine failed to run a step; its error.
     #[error("engine: {0}")]
     Engine(E),
+    /// Moving blocks between the pool and its tiers failed before a step.
     #[error("tier move: {0}")]
     Tier(TierMoveError<E>),
+    /// At this step nothing could be scheduled while requests were unfinished and all had
+    /// arrived: the pool is too small for them; raise num_blocks or shorten the requests.
     #[error(
         "the scheduler made no progress at step {0} with requests still unfinished; the pool is too small for them"
     )]

@@ -18,43 +18,72 @@ pub enum PagedError {
         "out of KV cache blocks: need {needed}, only {free} free; ask can_allocate/can_append \
          before mutating, or free or preempt a sequence first"
     )]
-    OutOfBlocks { needed: usize, free: usize },
+    OutOfBlocks {
+        /// Blocks the mutation needed.
+        needed: usize,
+        /// Blocks available: free list plus evictable cached blocks.
+        free: usize,
+    },
 
     /// A block id is out of range or not held by anyone (ref count 0).
     #[error(
         "block {block} is not a held block of this pool of {num_blocks} blocks; pass only block \
          tables that this allocator filled"
     )]
-    InvalidBlock { block: BlockId, num_blocks: usize },
+    InvalidBlock {
+        /// The offending block id.
+        block: BlockId,
+        /// Blocks in the pool (valid ids are `0..num_blocks`).
+        num_blocks: usize,
+    },
 
     /// A block table was built for another block size than the allocator serving it.
     #[error(
         "block table has block_size {table} but the allocator uses {allocator}; create each \
          table with BlockTable::new(allocator.block_size())"
     )]
-    BlockSizeMismatch { table: usize, allocator: usize },
+    BlockSizeMismatch {
+        /// The table's block_size, in tokens per block.
+        table: usize,
+        /// The allocator's block_size, in tokens per block.
+        allocator: usize,
+    },
 
     /// A cached prefix can only be adopted by an empty block table.
     #[error(
         "block table already holds {num_tokens} tokens; adopt a cached prefix only into an \
          empty table"
     )]
-    TableNotEmpty { num_tokens: usize },
+    TableNotEmpty {
+        /// Tokens the table already holds.
+        num_tokens: usize,
+    },
 
     /// A prefix match was computed, then the pool changed (a matched block got evicted).
     #[error(
         "prefix match is stale: level {level} (logical block) was evicted or dropped since \
          match_prefix; call match_prefix again right before adopt_prefix"
     )]
-    StalePrefixMatch { level: usize },
+    StalePrefixMatch {
+        /// The logical block index (0 = first block of the prompt) that is no longer cached.
+        level: usize,
+    },
 
     /// The disk tier's directory cannot be created or written.
     #[error("disk tier at {path}: {reason}")]
-    Tier { path: String, reason: String },
+    Tier {
+        /// The disk tier's directory.
+        path: String,
+        /// The I/O error, with what to do (choose a writable directory).
+        reason: String,
+    },
 
     /// A sliding window of zero tokens would attend to nothing.
     #[error("sliding window must be at least 1 token, got {window}")]
-    InvalidWindow { window: usize },
+    InvalidWindow {
+        /// The window asked for, in tokens (always 0 here).
+        window: usize,
+    },
 
     /// A request carried no prompt tokens; there would be nothing to compute logits from.
     #[error("prompt is empty; a request needs at least one prompt token")]
@@ -66,7 +95,9 @@ pub enum PagedError {
          prompt, or raise max_model_len together with num_blocks"
     )]
     PromptTooLong {
+        /// Tokens in the prompt.
         prompt_len: usize,
+        /// Most positions of one sequence (prompt plus output) the scheduler accepts.
         max_model_len: usize,
     },
 
@@ -81,8 +112,11 @@ pub enum PagedError {
     /// The sequence exists but is in the wrong state for this operation.
     #[error("sequence {seq} is {actual}; this operation needs a {expected} sequence")]
     WrongStatus {
+        /// The sequence.
         seq: SeqId,
+        /// Its status's name: `"waiting"` or `"finished"`.
         actual: &'static str,
+        /// The status the operation needs, e.g. `"running"`.
         expected: &'static str,
     },
 

@@ -46,20 +46,26 @@ pub enum BlockState {
     Cached,
     /// In the block tables of these sequences (ids, in running-queue order); more than one
     /// means a shared block (prefix cache or fork).
-    Held { seqs: Vec<u64> },
+    Held {
+        /// The holders' sequence ids.
+        seqs: Vec<u64>,
+    },
 }
 
 /// One live sequence.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeqView {
+    /// The sequence's id (its `SeqId`).
     pub id: u64,
     /// "running" or "waiting".
     pub status: &'static str,
+    /// Tokens in its prompt.
     pub num_prompt_tokens: usize,
     /// Tokens generated so far.
     pub num_output_tokens: usize,
     /// Positions whose k and v are in the cache.
     pub num_computed_tokens: usize,
+    /// Times it was preempted (by recompute) so far.
     pub num_preemptions: usize,
     /// (num_groups, blocks) each group's block table; `None` is a block a sliding window has
     /// already freed. Empty tables while waiting.

@@ -20,7 +20,9 @@ pub enum StepKind {
     /// prefix. `num_cached_tokens` positions were served by the prefix cache and are skipped;
     /// `is_recompute` is true after a preemption.
     Prefill {
+        /// Leading positions whose k and v the prefix cache (or a tier restore) already holds.
         num_cached_tokens: usize,
+        /// The sequence was preempted and recomputes its prompt and earlier output tokens.
         is_recompute: bool,
     },
     /// One new token at the end of a running sequence.
@@ -44,6 +46,7 @@ pub struct GroupStep {
 /// One sequence of a step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ScheduledSeq {
+    /// The sequence this row of the step belongs to.
     pub seq_id: SeqId,
     /// (num_new_tokens,) the tokens to feed this step.
     pub token_ids: Vec<u32>,
@@ -52,6 +55,7 @@ pub struct ScheduledSeq {
     /// Tokens in the sequence's context after this step: keys at `0..context_len` exist
     /// (cached, or written this step).
     pub context_len: usize,
+    /// Prefill (with its cached prefix) or decode.
     pub kind: StepKind,
     /// (num_groups,) slot mapping, block table and copies per KV cache group.
     pub groups: Vec<GroupStep>,
@@ -144,8 +148,12 @@ impl ScheduledBatch {
 /// A sequence that finished, with everything the caller needs to answer the request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FinishedSeq {
+    /// The finished sequence; its blocks are already freed.
     pub seq_id: SeqId,
+    /// (prompt_len,) its prompt.
     pub prompt_token_ids: Vec<u32>,
+    /// (num_output_tokens,) the tokens it generated, a final stop token included.
     pub output_token_ids: Vec<u32>,
+    /// Why it finished.
     pub reason: FinishReason,
 }

@@ -18,6 +18,7 @@ pub struct UnscheduledSeq {
     pub tables: Vec<BlockTable>,
     /// Positions whose K and V are in the pool.
     pub len: usize,
+    /// Most positions the sequence may reach (prompt plus generated tokens).
     pub max_seq_len: usize,
     /// Group 0's slots of the last step, for `Engine::trace`.
     pub last_slots: Vec<i64>,

@@ -31,7 +31,9 @@ use crate::{PagedError, Result};
 /// The lengths of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RequestLen {
+    /// Prompt tokens.
     pub prompt_len: usize,
+    /// Generated tokens (at least 1: the prefill samples the first).
     pub output_len: usize,
 }
 
@@ -41,7 +43,10 @@ pub enum Reservation {
     /// `max_seq_len` slots for the sequence's whole life.
     MaxLength,
     /// `ceil(len / block_size) · block_size` slots.
-    Paged { block_size: usize },
+    Paged {
+        /// Tokens per block (b).
+        block_size: usize,
+    },
 }
 
 /// Used and reserved slots of a set of requests under one reservation scheme.
@@ -132,11 +137,15 @@ pub struct WasteRow {
     pub scheme: String,
     /// The block size for paged rows.
     pub block_size: Option<usize>,
+    /// Requests in the workload.
     pub num_requests: usize,
+    /// Slots a max-length sequence reserves (requests are truncated to it).
     pub max_seq_len: usize,
     /// Mean slots reserved per sequence at the end of life.
     pub mean_reserved_slots: f64,
+    /// [`Waste::final_waste_frac`] of this workload and scheme.
     pub final_waste_frac: f64,
+    /// [`Waste::time_avg_waste_frac`] of this workload and scheme.
     pub time_avg_waste_frac: f64,
 }
 

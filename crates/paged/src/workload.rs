@@ -30,9 +30,13 @@ pub fn uniform_requests(n: usize, seed: u64) -> Vec<RequestLen> {
 /// `m · exp(σ · z)` with `z` standard normal; its mean is `m · exp(σ² / 2)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LongTail {
+    /// Median prompt length `m`, in tokens.
     pub prompt_median: f64,
+    /// Shape `σ` of the prompt lengths' log-normal.
     pub prompt_sigma: f64,
+    /// Median output length `m`, in tokens.
     pub output_median: f64,
+    /// Shape `σ` of the output lengths' log-normal.
     pub output_sigma: f64,
     /// Longest request (prompt + output); prompts are cut to `max_seq_len - 1` and outputs to
     /// the room left, as a length stop would.
@@ -109,7 +113,9 @@ pub struct Sessions {
     pub num_system_prompts: usize,
     /// Tokens of each system prompt.
     pub system_len: usize,
+    /// Sessions, not counting the noisy neighbour's.
     pub num_sessions: usize,
+    /// Turns (requests) of each session.
     pub turns_per_session: usize,
     /// A user message is `user_len.0..=user_len.1` tokens.
     pub user_len: (usize, usize),
@@ -121,6 +127,7 @@ pub struct Sessions {
     pub session_gap_steps: usize,
     /// Token ids are drawn from `first_token..vocab_size` (above BOS/EOS and friends).
     pub first_token: u32,
+    /// One past the largest token id drawn (the model's vocab_size).
     pub vocab_size: u32,
     /// Tenants the sessions belong to: session `i` is tenant `i % num_tenants`.
     pub num_tenants: usize,
@@ -157,7 +164,9 @@ impl Default for Sessions {
 pub struct SessionTurn {
     /// Sessions `0..num_sessions`, then the noisy ones.
     pub session: usize,
+    /// The turn's index in its session (0: the first).
     pub turn: usize,
+    /// The session's tenant.
     pub tenant: Tenant,
     /// System prompt, then every earlier turn's user message and reply, then this turn's user
     /// message (no BOS: the caller adds one if its model wants it).

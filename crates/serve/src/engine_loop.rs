@@ -50,7 +50,10 @@ pub struct GenerationRequest {
     pub prompt: Vec<u32>,
     /// Most tokens to generate (at least 1).
     pub max_tokens: usize,
+    /// This request's sampler (temperature, top_p, top_k, min_p, repeat penalty, seed); it also
+    /// sees the prompt and every accepted token, for the repeat penalty.
     pub sampler: Sampler,
+    /// Where the engine thread sends the request's tokens, then `Finished` or `Failed`.
     pub events: UnboundedSender<TokenEvent>,
     /// When the request reached the server (its latencies are measured from here).
     pub arrival: Instant,
@@ -146,8 +149,17 @@ pub struct EngineHandle {
 /// Why [`EngineHandle::try_submit`] refused a request.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SubmitError {
+    /// `max_waiting` requests are already waiting for their first token; the server answers
+    /// 429 with `Retry-After`, and the client should retry later.
     #[error("{pending} requests are already waiting (the bound is {max_waiting}); retry later")]
-    QueueFull { pending: usize, max_waiting: usize },
+    QueueFull {
+        /// Requests accepted that had not produced their first token yet.
+        pending: usize,
+        /// The bound they were checked against (`AppState::max_waiting`).
+        max_waiting: usize,
+    },
+    /// The engine thread has exited (while a handle lives it stops only by panicking), so
+    /// nothing more can be served: the server answers 503; restart it.
     #[error("the engine thread has stopped")]
     EngineGone,
 }

@@ -39,7 +39,9 @@ const RETRY_AFTER_S: &str = "1";
 
 /// What every handler shares.
 pub struct AppState {
+    /// The engine thread's queue, counters and limits (max_model_len, stop tokens).
     pub engine: EngineHandle,
+    /// Encodes prompts and decodes the streamed tokens.
     pub tokenizer: Arc<Tokenizer>,
     /// The name `/v1/models` lists and requests must use (or leave out).
     pub model_name: String,

@@ -24,7 +24,9 @@ use crate::{BlockAllocator, BlockId, BlockTable, PagedError, Result};
 /// the copy-on-write order the engine executes before the step's writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct BlockCopy {
+    /// The shared block to read (its ref count stays above 1).
     pub src: BlockId,
+    /// The sequence's fresh block that receives the copy and then the step's writes.
     pub dst: BlockId,
 }
 

@@ -9,10 +9,15 @@ use crate::{HitsByTier, PrefixMatch, StepExecutor, TierKey, TierOp};
 /// Errors of [`KvCacheManager::move_tier_blocks`]: the engine's, or a restore without bytes.
 #[derive(Debug, thiserror::Error)]
 pub enum TierMoveError<E: std::fmt::Display> {
+    /// The engine failed to read a block to spill or write a block to restore; its error.
     #[error("engine: {0}")]
     Engine(E),
+    /// The engine's `write_block` cannot move KV blocks, yet a restore was scheduled (cannot
+    /// happen: such an engine never spilled anything); run without tiers.
     #[error("the engine cannot read or write KV blocks, so it cannot use tiers; run without them")]
     Unsupported,
+    /// A restore found no bytes for its key in the tier store, though they were checked when
+    /// the step was scheduled: a bug in the tier bookkeeping.
     #[error("the bytes of {0:?} were checked before the step and are gone; this is a bug")]
     Lost(TierKey),
 }

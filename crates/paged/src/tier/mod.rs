@@ -142,7 +142,9 @@ impl TierConfig {
 /// prefix-cache entry (unique for the run) whose content they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct TierKey {
+    /// The KV cache group, i.e. which pool the block belongs to.
     pub group: u32,
+    /// The prefix-cache entry id in that group's allocator (never reused within a run).
     pub entry: u64,
 }
 
@@ -160,11 +162,24 @@ impl TierKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum TierOp {
     /// Copy `block`'s bytes down under `key`, before anything of the step writes the block.
-    Spill { key: TierKey, block: BlockId },
+    Spill {
+        /// Where the bytes go below.
+        key: TierKey,
+        /// The pool block to read (evicted this step).
+        block: BlockId,
+    },
     /// Copy `key`'s bytes into `block` (a fresh block of the sequence adopting the level).
-    Restore { key: TierKey, block: BlockId },
+    Restore {
+        /// Where the bytes are below.
+        key: TierKey,
+        /// The pool block to write.
+        block: BlockId,
+    },
     /// Forget `key` below (the tiers are full, or the content is in a block again).
-    Drop { key: TierKey },
+    Drop {
+        /// The entry to forget.
+        key: TierKey,
+    },
 }
 
 /// Running totals of one pool's moves, in blocks.
@@ -194,6 +209,7 @@ pub struct TierDrops {
 }
 
 impl TierDrops {
+    /// Entries dropped for any reason.
     pub fn total(&self) -> u64 {
         self.full + self.expired + self.recomputed + self.lost
     }

@@ -40,8 +40,10 @@ pub struct TierStoreStats {
     /// Bytes read back from files so far (verified).
     pub bytes_read_from_disk: u64,
     /// Blocks restored into the pools so far that were in host memory when their request was
-    /// admitted, and that were read back from files for it.
+    /// admitted.
     pub blocks_restored_from_host: u64,
+    /// Blocks restored into the pools so far that were on disk when their request was admitted,
+    /// and were read back from files for it.
     pub blocks_restored_from_disk: u64,
     /// Files that could not be written (disk full, read-only): those blocks were dropped.
     pub disk_write_errors: u64,
