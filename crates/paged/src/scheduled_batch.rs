@@ -103,8 +103,8 @@ impl ScheduledSeq {
 
 /// One step of continuous batching.
 ///
-/// The engine must, in order: (0) let [`crate::Scheduler::move_tier_blocks`] make the tier
-/// moves, if any (`driver::execute_step` does; [`crate::Scheduler::pending_tier_ops`] lists
+/// The engine must, in order: (0) let [`crate::KvCacheManager::move_tier_blocks`] make the tier
+/// moves, if any (`driver::execute_step` does; [`crate::KvCacheManager::pending_tier_ops`] lists
 /// them); (1) perform every block copy of every sequence and group (all of
 /// them before any write: a copy's `src` may be written in place by another sequence of the same
 /// step once the copy has dropped its share); (2) run the model on all fed tokens, writing k and

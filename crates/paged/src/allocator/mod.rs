@@ -42,7 +42,7 @@ pub struct AllocatorStats {
     pub num_hash_collisions: u64,
     /// Freshly computed full blocks replaced by an identical cached block (memory deduplicated).
     pub num_dedup_blocks: u64,
-    /// Cached blocks of paused sessions moved to the tiers on purpose ([`Self::offload`]);
+    /// Cached blocks of paused sessions moved to the tiers on purpose ([`BlockAllocator::offload`]);
     /// each is also a spill.
     pub num_offloaded: u64,
 }
