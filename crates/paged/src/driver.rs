@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::{
-    BlockId, FinishReason, FinishedSeq, Metrics, ModelInput, PagedError, ScheduledBatch, Scheduler,
-    SeqId, StopConditions, Tenant, TierMoveError,
+    BlockId, FinishReason, FinishedSeq, Metrics, ModelInput, PagedError, RequestId, ScheduledBatch,
+    Scheduler, StopConditions, Tenant, TierMoveError,
 };
 
 /// An engine that runs scheduled steps over a paged KV cache (CPU or CUDA).
@@ -89,9 +89,9 @@ pub struct StepOutcome<R> {
     /// The step the scheduler built and the engine ran.
     pub batch: ScheduledBatch,
     /// (sequence, token) sampled, in batch order.
-    pub sampled: Vec<(SeqId, u32)>,
+    pub sampled: Vec<(RequestId, u32)>,
     /// Sequences the sampler refused, with its reason: aborted, their blocks already free.
-    pub refused: Vec<(SeqId, R)>,
+    pub refused: Vec<(RequestId, R)>,
     /// Sequences that finished with this step; their blocks are already free.
     pub finished: Vec<FinishedSeq>,
     /// Wall time of the tier moves and the engine's step.
@@ -109,7 +109,7 @@ pub struct StepOutcome<R> {
 pub fn step<E: StepExecutor + ?Sized, R>(
     engine: &mut E,
     scheduler: &mut Scheduler,
-    mut sample: impl FnMut(SeqId, Vec<f32>) -> Result<u32, R>,
+    mut sample: impl FnMut(RequestId, Vec<f32>) -> Result<u32, R>,
     on_batch: impl FnOnce(&ScheduledBatch, &Scheduler),
 ) -> Result<Option<StepOutcome<R>>, DriveError<E::Error>>
 where
@@ -247,7 +247,7 @@ pub fn drive<E: StepExecutor + ?Sized>(
 where
     E::Error: std::fmt::Display,
 {
-    let mut ids: Vec<Option<SeqId>> = vec![None; requests.len()];
+    let mut ids: Vec<Option<RequestId>> = vec![None; requests.len()];
     let mut outputs: Vec<Option<(Vec<u32>, FinishReason)>> = vec![None; requests.len()];
     let mut first_token_steps: Vec<Option<usize>> = vec![None; requests.len()];
     let mut steps = Vec::new();

@@ -4,7 +4,7 @@
 //! what the caller should do about it, because the caller is usually an engine author staring at
 //! a log line, not at this crate's source.
 
-use crate::{BlockId, SeqId};
+use crate::{BlockId, RequestId};
 
 /// Everything that can go wrong while allocating blocks, scheduling sequences or computing waste.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -107,13 +107,13 @@ pub enum PagedError {
 
     /// The id names no live sequence.
     #[error("unknown sequence {0}: never added, or already finished and released")]
-    UnknownSequence(SeqId),
+    UnknownSequence(RequestId),
 
     /// The sequence exists but is in the wrong state for this operation.
     #[error("sequence {seq} is {actual}; this operation needs a {expected} sequence")]
     WrongStatus {
         /// The sequence.
-        seq: SeqId,
+        seq: RequestId,
         /// Its status's name: `"waiting"` or `"finished"`.
         actual: &'static str,
         /// The status the operation needs, e.g. `"running"`.
@@ -136,14 +136,14 @@ pub enum PagedError {
         "sequence {0} was not scheduled in the last step or got two tokens; pass exactly one \
          sampled token per scheduled sequence"
     )]
-    UnexpectedOutput(SeqId),
+    UnexpectedOutput(RequestId),
 
     /// `update` got no token for a sequence that was in the last batch.
     #[error(
         "no sampled token for sequence {0}, which was scheduled in the last step; pass exactly \
          one sampled token per scheduled sequence"
     )]
-    MissingOutput(SeqId),
+    MissingOutput(RequestId),
 
     /// Defensive: nothing could be scheduled although sequences are unfinished.
     #[error(

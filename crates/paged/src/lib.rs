@@ -124,7 +124,7 @@ pub use pool_view::{BlockState, GroupView, PoolView, SeqView};
 pub use prefix_cache::PrefixMatch;
 pub use scheduled_batch::{FinishedSeq, GroupStep, ScheduledBatch, ScheduledSeq, StepKind};
 pub use scheduler::Scheduler;
-pub use sequence::{FinishReason, SeqId, Sequence, SequenceStatus, StopConditions};
+pub use sequence::{FinishReason, RequestId, Sequence, SequenceStatus, StopConditions};
 pub use tier::{
     KvTierStore, RestoreCost, TierConfig, TierDrops, TierKey, TierOp, TierStats, TierStoreStats,
 };

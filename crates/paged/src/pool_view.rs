@@ -55,7 +55,7 @@ pub enum BlockState {
 /// One live sequence.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeqView {
-    /// The sequence's id (its `SeqId`).
+    /// The sequence's id (its `RequestId`).
     pub id: u64,
     /// "running" or "waiting".
     pub status: &'static str,
@@ -85,7 +85,7 @@ impl PoolView {
             .collect();
         let sequences: Vec<SeqView> = live
             .iter()
-            .filter_map(|&id| s.sequence(crate::SeqId(id)))
+            .filter_map(|&id| s.sequence(crate::RequestId(id)))
             .map(|seq| SeqView {
                 id: seq.id().0,
                 status: seq.status().name(),

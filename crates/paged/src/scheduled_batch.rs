@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use crate::{BlockCopy, BlockTable, FinishReason, SeqId};
+use crate::{BlockCopy, BlockTable, FinishReason, RequestId};
 
 /// Prefill or decode, as vLLM's attention metadata distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -47,7 +47,7 @@ pub struct GroupStep {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ScheduledSeq {
     /// The sequence this row of the step belongs to.
-    pub seq_id: SeqId,
+    pub seq_id: RequestId,
     /// (num_new_tokens,) the tokens to feed this step.
     pub token_ids: Vec<u32>,
     /// (num_new_tokens,) their positions, consecutive, ending at `context_len - 1`.
@@ -65,7 +65,7 @@ impl ScheduledSeq {
     /// `tokens` fed at positions `start..`, with each group's slots and table read from
     /// `tables` (the sequence's, after this step's reservations) and its copies from `copies`.
     pub(crate) fn new(
-        seq_id: SeqId,
+        seq_id: RequestId,
         tokens: &[u32],
         start: usize,
         kind: StepKind,
@@ -116,7 +116,7 @@ pub struct ScheduledBatch {
     pub seqs: Vec<ScheduledSeq>,
     /// Sequences preempted by recompute during this step (their blocks are already free; the
     /// engine should drop any per-sequence state it keeps for them).
-    pub preempted: Vec<SeqId>,
+    pub preempted: Vec<RequestId>,
 }
 
 impl ScheduledBatch {
@@ -149,7 +149,7 @@ impl ScheduledBatch {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FinishedSeq {
     /// The finished sequence; its blocks are already freed.
-    pub seq_id: SeqId,
+    pub seq_id: RequestId,
     /// (prompt_len,) its prompt.
     pub prompt_token_ids: Vec<u32>,
     /// (num_output_tokens,) the tokens it generated, a final stop token included.

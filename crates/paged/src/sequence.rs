@@ -11,13 +11,15 @@ use serde::Serialize;
 
 use crate::{BlockTable, PagedError, Result, Tenant};
 
-/// Identifies a sequence for its whole life (unique per scheduler, never reused). Ids are given
-/// in arrival order (a fork arrives when forked): the running queue is sorted by id, and
-/// preemption takes the largest.
+/// The scheduler's id of a request (vLLM's `request_id`): one sequence for its whole life,
+/// unique per scheduler, never reused. Not `kvlab_model::SeqId`, which an engine gives the
+/// sequences driven one at a time through the `Engine` API. Ids are given in arrival order (a
+/// fork arrives when forked): the running queue is sorted by id, and preemption takes the
+/// largest. Displayed `seq#N`, as the scheduler's messages and traces have always named them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct SeqId(pub u64);
+pub struct RequestId(pub u64);
 
-impl std::fmt::Display for SeqId {
+impl std::fmt::Display for RequestId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "seq#{}", self.0)
     }
@@ -89,7 +91,7 @@ impl SequenceStatus {
 /// One request's state.
 #[derive(Debug, Clone)]
 pub struct Sequence {
-    pub(crate) id: SeqId,
+    pub(crate) id: RequestId,
     /// (prompt_len + num_generated,) prompt followed by generated tokens.
     pub(crate) token_ids: Vec<u32>,
     pub(crate) prompt_len: usize,
@@ -118,7 +120,7 @@ impl Sequence {
     /// `max_model_len` (it could never fit); [`PagedError::InvalidRequest`] if `max_tokens` is 0
     /// or `max_seq_len` is below the prompt length.
     pub(crate) fn new(
-        id: SeqId,
+        id: RequestId,
         prompt: Vec<u32>,
         stop: StopConditions,
         tenant: Tenant,
@@ -162,7 +164,7 @@ impl Sequence {
     }
 
     /// The id.
-    pub fn id(&self) -> SeqId {
+    pub fn id(&self) -> RequestId {
         self.id
     }
     /// The tenant it belongs to.

@@ -7,8 +7,8 @@
 //! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
 
 use crate::{
-    BlockAllocator, BlockTable, KvCacheConfig, ModelInput, Result, ScheduledBatch, ScheduledSeq,
-    SeqId, StepKind,
+    BlockAllocator, BlockTable, KvCacheConfig, ModelInput, RequestId, Result, ScheduledBatch,
+    ScheduledSeq, StepKind,
 };
 
 /// One sequence's tables and length.
@@ -100,7 +100,7 @@ impl UnscheduledPools {
                 is_recompute: false,
             }
         };
-        let step = ScheduledSeq::new(SeqId(0), tokens, pos0, kind, &seq.tables, copies);
+        let step = ScheduledSeq::new(RequestId(0), tokens, pos0, kind, &seq.tables, copies);
         seq.last_slots = step
             .groups
             .first()

@@ -15,7 +15,7 @@
 
 use kvlab_paged::{
     BlockAllocator, BlockHash, BlockTable, EvictionPolicy, HashFn, KvCacheConfig, KvGroupConfig,
-    PAD_BLOCK, PAD_SLOT, RestoreCost, Scheduler, SchedulerConfig, SeqId, StepExecutor,
+    PAD_BLOCK, PAD_SLOT, RequestId, RestoreCost, Scheduler, SchedulerConfig, StepExecutor,
     StopConditions, TierConfig, fnv1a_block_hash, max_window_blocks, window_start,
 };
 use proptest::collection::vec;
@@ -441,7 +441,7 @@ fn run_step(
 
 /// Ref counts equal table holdings, free xor referenced, windows bounded.
 fn check_scheduler(s: &Scheduler) {
-    let live: Vec<SeqId> = s.running().iter().copied().chain(s.waiting()).collect();
+    let live: Vec<RequestId> = s.running().iter().copied().chain(s.waiting()).collect();
     let bs = s.config().kv_cache.block_size;
     for (g, alloc) in s.kv_cache_manager().allocators().iter().enumerate() {
         let tables: Vec<&BlockTable> = live
@@ -535,7 +535,7 @@ proptest! {
                 }
             }
             for &(_, pick) in aborts.iter().filter(|a| a.0 == step) {
-                let live: Vec<SeqId> = s.running().iter().copied().chain(s.waiting()).collect();
+                let live: Vec<RequestId> = s.running().iter().copied().chain(s.waiting()).collect();
                 if let Some(&id) = live.get(pick % live.len().max(1)) {
                     s.abort(id).unwrap();
                 }

@@ -7,8 +7,8 @@
 
 use kvlab_paged::{
     BlockCopy, BlockHash, DEFAULT_BLOCK_SIZE, EvictionPolicy, FinishReason, FinishedSeq,
-    KvCacheConfig, KvGroupConfig, PAD_BLOCK, PAD_SLOT, PagedError, ScheduledBatch, Scheduler,
-    SchedulerConfig, SeqId, SequenceStatus, StepKind, StopConditions, max_window_blocks,
+    KvCacheConfig, KvGroupConfig, PAD_BLOCK, PAD_SLOT, PagedError, RequestId, ScheduledBatch,
+    Scheduler, SchedulerConfig, SequenceStatus, StepKind, StopConditions, max_window_blocks,
 };
 
 /// A deterministic stand-in for a model: the next token depends on the whole history.
@@ -34,7 +34,7 @@ fn config(num_blocks: usize, block_size: usize, max_model_len: usize) -> Schedul
 }
 
 /// Adds a request that stops after `max_tokens` generated tokens.
-fn add(s: &mut Scheduler, prompt: Vec<u32>, max_tokens: usize) -> SeqId {
+fn add(s: &mut Scheduler, prompt: Vec<u32>, max_tokens: usize) -> RequestId {
     s.add_request(prompt, StopConditions::max_tokens(max_tokens))
         .unwrap()
 }
@@ -50,7 +50,7 @@ fn prefill(num_cached_tokens: usize, is_recompute: bool) -> StepKind {
 /// Runs `batch` with the stand-in model and feeds the samples back.
 fn step(s: &mut Scheduler, batch: &ScheduledBatch) -> Vec<FinishedSeq> {
     let next = |id| next_token(s.sequence(id).unwrap().token_ids());
-    let outs: Vec<(SeqId, u32)> = batch
+    let outs: Vec<(RequestId, u32)> = batch
         .seqs
         .iter()
         .map(|q| (q.seq_id, next(q.seq_id)))
@@ -161,7 +161,7 @@ fn admission_respects_max_num_seqs_and_blocks() {
 fn preemption_takes_the_newest_and_recomputes_with_generated_tokens() {
     // 6 blocks of 2 tokens; three 3-token prompts take 2 blocks each and fill the pool.
     let mut s = Scheduler::new(config(6, 2, 12)).unwrap();
-    let ids: Vec<SeqId> = (0..3).map(|i| add(&mut s, vec![i, i, i], 4)).collect();
+    let ids: Vec<RequestId> = (0..3).map(|i| add(&mut s, vec![i, i, i], 4)).collect();
     let b = s.schedule().unwrap();
     assert_eq!(b.num_prefills(), 3);
     step(&mut s, &b); // lengths 4
@@ -334,7 +334,10 @@ fn bad_requests_and_call_order_are_errors() {
         s.add_request(vec![0], StopConditions::max_tokens(0)),
         Err(PagedError::InvalidRequest(_))
     ));
-    assert_eq!(s.update(&[(SeqId(0), 1)]), Err(PagedError::NoStepInFlight));
+    assert_eq!(
+        s.update(&[(RequestId(0), 1)]),
+        Err(PagedError::NoStepInFlight)
+    );
     let a = add(&mut s, vec![1, 2], 5);
     let b = add(&mut s, vec![3, 4], 5);
     s.schedule().unwrap();
@@ -346,8 +349,8 @@ fn bad_requests_and_call_order_are_errors() {
         Err(PagedError::UnexpectedOutput(a))
     );
     assert_eq!(
-        s.update(&[(SeqId(9), 1)]),
-        Err(PagedError::UnexpectedOutput(SeqId(9)))
+        s.update(&[(RequestId(9), 1)]),
+        Err(PagedError::UnexpectedOutput(RequestId(9)))
     );
     // A failed update changed nothing; aborting in flight makes its token ignored.
     assert_eq!(s.abort(b).unwrap().reason, FinishReason::Aborted);

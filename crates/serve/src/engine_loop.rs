@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use kvlab_model::Sampler;
 use kvlab_paged::{
-    DriveError, FinishReason, Metrics, PoolView, Scheduler, SchedulerConfig, SeqId, StepExecutor,
-    StopConditions,
+    DriveError, FinishReason, Metrics, PoolView, RequestId, Scheduler, SchedulerConfig,
+    StepExecutor, StopConditions,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -297,7 +297,7 @@ struct LiveRequest {
 struct EngineLoop {
     engine: Executor,
     sched: Scheduler,
-    live: HashMap<SeqId, LiveRequest>,
+    live: HashMap<RequestId, LiveRequest>,
     shared: Arc<SharedState>,
     stop_token_ids: Vec<u32>,
     /// When the pool view was last published.
@@ -352,7 +352,7 @@ impl EngineLoop {
     }
 
     /// Forgets `id` (its sequence already ended in the scheduler), releasing its pending count.
-    fn remove(&mut self, id: SeqId) -> Option<LiveRequest> {
+    fn remove(&mut self, id: RequestId) -> Option<LiveRequest> {
         let r = self.live.remove(&id)?;
         if r.last_token.is_none() {
             self.shared.pending.fetch_sub(1, Ordering::AcqRel);
@@ -362,7 +362,7 @@ impl EngineLoop {
 
     /// Aborts every sequence whose client dropped its receiver: its blocks are free now.
     fn abort_disconnected(&mut self) {
-        let gone: Vec<SeqId> = self
+        let gone: Vec<RequestId> = self
             .live
             .iter()
             .filter(|(_, r)| r.events.is_closed())
@@ -378,7 +378,7 @@ impl EngineLoop {
     /// Ends every live request with `message` and leaves the scheduler with no step in flight.
     fn fail_all(&mut self, message: &str) {
         tracing::error!("{message}");
-        let ids: Vec<SeqId> = self.live.keys().copied().collect();
+        let ids: Vec<RequestId> = self.live.keys().copied().collect();
         for id in ids {
             let _ = self.sched.abort(id);
             if let Some(r) = self.remove(id) {

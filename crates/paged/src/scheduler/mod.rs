@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::metrics::Counters;
 use crate::{
-    HashFn, KvCacheManager, Metrics, PagedError, Result, SchedulerConfig, SeqId, Sequence,
+    HashFn, KvCacheManager, Metrics, PagedError, RequestId, Result, SchedulerConfig, Sequence,
     StopConditions, Tenant,
 };
 
@@ -42,14 +42,14 @@ pub struct Scheduler {
     pub(crate) config: SchedulerConfig,
     /// Every block of every sequence, the prefix caches and the tiers.
     pub(crate) kv: KvCacheManager,
-    pub(crate) seqs: BTreeMap<SeqId, Sequence>,
-    pub(crate) waiting: VecDeque<SeqId>,
+    pub(crate) seqs: BTreeMap<RequestId, Sequence>,
+    pub(crate) waiting: VecDeque<RequestId>,
     /// Sorted by arrival (by id), oldest first.
-    pub(crate) running: Vec<SeqId>,
+    pub(crate) running: Vec<RequestId>,
     /// Sequences of the batch awaiting `update`, in batch order.
-    pub(crate) in_flight: Option<Vec<SeqId>>,
+    pub(crate) in_flight: Option<Vec<RequestId>>,
     /// Aborted while in flight: their tokens in the next `update` are ignored.
-    pub(crate) aborted_in_flight: Vec<SeqId>,
+    pub(crate) aborted_in_flight: Vec<RequestId>,
     pub(crate) next_id: u64,
     pub(crate) counters: Counters,
     /// Per tenant: (prompt tokens looked up, tokens the prefix cache served).
@@ -91,7 +91,7 @@ impl Scheduler {
     /// [`PagedError::EmptyPrompt`]; [`PagedError::PromptTooLong`] if the prompt exceeds
     /// `max_model_len` (it could never fit); [`PagedError::InvalidRequest`] if `max_tokens` is 0
     /// or `max_seq_len` is below the prompt length.
-    pub fn add_request(&mut self, prompt: Vec<u32>, stop: StopConditions) -> Result<SeqId> {
+    pub fn add_request(&mut self, prompt: Vec<u32>, stop: StopConditions) -> Result<RequestId> {
         self.add_request_for(prompt, stop, 0)
     }
 
@@ -106,9 +106,9 @@ impl Scheduler {
         prompt: Vec<u32>,
         stop: StopConditions,
         tenant: Tenant,
-    ) -> Result<SeqId> {
+    ) -> Result<RequestId> {
         let tables = self.kv.empty_tables(tenant);
-        let id = SeqId(self.next_id);
+        let id = RequestId(self.next_id);
         let seq = Sequence::new(id, prompt, stop, tenant, tables, self.config.max_model_len)?;
         self.next_id += 1;
         self.seqs.insert(id, seq);
@@ -123,7 +123,7 @@ impl Scheduler {
     ///
     /// # Errors
     /// [`PagedError::UnknownSequence`].
-    pub fn offload_when_finished(&mut self, id: SeqId) -> Result<()> {
+    pub fn offload_when_finished(&mut self, id: RequestId) -> Result<()> {
         self.seqs
             .get_mut(&id)
             .ok_or(PagedError::UnknownSequence(id))?
@@ -148,17 +148,17 @@ impl Scheduler {
     }
 
     /// A live (waiting or running) sequence; finished ones are released.
-    pub fn sequence(&self, id: SeqId) -> Option<&Sequence> {
+    pub fn sequence(&self, id: RequestId) -> Option<&Sequence> {
         self.seqs.get(&id)
     }
 
     /// The waiting queue, head first.
-    pub fn waiting(&self) -> impl Iterator<Item = SeqId> + '_ {
+    pub fn waiting(&self) -> impl Iterator<Item = RequestId> + '_ {
         self.waiting.iter().copied()
     }
 
     /// The running queue, oldest arrival first (preemption takes from the back).
-    pub fn running(&self) -> &[SeqId] {
+    pub fn running(&self) -> &[RequestId] {
         &self.running
     }
 
@@ -179,13 +179,13 @@ impl Scheduler {
     }
 
     /// Frees the blocks of `id`'s sliding-window groups that its next query cannot reach.
-    pub(crate) fn trim_windows(&mut self, id: SeqId) -> Result<()> {
+    pub(crate) fn trim_windows(&mut self, id: RequestId) -> Result<()> {
         let seq = seq_mut(&mut self.seqs, id)?;
         self.kv
             .trim_windows(&mut seq.block_tables, seq.num_computed_tokens)
     }
 
-    pub(crate) fn seq(&self, id: SeqId) -> Result<&Sequence> {
+    pub(crate) fn seq(&self, id: RequestId) -> Result<&Sequence> {
         self.seqs.get(&id).ok_or(PagedError::UnknownSequence(id))
     }
 
@@ -195,13 +195,16 @@ impl Scheduler {
         &self.tenant_hits
     }
 
-    pub(crate) fn new_id(&mut self) -> SeqId {
+    pub(crate) fn new_id(&mut self) -> RequestId {
         self.next_id += 1;
-        SeqId(self.next_id - 1)
+        RequestId(self.next_id - 1)
     }
 }
 
 /// Sequence `id` of `seqs` (a function of the map alone, so the pools can be borrowed beside it).
-pub(crate) fn seq_mut(seqs: &mut BTreeMap<SeqId, Sequence>, id: SeqId) -> Result<&mut Sequence> {
+pub(crate) fn seq_mut(
+    seqs: &mut BTreeMap<RequestId, Sequence>,
+    id: RequestId,
+) -> Result<&mut Sequence> {
     seqs.get_mut(&id).ok_or(PagedError::UnknownSequence(id))
 }

@@ -18,8 +18,8 @@
 
 use super::seq_mut;
 use crate::{
-    BlockCopy, PagedError, Result, ScheduledBatch, ScheduledSeq, Scheduler, SeqId, SequenceStatus,
-    StepKind,
+    BlockCopy, PagedError, RequestId, Result, ScheduledBatch, ScheduledSeq, Scheduler,
+    SequenceStatus, StepKind,
 };
 
 impl Scheduler {
@@ -76,7 +76,7 @@ impl Scheduler {
     /// sequences until it fits. `None` when `id` itself was preempted.
     fn schedule_decode(
         &mut self,
-        id: SeqId,
+        id: RequestId,
         batch: &mut ScheduledBatch,
     ) -> Result<Option<ScheduledSeq>> {
         loop {
@@ -102,7 +102,7 @@ impl Scheduler {
     /// Admits waiting sequence `id` if a prefill of its uncached tokens fits `budget` and the
     /// pools ([`crate::KvCacheManager::get_computed_blocks`]); `None` (nothing changed)
     /// otherwise.
-    fn try_admit(&mut self, id: SeqId, budget: usize) -> Result<Option<ScheduledSeq>> {
+    fn try_admit(&mut self, id: RequestId, budget: usize) -> Result<Option<ScheduledSeq>> {
         let seq = seq_mut(&mut self.seqs, id)?;
         let len = seq.len();
         let Some(hit) = self.kv.get_computed_blocks(&seq.token_ids, budget) else {
@@ -139,7 +139,7 @@ impl Scheduler {
 
     /// Preempts running `id` by recompute: frees its blocks and puts it at the head of the
     /// waiting queue with its generated tokens kept.
-    pub(crate) fn preempt(&mut self, id: SeqId, batch: &mut ScheduledBatch) -> Result<()> {
+    pub(crate) fn preempt(&mut self, id: RequestId, batch: &mut ScheduledBatch) -> Result<()> {
         let seq = seq_mut(&mut self.seqs, id)?;
         self.kv.free(&mut seq.block_tables, false)?;
         seq.status = SequenceStatus::Waiting;
@@ -155,7 +155,7 @@ impl Scheduler {
     /// The plain-data description of `id`'s step over positions `start..len`.
     fn scheduled(
         &self,
-        id: SeqId,
+        id: RequestId,
         start: usize,
         kind: StepKind,
         copies: Vec<Vec<BlockCopy>>,

@@ -8,7 +8,7 @@
 //! window.
 
 use super::seq_mut;
-use crate::{FinishReason, FinishedSeq, PagedError, Result, Scheduler, SeqId, SequenceStatus};
+use crate::{FinishReason, FinishedSeq, PagedError, RequestId, Result, Scheduler, SequenceStatus};
 
 impl Scheduler {
     /// Takes one sampled token per sequence of the last batch (any order). Returns the sequences
@@ -21,7 +21,7 @@ impl Scheduler {
     /// [`PagedError::UnexpectedOutput`] for a sequence not in the batch or given two tokens;
     /// [`PagedError::MissingOutput`] for a batch sequence without a token. Tokens of sequences
     /// aborted while in flight are ignored.
-    pub fn update(&mut self, outputs: &[(SeqId, u32)]) -> Result<Vec<FinishedSeq>> {
+    pub fn update(&mut self, outputs: &[(RequestId, u32)]) -> Result<Vec<FinishedSeq>> {
         let Some(in_flight) = self.in_flight.as_ref() else {
             return match outputs.first() {
                 None => Ok(Vec::new()),
@@ -66,7 +66,7 @@ impl Scheduler {
     ///
     /// # Errors
     /// [`PagedError::UnknownSequence`] if `id` is not live.
-    pub fn abort(&mut self, id: SeqId) -> Result<FinishedSeq> {
+    pub fn abort(&mut self, id: RequestId) -> Result<FinishedSeq> {
         self.seq(id)?;
         if self.in_flight.as_ref().is_some_and(|f| f.contains(&id)) {
             self.aborted_in_flight.push(id);
@@ -85,7 +85,7 @@ impl Scheduler {
     /// [`PagedError::UpdatePending`] while a step is in flight; [`PagedError::UnknownSequence`];
     /// [`PagedError::WrongStatus`] unless `parent` is running; [`PagedError::InvalidRequest`]
     /// if `max_num_seqs` sequences already run.
-    pub fn fork(&mut self, parent: SeqId) -> Result<SeqId> {
+    pub fn fork(&mut self, parent: RequestId) -> Result<RequestId> {
         self.check_running_idle(parent)?;
         if self.running.len() >= self.config.max_num_seqs {
             return Err(PagedError::InvalidRequest(format!(
@@ -111,7 +111,7 @@ impl Scheduler {
     /// # Errors
     /// [`PagedError::UpdatePending`], [`PagedError::UnknownSequence`], [`PagedError::WrongStatus`]
     /// as for `fork`; [`PagedError::InvalidRequest`] if the sequence has generated nothing yet.
-    pub fn replace_last_token(&mut self, id: SeqId, token: u32) -> Result<Option<FinishedSeq>> {
+    pub fn replace_last_token(&mut self, id: RequestId, token: u32) -> Result<Option<FinishedSeq>> {
         self.check_running_idle(id)?;
         let max_model_len = self.config.max_model_len;
         let seq = seq_mut(&mut self.seqs, id)?;
@@ -130,7 +130,7 @@ impl Scheduler {
     }
 
     /// Frees `id`'s blocks, drops it from the queues and returns what the caller needs.
-    fn finish(&mut self, id: SeqId, reason: FinishReason) -> Result<FinishedSeq> {
+    fn finish(&mut self, id: RequestId, reason: FinishReason) -> Result<FinishedSeq> {
         let mut seq = self
             .seqs
             .remove(&id)
@@ -147,7 +147,7 @@ impl Scheduler {
         })
     }
 
-    fn check_running_idle(&self, id: SeqId) -> Result<()> {
+    fn check_running_idle(&self, id: RequestId) -> Result<()> {
         if self.in_flight.is_some() {
             return Err(PagedError::UpdatePending);
         }
