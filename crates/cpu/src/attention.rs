@@ -20,8 +20,11 @@ use crate::threads;
 /// The attention shape of one layer.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
+    /// Query heads.
     pub n_heads: usize,
+    /// Key/value heads, each shared by n_heads / n_kv_heads query heads (GQA/MQA).
     pub n_kv_heads: usize,
+    /// Elements of one head's query, key or value vector.
     pub head_dim: usize,
     /// Score scale, 1/√head_dim unless the model says otherwise.
     pub scale: f32,
@@ -64,8 +67,11 @@ pub trait KvRows: Sync {
 /// cache as the tests and benchmarks build it. k and v are (positions, kv_dim).
 #[derive(Clone, Copy, Debug)]
 pub struct Contiguous<'a> {
+    /// (positions, kv_dim) the keys, position j at row j.
     pub k: &'a [f32],
+    /// (positions, kv_dim) the values, position j at row j.
     pub v: &'a [f32],
+    /// Elements of one position's row: n_kv_heads · head_dim.
     pub kv_dim: usize,
 }
 
@@ -179,7 +185,9 @@ pub fn attention<R: KvRows>(
 /// kv_mul query heads of each) over the key positions `keys`.
 #[derive(Clone, Debug)]
 pub struct Span {
+    /// The KV heads attended (each with its kv_mul query heads).
     pub kv_heads: Range<usize>,
+    /// The key positions attended, a sub-range of the query's visible keys.
     pub keys: Range<usize>,
 }
 

@@ -50,6 +50,7 @@ pub struct ContiguousKvCache {
     kv_dim: usize,
     /// Positions written so far: the position of the step's first new token.
     pub len: usize,
+    /// Positions the sequence may reach, fixed when it starts; a step past it is refused.
     pub max_seq_len: usize,
 }
 // ANCHOR_END: kv_cache

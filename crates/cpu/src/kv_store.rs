@@ -32,7 +32,9 @@ use kvlab_model::KvDtype;
 /// One of a KV cache's two tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
+    /// K: int4 quantizes it per channel over groups of rows.
     Keys,
+    /// V: int4 quantizes it per row over groups of 32 channels.
     Values,
 }
 
@@ -142,6 +144,7 @@ impl KvStore {
         }
     }
 
+    /// The dtype the rows are stored in.
     pub fn dtype(&self) -> KvDtype {
         match self.data {
             Data::F32(_) => KvDtype::F32,

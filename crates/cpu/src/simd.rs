@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 /// An instruction-set level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
+    /// Plain loops: every CPU, or forced with `KVLAB_SIMD=scalar`.
     Scalar,
     /// AVX2 with FMA: 8 f32 lanes.
     Avx2Fma,
@@ -33,6 +34,7 @@ impl Isa {
         v
     }
 
+    /// The level's name, as test messages, benchmark ids and the bench machine record print it.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",

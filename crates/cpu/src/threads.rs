@@ -22,14 +22,26 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 /// Why the thread count could not be set.
 #[derive(Debug, thiserror::Error)]
 pub enum ThreadsError {
+    /// 0 threads were asked for; ask for at least 1.
     #[error("the thread count must be at least 1")]
     Zero,
+    /// The team was already started with another count (by an earlier call or the first
+    /// parallel loop); set the count once, before the first step.
     #[error(
         "the worker team already runs {running} threads; set the thread count before the first step"
     )]
-    AlreadyStarted { running: usize },
+    AlreadyStarted {
+        /// Threads the running team has, the caller's included.
+        running: usize,
+    },
+    /// The OS refused to spawn a helper thread; ask for fewer threads.
     #[error("could not start {threads} worker threads: {reason}")]
-    Spawn { threads: usize, reason: String },
+    Spawn {
+        /// Threads asked for, the caller's included.
+        threads: usize,
+        /// The OS's error, as text.
+        reason: String,
+    },
 }
 
 /// How long a waiting thread spins before it parks (helpers) or yields (the caller): longer than

@@ -51,15 +51,20 @@ pub fn copy_bandwidth(dev: &Device, bytes: usize, iters: usize) -> Result<f64> {
 /// One row of the attention benchmark.
 #[derive(Clone, Debug, Serialize)]
 pub struct AttentionRow {
+    /// Sequences decoding, one query token each.
     pub batch: usize,
+    /// Keys each sequence attends to (its context_len).
     pub context: usize,
+    /// The pool's element type, as its kernel suffix: "f32", "f16", "bf16", "fp8", "i8" or "i4".
     pub kv_dtype: &'static str,
     /// "v1" or "v2 (P partitions)".
     pub kernel: String,
+    /// Mean time of one attention call (v2: both launches), in seconds, after 3 warm-up calls.
     pub seconds_per_call: f64,
     /// K and V bytes read per call: batch · n_kv_heads · `KvDtype::kv_head_bytes` of the context
     /// (2 · context · head_dim elements, plus the scales of fp8-e4m3 and int8, or int4's).
     pub kv_bytes: usize,
+    /// kv_bytes / seconds_per_call, in bytes per second.
     pub bytes_per_s: f64,
     /// bytes_per_s / copy bandwidth.
     pub fraction_of_copy: f64,
@@ -207,15 +212,20 @@ pub fn attention_bench<A: DType, C: CacheElem>(
 /// One row of the end-to-end decode benchmark.
 #[derive(Clone, Debug, Serialize)]
 pub struct DecodeRow {
+    /// Sequences decoding at once (the scheduler's max_num_seqs).
     pub batch: usize,
+    /// Random tokens in each prompt.
     pub prompt_len: usize,
     /// Decode steps timed (every sequence running, no prefill in the step).
     pub decode_steps: usize,
+    /// Wall time of the timed decode steps, in seconds (each ends with a device sync).
     pub decode_seconds: f64,
     /// batch · decode_steps / decode_seconds.
     pub tokens_per_s: f64,
     /// Time per output token of one sequence: decode_seconds / decode_steps, in ms.
     pub tpot_ms: f64,
+    /// Wall time of the other steps (prefills, partial batches), in seconds; the first full
+    /// decode step, a warm-up, counts in neither.
     pub prefill_seconds: f64,
     /// Preemptions during the run (0 unless the pool is too small for the batch).
     pub num_preemptions: u64,
@@ -287,10 +297,15 @@ pub fn decode_bench(
 /// Paging versus max-length preallocation for one pool and one workload.
 #[derive(Clone, Debug, Serialize)]
 pub struct WasteComparison {
+    /// Token slots in the pool: num_blocks · block_size.
     pub pool_slots: usize,
+    /// Slots per block of the paged scheme.
     pub block_size: usize,
+    /// Longest sequence: what the max-length scheme reserves for every request.
     pub max_seq_len: usize,
+    /// Waste of paging: each request reserves whole blocks as it grows.
     pub paged: Waste,
+    /// Waste of reserving max_seq_len slots per request up front.
     pub max_length: Waste,
     /// Sequences a max-length scheme holds at once: floor(pool_slots / max_seq_len).
     pub max_length_batch: usize,

@@ -17,13 +17,17 @@ use crate::error::{CudaError, Result};
 /// What the probe found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceInfo {
+    /// The device's index in the driver's numbering (0 for the probe).
     pub ordinal: usize,
+    /// The driver's product name, e.g. "NVIDIA H100 80GB HBM3".
     pub name: String,
     /// (major, minor), e.g. (9, 0) for an H100.
     pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors (SMs), at least 1.
     pub multiprocessors: usize,
     /// Bytes of device memory, total and free at probe time.
     pub total_mem: usize,
+    /// Bytes of device memory free at probe time.
     pub free_mem: usize,
 }
 
@@ -107,8 +111,11 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo> {
 /// An open GPU: its context and the one stream every kernel, copy and GEMM of the engine runs on
 /// (so work is ordered without events).
 pub struct Device {
+    /// The GPU's primary context (event tracking off: one stream orders everything).
     pub ctx: Arc<CudaContext>,
+    /// The one stream every kernel, copy and GEMM is queued on.
     pub stream: Arc<CudaStream>,
+    /// What the GPU is, as read when it was opened.
     pub info: DeviceInfo,
 }
 

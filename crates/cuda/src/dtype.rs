@@ -21,6 +21,7 @@ pub trait DType:
     const BYTES: usize;
     /// Round-to-nearest-even conversion from f32.
     fn from_f32(x: f32) -> Self;
+    /// Exact conversion to f32.
     fn to_f32(self) -> f32;
     /// A whole f32 tensor in this type: borrowed for f32, converted for f16.
     fn from_f32_slice(x: &[f32]) -> std::borrow::Cow<'_, [Self]> {

@@ -38,19 +38,30 @@ pub enum CudaError {
         "{lib} {found} was loaded, but kvlab is built for CUDA 13: put the CUDA 13 library's \
          folder first on LD_LIBRARY_PATH (the toolkit's lib64, or the PyPI wheel's nvidia/cu13/lib)"
     )]
-    WrongVersion { lib: &'static str, found: String },
+    WrongVersion {
+        /// The library loaded, e.g. "libnvrtc".
+        lib: &'static str,
+        /// Its version, "major.minor".
+        found: String,
+    },
     /// No folder with cuda_fp16.h was found.
     #[error(
         "CUDA headers not found (looked for cuda_fp16.h in {searched}); set KVLAB_CUDA_INCLUDE \
          to a folder holding cuda_fp16.h (e.g. <venv>/lib/python3.*/site-packages/nvidia/cu13/include \
          after scripts/cuda/setup-nvrtc.sh) or CUDA_HOME to the toolkit"
     )]
-    NoHeaders { searched: String },
+    NoHeaders {
+        /// Every folder tried, comma-separated.
+        searched: String,
+    },
     /// NVRTC rejected a kernel source.
     #[error("NVRTC could not compile kernels/{file} for {arch}: {log}")]
     Compile {
+        /// The source file, relative to `kernels/`.
         file: &'static str,
+        /// The target: "sm_XY" (cubin) or "compute_XY" (PTX).
         arch: String,
+        /// NVRTC's compile log.
         log: String,
     },
     /// A kernel name that no compiled module holds (a bug in kernels.rs).
@@ -77,7 +88,9 @@ pub enum CudaError {
          raise gpu_memory_utilization / num_blocks"
     )]
     PoolFull {
+        /// Blocks in the pool.
         num_blocks: usize,
+        /// Token slots per block.
         block_size: usize,
     },
     /// Paged bookkeeping failed.

@@ -21,13 +21,21 @@ use crate::ops::{Dev, Ops};
 /// cuBLAS arguments of one linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmShape {
+    /// `T`: W's memory, column-major (in, out), used transposed.
     pub transa: cublasOperation_t,
+    /// `N`: X's memory, column-major (in, t), used as is.
     pub transb: cublasOperation_t,
+    /// Rows of Yᶜ: out_dim.
     pub m: i32,
+    /// Columns of Yᶜ: t, the step's tokens.
     pub n: i32,
+    /// The reduced dimension: in_dim.
     pub k: i32,
+    /// Leading dimension of W, in elements: in_dim.
     pub lda: i32,
+    /// Leading dimension of X, in elements: in_dim.
     pub ldb: i32,
+    /// Leading dimension of Y, in elements: out_dim.
     pub ldc: i32,
 }
 

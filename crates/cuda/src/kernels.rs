@@ -11,14 +11,19 @@
 /// A header that kernel files include with `#include "<name>"`; `nvrtc::expand_includes` pastes
 /// it in (NVRTC gets no file system access to our sources).
 pub struct Header {
+    /// The file name in `kernels/`, as the `#include` spells it, e.g. "common.cuh".
     pub name: &'static str,
+    /// Its CUDA C text.
     pub source: &'static str,
 }
 
 /// One kernel file and the `extern "C"` entry points it defines.
 pub struct KernelFile {
+    /// The file name in `kernels/`, e.g. "rope.cu".
     pub file: &'static str,
+    /// Its CUDA C text, includes not yet expanded.
     pub source: &'static str,
+    /// Its `extern "C"` entry points, `<kernel>_v<version>_<types>`.
     pub entries: &'static [&'static str],
 }
 

@@ -188,16 +188,25 @@ pub fn v2_workspace_floats(
 /// Which decode attention kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeKernel {
+    /// paged_attention_v1: one thread block per (decode sequence, query head) over all its keys.
     V1,
-    V2 { max_partitions: usize },
+    /// paged_attention_v2: the keys split into partitions of [`PARTITION_SIZE`], one block per
+    /// (sequence, head, partition), then a reduce; when v1 would leave SMs idle.
+    V2 {
+        /// Partitions of the longest decode context: the grid's z extent.
+        max_partitions: usize,
+    },
 }
 
 /// A forced choice of decode kernel (benchmarks compare them), or the automatic one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DecodeAttention {
+    /// [`choose_decode_kernel`] decides per step (the engine's default).
     #[default]
     Auto,
+    /// v1 always.
     V1,
+    /// v2 whenever it can run (workspace fits, at most 65,535 partitions), else v1.
     V2,
 }
 
@@ -250,6 +259,7 @@ pub fn check_head_dim(head_dim: usize) -> Result<()> {
 /// What the packer checks step metadata against.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PackGeometry {
+    /// Tokens in the vocabulary: input ids must be below it.
     pub vocab_size: usize,
     /// Rows of the RoPE tables: positions must be below it.
     pub max_positions: usize,
@@ -265,12 +275,15 @@ pub struct GroupMeta {
     pub slot_mapping: Range<usize>,
     /// (n_seqs, max_blocks) row-major, -1 padded.
     pub block_tables: Range<usize>,
+    /// Columns of `block_tables`: the longest table of the step, at least 1.
     pub max_blocks: usize,
     /// (n_copies, 2) (src, dst) block pairs.
     pub copies: Range<usize>,
+    /// Pairs in `copies`: copy-on-write block copies, run in each layer before the step's writes.
     pub n_copies: usize,
     /// Most keys any decode sequence of the step attends to in this group (window-limited).
     pub max_decode_keys: usize,
+    /// The group's sliding window in keys, `None` for the global group.
     pub window: Option<usize>,
 }
 
@@ -278,8 +291,11 @@ pub struct GroupMeta {
 /// arrays.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PackedStep {
+    /// Every array of the step, one after another, as copied to the device.
     pub ints: Vec<i32>,
+    /// New tokens of the step, prefill and decode together.
     pub n_tokens: usize,
+    /// Sequences in the step.
     pub n_seqs: usize,
     /// The leading sequences with exactly one new token: the decode kernel takes them, and their
     /// tokens are rows 0..n_decode. The prefill kernel takes rows n_decode..n_tokens.

@@ -50,6 +50,7 @@ impl<T> Dev<T> {
         self.len
     }
 
+    /// Whether it holds no element.
     pub fn is_empty(self) -> bool {
         self.len == 0
     }
@@ -204,26 +205,51 @@ fn load_module(dev: &Device, file: &KernelFile) -> Result<Arc<CudaModule>> {
 /// (n_seqs, max_blocks); `query_start_loc` (n_seqs + 1,); `context_lens`, (n_seqs,);
 /// `token_seq` (n_tokens,).
 pub struct AttentionArgs<A, C> {
+    /// (n_tokens, n_heads, head_dim) the attention output, one row per query token.
     pub out: Dev<A>,
+    /// (n_tokens, n_heads, head_dim) the step's queries, after RoPE.
     pub q: Dev<A>,
+    /// (n_tokens, n_kv_heads, head_dim) the step's own keys: positions from pos0 on are read
+    /// here, not from the pool.
     pub k_new: Dev<A>,
+    /// (n_tokens, n_kv_heads, head_dim) the step's own values.
     pub v_new: Dev<A>,
+    /// (num_slots, n_kv_heads, head_dim) the layer's keys in the pool, in the cache type.
     pub k_cache: Dev<C>,
+    /// (num_slots, n_kv_heads, head_dim) the layer's values in the pool.
     pub v_cache: Dev<C>,
+    /// Key scales: (num_slots, n_kv_heads) for fp8-e4m3 and int8, int4's (num_blocks, kv_dim, 2)
+    /// (s, min) per channel, else any one element.
     pub k_scale: Dev<f32>,
+    /// Value scales: (num_slots, n_kv_heads) for fp8-e4m3 and int8, int4's (num_slots,
+    /// n_kv_heads, ⌈head_dim / 32⌉, 2) (s, min) per group, else any one element.
     pub v_scale: Dev<f32>,
+    /// int4: (residuals, block_size, kv_dim) f32 keys of blocks still filling.
     pub k_residual: Dev<f32>,
+    /// int4: (num_blocks,) the residual a block's keys are read from, -1 once quantized.
     pub read_map: Dev<i32>,
+    /// (n_seqs, max_blocks) each sequence's block ids, row-major, -1 padded.
     pub block_tables: Dev<i32>,
+    /// (n_seqs + 1,) cumulative query lengths: sequence s's tokens are rows
+    /// `query_start_loc[s]..query_start_loc[s + 1]`.
     pub query_start_loc: Dev<i32>,
+    /// (n_seqs,) keys per sequence after the step, its new tokens included.
     pub context_lens: Dev<i32>,
+    /// (n_tokens,) sequence index of each query token (the prefill kernel's row → sequence).
     pub token_seq: Dev<i32>,
+    /// Query tokens of the step, decode and prefill rows together.
     pub n_tokens: usize,
+    /// Sequences of the step; the decode kernels take the leading n_decode of them.
     pub n_seqs: usize,
+    /// Columns of `block_tables`.
     pub max_blocks: usize,
+    /// Query heads.
     pub n_heads: usize,
+    /// Key/value heads; query head h reads KV head h / (n_heads / n_kv_heads).
     pub n_kv_heads: usize,
+    /// Elements per head: even, at most [`launch::MAX_HEAD_DIM`].
     pub head_dim: usize,
+    /// Token slots per block.
     pub block_size: usize,
     /// Slots in the pool (num_blocks · block_size).
     pub num_slots: usize,
@@ -231,6 +257,7 @@ pub struct AttentionArgs<A, C> {
     pub residuals: usize,
     /// 0 for global attention.
     pub window: usize,
+    /// Score scale, 1/√head_dim unless the model says otherwise.
     pub scale: f32,
 }
 
@@ -252,10 +279,15 @@ pub struct Int4Keys {
     pub k_scale: Dev<f32>,
     /// (residuals, block_size, kv_dim) f32.
     pub k_residual: Dev<f32>,
+    /// Blocks in the layer's pool.
     pub num_blocks: usize,
+    /// Token slots per block.
     pub block_size: usize,
+    /// f32 residual blocks of the layer.
     pub residuals: usize,
+    /// Key heads.
     pub n_kv_heads: usize,
+    /// Elements per head (two int4 codes a byte).
     pub head_dim: usize,
 }
 
@@ -263,9 +295,13 @@ pub struct Int4Keys {
 /// `int`, a `long long` or a `float`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Arg {
+    /// A device address (`T*`), from a checked [`Dev`].
     Ptr(u64),
+    /// An `int`: counts and sizes (checked to fit by [`i32_of`]).
     I32(i32),
+    /// A `long long`: element counts that may pass 2³¹.
     I64(i64),
+    /// A `float`, e.g. the attention scale or an epsilon.
     F32(f32),
 }
 use Arg::{F32, I32, I64, Ptr};
@@ -367,21 +403,36 @@ impl<A, C: CacheElem> AttentionArgs<A, C> {
 /// the read map when reading back; any one element otherwise).
 #[derive(Clone, Copy, Debug)]
 pub struct RowsAndPool<A, C> {
+    /// (n_tokens, kv_dim) the step's keys.
     pub k: Dev<A>,
+    /// (n_tokens, kv_dim) the step's values.
     pub v: Dev<A>,
+    /// The layer's keys in the pool, (num_slots, n_kv_heads, head_dim) in the cache type.
     pub k_cache: Dev<C>,
+    /// The layer's values in the pool, (num_slots, n_kv_heads, head_dim) in the cache type.
     pub v_cache: Dev<C>,
+    /// Key scales as [`cache_sizes`] gives them (any one element for an unscaled type).
     pub k_scale: Dev<f32>,
+    /// Value scales as [`cache_sizes`] gives them (any one element for an unscaled type).
     pub v_scale: Dev<f32>,
+    /// int4: (residuals, block_size, kv_dim) f32 keys of blocks still filling.
     pub k_residual: Dev<f32>,
+    /// int4: (num_blocks,) block → residual, the write map when storing, the read map when
+    /// reading back.
     pub map: Dev<i32>,
     /// int4's residuals per layer (0 otherwise).
     pub residuals: usize,
+    /// (n_tokens,) slot_mapping: each row's slot in the pool, -1 = not stored.
     pub slots: Dev<i32>,
+    /// Rows of `k` and `v`.
     pub n_tokens: usize,
+    /// Key/value heads.
     pub n_kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
+    /// Slots in the pool (num_blocks · block_size).
     pub num_slots: usize,
+    /// Token slots per block.
     pub block_size: usize,
 }
 
@@ -411,11 +462,15 @@ impl<A, C: CacheElem> RowsAndPool<A, C> {
     }
 }
 
-/// The kernels, cuBLAS and the stream they run on./// The kernels, cuBLAS and the stream they run on.
+/// The kernels, cuBLAS and the stream they run on.
 pub struct Ops {
+    /// The device's one stream: every launch, copy and GEMM is queued on it.
     pub stream: Arc<CudaStream>,
+    /// Every entry point of `kernels/*.cu`, compiled for this GPU.
     pub kernels: Kernels,
+    /// cuBLAS bound to `stream`, for the linear layers ([`Ops::linear`]).
     pub blas: CudaBlas,
+    /// The GPU's SMs: [`launch::choose_decode_kernel`] weighs v1's grid against them.
     pub multiprocessors: usize,
 }
 

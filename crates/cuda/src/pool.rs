@@ -47,8 +47,11 @@ pub struct GroupPlan {
 /// The pool's geometry and size: what `kvlab info`/`mem`-style reports print.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PoolPlan {
+    /// Blocks in each group's pool (the same count in every group).
     pub num_blocks: usize,
+    /// Token slots per block.
     pub block_size: usize,
+    /// The type keys and values are stored in (`--kv-dtype`).
     pub kv_dtype: KvDtype,
     /// (num_groups,) in `Config::kv_cache_groups` order.
     pub groups: Vec<GroupPlan>,
@@ -202,9 +205,14 @@ impl PoolPlan {
 /// (s, min) pairs (`kernels/cache.cu`), else one unused element (the kernels take a pointer
 /// either way).
 pub struct KvPool<C> {
+    /// (n_layers,) × (num_blocks, block_size, n_kv_heads, head_dim) keys.
     pub k: Vec<CudaSlice<C>>,
+    /// (n_layers,) × (num_blocks, block_size, n_kv_heads, head_dim) values.
     pub v: Vec<CudaSlice<C>>,
+    /// (n_layers,) × key scales: (num_blocks, block_size, n_kv_heads) f32 when scaled, int4's
+    /// (s, min) pairs, else one unused element.
     pub k_scale: Vec<CudaSlice<f32>>,
+    /// (n_layers,) × value scales, laid out as `k_scale`'s (int4: per value group).
     pub v_scale: Vec<CudaSlice<f32>>,
     /// int4: per layer, `(residuals, block_size, kv_dim)` f32 keys of blocks still filling;
     /// else one unused element.
@@ -214,6 +222,7 @@ pub struct KvPool<C> {
     /// int4: per group, `(2, num_blocks)` i32 on the device: the write map, then the read map
     /// of the step (`residual.rs`); one unused element otherwise.
     pub maps: Vec<CudaSlice<i32>>,
+    /// The geometry and size the tensors were allocated for.
     pub plan: PoolPlan,
     /// Elements of one block in a layer's cache: block_size × `row_elems`.
     block_elems: usize,

@@ -13,6 +13,7 @@ use crate::error::Result;
 pub struct RopeTables {
     /// Per distinct theta: cos and sin, (max_pos, head_dim/2) f32.
     pub cos: Vec<CudaSlice<f32>>,
+    /// Per distinct theta: (max_pos, head_dim/2) f32 sines.
     pub sin: Vec<CudaSlice<f32>>,
     /// (n_layers,) index into `cos`/`sin`.
     pub of_layer: Vec<usize>,

@@ -28,10 +28,13 @@ pub struct DeviceLayer<W> {
     pub wo: CudaSlice<W>,
     /// (q_dim,), (kv_dim,), (kv_dim,) f32, when the projections have biases (Qwen2).
     pub bq: Option<CudaSlice<f32>>,
+    /// (kv_dim,) f32 key bias, when the projections have biases.
     pub bk: Option<CudaSlice<f32>>,
+    /// (kv_dim,) f32 value bias, when the projections have biases.
     pub bv: Option<CudaSlice<f32>>,
     /// (head_dim,) f32 each, when the model has QK-norm.
     pub q_norm: Option<CudaSlice<f32>>,
+    /// (head_dim,) f32 key norm gain, when the model has QK-norm.
     pub k_norm: Option<CudaSlice<f32>>,
     /// (dim,) f32, when the model has post norms.
     pub post_attn_norm: Option<CudaSlice<f32>>,

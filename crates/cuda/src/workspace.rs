@@ -12,7 +12,9 @@ use crate::error::Result;
 /// Buffers over the step's tokens (`cap_tokens` rows) and sequences (`cap_seqs` rows), in the
 /// activation type `A` unless noted.
 pub struct Workspace<A> {
+    /// Tokens a step may bring before the buffers grow (a power of two once grown).
     pub cap_tokens: usize,
+    /// Sequences a step may bring before the buffers grow.
     pub cap_seqs: usize,
     /// (cap_tokens, dim) f32: the residual stream stays f32 in every mode.
     pub x: CudaSlice<f32>,
@@ -22,6 +24,7 @@ pub struct Workspace<A> {
     pub q: CudaSlice<A>,
     /// (cap_tokens, kv_dim) each
     pub k: CudaSlice<A>,
+    /// (cap_tokens, kv_dim) the step's values.
     pub v: CudaSlice<A>,
     /// (cap_tokens, q_dim) attention output
     pub att: CudaSlice<A>,
@@ -29,6 +32,7 @@ pub struct Workspace<A> {
     pub o: CudaSlice<A>,
     /// (cap_tokens, hidden_dim) each
     pub gate: CudaSlice<A>,
+    /// (cap_tokens, hidden_dim) the up projection, multiplied into `gate` by the GLU.
     pub up: CudaSlice<A>,
     /// (cap_seqs, dim) f32: each sequence's last residual row
     pub last: CudaSlice<f32>,

@@ -28,12 +28,16 @@ pub struct SeqSpan<'a> {
 pub struct PagedLayer<'a> {
     /// The layer's pool. (num_blocks · block_size, kv_dim) each
     pub pool_k: &'a KvStore,
+    /// (num_blocks · block_size, kv_dim) the layer's values in the pool.
     pub pool_v: &'a KvStore,
+    /// Slots per block: positions `b · block_size..(b + 1) · block_size` share a block table entry.
     pub block_size: usize,
     /// Keys and values of every new token of the step, as the pool gives them back (what a
     /// later step reads). (num_tokens, kv_dim) each
     pub k_new: &'a [f32],
+    /// (num_tokens, kv_dim) the step's new values, as the pool gives them back.
     pub v_new: &'a [f32],
+    /// Elements of one key or value row: n_kv_heads · head_dim.
     pub kv_dim: usize,
 }
 

@@ -13,8 +13,11 @@ pub struct KvPool {
     /// Per layer. (n_layers,) × (num_blocks · block_size, n_kv_heads, head_dim)
     k: Vec<KvStore>,
     v: Vec<KvStore>,
+    /// Blocks per layer, the same block ids in every layer.
     pub num_blocks: usize,
+    /// Slots (token positions) per block.
     pub block_size: usize,
+    /// Elements of one slot's key or value row: n_kv_heads · head_dim.
     pub kv_dim: usize,
 }
 
