@@ -26,7 +26,9 @@ pub const DEFAULT_WINDOW: usize = 64;
 pub struct Lesson {
     /// The model name, from `--model` (a name of fixtures/models.json).
     pub name: String,
+    /// The model's configuration and weights, as the engines read them.
     pub model: Model,
+    /// The model's tokenizer, for the prompt and the printed text.
     pub tokenizer: Tokenizer,
     /// BOS followed by the prompt's token ids.
     pub prompt: Vec<u32>,
@@ -203,7 +205,9 @@ pub struct Clock {
     /// Query·key products per layer and query head, summed over calls: a query at position `p`
     /// sees `p + 1` keys (at most `window`).
     pub scores: usize,
+    /// Wall time of the prefill call.
     pub prefill: Duration,
+    /// Wall time of each decode call, in order.
     pub decode: Vec<Duration>,
     window: Option<usize>,
     calls: usize,

@@ -23,7 +23,12 @@ pub enum EmuError {
     /// No kernel of that name was compiled in (kernels.rs and kernels/*.cu disagree).
     UnknownKernel(String),
     /// A grid dimension of 0, or a block of 0 or more than 1,024 threads.
-    BadLaunch { grid: [u32; 3], block: [u32; 3] },
+    BadLaunch {
+        /// (x, y, z) blocks in the grid.
+        grid: [u32; 3],
+        /// (x, y, z) threads in a block.
+        block: [u32; 3],
+    },
 }
 
 impl std::fmt::Display for EmuError {
