@@ -17,84 +17,57 @@
 //! streaming (W is read once and is far larger than the caches). The activations never leave
 //! f32: the result differs from "decode the row, then dot" only in the order of the additions.
 
+use super::BlockFormat;
 use kvlab_model::GgmlType;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 
 /// Weights per block.
 const BLOCK: usize = 32;
 /// Bytes per block: d (2) + qs (32).
 const BLOCK_BYTES: usize = 34;
+/// Prefetch distance, in rows: while reading a block of row r, ask for the same block of row
+/// r + PF_ROWS (without it, the loop waits on memory for a large W: 31 ms → 20 ms for the
+/// 262144 × 640 classifier).
+#[cfg(target_arch = "x86_64")]
+const PF_ROWS: usize = 4;
 
 /// out (rows,) = W (rows, cols) @ x (cols,) for W's rows stored as Q8_0.
 ///
 /// # Panics
 /// If `x.len()` is not whole blocks or `w` is not `out.len()` rows of them.
 pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
-    assert_eq!(x.len() % BLOCK, 0, "q8_0: columns must be whole blocks");
-    let rb = x.len() / BLOCK * BLOCK_BYTES;
-    assert_eq!(w.len(), out.len() * rb, "q8_0: W must be (rows, cols)");
-    if x.is_empty() {
-        // Rows of no blocks: empty dot products (and no zero-sized chunks below).
-        out.fill(0.0);
-        return;
-    }
-    match crate::simd::isa() {
-        #[cfg(target_arch = "x86_64")]
-        crate::simd::Isa::Avx512 => {
-            // SAFETY: isa() reports AVX-512 only where the CPU has AVX-512F, the one feature the
-            // kernel enables; the asserts above make `w` exactly out.len() rows of x.len() / 32
-            // blocks, which is all the kernel reads.
-            unsafe { x86::gemv_avx512(out, w, x, super::f16_table()) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        crate::simd::Isa::Avx2Fma => {
-            // SAFETY: isa() reports AVX2 + FMA only where the CPU has both; `w`'s shape is
-            // asserted above.
-            unsafe { x86::gemv_avx2(out, w, x, super::f16_table()) }
-        }
-        _ => super::gemv_rows_reference(GgmlType::Q8_0, out, w, x),
-    }
+    super::gemv_blocks::<Q8_0>(out, w, x);
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{BLOCK, BLOCK_BYTES};
-    use std::arch::x86_64::*;
+/// The Q8_0 kernels, for [`super::gemv_blocks`].
+struct Q8_0;
 
-    /// Rows per pass.
-    const R: usize = 4;
-    /// Prefetch distance, in rows: while reading a block of row r, ask for the same block of row
-    /// r + PF_ROWS (without it, the loop waits on memory for a large W: 31 ms → 20 ms for the
-    /// 262144 × 640 classifier).
-    const PF_ROWS: usize = 4;
+// SAFETY: the default feature checks test what the kernels enable: AVX-512F; AVX2 and FMA.
+unsafe impl BlockFormat for Q8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const BLOCK: usize = BLOCK;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
+    #[cfg(target_arch = "x86_64")]
+    type Shared = &'static [f32; 1 << 16];
 
-    /// # Safety
-    /// The CPU must support AVX-512F; `w` must be `out.len()` rows of `x.len() / 32` blocks.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32], f16: &[f32; 1 << 16]) {
-        let rb = x.len() / BLOCK * BLOCK_BYTES;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for the
-            // CPU features.
-            |o, w| unsafe { rows_avx512::<R>(o, w, x, f16) },
-            // SAFETY: as above, one row.
-            |o, w| unsafe { rows_avx512::<1>(o, w, x, f16) },
-        );
+    #[cfg(target_arch = "x86_64")]
+    fn shared(_: crate::simd::Isa, _: &[f32]) -> Self::Shared {
+        super::f16_table()
     }
 
     /// out[..N] for the N rows in `w` (N·rb bytes, rb = x.len() / 32 · 34).
     ///
     /// # Safety
     /// The CPU must support AVX-512F; `w.len()` = N · x.len() / 32 · 34, `out.len()` = N.
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn rows_avx512<const N: usize>(
         out: &mut [f32],
         w: &[u8],
         x: &[f32],
-        f16: &[f32; 1 << 16],
+        f16: &Self::Shared,
     ) {
         let nb = x.len() / BLOCK;
         let rb = nb * BLOCK_BYTES;
@@ -133,37 +106,15 @@ mod x86 {
         }
     }
 
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `w` must be `out.len()` rows of `x.len() / 32`
-    /// blocks.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32], f16: &[f32; 1 << 16]) {
-        let rb = x.len() / BLOCK * BLOCK_BYTES;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for the
-            // CPU features.
-            |o, w| unsafe { rows_avx2::<R>(o, w, x, f16) },
-            // SAFETY: as above, one row.
-            |o, w| unsafe { rows_avx2::<1>(o, w, x, f16) },
-        );
-    }
-
-    /// The AVX2 twin of [`rows_avx512`]: 8 lanes, so four widenings per block.
+    /// The AVX2 twin of [`Self::rows_avx512`]: 8 lanes, so four widenings per block.
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `w.len()` = N · x.len() / 32 · 34,
     /// `out.len()` = N.
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_avx2<const N: usize>(
-        out: &mut [f32],
-        w: &[u8],
-        x: &[f32],
-        f16: &[f32; 1 << 16],
-    ) {
+    unsafe fn rows_avx2<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32], f16: &Self::Shared) {
         let nb = x.len() / BLOCK;
         let rb = nb * BLOCK_BYTES;
         debug_assert!(w.len() == N * rb && out.len() == N);
@@ -189,10 +140,7 @@ mod x86 {
             }
         }
         for (o, a) in out.iter_mut().zip(acc) {
-            let h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
-            *o = _mm_cvtss_f32(h);
+            *o = super::hsum256(a);
         }
     }
 }
