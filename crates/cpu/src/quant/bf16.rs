@@ -53,28 +53,7 @@ unsafe impl BlockFormat for Bf16 {
     const TYPE: GgmlType = GgmlType::BF16;
     const BLOCK: usize = 1;
     const BLOCK_BYTES: usize = 2;
-    #[cfg(target_arch = "x86_64")]
-    type Shared = ();
-
-    #[cfg(target_arch = "x86_64")]
-    fn shared(_: crate::simd::Isa, _: &[f32]) {}
-
-    two_byte_rows!(
-        rows_avx512,
-        "avx512f",
-        step_avx512,
-        |a: &[__m512; 2]| _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1])),
-        _mm512_setzero_ps(),
-        32
-    );
-    two_byte_rows!(
-        rows_avx2,
-        "avx2,fma",
-        step_avx2,
-        |a: &[__m256; 2]| super::hsum256(_mm256_add_ps(a[0], a[1])),
-        _mm256_setzero_ps(),
-        16
-    );
+    two_byte_kernels!(avx2 = "avx2,fma");
 }
 
 /// One step of 32 columns: `px` points at 32 floats of x, `pw[q]` at 32 bf16 of row q.

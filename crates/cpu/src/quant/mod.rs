@@ -11,14 +11,30 @@
 //! "decode the row, then dot" only in the order of the additions (llama.cpp instead quantizes
 //! the activations to 8 bits for integer dot products; kvlab trades that speed for accuracy).
 
-/// The row pass of the two-byte formats' x86 kernels (bf16, f16: a row of `cols` elements is
-/// `2·cols` bytes), as a [`BlockFormat`] method `$name` compiled for `$features`: runs `$step`
-/// over the whole `$STEP`-column chunks of N rows, prefetching the same columns of the next N
-/// rows ([`prefetch`]), then over their zero-padded tail, and writes each row's horizontal sum
-/// (`$hsum`) of its two accumulators (of `$zero`'s type). A macro, not a generic function:
-/// `$features` must be a literal, and `$step` must be inlined into the loop.
-macro_rules! two_byte_rows {
-    ($name:ident, $features:literal, $step:ident, $hsum:expr, $zero:expr, $STEP:expr) => {
+/// The [`BlockFormat`] items of a two-byte format (bf16, f16: a row of `cols` elements is
+/// `2·cols` bytes, a block is one element), written once for both: no `Shared`, and the row
+/// pass of each level, `rows_avx512` (AVX-512F, 32 columns a step) and `rows_avx2` (compiled for
+/// `$avx2`, 16 columns a step), around the format's `step_avx512` and `step_avx2`, which must be
+/// in scope. A pass runs the step over the whole chunks of N rows, prefetching the same columns
+/// of the next N rows ([`prefetch`]), then over their zero-padded tail, and writes each row's
+/// horizontal sum of its two accumulators. A macro, not a generic function: the features must
+/// be literals, and the step must be inlined into the loop.
+macro_rules! two_byte_kernels {
+    (avx2 = $avx2:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        type Shared = ();
+
+        #[cfg(target_arch = "x86_64")]
+        fn shared(_: crate::simd::Isa, _: &[f32]) {}
+
+        two_byte_kernels!(@rows rows_avx512, "avx512f", step_avx512,
+            |a: &[__m512; 2]| _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1])),
+            _mm512_setzero_ps(), 32);
+        two_byte_kernels!(@rows rows_avx2, $avx2, step_avx2,
+            |a: &[__m256; 2]| crate::quant::hsum256(_mm256_add_ps(a[0], a[1])),
+            _mm256_setzero_ps(), 16);
+    };
+    (@rows $name:ident, $features:literal, $step:ident, $hsum:expr, $zero:expr, $STEP:expr) => {
         #[cfg(target_arch = "x86_64")]
         #[inline]
         #[target_feature(enable = $features)]
@@ -61,6 +77,7 @@ macro_rules! two_byte_rows {
 }
 
 pub mod bf16;
+mod block32;
 pub mod f16;
 pub mod q4_k;
 pub mod q5_0;
