@@ -2,14 +2,15 @@
 //! stored instead of decoded to f32 at load, so each token reads 2–8× fewer bytes of weights.
 //!
 //! One file per format, each with its block layout (from ggml-common.h), the decode-and-dot of
-//! its rows for AVX-512 and for AVX2 (a [`BlockFormat`]) and tests against the plain reference
-//! below on random blocks. What every format shares is written once here: the shape asserts,
-//! the choice of level at run time ([`crate::simd::isa`]) with the reference as the fallback,
-//! the passes of four rows ([`gemv_blocks`]), the software prefetch, and the two-byte formats'
-//! row pass. The kernels keep the activations in f32: a block's values
-//! are decoded in registers and multiplied into f32 accumulators, so a kernel differs from
-//! "decode the row, then dot" only in the order of the additions (llama.cpp instead quantizes
-//! the activations to 8 bits for integer dot products; kvlab trades that speed for accuracy).
+//! its rows (or, for Q8_0 and Q5_0, of one block: `block32.rs` holds their per-block loop) for
+//! AVX-512 and for AVX2, as a `BlockFormat`, and tests against the plain reference below on
+//! random blocks. What every format shares is written once here: the shape asserts, the choice
+//! of level at run time ([`crate::simd::isa`]) with the reference as the fallback, the passes of
+//! four rows (`gemv_blocks`), the software prefetch, and the two-byte formats' row pass. The
+//! kernels keep the activations in f32: a block's values are decoded in registers and
+//! multiplied into f32 accumulators, so a kernel differs from "decode the row, then dot" only in
+//! the order of the additions (llama.cpp instead quantizes the activations to 8 bits for
+//! integer dot products; kvlab trades that speed for accuracy).
 
 /// The [`BlockFormat`] items of a two-byte format (bf16, f16: a row of `cols` elements is
 /// `2·cols` bytes, a block is one element), written once for both: no `Shared`, and the row
