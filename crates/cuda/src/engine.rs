@@ -23,7 +23,7 @@ use kvlab_paged::{
 use crate::device::{Device, DeviceInfo};
 use crate::dtype::{Int4x2, Precision};
 use crate::error::{CudaError, Result};
-use crate::forward::{Forward, ForwardOptions};
+use crate::forward::{DeviceModel, DeviceModelOptions};
 use crate::launch::{DecodeAttention, pack_step};
 use crate::ops::Ops;
 use crate::pool::{self, PoolPlan};
@@ -71,21 +71,21 @@ impl Default for CudaOptions {
     }
 }
 
-/// The typed forward pass for the chosen precision (activations) and KV dtype (pool); fp8-e4m3
-/// codes are `u8`, int8 codes `i8`.
+/// The typed device model (and its step) for the chosen precision (activations) and KV dtype
+/// (pool); fp8-e4m3 codes are `u8`, int8 codes `i8`.
 enum Runner {
-    F32F32(Box<Forward<f32, f32>>),
-    F32F16(Box<Forward<f32, f16>>),
-    F32Bf16(Box<Forward<f32, bf16>>),
-    F32Fp8(Box<Forward<f32, u8>>),
-    F32I8(Box<Forward<f32, i8>>),
-    F32I4(Box<Forward<f32, Int4x2>>),
-    F16F32(Box<Forward<f16, f32>>),
-    F16F16(Box<Forward<f16, f16>>),
-    F16Bf16(Box<Forward<f16, bf16>>),
-    F16Fp8(Box<Forward<f16, u8>>),
-    F16I8(Box<Forward<f16, i8>>),
-    F16I4(Box<Forward<f16, Int4x2>>),
+    F32F32(Box<DeviceModel<f32, f32>>),
+    F32F16(Box<DeviceModel<f32, f16>>),
+    F32Bf16(Box<DeviceModel<f32, bf16>>),
+    F32Fp8(Box<DeviceModel<f32, u8>>),
+    F32I8(Box<DeviceModel<f32, i8>>),
+    F32I4(Box<DeviceModel<f32, Int4x2>>),
+    F16F32(Box<DeviceModel<f16, f32>>),
+    F16F16(Box<DeviceModel<f16, f16>>),
+    F16Bf16(Box<DeviceModel<f16, bf16>>),
+    F16Fp8(Box<DeviceModel<f16, u8>>),
+    F16I8(Box<DeviceModel<f16, i8>>),
+    F16I4(Box<DeviceModel<f16, Int4x2>>),
 }
 
 macro_rules! with_runner {
@@ -142,7 +142,7 @@ impl CudaEngine {
         let per_block = pool::plan(c, 1, opts.block_size, opts.kv_dtype)?.pool_bytes;
         let dev = Device::open(opts.device)?;
         let ops = Ops::new(&dev)?;
-        let fopts = ForwardOptions {
+        let model_opts = DeviceModelOptions {
             max_batch_tokens: if opts.max_batch_tokens == 0 {
                 c.max_seq_len.max(2048)
             } else {
@@ -173,7 +173,13 @@ impl CudaEngine {
         };
         macro_rules! build {
             ($variant:ident) => {
-                Runner::$variant(Box::new(Forward::new(dev, ops, &model, &fopts, sizing)?))
+                Runner::$variant(Box::new(DeviceModel::new(
+                    dev,
+                    ops,
+                    &model,
+                    &model_opts,
+                    sizing,
+                )?))
             };
         }
         let runner = match (opts.precision, opts.kv_dtype) {

@@ -1,5 +1,8 @@
-//! The batched forward pass of one scheduled step on the GPU, for activation/weight type `A`
-//! and cache type `C` (f32, f16, bf16, or the codes of fp8-e4m3 and int8 with their scales).
+//! [`DeviceModel`]: what one engine holds on the GPU (weights, KV pool, RoPE tables, workspace)
+//! for activation/weight type `A` and cache type `C` (f32, f16, bf16, or the codes of fp8-e4m3
+//! and int8 with their scales), and the batched forward pass of one scheduled step over it,
+//! written block for block as kvlab-cpu's `forward` (crates/cpu/src/forward.rs): embedding, per
+//! layer an attention block and a feed-forward block, then the logits.
 //!
 //! All tokens of the step (decodes first, then prefills, as the scheduler orders them) are rows
 //! of one activation matrix, so every linear layer is one cuBLAS GEMM over the whole step:
@@ -32,7 +35,7 @@ use crate::device::Device;
 use crate::dtype::{CacheElem, DType};
 use crate::error::{CudaError, Result};
 use crate::launch::{self, DecodeAttention, DecodeKernel, PackGeometry, PackedStep};
-use crate::ops::{AttentionArgs, Int4Op, Launcher, Ops, RowsAndPool};
+use crate::ops::{AttentionArgs, Dev, Int4Op, Launcher, Ops, RowsAndPool};
 use crate::pool::{KvPool, PoolPlan};
 use crate::residual::Residuals;
 use crate::rope::RopeTables;
@@ -43,7 +46,7 @@ use crate::workspace::Workspace;
 pub const MAX_V2_WORKSPACE_FLOATS: usize = 16 << 20;
 
 /// Everything one engine holds on the device.
-pub struct Forward<A: DType, C: CacheElem> {
+pub struct DeviceModel<A: DType, C: CacheElem> {
     pub dev: Device,
     pub ops: Ops,
     pub config: Config,
@@ -63,7 +66,7 @@ pub struct Forward<A: DType, C: CacheElem> {
     pub geometry: PackGeometry,
 }
 
-/// Where one group's int4 residual pair lists are in `Forward::res_meta` (`ResidualPlan`).
+/// Where one group's int4 residual pair lists are in `DeviceModel::res_meta` (`ResidualPlan`).
 struct ResidualRanges {
     close_early: Range<usize>,
     copies: Range<usize>,
@@ -71,14 +74,14 @@ struct ResidualRanges {
     close: Range<usize>,
 }
 
-/// What a new [`Forward`] needs besides the model.
-pub struct ForwardOptions {
+/// What a new [`DeviceModel`] needs besides the model.
+pub struct DeviceModelOptions {
     pub max_batch_tokens: usize,
     pub max_seqs: usize,
     pub decode_attention: DecodeAttention,
 }
 
-impl<A: DType, C: CacheElem> Forward<A, C> {
+impl<A: DType, C: CacheElem> DeviceModel<A, C> {
     /// Uploads the weights and RoPE tables, allocates the workspace, then sizes the pool with
     /// `pool_size(free, total)` (returning its plan) and allocates it.
     ///
@@ -88,7 +91,7 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
         dev: Device,
         ops: Ops,
         model: &Model,
-        opts: &ForwardOptions,
+        opts: &DeviceModelOptions,
         pool_size: impl Fn(usize, usize) -> Result<PoolPlan>,
     ) -> Result<Self> {
         let c = model.config.clone();
@@ -131,7 +134,7 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             kv_cache,
         };
         dev.sync()?;
-        Ok(Forward {
+        Ok(DeviceModel {
             dev,
             ops,
             config: c,
@@ -148,7 +151,9 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
         })
     }
 
-    /// Runs a packed step; leaves the logits (n_seqs, vocab) in `ws.logits`.
+    /// Runs a packed step; leaves the logits (n_seqs, vocab) in `ws.logits`. Read it beside
+    /// kvlab-cpu's `forward` (crates/cpu/src/forward.rs): the same blocks in the same order, each
+    /// over all the step's rows at once.
     ///
     /// # Errors
     /// Launch, cuBLAS and driver errors; out of memory when the workspace must grow.
@@ -160,26 +165,42 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
         } else {
             Vec::new()
         };
-        let c = &self.config;
+        self.upload(p)?;
+        self.copy_on_write(p, &residual_steps)?;
+        self.embed(p)?;
+        for l in 0..self.weights.layers.len() {
+            let residual = residual_steps.get(self.layer_group[l]);
+            self.attention_block(p, l, residual)?;
+            self.feed_forward_block(l, p.n_tokens)?;
+        }
+        self.last_token_logits(p)
+    }
+
+    /// Grows the workspace to the step's rows and uploads its packed metadata to `meta`.
+    ///
+    /// # Errors
+    /// Driver errors; out of memory.
+    fn upload(&mut self, p: &PackedStep) -> Result<()> {
         let stream = self.dev.stream.clone();
-        self.ws.ensure(&stream, c, p.n_tokens, p.n_seqs)?;
+        self.ws
+            .ensure(&stream, &self.config, p.n_tokens, p.n_seqs)?;
         if self.meta.len() < p.ints.len() {
             self.meta = stream.alloc_zeros::<i32>(p.ints.len().next_power_of_two())?;
         }
         stream.memcpy_htod(&p.ints, &mut self.meta.slice_mut(0..p.ints.len()))?;
-        let meta = self.ops.dev(&self.meta);
-        let (t, s) = (p.n_tokens, p.n_seqs);
-        let (d, hd, qd, kvd, hid) = (c.dim, c.head_dim, c.q_dim(), c.kv_dim(), c.hidden_dim);
-        let plan = &self.pool.plan;
-        let (num_blocks, bs, num_slots) = (plan.num_blocks, plan.block_size, plan.num_slots());
+        Ok(())
+    }
 
-        let ops = &self.ops;
-        let res_meta = ops.dev(&self.res_meta);
-        let residuals = self.pool.residual_count();
-
-        // 1. Copy-on-write copies, all of them before any write of the step; int4 first closes
-        //    the blocks whose residuals it takes back, and after the copies opens the complete
-        //    blocks the step writes again.
+    /// The step's copy-on-write copies, all of them before any write of the step, in every layer
+    /// of each group; int4 first closes the blocks whose residuals it takes back, and after the
+    /// copies opens the complete blocks the step writes again (`residual_steps`, one per group).
+    ///
+    /// # Errors
+    /// Launch errors; pair lists outside `meta` or `res_meta`.
+    fn copy_on_write(&self, p: &PackedStep, residual_steps: &[ResidualRanges]) -> Result<()> {
+        let (c, ops) = (&self.config, &self.ops);
+        let (meta, res_meta) = (ops.dev(&self.meta), ops.dev(&self.res_meta));
+        let (residuals, bs) = (self.pool.residual_count(), self.pool.plan.block_size);
         for (g, gm) in p.groups.iter().enumerate() {
             let layers = (0..c.n_layers).filter(|&l| self.layer_group[l] == g);
             for l in layers {
@@ -199,14 +220,49 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
                     let keys = self.pool.int4_args(ops, l)?;
                     let (copies, n) = (res_meta.range(r.copies.clone())?, r.copies.len() / 2);
                     let kr = ops.dev(&self.pool.k_residual[l]);
-                    ops.copy_blocks(kr, None, copies, n, residuals, bs * kvd)?;
+                    ops.copy_blocks(kr, None, copies, n, residuals, bs * c.kv_dim())?;
                     let (open, n) = (res_meta.range(r.open.clone())?, r.open.len() / 2);
                     ops.int4_keys(Int4Op::Open, keys, open, n)?;
                 }
             }
         }
+        Ok(())
+    }
 
-        let ws = &self.ws;
+    /// x (n_tokens, dim) = embedding[input_ids] · embed_scale.
+    ///
+    /// # Errors
+    /// Launch errors.
+    fn embed(&self, p: &PackedStep) -> Result<()> {
+        let (c, ops) = (&self.config, &self.ops);
+        let ids = ops.dev(&self.meta).range(p.input_ids.clone())?;
+        let table = ops.dev(&self.weights.token_embedding);
+        let (t, d) = (p.n_tokens, c.dim);
+        ops.embedding(
+            ops.dev(&self.ws.x),
+            table,
+            ids,
+            t,
+            c.vocab_size,
+            d,
+            c.embed_scale,
+        )
+    }
+
+    /// Attention block of layer `l`: x += [post_norm] Wo · attention(RoPE(q), RoPE(k), v), with
+    /// q, k, v for the step's new rows only, k and v written to the pool first. `residual` is
+    /// int4's pair lists of the layer's group.
+    ///
+    /// # Errors
+    /// Launch, cuBLAS and driver errors.
+    fn attention_block(
+        &self,
+        p: &PackedStep,
+        l: usize,
+        residual: Option<&ResidualRanges>,
+    ) -> Result<()> {
+        let (c, ops, ws, lw) = (&self.config, &self.ops, &self.ws, &self.weights.layers[l]);
+        let (t, d, hd, qd, kvd) = (p.n_tokens, c.dim, c.head_dim, c.q_dim(), c.kv_dim());
         let (x, xn, q, k, v) = (
             ops.dev(&ws.x),
             ops.dev(&ws.xn),
@@ -214,164 +270,205 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             ops.dev(&ws.k),
             ops.dev(&ws.v),
         );
-        let (att, o, gate, up) = (
-            ops.dev(&ws.att),
-            ops.dev(&ws.o),
+        // q, k, v for the step's new positions only. (rows, q_dim), (rows, kv_dim) ×2
+        ops.rmsnorm::<f32, A>(xn, x, ops.dev(&lw.attn_norm), t, d, c.norm_eps)?;
+        ops.linear(q, xn, ops.dev(&lw.wq), t, d, qd)?;
+        ops.linear(k, xn, ops.dev(&lw.wk), t, d, kvd)?;
+        ops.linear(v, xn, ops.dev(&lw.wv), t, d, kvd)?;
+        if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
+            ops.add_bias(q, ops.dev(bq), t, qd)?;
+            ops.add_bias(k, ops.dev(bk), t, kvd)?;
+            ops.add_bias(v, ops.dev(bv), t, kvd)?;
+        }
+        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            ops.rmsnorm::<A, A>(q, q, ops.dev(qn), t * c.n_heads, hd, c.norm_eps)?;
+            ops.rmsnorm::<A, A>(k, k, ops.dev(kn), t * c.n_kv_heads, hd, c.norm_eps)?;
+        }
+        let r = self.rope.of_layer[l];
+        let (cos, sin) = (ops.dev(&self.rope.cos[r]), ops.dev(&self.rope.sin[r]));
+        let positions = ops.dev(&self.meta).range(p.positions.clone())?;
+        let neox = c.rope_layout == RopeLayout::Neox;
+        ops.rope(q, positions, cos, sin, t, c.n_heads, hd, neox)?;
+        ops.rope(k, positions, cos, sin, t, c.n_kv_heads, hd, neox)?;
+        // Write k, v into the pool at their slots, then attend over every cached position the
+        // query may see, the new ones included.
+        let (rows, read_map) = self.append_to_pool(p, l, residual)?;
+        self.attend(p, l, &rows, read_map)?;
+        let o = ops.dev(&ws.o);
+        ops.linear(o, ops.dev(&ws.att), ops.dev(&lw.wo), t, qd, d)?;
+        if let Some(pn) = &lw.post_attn_norm {
+            ops.rmsnorm::<A, A>(o, o, ops.dev(pn), t, d, c.norm_eps)?;
+        }
+        ops.residual_add(x, o, t * d)
+    }
+
+    /// Writes the step's k and v (in `ws`) into layer `l`'s pool at their slots
+    /// (`reshape_and_cache`, quantized to C; int4 then closes the blocks `residual` lists), then
+    /// reads them back as the pool gives them. Returns the rows and pool of the layer, and int4's
+    /// read map (num_blocks,) (else unused).
+    ///
+    /// # Errors
+    /// Launch errors; ranges outside `meta`, `res_meta` or the maps.
+    fn append_to_pool(
+        &self,
+        p: &PackedStep,
+        l: usize,
+        residual: Option<&ResidualRanges>,
+    ) -> Result<(RowsAndPool<A, C>, Dev<i32>)> {
+        let (c, ops, pool) = (&self.config, &self.ops, &self.pool);
+        let g = self.layer_group[l];
+        let num_blocks = pool.plan.num_blocks;
+        // int4: (num_blocks,) the write map, then the read map (residual.rs); else unused.
+        let maps = ops.dev(&pool.maps[g]);
+        let (write_map, read_map) = if C::INT4 {
+            (
+                maps.range(0..num_blocks)?,
+                maps.range(num_blocks..2 * num_blocks)?,
+            )
+        } else {
+            (maps, maps)
+        };
+        let rows = RowsAndPool {
+            k: ops.dev(&self.ws.k),
+            v: ops.dev(&self.ws.v),
+            k_cache: ops.dev(&pool.k[l]),
+            v_cache: ops.dev(&pool.v[l]),
+            k_scale: ops.dev(&pool.k_scale[l]),
+            v_scale: ops.dev(&pool.v_scale[l]),
+            k_residual: ops.dev(&pool.k_residual[l]),
+            map: write_map,
+            residuals: pool.residual_count(),
+            slots: ops
+                .dev(&self.meta)
+                .range(p.groups[g].slot_mapping.clone())?,
+            n_tokens: p.n_tokens,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            num_slots: pool.plan.num_slots(),
+            block_size: pool.plan.block_size,
+        };
+        ops.reshape_and_cache(&rows)?;
+        if let Some(r) = residual {
+            let res_meta = ops.dev(&self.res_meta);
+            let (close, n) = (res_meta.range(r.close.clone())?, r.close.len() / 2);
+            ops.int4_keys(Int4Op::Close, pool.int4_args(ops, l)?, close, n)?;
+        }
+        // The step's own rows as the pool gives them back, as kvlab-cpu's paged engine
+        // reads them: a query sees the same key from this step as from a later one.
+        ops.kv_read_back(&RowsAndPool {
+            map: read_map,
+            ..rows
+        })?;
+        Ok((rows, read_map))
+    }
+
+    /// att (n_tokens, q_dim) = attention of the step's queries over layer `l`'s pool (`rows`,
+    /// `read_map`: [`Self::append_to_pool`]): the decode rows by paged_attention v1 or v2, the
+    /// prefill rows by prefill_attention.
+    ///
+    /// # Errors
+    /// Launch errors; ranges outside `meta`.
+    fn attend(
+        &self,
+        p: &PackedStep,
+        l: usize,
+        rows: &RowsAndPool<A, C>,
+        read_map: Dev<i32>,
+    ) -> Result<()> {
+        let (c, ops) = (&self.config, &self.ops);
+        let meta = ops.dev(&self.meta);
+        let gm = &p.groups[self.layer_group[l]];
+        let t = p.n_tokens;
+        let args = AttentionArgs {
+            out: ops.dev(&self.ws.att),
+            q: ops.dev(&self.ws.q),
+            k_new: rows.k,
+            v_new: rows.v,
+            k_cache: rows.k_cache,
+            v_cache: rows.v_cache,
+            k_scale: rows.k_scale,
+            v_scale: rows.v_scale,
+            k_residual: rows.k_residual,
+            read_map,
+            block_tables: meta.range(gm.block_tables.clone())?,
+            query_start_loc: meta.range(p.query_start_loc.clone())?,
+            context_lens: meta.range(p.context_lens.clone())?,
+            token_seq: meta.range(p.token_seq.clone())?,
+            n_tokens: t,
+            n_seqs: p.n_seqs,
+            max_blocks: gm.max_blocks,
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            block_size: rows.block_size,
+            num_slots: rows.num_slots,
+            residuals: rows.residuals,
+            window: gm.window.unwrap_or(0),
+            scale: c.attn_scale,
+        };
+        if p.n_decode > 0 {
+            let kernel = launch::choose_decode_kernel(
+                self.decode_attention,
+                p.n_decode,
+                c.n_heads,
+                gm.max_decode_keys,
+                c.head_dim,
+                ops.multiprocessors,
+                self.v2_workspace.len(),
+            );
+            match kernel {
+                DecodeKernel::V1 => ops.paged_attention_v1(&args, p.n_decode)?,
+                DecodeKernel::V2 { max_partitions } => ops.paged_attention_v2(
+                    &args,
+                    p.n_decode,
+                    max_partitions,
+                    ops.dev(&self.v2_workspace),
+                )?,
+            }
+        }
+        if p.n_decode < t {
+            ops.prefill_attention_v1(&args, p.n_decode, t - p.n_decode)?;
+        }
+        Ok(())
+    }
+
+    /// Feed-forward block of layer `l` over the step's `t` rows:
+    /// x += [post_norm] W2 (act(W1 x) ⊙ W3 x).
+    ///
+    /// # Errors
+    /// Launch and cuBLAS errors.
+    fn feed_forward_block(&self, l: usize, t: usize) -> Result<()> {
+        let (c, ops, ws, lw) = (&self.config, &self.ops, &self.ws, &self.weights.layers[l]);
+        let (d, hid) = (c.dim, c.hidden_dim);
+        let (x, xn, gate, up, o) = (
+            ops.dev(&ws.x),
+            ops.dev(&ws.xn),
             ops.dev(&ws.gate),
             ops.dev(&ws.up),
+            ops.dev(&ws.o),
         );
-        let positions = meta.range(p.positions.clone())?;
-        let w = &self.weights;
-
-        // 2. Embedding.
-        ops.embedding(
-            x,
-            ops.dev(&w.token_embedding),
-            meta.range(p.input_ids.clone())?,
-            t,
-            c.vocab_size,
-            d,
-            c.embed_scale,
-        )?;
-
-        let neox = c.rope_layout == RopeLayout::Neox;
-        for (l, lw) in w.layers.iter().enumerate() {
-            // 3. Attention block.
-            ops.rmsnorm::<f32, A>(xn, x, ops.dev(&lw.attn_norm), t, d, c.norm_eps)?;
-            ops.linear(q, xn, ops.dev(&lw.wq), t, d, qd)?;
-            ops.linear(k, xn, ops.dev(&lw.wk), t, d, kvd)?;
-            ops.linear(v, xn, ops.dev(&lw.wv), t, d, kvd)?;
-            if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
-                ops.add_bias(q, ops.dev(bq), t, qd)?;
-                ops.add_bias(k, ops.dev(bk), t, kvd)?;
-                ops.add_bias(v, ops.dev(bv), t, kvd)?;
-            }
-            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                ops.rmsnorm::<A, A>(q, q, ops.dev(qn), t * c.n_heads, hd, c.norm_eps)?;
-                ops.rmsnorm::<A, A>(k, k, ops.dev(kn), t * c.n_kv_heads, hd, c.norm_eps)?;
-            }
-            let r = self.rope.of_layer[l];
-            let (cos, sin) = (ops.dev(&self.rope.cos[r]), ops.dev(&self.rope.sin[r]));
-            ops.rope(q, positions, cos, sin, t, c.n_heads, hd, neox)?;
-            ops.rope(k, positions, cos, sin, t, c.n_kv_heads, hd, neox)?;
-
-            let g = self.layer_group[l];
-            let gm = &p.groups[g];
-            let (kc, vc) = (ops.dev(&self.pool.k[l]), ops.dev(&self.pool.v[l]));
-            let (ks, vs) = (
-                ops.dev(&self.pool.k_scale[l]),
-                ops.dev(&self.pool.v_scale[l]),
-            );
-            let kr = ops.dev(&self.pool.k_residual[l]);
-            // int4: (num_blocks,) the write map, then the read map (residual.rs); else unused.
-            let maps = ops.dev(&self.pool.maps[g]);
-            let (write_map, read_map) = if C::INT4 {
-                (
-                    maps.range(0..num_blocks)?,
-                    maps.range(num_blocks..2 * num_blocks)?,
-                )
-            } else {
-                (maps, maps)
-            };
-            let rows = RowsAndPool {
-                k,
-                v,
-                k_cache: kc,
-                v_cache: vc,
-                k_scale: ks,
-                v_scale: vs,
-                k_residual: kr,
-                map: write_map,
-                residuals,
-                slots: meta.range(gm.slot_mapping.clone())?,
-                n_tokens: t,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: hd,
-                num_slots,
-                block_size: bs,
-            };
-            ops.reshape_and_cache(&rows)?;
-            if let Some(r) = residual_steps.get(g) {
-                let (close, n) = (res_meta.range(r.close.clone())?, r.close.len() / 2);
-                ops.int4_keys(Int4Op::Close, self.pool.int4_args(ops, l)?, close, n)?;
-            }
-            // The step's own rows as the pool gives them back, as kvlab-cpu's paged engine
-            // reads them: a query sees the same key from this step as from a later one.
-            ops.kv_read_back(&RowsAndPool {
-                map: read_map,
-                ..rows
-            })?;
-            let args = AttentionArgs {
-                out: att,
-                q,
-                k_new: k,
-                v_new: v,
-                k_cache: kc,
-                v_cache: vc,
-                k_scale: ks,
-                v_scale: vs,
-                k_residual: kr,
-                read_map,
-                block_tables: meta.range(gm.block_tables.clone())?,
-                query_start_loc: meta.range(p.query_start_loc.clone())?,
-                context_lens: meta.range(p.context_lens.clone())?,
-                token_seq: meta.range(p.token_seq.clone())?,
-                n_tokens: t,
-                n_seqs: s,
-                max_blocks: gm.max_blocks,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: hd,
-                block_size: bs,
-                num_slots,
-                residuals,
-                window: gm.window.unwrap_or(0),
-                scale: c.attn_scale,
-            };
-            if p.n_decode > 0 {
-                let kernel = launch::choose_decode_kernel(
-                    self.decode_attention,
-                    p.n_decode,
-                    c.n_heads,
-                    gm.max_decode_keys,
-                    hd,
-                    ops.multiprocessors,
-                    self.v2_workspace.len(),
-                );
-                match kernel {
-                    DecodeKernel::V1 => ops.paged_attention_v1(&args, p.n_decode)?,
-                    DecodeKernel::V2 { max_partitions } => ops.paged_attention_v2(
-                        &args,
-                        p.n_decode,
-                        max_partitions,
-                        ops.dev(&self.v2_workspace),
-                    )?,
-                }
-            }
-            if p.n_decode < t {
-                ops.prefill_attention_v1(&args, p.n_decode, t - p.n_decode)?;
-            }
-            ops.linear(o, att, ops.dev(&lw.wo), t, qd, d)?;
-            if let Some(pn) = &lw.post_attn_norm {
-                ops.rmsnorm::<A, A>(o, o, ops.dev(pn), t, d, c.norm_eps)?;
-            }
-            ops.residual_add(x, o, t * d)?;
-
-            // 4. Feed-forward block: W2 (act(W1 x) ⊙ W3 x).
-            ops.rmsnorm::<f32, A>(xn, x, ops.dev(&lw.ffn_norm), t, d, c.norm_eps)?;
-            ops.linear(gate, xn, ops.dev(&lw.w1), t, d, hid)?;
-            ops.linear(up, xn, ops.dev(&lw.w3), t, d, hid)?;
-            ops.glu(gate, up, t * hid, c.activation)?;
-            ops.linear(o, gate, ops.dev(&lw.w2), t, hid, d)?;
-            if let Some(pn) = &lw.post_ffn_norm {
-                ops.rmsnorm::<A, A>(o, o, ops.dev(pn), t, d, c.norm_eps)?;
-            }
-            ops.residual_add(x, o, t * d)?;
+        ops.rmsnorm::<f32, A>(xn, x, ops.dev(&lw.ffn_norm), t, d, c.norm_eps)?;
+        ops.linear(gate, xn, ops.dev(&lw.w1), t, d, hid)?;
+        ops.linear(up, xn, ops.dev(&lw.w3), t, d, hid)?;
+        ops.glu(gate, up, t * hid, c.activation)?;
+        ops.linear(o, gate, ops.dev(&lw.w2), t, hid, d)?;
+        if let Some(pn) = &lw.post_ffn_norm {
+            ops.rmsnorm::<A, A>(o, o, ops.dev(pn), t, d, c.norm_eps)?;
         }
+        ops.residual_add(x, o, t * d)
+    }
 
-        // 5. Logits of each sequence's last token only.
+    /// Logits of each sequence's last token only: `ws.logits` (n_seqs, vocab) f32 =
+    /// rmsnorm(x[logits_indices]) Wclsᵀ.
+    ///
+    /// # Errors
+    /// Launch and cuBLAS errors.
+    fn last_token_logits(&self, p: &PackedStep) -> Result<()> {
+        let (c, ops, ws, w) = (&self.config, &self.ops, &self.ws, &self.weights);
+        let (s, t, d) = (p.n_seqs, p.n_tokens, c.dim);
         let (last, last_n) = (ops.dev(&ws.last), ops.dev(&ws.last_n));
-        ops.gather_rows(last, x, meta.range(p.logits_indices.clone())?, s, t, d)?;
+        let rows = ops.dev(&self.meta).range(p.logits_indices.clone())?;
+        ops.gather_rows(last, ops.dev(&ws.x), rows, s, t, d)?;
         ops.rmsnorm::<f32, A>(last_n, last, ops.dev(&w.final_norm), s, d, c.norm_eps)?;
         ops.linear::<A, f32>(
             ops.dev(&ws.logits),
@@ -380,8 +477,7 @@ impl<A: DType, C: CacheElem> Forward<A, C> {
             s,
             d,
             c.vocab_size,
-        )?;
-        Ok(())
+        )
     }
 
     /// int4: plans each group's residuals for step `p` (`residual.rs`), uploads the write and

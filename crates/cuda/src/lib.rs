@@ -9,7 +9,8 @@
 //! Files in data-flow order: [`error`], [`device`] (probe, context, stream), [`dtype`],
 //! [`kernels`] (the embedded sources), [`nvrtc`] (compile, PTX cache), [`launch`] (grids and
 //! argument packing, pure), [`gemm`], [`ops`] (typed kernel launches), [`weights`], [`pool`],
-//! [`rope`], [`workspace`], [`forward`] (the batched step),
+//! [`rope`], [`workspace`], [`forward`] (`DeviceModel`: the engine's state on the device and
+//! its batched step),
 //! [`engine`] (`Engine` + `StepExecutor`), [`bench`]. The kernels' CPU references live beside
 //! their tests, in `tests/common/reference.rs`.
 //!

@@ -32,170 +32,82 @@
 //! from memory (the 32000-row classifiers), which is where a decode step reads most of its bytes. The conversion here
 //! costs two single-cycle integer operations per 32 weights; the loads dominate either way.
 
-use crate::simd::{Isa, isa};
+use super::BlockFormat;
 use kvlab_model::GgmlType;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 
 /// out (rows,) = W (rows, cols) @ x (cols,) for W's rows stored as BF16, x kept in f32.
 ///
 /// # Panics
 /// If `w` is not `out.len()` rows of `2·x.len()` bytes.
 pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
-    assert_eq!(
-        w.len(),
-        out.len() * 2 * x.len(),
-        "bf16: W must be (rows, cols)"
+    super::gemv_blocks::<Bf16>(out, w, x);
+}
+
+/// The BF16 kernels, for [`super::gemv_blocks`]: a block is one element of two bytes.
+struct Bf16;
+
+// SAFETY: the default feature checks test what the kernels enable: AVX-512F; AVX2 and FMA.
+unsafe impl BlockFormat for Bf16 {
+    const TYPE: GgmlType = GgmlType::BF16;
+    const BLOCK: usize = 1;
+    const BLOCK_BYTES: usize = 2;
+    two_byte_kernels!(avx2 = "avx2,fma");
+}
+
+/// One step of 32 columns: `px` points at 32 floats of x, `pw[q]` at 32 bf16 of row q.
+///
+/// # Safety
+/// AVX-512F; 32 floats readable at `px`, 64 bytes at every `pw[q]`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn step_avx512<const N: usize>(
+    acc: &mut [[__m512; 2]; N],
+    pw: [*const u8; N],
+    px: *const f32,
+) {
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let hi = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    // SAFETY: the caller guarantees 32 floats at px.
+    let (a, b) = unsafe { (_mm512_loadu_ps(px), _mm512_loadu_ps(px.add(16))) };
+    let (xe, xo) = (
+        _mm512_permutex2var_ps(a, even, b),
+        _mm512_permutex2var_ps(a, odd, b),
     );
-    if x.is_empty() {
-        // No columns: every dot product is the empty sum (and the kernels' chunking needs rows
-        // of at least one byte).
-        out.fill(0.0);
-        return;
-    }
-    match isa() {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => {
-            // SAFETY: isa() reports AVX-512 only where the CPU has AVX-512F, the one feature the
-            // kernel enables; the assert above makes `w` exactly out.len() rows of 2·x.len()
-            // bytes, which is all the kernel reads.
-            unsafe { x86::gemv_avx512(out, w, x) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => {
-            // SAFETY: isa() reports AVX2 + FMA only where the CPU has both; shape asserted above.
-            unsafe { x86::gemv_avx2(out, w, x) }
-        }
-        _ => super::gemv_rows_reference(GgmlType::BF16, out, w, x),
+    for q in 0..N {
+        // SAFETY: the caller guarantees 64 bytes at pw[q].
+        let v = unsafe { _mm512_loadu_si512(pw[q].cast::<__m512i>()) };
+        let we = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+        let wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+        acc[q][0] = _mm512_fmadd_ps(we, xe, acc[q][0]);
+        acc[q][1] = _mm512_fmadd_ps(wo, xo, acc[q][1]);
     }
 }
 
+/// One step of 16 columns: `px` points at 16 floats of x, `pw[q]` at 16 bf16 of row q.
+///
+/// # Safety
+/// AVX2 + FMA; 16 floats readable at `px`, 32 bytes at every `pw[q]`.
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    /// Rows per pass.
-    const R: usize = 4;
-
-    /// # Safety
-    /// The CPU must support AVX-512F; `w` must be `out.len()` rows of `2·x.len()` bytes.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            2 * x.len(),
-            // SAFETY: `w` is R rows of 2·x.len() bytes and `o` R outputs; the caller vouched for
-            // the CPU features.
-            |o, w| unsafe { rows_avx512::<R>(o, w, x) },
-            // SAFETY: as above, one row.
-            |o, w| unsafe { rows_avx512::<1>(o, w, x) },
-        );
-    }
-
-    /// One step of 32 columns: `px` points at 32 floats of x, `pw[q]` at 32 bf16 of row q.
-    ///
-    /// # Safety
-    /// AVX-512F; 32 floats readable at `px`, 64 bytes at every `pw[q]`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn step_avx512<const N: usize>(
-        acc: &mut [[__m512; 2]; N],
-        pw: [*const u8; N],
-        px: *const f32,
-    ) {
-        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        let hi = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-        // SAFETY: the caller guarantees 32 floats at px.
-        let (a, b) = unsafe { (_mm512_loadu_ps(px), _mm512_loadu_ps(px.add(16))) };
-        let (xe, xo) = (
-            _mm512_permutex2var_ps(a, even, b),
-            _mm512_permutex2var_ps(a, odd, b),
-        );
-        for q in 0..N {
-            // SAFETY: the caller guarantees 64 bytes at pw[q].
-            let v = unsafe { _mm512_loadu_si512(pw[q].cast::<__m512i>()) };
-            let we = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
-            let wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
-            acc[q][0] = _mm512_fmadd_ps(we, xe, acc[q][0]);
-            acc[q][1] = _mm512_fmadd_ps(wo, xo, acc[q][1]);
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn step_avx2<const N: usize>(
+    acc: &mut [[__m256; 2]; N],
+    pw: [*const u8; N],
+    px: *const f32,
+) {
+    // SAFETY: the caller guarantees 16 floats at px.
+    let xv = unsafe { [_mm256_loadu_ps(px), _mm256_loadu_ps(px.add(8))] };
+    for q in 0..N {
+        for (k, &xk) in xv.iter().enumerate() {
+            // SAFETY: the caller guarantees 32 bytes at pw[q]; this reads bytes 16k..16k+16.
+            let h = unsafe { _mm_loadu_si128(pw[q].add(16 * k).cast::<__m128i>()) };
+            let wv = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+            acc[q][k] = _mm256_fmadd_ps(wv, xk, acc[q][k]);
         }
-    }
-
-    /// out[..N] for the N rows in `w`.
-    ///
-    /// # Safety
-    /// AVX-512F; `w.len()` = N·2·x.len(), `out.len()` = N.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rows_avx512<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32]) {
-        rows_body!(
-            step_avx512,
-            |a: &[__m512; 2]| _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1])),
-            _mm512_setzero_ps(),
-            32,
-            N,
-            out,
-            w,
-            x
-        );
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `w` must be `out.len()` rows of `2·x.len()` bytes.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32]) {
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            2 * x.len(),
-            // SAFETY: `w` is R rows of 2·x.len() bytes and `o` R outputs; the caller vouched for
-            // the CPU features.
-            |o, w| unsafe { rows_avx2::<R>(o, w, x) },
-            // SAFETY: as above, one row.
-            |o, w| unsafe { rows_avx2::<1>(o, w, x) },
-        );
-    }
-
-    /// One step of 16 columns: `px` points at 16 floats of x, `pw[q]` at 16 bf16 of row q.
-    ///
-    /// # Safety
-    /// AVX2 + FMA; 16 floats readable at `px`, 32 bytes at every `pw[q]`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn step_avx2<const N: usize>(
-        acc: &mut [[__m256; 2]; N],
-        pw: [*const u8; N],
-        px: *const f32,
-    ) {
-        // SAFETY: the caller guarantees 16 floats at px.
-        let xv = unsafe { [_mm256_loadu_ps(px), _mm256_loadu_ps(px.add(8))] };
-        for q in 0..N {
-            for (k, &xk) in xv.iter().enumerate() {
-                // SAFETY: the caller guarantees 32 bytes at pw[q]; this reads bytes 16k..16k+16.
-                let h = unsafe { _mm_loadu_si128(pw[q].add(16 * k).cast::<__m128i>()) };
-                let wv = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
-                acc[q][k] = _mm256_fmadd_ps(wv, xk, acc[q][k]);
-            }
-        }
-    }
-
-    /// out[..N] for the N rows in `w`.
-    ///
-    /// # Safety
-    /// AVX2 + FMA; `w.len()` = N·2·x.len(), `out.len()` = N.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_avx2<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32]) {
-        rows_body!(
-            step_avx2,
-            |a: &[__m256; 2]| crate::quant::hsum256(_mm256_add_ps(a[0], a[1])),
-            _mm256_setzero_ps(),
-            16,
-            N,
-            out,
-            w,
-            x
-        );
     }
 }
 

@@ -1,56 +1,84 @@
 //! GEMV kernels over **encoded** weight rows: bf16, f16 and ggml's quantized blocks, read as
 //! stored instead of decoded to f32 at load, so each token reads 2–8× fewer bytes of weights.
 //!
-//! One file per format, each with its block layout (from ggml-common.h), its SIMD kernel
-//! (AVX-512 / AVX2 chosen at run time, [`crate::simd::isa`]) and tests against the plain
-//! reference below on random blocks. The kernels keep the activations in f32: a block's values
-//! are decoded in registers and multiplied into f32 accumulators, so a kernel differs from
-//! "decode the row, then dot" only in the order of the additions (llama.cpp instead quantizes
-//! the activations to 8 bits for integer dot products; kvlab trades that speed for accuracy).
+//! One file per format, each with its block layout (from ggml-common.h), the decode-and-dot of
+//! its rows (or, for Q8_0 and Q5_0, of one block: `block32.rs` holds their per-block loop) for
+//! AVX-512 and for AVX2, as a `BlockFormat`, and tests against the plain reference below on
+//! random blocks. What every format shares is written once here: the shape asserts, the choice
+//! of level at run time ([`crate::simd::isa`]) with the reference as the fallback, the passes of
+//! four rows (`gemv_blocks`), the software prefetch, and the two-byte formats' row pass. The
+//! kernels keep the activations in f32: a block's values are decoded in registers and
+//! multiplied into f32 accumulators, so a kernel differs from "decode the row, then dot" only in
+//! the order of the additions (llama.cpp instead quantizes the activations to 8 bits for
+//! integer dot products; kvlab trades that speed for accuracy).
 
-/// The row pass of the two-byte formats' x86 kernels (bf16, f16: a row of `cols` elements is
-/// `2·cols` bytes): runs `step` over the whole `STEP`-column chunks of N rows, prefetching the
-/// same columns of the next N rows ([`prefetch`]), then over their zero-padded tail, and writes
-/// each row's horizontal sum (`hsum`) of its two accumulators.
-#[cfg(target_arch = "x86_64")]
-macro_rules! rows_body {
-    ($step:ident, $hsum:expr, $zero:expr, $STEP:expr, $N:ident, $out:ident, $w:ident, $x:ident) => {{
-        const STEP: usize = $STEP;
-        let n = $x.len();
-        assert!($w.len() == $N * 2 * n && $out.len() == $N);
-        let mut acc = [[$zero; 2]; $N];
-        let mut i = 0;
-        // The same columns of the next group of rows (see quant::prefetch).
-        let ahead = $N * 2 * n;
-        while i + STEP <= n {
-            // SAFETY: i + STEP ≤ n, so STEP floats of x and STEP two-byte elements of every
-            // row lie in bounds.
-            unsafe {
-                let pw: [*const u8; $N] = std::array::from_fn(|q| $w.as_ptr().add(2 * (q * n + i)));
-                pw.iter()
-                    .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead), 64));
-                $step::<$N>(&mut acc, pw, $x.as_ptr().add(i));
+/// The [`BlockFormat`] items of a two-byte format (bf16, f16: a row of `cols` elements is
+/// `2·cols` bytes, a block is one element), written once for both: no `Shared`, and the row
+/// pass of each level, `rows_avx512` (AVX-512F, 32 columns a step) and `rows_avx2` (compiled for
+/// `$avx2`, 16 columns a step), around the format's `step_avx512` and `step_avx2`, which must be
+/// in scope. A pass runs the step over the whole chunks of N rows, prefetching the same columns
+/// of the next N rows ([`prefetch`]), then over their zero-padded tail, and writes each row's
+/// horizontal sum of its two accumulators. A macro, not a generic function: the features must
+/// be literals, and the step must be inlined into the loop.
+macro_rules! two_byte_kernels {
+    (avx2 = $avx2:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        type Shared = ();
+
+        #[cfg(target_arch = "x86_64")]
+        fn shared(_: crate::simd::Isa, _: &[f32]) {}
+
+        two_byte_kernels!(@rows rows_avx512, "avx512f", step_avx512,
+            |a: &[__m512; 2]| _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1])),
+            _mm512_setzero_ps(), 32);
+        two_byte_kernels!(@rows rows_avx2, $avx2, step_avx2,
+            |a: &[__m256; 2]| crate::quant::hsum256(_mm256_add_ps(a[0], a[1])),
+            _mm256_setzero_ps(), 16);
+    };
+    (@rows $name:ident, $features:literal, $step:ident, $hsum:expr, $zero:expr, $STEP:expr) => {
+        #[cfg(target_arch = "x86_64")]
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32], _: &()) {
+            const STEP: usize = $STEP;
+            let n = x.len();
+            assert!(w.len() == N * 2 * n && out.len() == N);
+            let mut acc = [[$zero; 2]; N];
+            let mut i = 0;
+            // The same columns of the next group of rows (see quant::prefetch).
+            let ahead = N * 2 * n;
+            while i + STEP <= n {
+                // SAFETY: i + STEP ≤ n, so STEP floats of x and STEP two-byte elements of every
+                // row lie in bounds.
+                unsafe {
+                    let pw: [*const u8; N] =
+                        std::array::from_fn(|q| w.as_ptr().add(2 * (q * n + i)));
+                    pw.iter()
+                        .for_each(|p| crate::quant::prefetch(p.wrapping_add(ahead), 64));
+                    $step::<N>(&mut acc, pw, x.as_ptr().add(i));
+                }
+                i += STEP;
             }
-            i += STEP;
-        }
-        if i < n {
-            let t = n - i;
-            let mut xt = [0.0f32; STEP];
-            xt[..t].copy_from_slice(&$x[i..]);
-            let mut wt = [[0u8; 2 * STEP]; $N];
-            for (q, wt) in wt.iter_mut().enumerate() {
-                wt[..2 * t].copy_from_slice(&$w[2 * (q * n + i)..2 * (q + 1) * n]);
+            if i < n {
+                let t = n - i;
+                let mut xt = [0.0f32; STEP];
+                xt[..t].copy_from_slice(&x[i..]);
+                let mut wt = [[0u8; 2 * STEP]; N];
+                for (q, wt) in wt.iter_mut().enumerate() {
+                    wt[..2 * t].copy_from_slice(&w[2 * (q * n + i)..2 * (q + 1) * n]);
+                }
+                // SAFETY: the padded buffers (borrowed, not moved) hold exactly one step.
+                unsafe { $step::<N>(&mut acc, wt.each_ref().map(|b| b.as_ptr()), xt.as_ptr()) };
             }
-            // SAFETY: the padded buffers (borrowed, not moved) hold exactly one step.
-            unsafe { $step::<$N>(&mut acc, wt.each_ref().map(|b| b.as_ptr()), xt.as_ptr()) };
+            for (o, a) in out.iter_mut().zip(&acc) {
+                *o = $hsum(a);
+            }
         }
-        for (o, a) in $out.iter_mut().zip(&acc) {
-            *o = $hsum(a);
-        }
-    }};
+    };
 }
 
 pub mod bf16;
+mod block32;
 pub mod f16;
 pub mod q4_k;
 pub mod q5_0;
@@ -87,6 +115,160 @@ pub fn gemv_rows(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
         GgmlType::Q6_K => q6_k::gemv_rows(out, w, x),
         other => panic!("quant::gemv_rows: no kernel for {other}"),
     }
+}
+
+/// Rows per pass of every format's kernels: each load of x serves this many rows.
+#[cfg(target_arch = "x86_64")]
+const ROWS: usize = 4;
+
+/// One weight format's kernels: what is specific to the format (its block, and the
+/// decode-and-dot of N rows for each instruction-set level), under the scaffolding that
+/// [`gemv_blocks`] writes once for every format: the shape asserts, the choice of AVX-512,
+/// AVX2 + FMA or the reference at run time, and the passes of [`ROWS`] rows ([`row_groups`]).
+/// The per-block loops stay inside the format's `rows_*`, statically dispatched and inlined into
+/// the row loop, which is compiled for the same features.
+///
+/// # Safety
+/// `has_avx512` may return true only where the CPU has every feature `rows_avx512` enables, and
+/// `has_avx2` only where it has AVX2, FMA, F16C if `AVX2_F16C`, and every feature `rows_avx2`
+/// enables: [`gemv_blocks`] runs the kernels on their word.
+pub(crate) unsafe trait BlockFormat {
+    /// The GGUF type of the rows.
+    const TYPE: GgmlType;
+    /// Weights per block (1 for the two-byte formats, which have no blocks).
+    const BLOCK: usize;
+    /// Bytes per block.
+    const BLOCK_BYTES: usize;
+    /// Whether `rows_avx2` enables F16C, so that the row loop around it is compiled with F16C
+    /// too (and can inline it).
+    #[cfg(target_arch = "x86_64")]
+    const AVX2_F16C: bool = false;
+    /// What one call computes once from x and shares with every row: the f16 table for the
+    /// formats with f16 block scales (`f16_table`), Q4_K's sums of x; `()` for the rest.
+    #[cfg(target_arch = "x86_64")]
+    type Shared;
+
+    /// The [`Self::Shared`] of x for the kernels of level `isa`.
+    #[cfg(target_arch = "x86_64")]
+    fn shared(isa: crate::simd::Isa, x: &[f32]) -> Self::Shared;
+
+    /// Whether this CPU runs `rows_avx512` ([`crate::simd::isa`] reported AVX-512F).
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx512() -> bool {
+        is_x86_feature_detected!("avx512f")
+    }
+
+    /// Whether this CPU runs `rows_avx2`.
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && (!Self::AVX2_F16C || is_x86_feature_detected!("f16c"))
+    }
+
+    /// out[..N] = the N rows of `w` dotted with x, 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU has what `has_avx512` checks; `x` is whole blocks and not empty, `out.len()` = N
+    /// and `w.len()` = N rows of `x.len() / BLOCK · BLOCK_BYTES` bytes; `shared` is
+    /// `shared(Isa::Avx512, x)`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn rows_avx512<const N: usize>(
+        out: &mut [f32],
+        w: &[u8],
+        x: &[f32],
+        shared: &Self::Shared,
+    );
+
+    /// [`Self::rows_avx512`] with 8 lanes.
+    ///
+    /// # Safety
+    /// As [`Self::rows_avx512`], for what `has_avx2` checks and `shared(Isa::Avx2Fma, x)`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn rows_avx2<const N: usize>(
+        out: &mut [f32],
+        w: &[u8],
+        x: &[f32],
+        shared: &Self::Shared,
+    );
+}
+
+/// out (rows,) = W (rows, cols) @ x (cols,) for W's rows stored as format `F`: the best kernel
+/// this CPU runs ([`crate::simd::isa`], then `F`'s own feature checks), else the reference.
+///
+/// # Panics
+/// If `x.len()` is not whole blocks of `F` or `w` is not `out.len()` rows of them.
+pub(crate) fn gemv_blocks<F: BlockFormat>(out: &mut [f32], w: &[u8], x: &[f32]) {
+    let ty = F::TYPE;
+    assert_eq!(x.len() % F::BLOCK, 0, "{ty}: columns must be whole blocks");
+    let rb = x.len() / F::BLOCK * F::BLOCK_BYTES;
+    assert_eq!(w.len(), out.len() * rb, "{ty}: W must be (rows, cols)");
+    if x.is_empty() {
+        // Rows of no blocks: empty dot products (and no zero-sized chunks below).
+        out.fill(0.0);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::simd::{Isa, isa};
+        match isa() {
+            Isa::Avx512 if F::has_avx512() => {
+                // SAFETY: has_avx512 vouches for the CPU (the trait's contract); the asserts
+                // above make `w` exactly out.len() rows of whole blocks, which is all the kernel
+                // reads, and x is not empty.
+                unsafe { x86::gemv_avx512::<F>(out, w, x) };
+                return;
+            }
+            Isa::Avx512 | Isa::Avx2Fma if F::has_avx2() => {
+                // SAFETY: as above, by has_avx2 (which checked F16C where AVX2_F16C says so).
+                unsafe {
+                    if F::AVX2_F16C {
+                        x86::gemv_avx2_f16c::<F>(out, w, x)
+                    } else {
+                        x86::gemv_avx2::<F>(out, w, x)
+                    }
+                };
+                return;
+            }
+            _ => {}
+        }
+    }
+    gemv_rows_reference(ty, out, w, x);
+}
+
+/// The row loops of [`gemv_blocks`], one per set of target features.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{BlockFormat, ROWS, row_groups};
+    use crate::simd::Isa;
+
+    /// `$name::<F>`: F's `$rows` over every pass of [`ROWS`] rows, then over each row left, all
+    /// compiled for `$features` (the closures inherit them), so `$rows` inlines into the loop.
+    macro_rules! row_loop {
+        ($name:ident, $features:literal, $isa:expr, $rows:ident) => {
+            /// # Safety
+            /// The CPU has every feature F's kernel enables; `x` is whole blocks of F and not
+            /// empty, and `w` is `out.len()` rows of them.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<F: BlockFormat>(out: &mut [f32], w: &[u8], x: &[f32]) {
+                let shared = F::shared($isa, x);
+                row_groups::<ROWS>(
+                    out,
+                    w,
+                    x.len() / F::BLOCK * F::BLOCK_BYTES,
+                    // SAFETY: `w` is ROWS whole rows and `o` their outputs; the caller vouched
+                    // for the CPU and x.
+                    |o, w| unsafe { F::$rows::<ROWS>(o, w, x, &shared) },
+                    // SAFETY: as above, one row.
+                    |o, w| unsafe { F::$rows::<1>(o, w, x, &shared) },
+                );
+            }
+        };
+    }
+
+    row_loop!(gemv_avx512, "avx512f", Isa::Avx512, rows_avx512);
+    row_loop!(gemv_avx2, "avx2,fma", Isa::Avx2Fma, rows_avx2);
+    row_loop!(gemv_avx2_f16c, "avx2,fma,f16c", Isa::Avx2Fma, rows_avx2);
 }
 
 /// Horizontal sum of 8 lanes: the two-byte formats' AVX2 rows end with it.
@@ -162,6 +344,15 @@ pub(crate) fn prefetch(p: *const u8, bytes: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, bytes);
+}
+
+/// How far ahead Q4_K and Q6_K prefetch, in bytes: at least 16 KiB (far enough to cover the
+/// memory latency, near enough to stay in L1), rounded to whole passes of `pass_bytes` (N rows).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_distance(pass_bytes: usize) -> usize {
+    const PF_BYTES: usize = 16 << 10;
+    pass_bytes * (PF_BYTES / pass_bytes.max(1)).max(1)
 }
 
 /// The row loop of every format's kernel: `group(out, w)` on R rows at a time (`out` R outputs,

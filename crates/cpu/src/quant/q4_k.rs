@@ -32,7 +32,12 @@
 //! all four, and prefetch blocks ~16 KiB ahead. AVX-512 and AVX2 + FMA are chosen at run time
 //! ([`crate::simd::isa`]); the scalar level is the reference.
 
+use super::BlockFormat;
+#[cfg(target_arch = "x86_64")]
+use super::prefetch;
 use kvlab_model::GgmlType;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 
 /// Weights per super-block.
 const QK: usize = 256;
@@ -44,99 +49,36 @@ const BLOCK: usize = 144;
 /// # Panics
 /// If `x.len()` is not a whole number of super-blocks or `w` is not `out.len()` such rows.
 pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
-    assert_eq!(x.len() % QK, 0, "Q4_K: a row is whole super-blocks of {QK}");
-    assert_eq!(
-        w.len(),
-        out.len() * (x.len() / QK) * BLOCK,
-        "Q4_K: W must be (rows, cols)"
-    );
-    if x.is_empty() {
-        // An empty dot product (the reference's chunking cannot take rows of 0 bytes).
-        out.fill(0.0);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::simd::{Isa, isa};
-        match isa() {
-            Isa::Avx512 if x86::has_avx512() => {
-                // SAFETY: the features the kernel is compiled for were detected just above; the
-                // asserts above make `w` exactly out.len() rows of x.len() / 256 super-blocks,
-                // which is all the kernel reads.
-                unsafe { x86::gemv_avx512(out, w, x) };
-                return;
-            }
-            Isa::Avx512 | Isa::Avx2Fma if x86::has_avx2() => {
-                // SAFETY: as above, for AVX2 + FMA + F16C.
-                unsafe { x86::gemv_avx2(out, w, x) };
-                return;
-            }
-            _ => {}
-        }
-    }
-    super::gemv_rows_reference(GgmlType::Q4_K, out, w, x);
+    super::gemv_blocks::<Q4K>(out, w, x);
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{BLOCK, QK};
-    use crate::quant::prefetch;
-    use std::arch::x86_64::*;
+/// The Q4_K kernels, for [`super::gemv_blocks`].
+struct Q4K;
 
-    /// Rows per pass.
-    const R: usize = 4;
+// SAFETY: the kernels enable AVX-512F, AVX2, FMA and F16C (AVX-512) and AVX2, FMA and F16C
+// (AVX2): has_avx512 tests all four, the default has_avx2 (with AVX2_F16C) the three.
+unsafe impl BlockFormat for Q4K {
+    const TYPE: GgmlType = GgmlType::Q4_K;
+    const BLOCK: usize = QK;
+    const BLOCK_BYTES: usize = BLOCK;
+    #[cfg(target_arch = "x86_64")]
+    const AVX2_F16C: bool = true;
+    #[cfg(target_arch = "x86_64")]
+    type Shared = Vec<f32>;
 
-    /// How far ahead to prefetch, in bytes, at least (rounded to whole passes of rows): far
-    /// enough to cover the memory latency, near enough to stay in L1.
-    const PF_BYTES: usize = 16 << 10;
-
-    pub fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
+    /// AVX2's sums of x over every 32 weights ([`sub_block_sums`]); AVX-512 needs none.
+    #[cfg(target_arch = "x86_64")]
+    fn shared(isa: crate::simd::Isa, x: &[f32]) -> Vec<f32> {
+        if isa == crate::simd::Isa::Avx2Fma {
+            sub_block_sums(x)
+        } else {
+            Vec::new()
+        }
     }
 
-    pub fn has_avx512() -> bool {
-        is_x86_feature_detected!("avx512f") && has_avx2()
-    }
-
-    /// The 16 bytes `[sc_0..sc_8, m_0..m_8]` of a block's 12 packed scale bytes `p` (ggml's
-    /// `utmp` shuffle of `get_scale_min_k4`, four bytes at a time).
-    #[inline(always)]
-    fn unpack_scales(p: &[u8]) -> [u32; 4] {
-        const K1: u32 = 0x3f3f_3f3f;
-        const K2: u32 = 0x0f0f_0f0f;
-        const K3: u32 = 0x0303_0303;
-        let u = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
-        let (u0, u1, u2) = (u(0), u(4), u(8));
-        [
-            u0 & K1,
-            (u2 & K2) | (((u0 >> 6) & K3) << 4),
-            u1 & K1,
-            ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4),
-        ]
-    }
-
-    /// Σ x over every 32 weights: 8 floats per super-block.
-    fn sub_block_sums(x: &[f32]) -> Vec<f32> {
-        x.chunks_exact(32).map(|s| s.iter().sum()).collect()
-    }
-
-    /// # Safety
-    /// The CPU must support AVX-512F, AVX2, FMA and F16C; `w` must be `out.len()` rows of
-    /// `x.len() / 256` blocks, and `x.len()` a multiple of 256.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
-        let rb = x.len() / QK * BLOCK;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: `w` is whole rows of rb bytes; the caller vouched for the CPU features.
-            |o, w| o.copy_from_slice(&unsafe { rows_avx512::<R>(w, rb, x) }),
-            // SAFETY: as above.
-            |o, w| o.copy_from_slice(&unsafe { rows_avx512::<1>(w, rb, x) }),
-        );
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx512() -> bool {
+        is_x86_feature_detected!("avx512f") && Self::has_avx2()
     }
 
     /// N rows (`w` is N rows of `rb` bytes) dotted with x: each sub-block's 16 possible
@@ -144,18 +86,20 @@ mod x86 {
     /// only the low 4 bits of each index lane, looks the nibbles up in it.
     ///
     /// # Safety
-    /// As [`gemv_avx512`]; `w.len() == N * rb` and `rb == x.len() / 256 * 144`.
+    /// As [`super::BlockFormat::rows_avx512`]; `w.len() == N * rb` and `rb == x.len() / 256 * 144`.
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    unsafe fn rows_avx512<const N: usize>(w: &[u8], rb: usize, x: &[f32]) -> [f32; N] {
-        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK);
+    unsafe fn rows_avx512<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32], _: &Self::Shared) {
+        let rb = x.len() / QK * BLOCK;
+        debug_assert!(w.len() == N * rb && out.len() == N);
         let (pw, px) = (w.as_ptr(), x.as_ptr());
         let iota = _mm512_setr_ps(
             0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
         );
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
         let mut scl = [[0.0f32; 16]; N];
-        let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
+        let pf = super::prefetch_distance(N * rb);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): block `sb` of row q starts at q·rb + 144·sb and
             // its 144 bytes are inside `w`; x[256·sb..256·sb + 256] is inside x; scl[q] is 16
@@ -207,42 +151,27 @@ mod x86 {
                 }
             }
         }
-        acc.map(|[a, b]| _mm512_reduce_add_ps(_mm512_add_ps(a, b)))
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C; otherwise as [`gemv_avx512`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32]) {
-        let nsb = x.len() / QK;
-        let rb = nsb * BLOCK;
-        let xs = sub_block_sums(x);
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: `w` is whole rows of rb bytes; xs holds 8 floats per super-block; the
-            // caller vouched for the CPU features.
-            |o, w| o.copy_from_slice(&unsafe { rows_avx2::<R>(w, rb, x, &xs) }),
-            // SAFETY: as above.
-            |o, w| o.copy_from_slice(&unsafe { rows_avx2::<1>(w, rb, x, &xs) }),
-        );
+        for (o, [a, b]) in out.iter_mut().zip(acc) {
+            *o = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        }
     }
 
     /// N rows dotted with x, 8 lanes: one vector of q·x per sub-block scaled by `d·sc_j`, and
     /// each super-block's min term from the sums of x, `xs` ([`sub_block_sums`]).
     ///
     /// # Safety
-    /// As [`rows_avx512`], for AVX2 + FMA + F16C; `xs.len() == x.len() / 32`.
+    /// As [`Self::rows_avx512`], for AVX2 + FMA + F16C; `xs.len() == x.len() / 32`.
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn rows_avx2<const N: usize>(w: &[u8], rb: usize, x: &[f32], xs: &[f32]) -> [f32; N] {
-        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK && xs.len() == x.len() / 32);
+    unsafe fn rows_avx2<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32], xs: &Self::Shared) {
+        let rb = x.len() / QK * BLOCK;
+        debug_assert!(w.len() == N * rb && out.len() == N && xs.len() == x.len() / 32);
         let (pw, px) = (w.as_ptr(), x.as_ptr());
         let m4 = _mm256_set1_epi32(0x0F);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut scl = [[0.0f32; 8]; N];
-        let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
+        let pf = super::prefetch_distance(N * rb);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): as in rows_avx512; the 8 sums of super-block
             // sb are xs[8·sb..8·sb + 8].
@@ -292,12 +221,34 @@ mod x86 {
                 }
             }
         }
-        acc.map(|a| {
-            let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-            _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
-        })
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = super::hsum256(a);
+        }
     }
+}
+
+/// The 16 bytes `[sc_0..sc_8, m_0..m_8]` of a block's 12 packed scale bytes `p` (ggml's
+/// `utmp` shuffle of `get_scale_min_k4`, four bytes at a time).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn unpack_scales(p: &[u8]) -> [u32; 4] {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let u = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
+    let (u0, u1, u2) = (u(0), u(4), u(8));
+    [
+        u0 & K1,
+        (u2 & K2) | (((u0 >> 6) & K3) << 4),
+        u1 & K1,
+        ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4),
+    ]
+}
+
+/// Σ x over every 32 weights: 8 floats per super-block.
+#[cfg(target_arch = "x86_64")]
+fn sub_block_sums(x: &[f32]) -> Vec<f32> {
+    x.chunks_exact(32).map(|s| s.iter().sum()).collect()
 }
 
 #[cfg(test)]

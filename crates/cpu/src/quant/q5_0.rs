@@ -9,24 +9,20 @@
 //! offset 6  qs[16]  the low nibble of qs[i] is weight i's low 4 bits, the high nibble weight i + 16's
 //! ```
 //!
-//! The kernel: four rows per pass share each load of x. For each block it loads x's 32 floats
-//! once; for each of the four rows it decodes the 32 quants as i32 lanes q − 16, converts them
-//! to f32, multiplies them into x lane by lane (`Σ (q − 16)·x` still as a vector), and adds that
-//! vector times the block's `d` (f16 → f32 by a load from Q8_0's 64 Ki-entry table,
-//! `quant::f16_table`) into the row's f32 accumulator; one horizontal sum per row at the
-//! end, rows left over (rows mod 4) one at a time, and a software prefetch a few rows ahead.
+//! The kernel: `block32.rs`'s loop (four rows per pass, x loaded once per block, the scale
+//! `d` from a table, a software prefetch), with this block's Σ (q − 16)·x, the quants decoded as
+//! i32 lanes q − 16, converted to f32 and multiplied into x lane by lane.
 //! The decode, AVX-512: widen the 16 bytes of `qs` to i32 lanes once; `& 15` gives weights
 //! 0..16 and `>> 4` weights 16..32; a masked OR of 0xFFFF_FFF0 (that is, − 16), with the
 //! complement of `qh`'s low and high halves as the lane masks, finishes q − 16. AVX2: ggml's
 //! `bytes_from_bits_32` spreads `qh` to one byte mask per weight, and OR-ing 0xF0 into the
-//! nibbles whose bit is clear gives q − 16 as signed bytes, widened 8 at a time. The
-//! activations never leave f32: the result differs from "decode the row, then dot" only in the
-//! order of the additions.
+//! nibbles whose bit is clear gives q − 16 as signed bytes, widened 8 at a time.
 
+use super::block32::Block32;
 use kvlab_model::GgmlType;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 
-/// Weights per block.
-const BLOCK: usize = 32;
 /// Bytes per block: d (2) + qh (4) + qs (16).
 const BLOCK_BYTES: usize = 22;
 
@@ -35,156 +31,51 @@ const BLOCK_BYTES: usize = 22;
 /// # Panics
 /// If `x.len()` is not whole blocks or `w` is not `out.len()` rows of them.
 pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
-    assert_eq!(x.len() % BLOCK, 0, "q5_0: columns must be whole blocks");
-    let rb = x.len() / BLOCK * BLOCK_BYTES;
-    assert_eq!(w.len(), out.len() * rb, "q5_0: W must be (rows, cols)");
-    if x.is_empty() {
-        // Rows of no blocks: empty dot products (and no zero-sized chunks below).
-        out.fill(0.0);
-        return;
-    }
-    match crate::simd::isa() {
-        #[cfg(target_arch = "x86_64")]
-        crate::simd::Isa::Avx512 => {
-            // SAFETY: isa() reports AVX-512 only where the CPU has AVX-512F, the one feature the
-            // kernel enables; the asserts above make `w` exactly out.len() rows of x.len() / 32
-            // blocks, which is all the kernel reads.
-            unsafe { x86::gemv_avx512(out, w, x, super::f16_table()) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        crate::simd::Isa::Avx2Fma => {
-            // SAFETY: isa() reports AVX2 + FMA only where the CPU has both; `w`'s shape is
-            // asserted above.
-            unsafe { x86::gemv_avx2(out, w, x, super::f16_table()) }
-        }
-        _ => super::gemv_rows_reference(GgmlType::Q5_0, out, w, x),
-    }
+    super::gemv_blocks::<Q5_0>(out, w, x);
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{BLOCK, BLOCK_BYTES};
-    use std::arch::x86_64::*;
+/// The Q5_0 block, for [`Block32`]'s loop.
+struct Q5_0;
 
-    /// Rows per pass.
-    const R: usize = 4;
-    /// Prefetch distance, in rows: while reading a block of row r, ask for the same block of row
-    /// r + PF_ROWS (the hardware prefetcher alone leaves the loop waiting on memory for large W).
-    const PF_ROWS: usize = 4;
+// SAFETY: dot_avx512 enables AVX-512F only, dot_avx2 AVX2 and FMA only.
+unsafe impl Block32 for Q5_0 {
+    const TYPE: GgmlType = GgmlType::Q5_0;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
 
-    /// # Safety
-    /// The CPU must support AVX-512F; `w` must be `out.len()` rows of `x.len() / 32` blocks.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32], f16: &[f32; 1 << 16]) {
-        let rb = x.len() / BLOCK * BLOCK_BYTES;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for the
-            // CPU features.
-            |o, w| unsafe { rows_avx512::<R>(o, w, x, f16) },
-            // SAFETY: as above, one row.
-            |o, w| unsafe { rows_avx512::<1>(o, w, x, f16) },
-        );
-    }
-
-    /// out[..N] for the N rows in `w` (N·rb bytes, rb = x.len() / 32 · 22).
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; `w.len()` = N · x.len() / 32 · 22, `out.len()` = N.
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_avx512<const N: usize>(
-        out: &mut [f32],
-        w: &[u8],
-        x: &[f32],
-        f16: &[f32; 1 << 16],
-    ) {
-        let nb = x.len() / BLOCK;
-        let rb = nb * BLOCK_BYTES;
-        debug_assert!(w.len() == N * rb && out.len() == N);
-        let (pw, px) = (w.as_ptr(), x.as_ptr());
+    unsafe fn dot_avx512(blk: *const u8, x0: __m512, x1: __m512) -> __m512 {
         let low4 = _mm512_set1_epi32(0x0F);
         let minus16 = _mm512_set1_epi32(-16);
-        let mut acc = [_mm512_setzero_ps(); N];
-        for b in 0..nb {
-            // SAFETY (every raw read below): block b < nb of row r < N starts at r·rb + 22·b,
-            // inside `w`, and its 22 bytes end inside the row; x[32b..32b + 32] is inside x.
-            let (x0, x1) = unsafe {
-                (
-                    _mm512_loadu_ps(px.add(b * BLOCK)),
-                    _mm512_loadu_ps(px.add(b * BLOCK + 16)),
-                )
-            };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let blk = pw.wrapping_add(r * rb + b * BLOCK_BYTES);
-                // A prefetch never faults, so its address may lie past the end of `w`.
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_ROWS * rb).cast());
-                let (d, qh, qs) = unsafe {
-                    (
-                        blk.cast::<u16>().read_unaligned(),
-                        blk.add(2).cast::<u32>().read_unaligned(),
-                        _mm_loadu_si128(blk.add(6).cast()),
-                    )
-                };
-                let d = _mm512_set1_ps(f16[usize::from(d)]);
-                let v = _mm512_cvtepu8_epi32(qs);
-                let lo = _mm512_and_si512(v, low4);
-                let hi = _mm512_srli_epi32::<4>(v);
-                // nibble − 16 (= nibble | !15) where the 5th bit is clear, and nibble where it is
-                // set (q = nibble + 16 there): q − 16 either way.
-                let lo = _mm512_mask_or_epi32(lo, !qh as u16, lo, minus16);
-                let hi = _mm512_mask_or_epi32(hi, !(qh >> 16) as u16, hi, minus16);
-                let s = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(hi),
-                    x1,
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(lo), x0),
-                );
-                *acc = _mm512_fmadd_ps(s, d, *acc);
-            }
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = _mm512_reduce_add_ps(a);
-        }
+        // SAFETY: qh is bytes 2..6 of the block and qs bytes 6..22, readable (the caller's
+        // contract).
+        let (qh, qs) = unsafe {
+            (
+                blk.add(2).cast::<u32>().read_unaligned(),
+                _mm_loadu_si128(blk.add(6).cast()),
+            )
+        };
+        let v = _mm512_cvtepu8_epi32(qs);
+        let lo = _mm512_and_si512(v, low4);
+        let hi = _mm512_srli_epi32::<4>(v);
+        // nibble − 16 (= nibble | !15) where the 5th bit is clear, and nibble where it is set
+        // (q = nibble + 16 there): q − 16 either way.
+        let lo = _mm512_mask_or_epi32(lo, !qh as u16, lo, minus16);
+        let hi = _mm512_mask_or_epi32(hi, !(qh >> 16) as u16, hi, minus16);
+        _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(hi),
+            x1,
+            _mm512_mul_ps(_mm512_cvtepi32_ps(lo), x0),
+        )
     }
 
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `w` must be `out.len()` rows of `x.len() / 32`
-    /// blocks.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32], f16: &[f32; 1 << 16]) {
-        let rb = x.len() / BLOCK * BLOCK_BYTES;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for the
-            // CPU features.
-            |o, w| unsafe { rows_avx2::<R>(o, w, x, f16) },
-            // SAFETY: as above, one row.
-            |o, w| unsafe { rows_avx2::<1>(o, w, x, f16) },
-        );
-    }
-
-    /// The AVX2 twin of [`rows_avx512`]: the 32 quants are built as signed bytes q − 16 in one
-    /// 256-bit register (ggml's `bytes_from_bits_32` for the 5th bits), then widened 8 at a time.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `w.len()` = N · x.len() / 32 · 22,
-    /// `out.len()` = N.
+    /// The 32 quants built as signed bytes q − 16 in one 256-bit register (ggml's
+    /// `bytes_from_bits_32` for the 5th bits), then widened 8 at a time.
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_avx2<const N: usize>(
-        out: &mut [f32],
-        w: &[u8],
-        x: &[f32],
-        f16: &[f32; 1 << 16],
-    ) {
-        let nb = x.len() / BLOCK;
-        let rb = nb * BLOCK_BYTES;
-        debug_assert!(w.len() == N * rb && out.len() == N);
-        let (pw, px) = (w.as_ptr(), x.as_ptr());
+    unsafe fn dot_avx2(blk: *const u8, x: &[__m256; 4]) -> __m256 {
         let low4 = _mm256_set1_epi8(0x0F);
         let high4 = _mm256_set1_epi8(0xF0u8 as i8);
         // Byte j of the broadcast qh gets byte j / 8 of qh; OR-ing every bit but bit j % 8 then
@@ -195,55 +86,37 @@ mod x86 {
         );
         let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
         let ones = _mm256_set1_epi64x(-1);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for b in 0..nb {
-            // SAFETY (every raw read below): as in rows_avx512.
-            let xv: [__m256; 4] =
-                std::array::from_fn(|k| unsafe { _mm256_loadu_ps(px.add(b * BLOCK + 8 * k)) });
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let blk = pw.wrapping_add(r * rb + b * BLOCK_BYTES);
-                // A prefetch never faults, so its address may lie past the end of `w`.
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_ROWS * rb).cast());
-                let (d, qh, qs) = unsafe {
-                    (
-                        blk.cast::<u16>().read_unaligned(),
-                        blk.add(2).cast::<i32>().read_unaligned(),
-                        _mm_loadu_si128(blk.add(6).cast()),
-                    )
-                };
-                let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs), low4);
-                let bits =
-                    _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread), others);
-                let set = _mm256_cmpeq_epi8(bits, ones);
-                // Signed bytes q − 16: the nibble where the 5th bit is set, nibble | 0xF0 where not.
-                let q = _mm256_or_si256(nib, _mm256_andnot_si256(set, high4));
-                let (q01, q23) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
-                let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-                let s0 = _mm256_fmadd_ps(
-                    f(_mm_unpackhi_epi64(q01, q01)),
-                    xv[1],
-                    _mm256_mul_ps(f(q01), xv[0]),
-                );
-                let s1 = _mm256_fmadd_ps(
-                    f(_mm_unpackhi_epi64(q23, q23)),
-                    xv[3],
-                    _mm256_mul_ps(f(q23), xv[2]),
-                );
-                let d = _mm256_set1_ps(f16[usize::from(d)]);
-                *acc = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), d, *acc);
-            }
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            let h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
-            *o = _mm_cvtss_f32(h);
-        }
+        // SAFETY: as in dot_avx512.
+        let (qh, qs) = unsafe {
+            (
+                blk.add(2).cast::<i32>().read_unaligned(),
+                _mm_loadu_si128(blk.add(6).cast()),
+            )
+        };
+        let nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs), low4);
+        let bits = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread), others);
+        let set = _mm256_cmpeq_epi8(bits, ones);
+        // Signed bytes q − 16: the nibble where the 5th bit is set, nibble | 0xF0 where not.
+        let q = _mm256_or_si256(nib, _mm256_andnot_si256(set, high4));
+        let (q01, q23) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+        let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        let s0 = _mm256_fmadd_ps(
+            f(_mm_unpackhi_epi64(q01, q01)),
+            x[1],
+            _mm256_mul_ps(f(q01), x[0]),
+        );
+        let s1 = _mm256_fmadd_ps(
+            f(_mm_unpackhi_epi64(q23, q23)),
+            x[3],
+            _mm256_mul_ps(f(q23), x[2]),
+        );
+        _mm256_add_ps(s0, s1)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::block32::BLOCK;
     use super::super::testing;
     use super::*;
     use rand::Rng;

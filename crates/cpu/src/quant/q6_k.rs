@@ -29,7 +29,12 @@
 //! ahead. AVX-512 and AVX2 + FMA are chosen at run time ([`crate::simd::isa`]); the scalar
 //! level is the reference.
 
+use super::BlockFormat;
+#[cfg(target_arch = "x86_64")]
+use super::prefetch;
 use kvlab_model::GgmlType;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 
 /// Weights per super-block.
 const QK: usize = 256;
@@ -41,96 +46,41 @@ const BLOCK: usize = 210;
 /// # Panics
 /// If `x.len()` is not a whole number of super-blocks or `w` is not `out.len()` such rows.
 pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
-    assert_eq!(x.len() % QK, 0, "Q6_K: a row is whole super-blocks of {QK}");
-    assert_eq!(
-        w.len(),
-        out.len() * (x.len() / QK) * BLOCK,
-        "Q6_K: W must be (rows, cols)"
-    );
-    if x.is_empty() {
-        // An empty dot product (the reference's chunking cannot take rows of 0 bytes).
-        out.fill(0.0);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::simd::{Isa, isa};
-        match isa() {
-            Isa::Avx512 if x86::has_avx512() => {
-                // SAFETY: the features the kernel is compiled for were detected just above; the
-                // asserts above make `w` exactly out.len() rows of x.len() / 256 super-blocks,
-                // which is all the kernel reads.
-                unsafe { x86::gemv_avx512(out, w, x) };
-                return;
-            }
-            Isa::Avx512 | Isa::Avx2Fma if x86::has_avx2() => {
-                // SAFETY: as above, for AVX2 + FMA + F16C.
-                unsafe { x86::gemv_avx2(out, w, x) };
-                return;
-            }
-            _ => {}
-        }
-    }
-    super::gemv_rows_reference(GgmlType::Q6_K, out, w, x);
+    super::gemv_blocks::<Q6K>(out, w, x);
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{BLOCK, QK};
-    use crate::quant::prefetch;
-    use std::arch::x86_64::*;
+/// The Q6_K kernels, for [`super::gemv_blocks`].
+struct Q6K;
 
-    /// Rows per pass.
-    const R: usize = 4;
+// SAFETY: the kernels enable AVX-512F, AVX2, FMA and F16C (AVX-512) and AVX2, FMA and F16C
+// (AVX2): has_avx512 tests all four, the default has_avx2 (with AVX2_F16C) the three.
+unsafe impl BlockFormat for Q6K {
+    const TYPE: GgmlType = GgmlType::Q6_K;
+    const BLOCK: usize = QK;
+    const BLOCK_BYTES: usize = BLOCK;
+    #[cfg(target_arch = "x86_64")]
+    const AVX2_F16C: bool = true;
+    #[cfg(target_arch = "x86_64")]
+    type Shared = ();
 
-    /// How far ahead to prefetch, in bytes, at least (rounded to whole passes of rows): far
-    /// enough to cover the memory latency, near enough to stay in L1.
-    const PF_BYTES: usize = 16 << 10;
+    #[cfg(target_arch = "x86_64")]
+    fn shared(_: crate::simd::Isa, _: &[f32]) {}
 
-    pub fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-
-    pub fn has_avx512() -> bool {
-        is_x86_feature_detected!("avx512f") && has_avx2()
-    }
-
-    /// `d` of a block (the f16 in its last two bytes) as f32.
-    #[target_feature(enable = "avx2,f16c")]
-    #[inline]
-    fn block_d(b: &[u8]) -> __m128 {
-        _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes([
-            b[208], b[209],
-        ]))))
-    }
-
-    /// # Safety
-    /// The CPU must support AVX-512F, AVX2, FMA and F16C; `w` must be `out.len()` rows of
-    /// `x.len() / 256` blocks, and `x.len()` a multiple of 256.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32]) {
-        let rb = x.len() / QK * BLOCK;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: row_groups passes whole rows of `w`, rb bytes each; the CPU has the features.
-            |o, w| o.copy_from_slice(&unsafe { rows_avx512::<R>(w, rb, x) }),
-            // SAFETY: as above.
-            |o, w| o.copy_from_slice(&unsafe { rows_avx512::<1>(w, rb, x) }),
-        );
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx512() -> bool {
+        is_x86_feature_detected!("avx512f") && Self::has_avx2()
     }
 
     /// N rows (`w` is N rows of `rb` bytes) dotted with x.
     ///
     /// # Safety
-    /// As [`gemv_avx512`]; `w.len() == N * rb` and `rb == x.len() / 256 * 210`.
+    /// As [`super::BlockFormat::rows_avx512`]; `w.len() == N * rb` and `rb == x.len() / 256 * 210`.
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    unsafe fn rows_avx512<const N: usize>(w: &[u8], rb: usize, x: &[f32]) -> [f32; N] {
-        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK);
+    unsafe fn rows_avx512<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32], _: &Self::Shared) {
+        let rb = x.len() / QK * BLOCK;
+        debug_assert!(w.len() == N * rb && out.len() == N);
         let (pw, px) = (w.as_ptr(), x.as_ptr());
         let lo_nibble = _mm512_set1_epi8(0x0F);
         let (keep, flip) = (
@@ -146,7 +96,7 @@ mod x86 {
         let mut acc = [_mm512_setzero_ps(); N];
         let mut scl = [[0.0f32; 16]; N];
         let mut q8 = [[0u8; 128]; N];
-        let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
+        let pf = super::prefetch_distance(N * rb);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
             // q·rb + 210·sb, inside `w`; the loads read ql[64h..64h + 64], qh[32h..32h + 32]
@@ -202,41 +152,29 @@ mod x86 {
                 }
             }
         }
-        acc.map(|a| _mm512_reduce_add_ps(a))
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = _mm512_reduce_add_ps(a);
+        }
     }
 
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C; otherwise as [`gemv_avx512`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32]) {
-        let rb = x.len() / QK * BLOCK;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: row_groups passes whole rows of `w`, rb bytes each; the CPU has the features.
-            |o, w| o.copy_from_slice(&unsafe { rows_avx2::<R>(w, rb, x) }),
-            // SAFETY: as above.
-            |o, w| o.copy_from_slice(&unsafe { rows_avx2::<1>(w, rb, x) }),
-        );
-    }
-
-    /// [`rows_avx512`] with 8 lanes (each sub-block of 16 is two vectors): the 128 quants of
+    /// [`Self::rows_avx512`] with 8 lanes (each sub-block of 16 is two vectors): the 128 quants of
     /// a half block are assembled as bytes `q − 32` with 256-bit byte operations.
     ///
     /// # Safety
-    /// As [`rows_avx512`], for AVX2 + FMA + F16C.
+    /// As [`Self::rows_avx512`], for AVX2 + FMA + F16C.
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn rows_avx2<const N: usize>(w: &[u8], rb: usize, x: &[f32]) -> [f32; N] {
-        debug_assert!(w.len() == N * rb && rb == x.len() / QK * BLOCK);
+    unsafe fn rows_avx2<const N: usize>(out: &mut [f32], w: &[u8], x: &[f32], _: &Self::Shared) {
+        let rb = x.len() / QK * BLOCK;
+        debug_assert!(w.len() == N * rb && out.len() == N);
         let (pw, px) = (w.as_ptr(), x.as_ptr());
         let (m0f, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
         let m32 = _mm256_set1_epi8(32);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut scl = [[0.0f32; 16]; N];
         let mut q8 = [[0u8; 128]; N];
-        let pf = N * rb * (PF_BYTES / (N * rb).max(1)).max(1);
+        let pf = super::prefetch_distance(N * rb);
         for sb in 0..x.len() / QK {
             // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
             // q·rb + 210·sb, inside `w`; the loads read ql[64h..64h + 64], qh[32h..32h + 32]
@@ -297,12 +235,20 @@ mod x86 {
                 }
             }
         }
-        acc.map(|a| {
-            let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-            _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
-        })
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = super::hsum256(a);
+        }
     }
+}
+
+/// `d` of a block (the f16 in its last two bytes) as f32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn block_d(b: &[u8]) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes([
+        b[208], b[209],
+    ]))))
 }
 
 #[cfg(test)]

@@ -7,20 +7,16 @@
 //! offset 2  qs[32] i8, weight j = d · qs[j]
 //! ```
 //!
-//! The kernel: four rows per pass share each load of x. For each block it loads x's 32 floats
-//! once (two 16-lane vectors with AVX-512, four 8-lane ones with AVX2); for each of the four
-//! rows it widens the block's 32 int8 quants to i32 lanes (`vpmovsxbd`), converts them to f32,
-//! multiplies them into x lane by lane (`Σ q·x` still as a vector, no horizontal add), and adds
-//! that vector times the block's `d` (f16 → f32 by a load from a 64 Ki-entry table,
-//! `quant::f16_table`) into the row's f32 accumulator. One horizontal sum per row at the end; rows
-//! left over (rows mod 4) go one at a time. A software prefetch a few rows ahead keeps the loads
-//! streaming (W is read once and is far larger than the caches). The activations never leave
-//! f32: the result differs from "decode the row, then dot" only in the order of the additions.
+//! The kernel: `block32.rs`'s loop (four rows per pass, x loaded once per block, the scale
+//! `d` from a table, a software prefetch), with this block's Σ q·x: the 32 int8 quants widened
+//! to i32 lanes (`vpmovsxbd`), converted to f32 and multiplied into x lane by lane, 16 at a time
+//! with AVX-512, 8 with AVX2.
 
+use super::block32::Block32;
 use kvlab_model::GgmlType;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 
-/// Weights per block.
-const BLOCK: usize = 32;
 /// Bytes per block: d (2) + qs (32).
 const BLOCK_BYTES: usize = 34;
 
@@ -29,176 +25,52 @@ const BLOCK_BYTES: usize = 34;
 /// # Panics
 /// If `x.len()` is not whole blocks or `w` is not `out.len()` rows of them.
 pub fn gemv_rows(out: &mut [f32], w: &[u8], x: &[f32]) {
-    assert_eq!(x.len() % BLOCK, 0, "q8_0: columns must be whole blocks");
-    let rb = x.len() / BLOCK * BLOCK_BYTES;
-    assert_eq!(w.len(), out.len() * rb, "q8_0: W must be (rows, cols)");
-    if x.is_empty() {
-        // Rows of no blocks: empty dot products (and no zero-sized chunks below).
-        out.fill(0.0);
-        return;
-    }
-    match crate::simd::isa() {
-        #[cfg(target_arch = "x86_64")]
-        crate::simd::Isa::Avx512 => {
-            // SAFETY: isa() reports AVX-512 only where the CPU has AVX-512F, the one feature the
-            // kernel enables; the asserts above make `w` exactly out.len() rows of x.len() / 32
-            // blocks, which is all the kernel reads.
-            unsafe { x86::gemv_avx512(out, w, x, super::f16_table()) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        crate::simd::Isa::Avx2Fma => {
-            // SAFETY: isa() reports AVX2 + FMA only where the CPU has both; `w`'s shape is
-            // asserted above.
-            unsafe { x86::gemv_avx2(out, w, x, super::f16_table()) }
-        }
-        _ => super::gemv_rows_reference(GgmlType::Q8_0, out, w, x),
-    }
+    super::gemv_blocks::<Q8_0>(out, w, x);
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{BLOCK, BLOCK_BYTES};
-    use std::arch::x86_64::*;
+/// The Q8_0 block, for [`Block32`]'s loop.
+struct Q8_0;
 
-    /// Rows per pass.
-    const R: usize = 4;
-    /// Prefetch distance, in rows: while reading a block of row r, ask for the same block of row
-    /// r + PF_ROWS (without it, the loop waits on memory for a large W: 31 ms → 20 ms for the
-    /// 262144 × 640 classifier).
-    const PF_ROWS: usize = 4;
+// SAFETY: dot_avx512 enables AVX-512F only, dot_avx2 AVX2 and FMA only.
+unsafe impl Block32 for Q8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const BLOCK_BYTES: usize = BLOCK_BYTES;
 
-    /// # Safety
-    /// The CPU must support AVX-512F; `w` must be `out.len()` rows of `x.len() / 32` blocks.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[u8], x: &[f32], f16: &[f32; 1 << 16]) {
-        let rb = x.len() / BLOCK * BLOCK_BYTES;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for the
-            // CPU features.
-            |o, w| unsafe { rows_avx512::<R>(o, w, x, f16) },
-            // SAFETY: as above, one row.
-            |o, w| unsafe { rows_avx512::<1>(o, w, x, f16) },
-        );
-    }
-
-    /// out[..N] for the N rows in `w` (N·rb bytes, rb = x.len() / 32 · 34).
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; `w.len()` = N · x.len() / 32 · 34, `out.len()` = N.
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_avx512<const N: usize>(
-        out: &mut [f32],
-        w: &[u8],
-        x: &[f32],
-        f16: &[f32; 1 << 16],
-    ) {
-        let nb = x.len() / BLOCK;
-        let rb = nb * BLOCK_BYTES;
-        debug_assert!(w.len() == N * rb && out.len() == N);
-        let (pw, px) = (w.as_ptr(), x.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); N];
-        for b in 0..nb {
-            // SAFETY (every raw read below): block b < nb of row r < N starts at r·rb + 34·b,
-            // inside `w`, and its 34 bytes end inside the row; x[32b..32b + 32] is inside x.
-            let (x0, x1) = unsafe {
-                (
-                    _mm512_loadu_ps(px.add(b * BLOCK)),
-                    _mm512_loadu_ps(px.add(b * BLOCK + 16)),
-                )
-            };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let blk = pw.wrapping_add(r * rb + b * BLOCK_BYTES);
-                // A prefetch never faults, so its address may lie past the end of `w`.
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_ROWS * rb).cast());
-                let (d, q0, q1) = unsafe {
-                    (
-                        blk.cast::<u16>().read_unaligned(),
-                        _mm_loadu_si128(blk.add(2).cast()),
-                        _mm_loadu_si128(blk.add(18).cast()),
-                    )
-                };
-                let d = _mm512_set1_ps(f16[usize::from(d)]);
-                let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0));
-                let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1));
-                let s = _mm512_fmadd_ps(q1, x1, _mm512_mul_ps(q0, x0));
-                *acc = _mm512_fmadd_ps(s, d, *acc);
-            }
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = _mm512_reduce_add_ps(a);
-        }
+    unsafe fn dot_avx512(blk: *const u8, x0: __m512, x1: __m512) -> __m512 {
+        // SAFETY: qs[32] is bytes 2..34 of the block, readable (the caller's contract).
+        let (q0, q1) = unsafe {
+            (
+                _mm_loadu_si128(blk.add(2).cast()),
+                _mm_loadu_si128(blk.add(18).cast()),
+            )
+        };
+        let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0));
+        let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1));
+        _mm512_fmadd_ps(q1, x1, _mm512_mul_ps(q0, x0))
     }
 
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `w` must be `out.len()` rows of `x.len() / 32`
-    /// blocks.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[u8], x: &[f32], f16: &[f32; 1 << 16]) {
-        let rb = x.len() / BLOCK * BLOCK_BYTES;
-        crate::quant::row_groups::<R>(
-            out,
-            w,
-            rb,
-            // SAFETY: `w` is R rows of rb bytes and `o` R outputs; the caller vouched for the
-            // CPU features.
-            |o, w| unsafe { rows_avx2::<R>(o, w, x, f16) },
-            // SAFETY: as above, one row.
-            |o, w| unsafe { rows_avx2::<1>(o, w, x, f16) },
-        );
-    }
-
-    /// The AVX2 twin of [`rows_avx512`]: 8 lanes, so four widenings per block.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `w.len()` = N · x.len() / 32 · 34,
-    /// `out.len()` = N.
+    /// Four widenings of 8 quants.
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_avx2<const N: usize>(
-        out: &mut [f32],
-        w: &[u8],
-        x: &[f32],
-        f16: &[f32; 1 << 16],
-    ) {
-        let nb = x.len() / BLOCK;
-        let rb = nb * BLOCK_BYTES;
-        debug_assert!(w.len() == N * rb && out.len() == N);
-        let (pw, px) = (w.as_ptr(), x.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); N];
-        for b in 0..nb {
-            // SAFETY (every raw read below): as in rows_avx512; each 8-byte quant load lies
-            // within the block's qs[32], each x load within x[32b..32b + 32].
-            let xv: [__m256; 4] =
-                std::array::from_fn(|k| unsafe { _mm256_loadu_ps(px.add(b * BLOCK + 8 * k)) });
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let blk = pw.wrapping_add(r * rb + b * BLOCK_BYTES);
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_ROWS * rb).cast());
-                let d = unsafe { blk.cast::<u16>().read_unaligned() };
-                let q = |k: usize| {
-                    let v = unsafe { _mm_loadl_epi64(blk.add(2 + 8 * k).cast()) };
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-                };
-                let s0 = _mm256_fmadd_ps(q(1), xv[1], _mm256_mul_ps(q(0), xv[0]));
-                let s1 = _mm256_fmadd_ps(q(3), xv[3], _mm256_mul_ps(q(2), xv[2]));
-                let d = _mm256_set1_ps(f16[usize::from(d)]);
-                *acc = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), d, *acc);
-            }
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            let h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
-            *o = _mm_cvtss_f32(h);
-        }
+    unsafe fn dot_avx2(blk: *const u8, x: &[__m256; 4]) -> __m256 {
+        let q = |k: usize| {
+            // SAFETY: each 8-byte load lies within the block's qs[32] (bytes 2..34).
+            let v = unsafe { _mm_loadl_epi64(blk.add(2 + 8 * k).cast()) };
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+        };
+        let s0 = _mm256_fmadd_ps(q(1), x[1], _mm256_mul_ps(q(0), x[0]));
+        let s1 = _mm256_fmadd_ps(q(3), x[3], _mm256_mul_ps(q(2), x[2]));
+        _mm256_add_ps(s0, s1)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::block32::BLOCK;
     use super::super::testing;
     use super::*;
     use rand::Rng;
