@@ -81,9 +81,10 @@ unsafe impl<F: Block32> BlockFormat for F {
         let (pw, px) = (w.as_ptr(), x.as_ptr());
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..nb {
-            // SAFETY (every raw read below): block b < nb of row r < N starts at
+            // SAFETY: (every raw read below) block b < nb of row r < N starts at
             // r·rb + b·BLOCK_BYTES, inside `w`, and its bytes end inside the row;
             // x[32b..32b + 32] is inside x.
+            // SAFETY: x[32b..32b + 32] is inside x (b < nb = x.len() / 32).
             let (x0, x1) = unsafe {
                 (
                     _mm512_loadu_ps(px.add(b * BLOCK)),
@@ -94,6 +95,7 @@ unsafe impl<F: Block32> BlockFormat for F {
                 let blk = pw.wrapping_add(r * rb + b * F::BLOCK_BYTES);
                 // A prefetch never faults, so its address may lie past the end of `w`.
                 _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_ROWS * rb).cast());
+                // SAFETY: block b of row r, BLOCK_BYTES from r·rb + b·BLOCK_BYTES, is inside w; it starts with its f16 scale.
                 let (d, s) = unsafe {
                     (
                         blk.cast::<u16>().read_unaligned(),
@@ -118,12 +120,14 @@ unsafe impl<F: Block32> BlockFormat for F {
         let (pw, px) = (w.as_ptr(), x.as_ptr());
         let mut acc = [_mm256_setzero_ps(); N];
         for b in 0..nb {
-            // SAFETY (every raw read below): as in rows_avx512.
+            // SAFETY: (every raw read below) as in rows_avx512.
             let xv: [__m256; 4] =
+                // SAFETY: x[32b + 8k..][..8] is inside x (b < nb, k < 4).
                 std::array::from_fn(|k| unsafe { _mm256_loadu_ps(px.add(b * BLOCK + 8 * k)) });
             for (r, acc) in acc.iter_mut().enumerate() {
                 let blk = pw.wrapping_add(r * rb + b * F::BLOCK_BYTES);
                 _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_ROWS * rb).cast());
+                // SAFETY: block b of row r is inside w and starts with its f16 scale; xv is its 32 x values.
                 let (d, s) = unsafe { (blk.cast::<u16>().read_unaligned(), F::dot_avx2(blk, &xv)) };
                 *acc = _mm256_fmadd_ps(s, _mm256_set1_ps(f16[usize::from(d)]), *acc);
             }

@@ -101,7 +101,7 @@ unsafe impl BlockFormat for Q4K {
         let mut scl = [[0.0f32; 16]; N];
         let pf = super::prefetch_distance(N * rb);
         for sb in 0..x.len() / QK {
-            // SAFETY (every raw access below): block `sb` of row q starts at q·rb + 144·sb and
+            // SAFETY: (every raw access below) block `sb` of row q starts at q·rb + 144·sb and
             // its 144 bytes are inside `w`; x[256·sb..256·sb + 256] is inside x; scl[q] is 16
             // floats.
             for q in 0..N {
@@ -118,10 +118,13 @@ unsafe impl BlockFormat for Q4K {
                 let bytes = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
                 // [d·sc_0..d·sc_8, −dmin·m_0..−dmin·m_8]
                 let s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), coef);
+                // SAFETY: scl[q] holds 16 floats.
                 unsafe { _mm512_storeu_ps(scl[q].as_mut_ptr(), s) };
             }
             for c in 0..4 {
+                // SAFETY: x[256·sb + 64·c..][..64] is inside x (sb < x.len() / 256, c < 4).
                 let xp = unsafe { px.add(QK * sb + 64 * c) };
+                // SAFETY: xp points at 64 floats of x (above).
                 let (x0, x1, x2, x3) = unsafe {
                     (
                         _mm512_loadu_ps(xp),
@@ -136,7 +139,9 @@ unsafe impl BlockFormat for Q4K {
                         _mm512_fmadd_ps(iota, _mm512_set1_ps(s), _mm512_set1_ps(m))
                     };
                     let (t_lo, t_hi) = (table(2 * c), table(2 * c + 1));
+                    // SAFETY: quant bytes 16 + 32c..16 + 32c + 32 of row q's block sb lie inside w.
                     let qp = unsafe { pw.add(q * rb + sb * BLOCK + 16 + 32 * c) };
+                    // SAFETY: qp points at 32 bytes inside w (above).
                     let (v0, v1) = unsafe {
                         (
                             _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.cast())),
@@ -173,8 +178,9 @@ unsafe impl BlockFormat for Q4K {
         let mut scl = [[0.0f32; 8]; N];
         let pf = super::prefetch_distance(N * rb);
         for sb in 0..x.len() / QK {
-            // SAFETY (every raw access below): as in rows_avx512; the 8 sums of super-block
+            // SAFETY: (every raw access below) as in rows_avx512; the 8 sums of super-block
             // sb are xs[8·sb..8·sb + 8].
+            // SAFETY: xs holds 8 sums per super-block: xs[8·sb..][..8] is inside it.
             let xsv = unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * sb)) };
             for q in 0..N {
                 prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK), BLOCK);
@@ -197,11 +203,15 @@ unsafe impl BlockFormat for Q4K {
                 unsafe { _mm256_storeu_ps(scl[q].as_mut_ptr(), s) };
             }
             for c in 0..4 {
+                // SAFETY: x[256·sb + 64·c..][..64] is inside x (sb < x.len() / 256, c < 4).
                 let xp = unsafe { px.add(QK * sb + 64 * c) };
                 let xv: [__m256; 8] =
+                    // SAFETY: xp points at 64 floats of x, read 8 at a time (k < 8).
                     std::array::from_fn(|k| unsafe { _mm256_loadu_ps(xp.add(8 * k)) });
                 for q in 0..N {
+                    // SAFETY: quant bytes 16 + 32c..16 + 32c + 32 of row q's block sb lie inside w.
                     let qp = unsafe { pw.add(q * rb + sb * BLOCK + 16 + 32 * c) };
+                    // SAFETY: qp points at 32 bytes inside w, read 8 at a time (k < 4).
                     let v: [__m256i; 4] = std::array::from_fn(|k| unsafe {
                         _mm256_cvtepu8_epi32(_mm_loadl_epi64(qp.add(8 * k).cast()))
                     });

@@ -98,7 +98,7 @@ unsafe impl BlockFormat for Q6K {
         let mut q8 = [[0u8; 128]; N];
         let pf = super::prefetch_distance(N * rb);
         for sb in 0..x.len() / QK {
-            // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
+            // SAFETY: (every raw access below) block `sb` of row q is the 210 bytes from
             // q·rb + 210·sb, inside `w`; the loads read ql[64h..64h + 64], qh[32h..32h + 32]
             // and the scales at 192..208 of it; x[256·sb..256·sb + 256] is inside x; each
             // row's q8 is 128 bytes and scl[q] 16 floats.
@@ -107,8 +107,10 @@ unsafe impl BlockFormat for Q6K {
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
                 // d·scale / 4: the quants below come out as 4·(q − 32).
                 let d = _mm512_mul_ps(_mm512_broadcastss_ps(block_d(b)), _mm512_set1_ps(0.25));
+                // SAFETY: the 16 scale bytes at 192..208 of block b (210 bytes) are inside it.
                 let sc = unsafe { _mm_loadu_si128(b.as_ptr().add(192).cast()) };
                 let s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), d);
+                // SAFETY: scl[q] holds 16 floats.
                 unsafe { _mm512_storeu_ps(scl[q].as_mut_ptr(), s) };
             }
             for h in 0..2 {
@@ -117,8 +119,11 @@ unsafe impl BlockFormat for Q6K {
                 // and of t = 2, 3 (high nibble), qh their 2 high bits. Shifts of whole 64-bit
                 // lanes carry bits across bytes; the masks drop them.
                 for (q, q8) in q8.iter_mut().enumerate() {
+                    // SAFETY: row q's block sb, 210 bytes from q·rb + 210·sb, is inside w.
                     let bp = unsafe { pw.add(q * rb + sb * BLOCK) };
+                    // SAFETY: ql[64h..64h + 64] of the block (h < 2) is inside it.
                     let ql = unsafe { _mm512_loadu_si512(bp.add(64 * h).cast()) };
+                    // SAFETY: qh[32h..32h + 32], bytes 128 + 32h.. of the block, is inside it.
                     let qh = unsafe {
                         _mm512_broadcast_i64x4(_mm256_loadu_si256(bp.add(128 + 32 * h).cast()))
                     };
@@ -137,13 +142,16 @@ unsafe impl BlockFormat for Q6K {
                             keep,
                             flip,
                         );
+                        // SAFETY: q8 is 128 bytes: 64k + 64 ≤ 128 (k < 2).
                         unsafe { _mm512_storeu_si512(q8.as_mut_ptr().add(64 * k).cast(), v) };
                     }
                 }
                 for k in 0..8 {
                     // Weights 128h + 16k .. +16: one sub-block, one scale.
+                    // SAFETY: x[256·sb + 128h + 16k..][..16] is inside x (h < 2, k < 8).
                     let xv = unsafe { _mm512_loadu_ps(px.add(QK * sb + 128 * h + 16 * k)) };
                     for q in 0..N {
+                        // SAFETY: q8[q] is 128 bytes: 16k + 16 ≤ 128 (k < 8).
                         let v = unsafe { _mm_loadu_si128(q8[q].as_ptr().add(16 * k).cast()) };
                         let p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), xv);
                         let s = _mm512_set1_ps(scl[q][8 * h + k]);
@@ -176,7 +184,7 @@ unsafe impl BlockFormat for Q6K {
         let mut q8 = [[0u8; 128]; N];
         let pf = super::prefetch_distance(N * rb);
         for sb in 0..x.len() / QK {
-            // SAFETY (every raw access below): block `sb` of row q is the 210 bytes from
+            // SAFETY: (every raw access below) block `sb` of row q is the 210 bytes from
             // q·rb + 210·sb, inside `w`; the loads read ql[64h..64h + 64], qh[32h..32h + 32]
             // and the scales at 192..208 of it; x[256·sb..256·sb + 256] is inside x; each
             // row's q8 is 128 bytes and scl[q] 16 floats.
@@ -184,12 +192,14 @@ unsafe impl BlockFormat for Q6K {
                 prefetch(pw.wrapping_add(pf + q * rb + sb * BLOCK), BLOCK);
                 let b = &w[q * rb + sb * BLOCK..][..BLOCK];
                 let d = _mm256_broadcastss_ps(block_d(b));
+                // SAFETY: the 16 scale bytes at 192..208 of block b (210 bytes) are inside it.
                 let sc = unsafe { _mm_loadu_si128(b.as_ptr().add(192).cast()) };
                 let s0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d);
                 let s1 = _mm256_mul_ps(
                     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc))),
                     d,
                 );
+                // SAFETY: scl[q] holds 16 floats: two stores of 8.
                 unsafe {
                     _mm256_storeu_ps(scl[q].as_mut_ptr(), s0);
                     _mm256_storeu_ps(scl[q].as_mut_ptr().add(8), s1);
@@ -199,7 +209,9 @@ unsafe impl BlockFormat for Q6K {
                 // Each row's 128 quants of this half as bytes q − 32, in weight order t = 0..4
                 // (32 each). 16-bit shifts carry bits across bytes; the masks drop them.
                 for (q, q8) in q8.iter_mut().enumerate() {
+                    // SAFETY: row q's block sb, 210 bytes from q·rb + 210·sb, is inside w.
                     let bp = unsafe { pw.add(q * rb + sb * BLOCK) };
+                    // SAFETY: ql[64h..64h + 64] and qh[32h..32h + 32] (bytes 128 + 32h..) of the block are inside it.
                     let (la, lb, qh) = unsafe {
                         (
                             _mm256_loadu_si256(bp.add(64 * h).cast()),
@@ -220,13 +232,16 @@ unsafe impl BlockFormat for Q6K {
                     ];
                     for (t, (l4, h2)) in q6.into_iter().enumerate() {
                         let v = _mm256_sub_epi8(_mm256_or_si256(l4, h2), m32);
+                        // SAFETY: q8 is 128 bytes: 32t + 32 ≤ 128 (t < 4).
                         unsafe { _mm256_storeu_si256(q8.as_mut_ptr().add(32 * t).cast(), v) };
                     }
                 }
                 for k in 0..16 {
                     // Weights 128h + 8k .. +8, of sub-block 8h + k/2.
+                    // SAFETY: x[256·sb + 128h + 8k..][..8] is inside x (h < 2, k < 16).
                     let xv = unsafe { _mm256_loadu_ps(px.add(QK * sb + 128 * h + 8 * k)) };
                     for q in 0..N {
+                        // SAFETY: q8[q] is 128 bytes: 8k + 8 ≤ 128 (k < 16).
                         let v = unsafe { _mm_loadl_epi64(q8[q].as_ptr().add(8 * k).cast()) };
                         let p = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), xv);
                         let s = _mm256_set1_ps(scl[q][8 * h + k / 2]);
