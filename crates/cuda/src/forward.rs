@@ -47,12 +47,20 @@ pub const MAX_V2_WORKSPACE_FLOATS: usize = 16 << 20;
 
 /// Everything one engine holds on the device.
 pub struct DeviceModel<A: DType, C: CacheElem> {
+    /// The CUDA context and the stream every launch goes to.
     pub dev: Device,
+    /// The compiled kernels and cuBLAS, launched on `dev`'s stream.
     pub ops: Ops,
+    /// The model's shape (n_layers, n_heads, n_kv_heads, head_dim, ...).
     pub config: Config,
+    /// Every weight matrix and norm on the device, in the activation type `A`.
     pub weights: DeviceWeights<A>,
+    /// The paged KV cache: per layer (num_blocks, block_size, n_kv_heads, head_dim) keys and
+    /// values in `C`, with their scales.
     pub pool: KvPool<C>,
+    /// (max_pos, head_dim / 2) cos and sin tables, one pair per distinct RoPE theta.
     pub rope: RopeTables,
+    /// The step's activations and logits, grown to the largest step seen.
     pub ws: Workspace<A>,
     /// The step's packed i32 metadata (grown as needed).
     pub meta: CudaSlice<i32>,
@@ -60,9 +68,11 @@ pub struct DeviceModel<A: DType, C: CacheElem> {
     pub res_meta: CudaSlice<i32>,
     /// paged_attention_v2's partial results.
     pub v2_workspace: CudaSlice<f32>,
+    /// Which decode attention kernel a step launches (v1, v2, or chosen per step).
     pub decode_attention: DecodeAttention,
     /// (n_layers,) KV group of each layer.
     pub layer_group: Vec<usize>,
+    /// The vocabulary, RoPE rows and pool a step is validated against (`pack_step`).
     pub geometry: PackGeometry,
 }
 
@@ -76,8 +86,12 @@ struct ResidualRanges {
 
 /// What a new [`DeviceModel`] needs besides the model.
 pub struct DeviceModelOptions {
+    /// Tokens of a step the workspace is first sized for (it grows for a larger one).
     pub max_batch_tokens: usize,
+    /// Sequences of a step the workspace is first sized for, and v2's partials are sized for
+    /// (v2 runs only on steps whose partials fit).
     pub max_seqs: usize,
+    /// Which decode attention kernel to launch.
     pub decode_attention: DecodeAttention,
 }
 
