@@ -9,7 +9,7 @@
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use kvlab_cli::engines::EngineKind;
+use kvlab_engines::EngineKind;
 use kvlab_model::{Engine, KvUsage};
 use kvlab_paged::waste::{TABLE_BLOCK_SIZES, WasteRow, waste_table};
 use kvlab_paged::workload::{LongTail, long_tail_requests, uniform_requests};
@@ -119,7 +119,7 @@ pub fn rss_child(args: &[String]) -> Result<()> {
         Err(why) => bail!("{why}"),
     };
     let after_load = machine::status_bytes("VmRSS:").unwrap_or(0);
-    let mut e = kvlab_cli::engines::build(engine.parse()?, m.model.clone())?;
+    let mut e = kvlab_engines::build(engine.parse()?, m.model.clone())?;
     let bos = m.model.config.bos_id;
     super::decode::generate(e.as_mut(), positions, bos)?;
     let peak = machine::status_bytes("VmHWM:").unwrap_or(0);

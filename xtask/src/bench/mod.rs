@@ -39,7 +39,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlab_cli::args::usize_in;
-use kvlab_cli::engines::{self, EngineKind};
+use kvlab_engines::{self as engines, EngineKind};
 
 use crate::verify::{target_dir, workspace_root};
 

@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{Result, anyhow};
-use kvlab_cli::engines::EngineKind;
+use kvlab_engines::EngineKind;
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use kvlab_cli::engines::{EngineKind, PoolOptions, build_paged};
+use kvlab_engines::{EngineKind, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
 use kvlab_model::{KvDtype, Model};
 use kvlab_paged::{

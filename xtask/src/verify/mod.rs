@@ -22,7 +22,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvlab_cli::engines::{self, EngineKind};
+use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::registry::{self, Located, ModelEntry};
 use kvlab_model::sampler::{argmax, top2_margin};
 use kvlab_model::{Engine, Model, Tolerance, WeightFormat, compare_logits, teacher_force};
