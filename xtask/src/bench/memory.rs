@@ -75,7 +75,7 @@ pub struct RssRow {
     pub engine_peak_extra_bytes: u64,
 }
 
-/// Re-runs this binary as `bench __rss MODEL ENGINE CONTEXT POSITIONS` and parses its report.
+/// Re-runs this binary as `__rss MODEL ENGINE CONTEXT POSITIONS` and parses its report.
 pub fn rss_in_child(
     model: &str,
     engine: EngineKind,
@@ -85,7 +85,6 @@ pub fn rss_in_child(
     let exe = std::env::current_exe()?;
     let out = Command::new(exe)
         .args([
-            "bench",
             "__rss",
             model,
             engine.name(),
@@ -111,7 +110,7 @@ pub fn rss_in_child(
 /// The child's side: load, measure, generate, print one JSON line.
 pub fn rss_child(args: &[String]) -> Result<()> {
     let [model, engine, context, positions] = args else {
-        bail!("usage: bench __rss MODEL ENGINE CONTEXT POSITIONS");
+        bail!("usage: __rss MODEL ENGINE CONTEXT POSITIONS");
     };
     let (context, positions): (usize, usize) = (context.parse()?, positions.parse()?);
     let m = match super::models::load(model, Some(context))? {

@@ -1,4 +1,4 @@
-//! `cargo xtask bench --serve`: a load test of `kvlab serve` with a real HTTP client, the method
+//! `cargo xtask load` (also spelled `cargo xtask bench --serve`): a load test of `kvlab serve` with a real HTTP client, the method
 //! of vLLM's `benchmarks/benchmark_serving.py`: the same prompts sent at several request rates
 //! with Poisson arrivals (exponential gaps between sends, from a seeded RNG), and once all at
 //! once (rate "inf"); every request streamed (`stream: true`), greedy (temperature 0).
@@ -54,9 +54,11 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::plot;
+use kvlab_cli::args::usize_in;
+
 use super::stats::Summary;
-use crate::verify::workspace_root;
+use super::{machine, plot};
+use crate::paths::{self, workspace_root};
 
 /// The issue's goal: the server's best throughput at least this fraction of `kvlab batch`'s.
 pub const GOAL_RATIO: f64 = 0.90;
@@ -64,7 +66,100 @@ pub const GOAL_RATIO: f64 = 0.90;
 /// Tokens per KV block, on both sides (vLLM's and kvlab's default).
 const BLOCK_SIZE: usize = 16;
 
-/// What `bench --serve` was asked for.
+/// `cargo xtask load`'s options (`cargo xtask bench --serve` forwards its own).
+#[derive(clap::Args)]
+#[command(
+    after_help = "env: KVLAB_BIN (the kvlab binary to measure; default: target/release/kvlab, \
+                  built beforehand)"
+)]
+pub struct LoadArgs {
+    /// CI smoke run: stories260K, few requests and rates, one pair
+    #[arg(long)]
+    pub quick: bool,
+    /// The model [default: stories15M-shape, --quick: stories260K]
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Requests per rate [default: 32, --quick 6]
+    #[arg(long, value_name = "N", value_parser = usize_in(1, 100_000))]
+    pub requests: Option<usize>,
+    /// Completion tokens per request [default: 64, --quick 24]
+    #[arg(long, value_name = "N", value_parser = usize_in(1, 1 << 20))]
+    pub max_tokens: Option<usize>,
+    /// A request rate in requests/s, or "inf" for all at once (repeatable)
+    /// [default: 4 8 16 32 64 inf (the knee of 32 requests on 2 cores), --quick 8 inf]
+    #[arg(long = "rate", value_name = "REQ/S", value_parser = parse_rate)]
+    pub rates: Vec<f64>,
+    /// Back-to-back pairs (all requests at once on the server, then kvlab batch, or the other
+    /// way round) whose median ratio is the throughput verdict [default: 7, --quick 1]
+    #[arg(long, value_name = "N", value_parser = usize_in(1, 1000))]
+    pub pairs: Option<usize>,
+    /// Seed of the prompt order and the arrival times
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+    /// Where serve.json and the plots go [default: target/kvlab-bench]
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Skip the SVG/PNG plots
+    #[arg(long)]
+    pub no_plots: bool,
+    /// A note to store in serve.json (repeatable), e.g. how busy the machine was
+    #[arg(long = "note", value_name = "TEXT")]
+    pub notes: Vec<String>,
+}
+
+/// `--rate`: a positive number of requests/s, or "inf".
+///
+/// # Errors
+/// Anything else, quoted.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    if s.eq_ignore_ascii_case("inf") {
+        return Ok(f64::INFINITY);
+    }
+    match s.parse::<f64>() {
+        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        _ => Err(format!(
+            "{s:?} is not a positive rate (requests/s) or \"inf\""
+        )),
+    }
+}
+
+/// `cargo xtask load`: the load test, its table, serve.json and the plot.
+///
+/// # Errors
+/// A server that does not start, a lost request, an unwritable output folder.
+pub fn command(a: &LoadArgs) -> Result<()> {
+    let m = machine::detect();
+    let out = a.out.clone().unwrap_or_else(paths::bench_out);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let s = ServeOpts {
+        quick: a.quick,
+        model: a.model.clone(),
+        requests: a.requests,
+        max_tokens: a.max_tokens,
+        rates: a.rates.clone(),
+        pairs: a.pairs,
+        seed: a.seed,
+        out: out.clone(),
+        plots: !a.no_plots,
+        notes: a.notes.clone(),
+        machine: machine::line(&m),
+    };
+    let report = run(&s)?;
+    print(&report);
+    let json = out.join("serve.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+    println!(
+        "wrote {} and {} plots in {} ({:.0} s); schema: {}",
+        json.display(),
+        report.plots.len(),
+        out.display(),
+        report.wall_seconds,
+        paths::bench_schema().display()
+    );
+    Ok(())
+}
+
+/// What `cargo xtask load` was asked for, defaults not yet applied.
 pub struct ServeOpts {
     pub quick: bool,
     /// Model name (default: stories15M-shape, or stories260K with `quick`).
