@@ -41,6 +41,8 @@
 //! hits are the prompts sharing openings within the rate. The pool holds every request at once
 //! on both sides (as `kvlab batch` sizes it by default), so preemptions should be 0.
 
+mod plot;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -56,8 +58,8 @@ use serde_json::{Value, json};
 
 use kvlab_cli::args::usize_in;
 
+use super::machine;
 use super::stats::Summary;
-use super::{machine, plot};
 use crate::paths::{self, workspace_root};
 
 /// The goal: the server's best throughput at least this fraction of `kvlab batch`'s.
@@ -1133,7 +1135,7 @@ pub fn print(r: &ServeReport) {
 /// The figure: throughput and TTFT against the request rate ("inf" drawn at twice the largest
 /// finite rate).
 fn plot_report(r: &ServeReport, dir: &Path) -> Result<Vec<String>> {
-    plot::register_font();
+    super::plot::register_font();
     let max_finite = r
         .rates
         .iter()
@@ -1160,7 +1162,7 @@ fn plot_report(r: &ServeReport, dir: &Path) -> Result<Vec<String>> {
         .iter()
         .map(|p| (inf_x, p.server_output_tok_per_s))
         .collect();
-    plot::serve(
+    plot::figure(
         dir,
         "serve_load",
         &title,
