@@ -424,7 +424,7 @@ pub fn run(o: &ServeOpts) -> Result<ServeReport> {
         plots: Vec::new(),
     };
     if o.plots {
-        rep.plots = plot_report(&rep, &o.out)?;
+        rep.plots = plot::report(&rep, &o.out)?;
     }
     rep.wall_seconds = started.elapsed().as_secs_f64();
     Ok(rep)
@@ -1130,46 +1130,6 @@ pub fn print(r: &ServeReport) {
         list(&|p| p.ratio_engine),
         r.paired_ratio_engine_median
     );
-}
-
-/// The figure: throughput and TTFT against the request rate ("inf" drawn at twice the largest
-/// finite rate).
-fn plot_report(r: &ServeReport, dir: &Path) -> Result<Vec<String>> {
-    super::plot::register_font();
-    let max_finite = r
-        .rates
-        .iter()
-        .filter_map(|x| x.rate_req_per_s)
-        .fold(0.0, f64::max);
-    let inf_x = if max_finite > 0.0 {
-        max_finite * 2.0
-    } else {
-        1.0
-    };
-    let pts: Vec<plot::ServePoint> = r
-        .rates
-        .iter()
-        .map(|x| plot::ServePoint {
-            rate: x.rate_req_per_s.unwrap_or(inf_x),
-            tok_s: x.output_tok_per_s,
-            ttft_p50_ms: x.ttft_ms.median,
-            ttft_p99_ms: x.ttft_ms.p99,
-        })
-        .collect();
-    let title = format!("{}, {} × {} tokens", r.model, r.requests, r.max_tokens);
-    let paired: Vec<(f64, f64)> = r
-        .pairs
-        .iter()
-        .map(|p| (inf_x, p.server_output_tok_per_s))
-        .collect();
-    plot::figure(
-        dir,
-        "serve_load",
-        &title,
-        &pts,
-        &paired,
-        r.batch_output_tok_per_s_median,
-    )
 }
 
 #[cfg(test)]

@@ -5,22 +5,63 @@ use std::path::Path;
 use anyhow::Result;
 use plotters::prelude::*;
 
+use super::ServeReport;
 use crate::bench::plot::{Line, Panel, Series, axis, color, log_range, write_pair};
 
-/// One request rate of `bench --serve`: output tokens/s and TTFT (ms) at it.
-pub struct ServePoint {
+/// The figure: throughput and TTFT against the request rate ("inf" drawn at twice the largest
+/// finite rate).
+pub fn report(r: &ServeReport, dir: &Path) -> Result<Vec<String>> {
+    crate::bench::plot::register_font();
+    let max_finite = r
+        .rates
+        .iter()
+        .filter_map(|x| x.rate_req_per_s)
+        .fold(0.0, f64::max);
+    let inf_x = if max_finite > 0.0 {
+        max_finite * 2.0
+    } else {
+        1.0
+    };
+    let pts: Vec<ServePoint> = r
+        .rates
+        .iter()
+        .map(|x| ServePoint {
+            rate: x.rate_req_per_s.unwrap_or(inf_x),
+            tok_s: x.output_tok_per_s,
+            ttft_p50_ms: x.ttft_ms.median,
+            ttft_p99_ms: x.ttft_ms.p99,
+        })
+        .collect();
+    let title = format!("{}, {} × {} tokens", r.model, r.requests, r.max_tokens);
+    let paired: Vec<(f64, f64)> = r
+        .pairs
+        .iter()
+        .map(|p| (inf_x, p.server_output_tok_per_s))
+        .collect();
+    figure(
+        dir,
+        "serve_load",
+        &title,
+        &pts,
+        &paired,
+        r.batch_output_tok_per_s_median,
+    )
+}
+
+/// One request rate of the load test: output tokens/s and TTFT (ms) at it.
+struct ServePoint {
     /// Requests/s (the caller places "all at once" past the largest finite rate).
-    pub rate: f64,
-    pub tok_s: f64,
-    pub ttft_p50_ms: f64,
-    pub ttft_p99_ms: f64,
+    rate: f64,
+    tok_s: f64,
+    ttft_p50_ms: f64,
+    ttft_p99_ms: f64,
 }
 
 /// The load test's figure, SVG and PNG: output tokens/s against the request rate with
 /// `kvlab batch`'s throughput as a dashed line and the paired saturation runs' throughputs
 /// (`paired`: (x, tokens/s)) as triangles, and TTFT p50 and p99 (log) against the rate.
 /// Returns the file names.
-pub fn figure(
+fn figure(
     dir: &Path,
     stem: &str,
     title: &str,
