@@ -1,5 +1,5 @@
 //! GGUF checkpoints (llama.cpp's format): [`model`] reads one into the model definition (Gemma 3
-//! there, the plain Llama family's config in [`llama`]); [`write`] writes a plain Llama model back
+//! there, the plain Llama family's config in [`llama`]); [`write`](mod@write) writes a plain Llama model back
 //! out as GGUF.
 
 pub mod llama;
