@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Load test of `kvlab serve` with the official `openai` Python client.
 
-The same idea as `cargo xtask bench --serve` (xtask/src/bench/serve.rs), from a second, independent
+The same idea as `cargo xtask bench --serve` (xtask/src/bench/serve/mod.rs), from a second, independent
 client: the method of vLLM's benchmarks/benchmark_serving.py. Every prompt is first run alone
 (greedy, not streamed) for its reference text; then, for each request rate, the same prompts are
 sent with Poisson arrivals (exponential gaps of mean 1/rate from a seeded RNG; "inf" sends all at
@@ -41,7 +41,7 @@ import urllib.request
 import openai
 from openai import AsyncOpenAI, OpenAI
 
-# The prompt set of xtask/src/bench/serve.rs: shared openings x continuations.
+# The prompt set of xtask/src/bench/serve/mod.rs: shared openings x continuations.
 OPENINGS = [
     "Once upon a time, in a small town near the sea, there lived a kind old man who had a little "
     "boat. Every morning he went out on the water to catch fish for the children of the town.",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp oracle for kvlab's `llama` GGUF path: writes fixtures/stories260k_gguf/greedy.json.
 
-An independent writer and a second oracle for crates/model/src/gguf_llama.rs:
+An independent writer and a second oracle for crates/model/src/load/gguf/llama.rs:
   1. scripts/peers/llama2c_to_gguf.py (gguf-py's GGUFWriter, not kvlab's builder) turns the
      shipped fixtures/models/stories260K.bin + tok512.bin into an f32 GGUF of architecture
      `llama` (default /tmp/stories260K.gguf);

@@ -4,7 +4,7 @@ llama.cpp runs the very weights kvlab runs (`cargo xtask bench --peers`, prefill
 
     python3 scripts/peers/llama2c_to_gguf.py MODEL.bin TOKENIZER.bin OUT.gguf
 
-MODEL.bin: llama2.c's legacy checkpoint (crates/model/src/llama2c.rs): 7 little-endian int32
+MODEL.bin: llama2.c's legacy checkpoint (crates/model/src/load/llama2c.rs): 7 little-endian int32
 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative vocab_size means
 an unshared classifier at the end), then f32 tensors token_embedding, rms_att, wq, wk, wv, wo,
 rms_ffn, w1, w2, w3, rms_final, the unused RoPE tables, [wcls]. Matrices are (out, in) row-major.

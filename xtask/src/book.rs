@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::verify::workspace_root;
+use crate::paths::{self, workspace_root};
 
 /// One chapter: its file name, its "Reproduce it" commands and its check markers.
 struct Chapter {
@@ -46,7 +46,7 @@ fn reproduce_commands(file: &str, text: &str) -> Result<Vec<String>> {
 /// Every chapter of SUMMARY.md, in book order; a check marker whose command is not among its
 /// chapter's Reproduce-it commands is an error (the reader must be able to run it).
 fn chapters() -> Result<Vec<Chapter>> {
-    let src = workspace_root().join("docs/src");
+    let src = paths::docs_src();
     let summary =
         std::fs::read_to_string(src.join("SUMMARY.md")).context("reading docs/src/SUMMARY.md")?;
     let mut out = Vec::new();
@@ -78,17 +78,26 @@ fn chapters() -> Result<Vec<Chapter>> {
     Ok(out)
 }
 
-pub fn run(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!(
-            "cargo xtask book [--check-only]: mdbook build docs (if mdbook is on PATH), run every \"Reproduce it\" command, and check every figure marked in the prose against its command's output\n  --check-only  no HTML build; run only the commands that check markers need"
-        );
-        return Ok(());
-    }
-    let check_only = args.iter().any(|a| a == "--check-only");
-    if let Some(a) = args.iter().find(|a| *a != "--check-only") {
-        bail!("unknown option {a:?} (cargo xtask book --help)");
-    }
+/// `cargo xtask book`'s options.
+#[derive(clap::Args)]
+#[command(
+    about = "mdbook build docs (if mdbook is on PATH), run every \"Reproduce it\" command, and \
+             check every figure marked in the prose against its command's output"
+)]
+pub struct Opts {
+    /// No HTML build; run only the commands that check markers need
+    #[arg(long)]
+    check_only: bool,
+}
+
+/// `cargo xtask book` with its parsed options.
+///
+/// # Errors
+/// mdbook failing, a chapter whose checked command is missing from its Reproduce-it block, a
+/// command that fails, a figure that differs from its command's output, or a missing model
+/// under `KVLAB_REQUIRE_MODELS=1`.
+pub fn run(o: Opts) -> Result<()> {
+    let check_only = o.check_only;
     let root = workspace_root();
     if !check_only {
         build_html(&root)?;

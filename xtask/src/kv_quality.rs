@@ -16,14 +16,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlab_cpu::CpuEngine;
 use kvlab_model::{DistributionComparison, Engine, KvDtype, Model, compare_distributions};
 use serde::Serialize;
 
 use crate::bench::machine;
-use crate::verify::{target_dir, workspace_root};
+use crate::paths::{self, workspace_root};
 
 /// Each real model and the held-out text it reads.
 const TEXTS: [(&str, &str); 2] = [
@@ -34,14 +33,13 @@ const TEXTS: [(&str, &str); 2] = [
 /// Upper ends of the context ranges reported (a range is cut at the text's length).
 const RANGES: [usize; 4] = [128, 512, 1024, 2048];
 
-#[derive(Parser)]
+#[derive(clap::Args)]
 #[command(
-    name = "cargo xtask kv-quality",
     about = "Quality, memory and speed of each KV cache dtype against f32, on real checkpoints",
     after_help = "env: KVLAB_MODELS (folder of real checkpoints). A model whose files are not \
                   found is SKIPPED with the reason, or fails with KVLAB_REQUIRE_MODELS=1."
 )]
-struct Args {
+pub struct Args {
     /// Models to measure (default: every one with a held-out text: stories260K, gemma-3-270m).
     #[arg(long, short = 'm')]
     model: Vec<String>,
@@ -89,8 +87,12 @@ struct Report {
     models: Vec<ModelReport>,
 }
 
-pub fn run(args: &[String]) -> Result<()> {
-    let a = Args::parse_from(std::iter::once("kv-quality".to_string()).chain(args.iter().cloned()));
+/// `cargo xtask kv-quality` with its parsed options: the table and kv_quality.json.
+///
+/// # Errors
+/// A model that fails to load or run, a missing model under `KVLAB_REQUIRE_MODELS=1`, an
+/// unreadable held-out text or an unwritable report.
+pub fn run(a: Args) -> Result<()> {
     let mut models = Vec::new();
     for (name, text) in TEXTS {
         if !a.model.is_empty() && !a.model.iter().any(|m| m == name) {
@@ -130,7 +132,7 @@ pub fn run(args: &[String]) -> Result<()> {
     print_tables(&report);
     let out = a
         .out
-        .unwrap_or_else(|| target_dir().join("kvlab-bench").join("kv_quality.json"));
+        .unwrap_or_else(|| paths::bench_out().join("kv_quality.json"));
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }

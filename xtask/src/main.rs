@@ -1,39 +1,74 @@
-//! `cargo xtask <command>`: this file only dispatches; each command is a module.
+//! `cargo xtask <command>`: this file only parses the command line (clap) and dispatches; each
+//! command is a module with its options as a clap `Args` struct. [`paths`] holds the workspace
+//! paths they share.
 
 mod bench;
 mod book;
 mod kv_quality;
+mod paths;
 mod prompts;
 mod readme;
 mod table;
 mod verify;
 
-fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("verify") => verify::run(&args[1..]),
-        Some("bench") => bench::run(&args[1..]),
-        Some("book") => book::run(&args[1..]),
-        Some("kv-quality") => kv_quality::run(&args[1..]),
-        Some("readme") => readme::run(&args[1..]),
-        Some("help") | Some("--help") | Some("-h") | None => {
-            println!("{}", HELP);
-            Ok(())
-        }
-        Some(other) => anyhow::bail!("unknown xtask command {other:?}\n\n{HELP}"),
-    }
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// kvlab's chores: parity, benchmarks, the book and the README's generated parts.
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
 }
 
-const HELP: &str = "\
-cargo xtask <command>
+#[derive(Subcommand)]
+enum Command {
+    /// Prove every engine gives the naive engine's greedy tokens on every model and prompt
+    Verify(verify::Opts),
+    /// Build the mdBook in docs/ and run every Reproduce-it command in it
+    Book(book::Opts),
+    /// Latency, throughput, memory and roofline of every engine; JSON, table and plots under
+    /// target/kvlab-bench/ (--serve, --peers, --tiers, --eviction: the side benches)
+    Bench(bench::Opts),
+    /// Load-test `kvlab serve` over HTTP against `kvlab batch` on the same prompts; writes
+    /// serve.json and serve_load.svg/.png (also `bench --serve`)
+    Load(bench::serve::LoadArgs),
+    /// kvlab generate against llama2.c's run.c and llama.cpp on the same weights, interleaved;
+    /// writes peers.json (also `bench --peers`)
+    Peers(bench::peers::PeersArgs),
+    /// Top-1, KL divergence, perplexity, bytes and decode speed of each --kv-dtype against the
+    /// f32 cache on real checkpoints
+    KvQuality(kv_quality::Args),
+    /// Render README.md's headline table and benches/README.md from benches/*.json (--check:
+    /// fail if either is stale)
+    Readme(readme::Opts),
+    /// The peak-RSS child process that bench starts (bench/memory.rs)
+    #[command(name = "__rss", hide = true)]
+    Rss {
+        /// MODEL ENGINE CONTEXT POSITIONS
+        #[arg(num_args = 4)]
+        args: Vec<String>,
+    },
+}
 
-commands:
-  verify   prove every engine gives the naive engine's greedy tokens on every model and prompt
-           (cargo xtask verify --help for options)
-  book     build the mdBook in docs/ and run every Reproduce-it command in it
-  bench    latency, throughput, memory and roofline of every engine; JSON, table and plots under
-           target/kvlab-bench/ (cargo xtask bench --help for options)
-  kv-quality  top-1, KL divergence, perplexity, bytes and decode speed of each --kv-dtype
-           against the f32 cache on real checkpoints (cargo xtask kv-quality --help)
-  readme   render README.md's headline table and benches/README.md from benches/*.json
-           (--check: fail if either is stale)";
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Verify(o)) => verify::run(o),
+        Some(Command::Book(o)) => book::run(o),
+        Some(Command::Bench(o)) => {
+            // bench.json records the words bench was given.
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            bench::run(o, &args)
+        }
+        Some(Command::Load(a)) => bench::serve::command(&a),
+        Some(Command::Peers(a)) => bench::peers::command(&a),
+        Some(Command::KvQuality(a)) => kv_quality::run(a),
+        Some(Command::Readme(o)) => readme::run(o),
+        Some(Command::Rss { args }) => bench::rss_child(&args),
+        None => {
+            Cli::command().print_help()?;
+            Ok(())
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::verify::workspace_root;
+use crate::paths::workspace_root;
 
 /// The README's generated blocks: where each starts and ends, and the record it renders.
 const HEADLINE: (&str, &str) = (
@@ -24,18 +24,21 @@ const SETUP: (&str, &str) = (
     "<!-- /setup -->",
 );
 
-pub fn run(args: &[String]) -> Result<()> {
-    let check = match args {
-        [] => false,
-        [a] if a == "--check" => true,
-        [a] if a == "-h" || a == "--help" => {
-            println!(
-                "cargo xtask readme [--check]: render README.md's headline table and benches/README.md from benches/*.json\n  --check  change nothing; fail if either file is stale"
-            );
-            return Ok(());
-        }
-        _ => bail!("cargo xtask readme takes only --check (got {args:?})"),
-    };
+/// `cargo xtask readme`'s options.
+#[derive(clap::Args)]
+#[command(about = "render README.md's headline table and benches/README.md from benches/*.json")]
+pub struct Opts {
+    /// Change nothing; fail if either file is stale
+    #[arg(long)]
+    check: bool,
+}
+
+/// `cargo xtask readme` with its parsed options.
+///
+/// # Errors
+/// An unreadable or malformed record, an unwritable file, or (with `--check`) a stale one.
+pub fn run(o: Opts) -> Result<()> {
+    let check = o.check;
     let root = workspace_root();
     let mut stale = Vec::new();
     for (path, want) in [

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_ARRIVAL_GAP, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_POSITIONS, usize_in};
-use kvlab_cli::engines::{self, EngineKind, PoolOptions, build_paged};
+use kvlab_engines::{self as engines, EngineKind, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
 use kvlab_paged::{
     BlockState, PoolView, Request, ScheduledBatch, Scheduler, SchedulerConfig, StepKind,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
-use kvlab_cli::engines::{self, EngineKind};
+use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::Sampler;
 use kvlab_model::chat::ChatSession;
 
@@ -69,7 +69,7 @@ pub fn run(a: Args) -> Result<()> {
         .unwrap_or(model.config.max_seq_len.min(4096))
         .min(model.config.max_seq_len);
     if a.engine.has_cache() {
-        kvlab_cli::memory::ensure_fits(
+        kvlab_engines::memory::ensure_fits(
             "the KV cache",
             u64::try_from(model.config.kv_bytes_windowed(ctx, 4)).ok(),
             "lower --ctx-size",

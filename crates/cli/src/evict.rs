@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, eviction_parser, usize_in};
-use kvlab_cli::engines::{EngineKind, PoolOptions, build_paged};
+use kvlab_engines::{EngineKind, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
 use kvlab_paged::{
     DriveReport, EvictionPolicy, Request, Scheduler, SchedulerConfig, Sessions, StopConditions,

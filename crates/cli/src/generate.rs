@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
-use kvlab_cli::engines::{self, EngineKind};
+use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::{GenerateOptions, Sampler, generate_ids_text, generate_text};
 
 use crate::{KvArgs, ModelArgs, bytes};
@@ -130,7 +130,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     if a.engine.has_cache() {
         // The cached engines reserve this many positions (ring buffers for windowed layers).
-        kvlab_cli::memory::ensure_fits(
+        kvlab_engines::memory::ensure_fits(
             "the KV cache",
             u64::try_from(a.kv.kv_dtype.bytes_windowed(&config, reserve)).ok(),
             "lower --ctx-size or --n-predict",

@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, usize_in};
-use kvlab_cli::engines::{self, EngineKind, MAX_MODEL_LEN, PagedEngine, PoolOptions, build_paged};
+use kvlab_engines::{
+    self as engines, EngineKind, MAX_MODEL_LEN, PagedEngine, PoolOptions, build_paged,
+};
 use kvlab_paged::{ModelInput, SchedulerConfig, StepExecutor};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor};
 

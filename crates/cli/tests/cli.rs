@@ -696,7 +696,7 @@ fn kv_dtype_sizes_the_cache_and_is_refused_where_there_is_none() {
     let r = kvlab("generate --kv-dtype int3 -p x");
     assert!(!r.ok && r.err.contains("fp8-e4m3"), "{}", r.err);
     // The CUDA pool stores every dtype: without a GPU the error is the device's, not the dtype's.
-    if kvlab_cuda::probe().is_err() {
+    if kvlab_engines::availability(kvlab_engines::EngineKind::Cuda).is_err() {
         for dtype in ["int8", "int4"] {
             let r = kvlab(&format!("generate -e cuda --kv-dtype {dtype} -p x"));
             assert!(!r.ok && !r.err.contains("kv-dtype"), "{}", r.err);

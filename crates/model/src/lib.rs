@@ -5,8 +5,8 @@
 //! [`Sampler`] picks a token → [`Engine::decode`] (one new position) → repeat →
 //! [`Tokenizer::decode`] streams text. The loop lives once, in [`generate`].
 //!
-//! Files in data-flow order: [`config`], [`weights`], [`llama2c`] (checkpoint loader and writer),
-//! [`synthetic`], [`registry`] (named models), [`tokenizer`], [`ops`] (scalar reference maths),
+//! Files in data-flow order: [`config`], [`weights`], [`load`] (checkpoint loaders: llama2.c,
+//! GGUF, Hugging Face folders), [`synthetic`], [`registry`] (named models), [`tokenizer`], [`ops`] (scalar reference maths),
 //! [`rope`] (cos/sin tables for the engines),
 //! [`engine`] (the trait), [`sampler`], [`generate`]; beside them [`compare`] (logit comparisons)
 //! and [`fixtures`] (the prompt fixture format).
@@ -18,12 +18,8 @@ pub mod engine;
 pub mod error;
 pub mod fixtures;
 pub mod generate;
-pub mod gguf_llama;
-pub mod gguf_model;
-pub mod gguf_write;
-pub mod hf;
 pub mod kv_dtype;
-pub mod llama2c;
+pub mod load;
 pub mod ops;
 pub mod registry;
 pub mod rope;
@@ -47,5 +43,10 @@ pub use sampler::Sampler;
 pub use synthetic::SyntheticSpec;
 pub use tokenizer::{HfTokenizer, SpmTokenizer, Tokenizer};
 pub use weights::{LayerWeights, Model, Tensor, WeightFormat, Weights};
+
+// The loaders' paths from before they were grouped under `load/`, which the engines' tests, the
+// fuzz targets and the CLI use.
+pub use load::gguf::{llama as gguf_llama, model as gguf_model, write as gguf_write};
+pub use load::{hf, llama2c};
 
 pub use gguf_model::load_gguf;

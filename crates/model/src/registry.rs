@@ -77,7 +77,7 @@ pub enum Format {
     /// Seeded random weights; the tokenizer (if any) is a llama2.c file.
     Synthetic,
     /// A Hugging Face folder (`config.json`, safetensors, `tokenizer.json`); the model file
-    /// names the folder ([`crate::hf`]).
+    /// names the folder ([`crate::load::hf`]).
     Hf,
 }
 
@@ -212,7 +212,7 @@ fn find_named(file: &str) -> Option<PathBuf> {
     search_dirs()
         .into_iter()
         .map(|d| d.join(file))
-        .find(|p| p.is_file() || crate::hf::is_hf_dir(p))
+        .find(|p| p.is_file() || crate::load::hf::is_hf_dir(p))
 }
 
 /// Where a file was looked for, for error messages.
@@ -239,7 +239,7 @@ fn searched_for(file: &str) -> String {
 /// # Errors
 /// [`Error::Open`] / [`Error::Io`].
 pub fn sha256_file(path: &Path) -> Result<String> {
-    if crate::hf::is_hf_dir(path) {
+    if crate::load::hf::is_hf_dir(path) {
         return sha256_file(&path.join("model.safetensors"));
     }
     let mut f = std::fs::File::open(path).map_err(|source| Error::Open {
@@ -359,7 +359,7 @@ pub fn load_entry(
             (m, Some(t))
         }
         (Format::Hf, Some(dir)) => {
-            let (m, t, read) = crate::hf::load_hf_dir(dir)?;
+            let (m, t, read) = crate::load::hf::load_hf_dir(dir)?;
             files = read;
             (m, Some(t))
         }
@@ -386,9 +386,9 @@ pub fn entry_config(entry: &ModelEntry, model: Option<&Path>) -> Result<crate::C
             c.validate()?;
             Ok(c)
         }
-        (Format::Llama2c, Some(p)) => crate::llama2c::read_config(p),
-        (Format::Gguf, Some(p)) => crate::gguf_model::read_gguf_config(p),
-        (Format::Hf, Some(p)) => crate::hf::read_hf_config(p).map(|(c, _)| c),
+        (Format::Llama2c, Some(p)) => crate::load::llama2c::read_config(p),
+        (Format::Gguf, Some(p)) => crate::load::gguf::model::read_gguf_config(p),
+        (Format::Hf, Some(p)) => crate::load::hf::read_hf_config(p).map(|(c, _)| c),
         (_, None) => Err(no_model_file(entry)),
     }
 }
@@ -405,9 +405,9 @@ fn no_model_file(entry: &ModelEntry) -> Error {
 /// Loads a llama2.c checkpoint and, if given, its tokenizer.
 ///
 /// # Errors
-/// As [`crate::llama2c::load`] and [`Tokenizer::load_llama2c`].
+/// As [`crate::load::llama2c::load`] and [`Tokenizer::load_llama2c`].
 pub fn load_llama2c(model: &Path, tokenizer: Option<&Path>) -> Result<(Model, Option<Tokenizer>)> {
-    let m = crate::llama2c::load(model)?;
+    let m = crate::load::llama2c::load(model)?;
     let t = tokenizer
         .map(|t| Tokenizer::load_llama2c(t, m.config.vocab_size))
         .transpose()?;

@@ -1,5 +1,5 @@
 //! Gemma 3 270M read from GGUF: the configuration the architecture needs (checked against
-//! llama.cpp's gemma3 graph and HF transformers, see crates/model/src/gguf_model.rs).
+//! llama.cpp's gemma3 graph and HF transformers, see crates/model/src/load/gguf/model.rs).
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! GGUF files of architecture `llama` (crates/model/src/gguf_llama.rs): stories260K written as
+//! GGUF files of architecture `llama` (crates/model/src/load/gguf/llama.rs): stories260K written as
 //! a llama GGUF by kvlab's own builder and by gguf-py (scripts/peers/llama2c_to_gguf.py) is the
 //! llama2.c checkpoint, weight for weight; llama.cpp's greedy ids on the gguf-py file
 //! (fixtures/stories260k_gguf/greedy.json) are the engines' golden text of the .bin; and every

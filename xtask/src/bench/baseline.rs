@@ -377,7 +377,7 @@ mod tests {
 
     #[test]
     fn the_stored_baseline_records_its_machine() {
-        let path = crate::verify::workspace_root().join("benches/baseline.json");
+        let path = crate::paths::workspace_root().join("benches/baseline.json");
         let stored: Stored =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert!(!stored.machine.cpu_model.is_empty(), "{}", path.display());

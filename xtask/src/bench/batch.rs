@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use anyhow::{Result, anyhow};
-use kvlab_cli::engines::{PagedEngine, PoolOptions};
+use kvlab_engines::{PagedEngine, PoolOptions};
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Engine, Model};
 use kvlab_paged::{DriveReport, Request, Scheduler, StopConditions};
@@ -63,7 +63,7 @@ pub fn drive(
     max_model_len: usize,
     requests: &[Request],
 ) -> Result<DriveReport> {
-    let cfg = kvlab_cli::engines::scheduler_config(model, pool, max_model_len);
+    let cfg = kvlab_engines::scheduler_config(model, pool, max_model_len);
     let mut sched = Scheduler::new(cfg)?;
     kvlab_paged::drive(engine, &mut sched, requests, argmax, |_, _, _| {})
         .map_err(|e| anyhow!("{e}"))

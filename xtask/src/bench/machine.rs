@@ -108,7 +108,7 @@ pub fn detect() -> Machine {
 fn cmd(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program)
         .args(args)
-        .current_dir(crate::verify::workspace_root())
+        .current_dir(crate::paths::workspace_root())
         .output()
         .ok()?;
     out.status
@@ -157,4 +157,16 @@ pub fn status_bytes(field: &str) -> Option<u64> {
 /// The 1-minute load average now.
 pub fn load_now() -> Option<f64> {
     loadavg().map(|l| l[0])
+}
+
+/// The machine as serve.json, tiers.json and eviction.json name it: CPU, logical CPUs, load at
+/// the start, date.
+pub fn line(m: &Machine) -> String {
+    format!(
+        "{} ({} logical CPUs), load {:.1} at the start, {}",
+        m.cpu_model,
+        m.logical_cpus,
+        m.loadavg_start.map_or(0.0, |l| l[0]),
+        m.date_utc
+    )
 }

@@ -9,7 +9,7 @@
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use kvlab_cli::engines::EngineKind;
+use kvlab_engines::EngineKind;
 use kvlab_model::{Engine, KvUsage};
 use kvlab_paged::waste::{TABLE_BLOCK_SIZES, WasteRow, waste_table};
 use kvlab_paged::workload::{LongTail, long_tail_requests, uniform_requests};
@@ -75,7 +75,7 @@ pub struct RssRow {
     pub engine_peak_extra_bytes: u64,
 }
 
-/// Re-runs this binary as `bench __rss MODEL ENGINE CONTEXT POSITIONS` and parses its report.
+/// Re-runs this binary as `__rss MODEL ENGINE CONTEXT POSITIONS` and parses its report.
 pub fn rss_in_child(
     model: &str,
     engine: EngineKind,
@@ -85,7 +85,6 @@ pub fn rss_in_child(
     let exe = std::env::current_exe()?;
     let out = Command::new(exe)
         .args([
-            "bench",
             "__rss",
             model,
             engine.name(),
@@ -111,7 +110,7 @@ pub fn rss_in_child(
 /// The child's side: load, measure, generate, print one JSON line.
 pub fn rss_child(args: &[String]) -> Result<()> {
     let [model, engine, context, positions] = args else {
-        bail!("usage: bench __rss MODEL ENGINE CONTEXT POSITIONS");
+        bail!("usage: __rss MODEL ENGINE CONTEXT POSITIONS");
     };
     let (context, positions): (usize, usize) = (context.parse()?, positions.parse()?);
     let m = match super::models::load(model, Some(context))? {
@@ -119,7 +118,7 @@ pub fn rss_child(args: &[String]) -> Result<()> {
         Err(why) => bail!("{why}"),
     };
     let after_load = machine::status_bytes("VmRSS:").unwrap_or(0);
-    let mut e = kvlab_cli::engines::build(engine.parse()?, m.model.clone())?;
+    let mut e = kvlab_engines::build(engine.parse()?, m.model.clone())?;
     let bos = m.model.config.bos_id;
     super::decode::generate(e.as_mut(), positions, bos)?;
     let peak = machine::status_bytes("VmHWM:").unwrap_or(0);

@@ -20,14 +20,14 @@ mod eviction;
 pub mod machine;
 mod memory;
 mod models;
-mod peers;
+pub mod peers;
 mod plan;
 mod plot;
 mod prefill;
 mod ratios;
 mod report;
 mod roofline;
-mod serve;
+pub mod serve;
 mod stats;
 mod suite;
 mod tiers;
@@ -36,24 +36,22 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlab_cli::args::usize_in;
-use kvlab_cli::engines::{self, EngineKind};
+use kvlab_engines::{self as engines, EngineKind};
 
-use crate::verify::{target_dir, workspace_root};
+use crate::paths;
 
 /// `cargo xtask bench`: latency, throughput, memory and roofline of every engine.
-#[derive(clap::Parser)]
+#[derive(clap::Args)]
 #[command(
-    name = "cargo xtask bench",
     after_help = "env: KVLAB_MODELS (folder of real checkpoints such as stories260K.bin); for \
                   --peers KVLAB_RUNC (llama2.c's run.c binary), KVLAB_PYTHON (a python with \
                   llama-cpp-python) and KVLAB_BIN (the kvlab binary to measure; default: cargo \
                   build --release -p kvlab-cli; for --serve: target/release/kvlab, built \
                   beforehand)"
 )]
-struct Opts {
+pub struct Opts {
     /// CI smoke run: stories260K and the stories15M shape at short contexts, few repetitions
     /// (under 2 minutes on a 2-core machine); default: the full run
     #[arg(long, overrides_with = "full")]
@@ -109,7 +107,7 @@ struct Opts {
     max_tokens: Option<usize>,
     /// --serve: a request rate in requests/s, or "inf" for all at once (repeatable)
     /// [default: 4 8 16 32 64 inf (the knee of 32 requests on 2 cores), --quick 8 inf]
-    #[arg(long = "rate", value_name = "REQ/S", value_parser = parse_rate)]
+    #[arg(long = "rate", value_name = "REQ/S", value_parser = serve::parse_rate)]
     rates: Vec<f64>,
     /// --serve: back-to-back pairs (all requests at once on the server, then kvlab batch, or
     /// the other way round) whose median ratio is the throughput verdict [default: 7, --quick 1]
@@ -134,77 +132,29 @@ struct Opts {
     eviction: bool,
 }
 
-/// A request rate: a positive number of requests/s, or "inf".
-fn parse_rate(s: &str) -> Result<f64, String> {
-    if s.eq_ignore_ascii_case("inf") {
-        return Ok(f64::INFINITY);
-    }
-    match s.parse::<f64>() {
-        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
-        _ => Err(format!(
-            "{s:?} is not a positive rate (requests/s) or \"inf\""
-        )),
-    }
-}
-
 impl Opts {
     fn out(&self) -> PathBuf {
-        self.out
-            .clone()
-            .unwrap_or_else(|| target_dir().join("kvlab-bench"))
+        self.out.clone().unwrap_or_else(paths::bench_out)
     }
 }
 
-/// `--peers`: the comparison with run.c and llama.cpp, table and peers.json.
+/// `--peers`: forwarded to `cargo xtask peers` (peers.rs), which owns the comparison.
 fn run_peers(o: &Opts) -> Result<()> {
-    let p = peers::PeerOpts {
+    peers::command(&peers::PeersArgs {
         models: o.models.clone(),
-        threads: o.threads.unwrap_or_else(kvlab_cpu::threads::physical_cores),
+        threads: o.threads,
         steps: o.steps,
         reps: o.reps,
-    };
-    let m = machine::detect();
-    let machine = format!(
-        "{} ({} logical CPUs, {}), load {:.1} at the start, {}",
-        m.cpu_model,
-        m.logical_cpus,
-        m.kvlab_simd,
-        m.loadavg_start.map_or(0.0, |l| l[0]),
-        m.date_utc
-    );
-    let report = peers::run(&p, machine)?;
-    peers::print(&report);
-    let out = o.out();
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let json = out.join("peers.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
-    println!("wrote {}", json.display());
-    if report.rows.is_empty() {
-        bail!("no peer ran (see the missing lines above)");
-    }
-    Ok(())
+        out: Some(o.out()),
+    })
 }
 
-/// The machine as serve.json and tiers.json name it: CPU, logical CPUs, load, date.
-fn machine_line(m: &machine::Machine) -> String {
-    format!(
-        "{} ({} logical CPUs), load {:.1} at the start, {}",
-        m.cpu_model,
-        m.logical_cpus,
-        m.loadavg_start.map_or(0.0, |l| l[0]),
-        m.date_utc
-    )
-}
-
-/// `--serve`: the load test of `kvlab serve` (serve.rs), table, serve.json and the plot.
+/// `--serve`: forwarded to `cargo xtask load` (serve.rs), which owns the load test.
 fn run_serve(o: &Opts) -> Result<()> {
     if o.models.len() > 1 {
         bail!("--serve takes one --model");
     }
-    let m = machine::detect();
-    let out = o.out();
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let s = serve::ServeOpts {
+    serve::command(&serve::LoadArgs {
         quick: o.quick && !o.full,
         model: o.models.first().cloned(),
         requests: o.requests,
@@ -212,24 +162,10 @@ fn run_serve(o: &Opts) -> Result<()> {
         rates: o.rates.clone(),
         pairs: o.pairs,
         seed: o.seed,
-        out: out.clone(),
-        plots: !o.no_plots,
+        out: Some(o.out()),
+        no_plots: o.no_plots,
         notes: o.notes.clone(),
-        machine: machine_line(&m),
-    };
-    let report = serve::run(&s)?;
-    serve::print(&report);
-    let json = out.join("serve.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
-    println!(
-        "wrote {} and {} plots in {} ({:.0} s); schema: {}",
-        json.display(),
-        report.plots.len(),
-        out.display(),
-        report.wall_seconds,
-        workspace_root().join("xtask/src/bench/schema.md").display()
-    );
-    Ok(())
+    })
 }
 
 /// `--tiers`: restore versus recompute (tiers.rs), table, tiers.json and the plot.
@@ -249,7 +185,7 @@ fn run_tiers(o: &Opts) -> Result<()> {
         seed: o.seed,
         out: out.clone(),
         plots: !o.no_plots,
-        machine: machine_line(&m),
+        machine: machine::line(&m),
     };
     let report = tiers::run(&t)?;
     tiers::print(&report);
@@ -294,7 +230,7 @@ fn run_eviction(o: &Opts) -> Result<()> {
         quick: o.quick && !o.full,
         out: out.clone(),
         plots: !o.no_plots,
-        machine: machine_line(&m),
+        machine: machine::line(&m),
         notes: o.notes.clone(),
     };
     let report = eviction::run(&e)?;
@@ -303,12 +239,21 @@ fn run_eviction(o: &Opts) -> Result<()> {
     write_json(&out, "eviction.json", &report, plots, report.wall_seconds)
 }
 
-pub fn run(args: &[String]) -> Result<()> {
-    // Hidden: the peak-RSS child process (memory.rs).
-    if args.first().map(String::as_str) == Some("__rss") {
-        return memory::rss_child(&args[1..]);
-    }
-    let o = Opts::parse_from(std::iter::once("cargo xtask bench".into()).chain(args.to_vec()));
+/// The peak-RSS child process (memory.rs), `cargo xtask __rss MODEL ENGINE CONTEXT POSITIONS`.
+///
+/// # Errors
+/// Bad arguments, a model that does not load, or the engine's own.
+pub fn rss_child(args: &[String]) -> Result<()> {
+    memory::rss_child(args)
+}
+
+/// `cargo xtask bench` with its parsed options; `args` are the words it was given, recorded in
+/// bench.json.
+///
+/// # Errors
+/// A model or engine that fails, an unwritable output folder, or a speedup that fell below the
+/// baseline's.
+pub fn run(o: Opts, args: &[String]) -> Result<()> {
     if o.peers {
         return run_peers(&o);
     }
@@ -497,7 +442,7 @@ fn write(mut rep: report::Report, o: &Opts, started: Instant) -> Result<()> {
         rep.plots.len(),
         out.display(),
         rep.wall_seconds,
-        workspace_root().join("xtask/src/bench/schema.md").display()
+        paths::bench_schema().display()
     );
     if let Some(b) = &rep.baseline {
         b.verdict()?;

@@ -1,4 +1,4 @@
-//! `cargo xtask bench --peers`: kvlab's `generate` against llama2.c's `run.c` and llama.cpp on
+//! `cargo xtask peers` (also spelled `cargo xtask bench --peers`): kvlab's `generate` against llama2.c's `run.c` and llama.cpp on
 //! the same weights, as separate processes, interleaved rep by rep so the ratios are taken under
 //! the same load, with the same thread count and greedy decoding, and with a token-identity check.
 //!
@@ -25,8 +25,69 @@ use serde::Serialize;
 
 use kvlab_model::WeightFormat;
 
+use kvlab_cli::args::usize_in;
+
+use super::machine;
 use super::stats::Summary;
-use crate::verify::{target_dir, workspace_root};
+use crate::paths::{self, target_dir, workspace_root};
+
+/// `cargo xtask peers`' options (`cargo xtask bench --peers` forwards its own).
+#[derive(clap::Args)]
+#[command(
+    after_help = "env: KVLAB_MODELS (folder of real checkpoints), KVLAB_RUNC (llama2.c's run.c \
+                  binary), KVLAB_PYTHON (a python with llama-cpp-python) and KVLAB_BIN (the \
+                  kvlab binary to measure; default: cargo build --release -p kvlab-cli)"
+)]
+pub struct PeersArgs {
+    /// Only this model of the comparison (repeatable)
+    #[arg(long = "model", value_name = "NAME")]
+    pub models: Vec<String>,
+    /// Threads of both sides [default: physical cores]
+    #[arg(long, value_name = "N", value_parser = usize_in(1, 1 << 16))]
+    pub threads: Option<usize>,
+    /// Positions per run
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = usize_in(1, 1 << 20))]
+    pub steps: usize,
+    /// Repetitions
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = usize_in(1, 1 << 20))]
+    pub reps: usize,
+    /// Where peers.json goes [default: target/kvlab-bench]
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+/// `cargo xtask peers`: the comparison with run.c and llama.cpp, its table and peers.json.
+///
+/// # Errors
+/// kvlab's build failing, an unwritable output folder, or no peer that ran at all.
+pub fn command(a: &PeersArgs) -> Result<()> {
+    let p = PeerOpts {
+        models: a.models.clone(),
+        threads: a.threads.unwrap_or_else(kvlab_cpu::threads::physical_cores),
+        steps: a.steps,
+        reps: a.reps,
+    };
+    let m = machine::detect();
+    let machine = format!(
+        "{} ({} logical CPUs, {}), load {:.1} at the start, {}",
+        m.cpu_model,
+        m.logical_cpus,
+        m.kvlab_simd,
+        m.loadavg_start.map_or(0.0, |l| l[0]),
+        m.date_utc
+    );
+    let report = run(&p, machine)?;
+    print(&report);
+    let out = a.out.clone().unwrap_or_else(paths::bench_out);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let json = out.join("peers.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+    println!("wrote {}", json.display());
+    if report.rows.is_empty() {
+        bail!("no peer ran (see the missing lines above)");
+    }
+    Ok(())
+}
 
 /// One model's comparison.
 #[derive(Debug, Serialize)]
@@ -151,7 +212,7 @@ const PREFILL_NEW: usize = 8;
 
 pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
     let kvlab = build_kvlab()?;
-    let dir = target_dir().join("kvlab-bench").join("peers");
+    let dir = paths::bench_out().join("peers");
     std::fs::create_dir_all(&dir)?;
     let mut report = PeersReport {
         machine,

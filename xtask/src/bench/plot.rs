@@ -6,6 +6,9 @@
 //! * `batch_throughput`: decode tokens/s against batch size (log-log);
 //! * `kv_memory`: KV bytes against context length, by engine and layout, with the formula.
 //!
+//! The side benches draw their own figures with the helpers here (`Panel`, `Series`, `axis`,
+//! `write_pair`, ...): `serve/plot.rs`, `tiers/plot.rs`, `eviction/plot.rs`.
+//!
 //! Text uses DejaVu Sans embedded in the binary (plotters' `ab_glyph` feature), so the PNGs
 //! render on a machine without fontconfig; the SVGs name the font family and leave the glyphs
 //! to the viewer.
@@ -14,7 +17,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{Result, anyhow};
-use kvlab_cli::engines::EngineKind;
+use kvlab_engines::EngineKind;
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
@@ -31,12 +34,12 @@ pub fn register_font() {
     let _ = plotters::style::register_font("sans-serif", FontStyle::Bold, dejavu::sans::bold());
 }
 
-fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+pub(super) fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e:?}")
 }
 
 /// Colour of an engine, the same in every figure: its place in `EngineKind::ALL`.
-fn color(engine: &str) -> RGBColor {
+pub(super) fn color(engine: &str) -> RGBColor {
     const PALETTE: [RGBColor; 6] = [
         RGBColor(214, 39, 40),
         RGBColor(31, 119, 180),
@@ -98,27 +101,27 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, panels: &[Panel]) -> R
 }
 
 /// One model's panel of a figure, as data: every figure is drawn by `Panel::draw`.
-struct Panel {
-    title: String,
-    x: Axis,
-    y: Axis,
-    legend: SeriesLabelPosition,
-    series: Vec<Series>,
+pub(super) struct Panel {
+    pub(super) title: String,
+    pub(super) x: Axis,
+    pub(super) y: Axis,
+    pub(super) legend: SeriesLabelPosition,
+    pub(super) series: Vec<Series>,
 }
 
 /// An axis: its range, its description, and the base of its log scale (`None`: linear).
-struct Axis {
+pub(super) struct Axis {
     range: Range<f64>,
     desc: &'static str,
     log: Option<f64>,
 }
 
-fn axis(range: Range<f64>, log: Option<f64>, desc: &'static str) -> Axis {
+pub(super) fn axis(range: Range<f64>, log: Option<f64>, desc: &'static str) -> Axis {
     Axis { range, desc, log }
 }
 
 /// A line of a panel and its legend entry, if any.
-struct Series {
+pub(super) struct Series {
     pts: Vec<(f64, f64)>,
     style: ShapeStyle,
     line: Line,
@@ -129,7 +132,7 @@ struct Series {
 /// How a series is drawn: a solid line, a dashed one (dash and gap lengths, pixels), or a solid
 /// one with a marker at each point.
 #[derive(Clone, Copy)]
-enum Line {
+pub(super) enum Line {
     Solid,
     Dashed(u32, u32),
     Circles,
@@ -137,7 +140,7 @@ enum Line {
 }
 
 impl Series {
-    fn new(pts: Vec<(f64, f64)>, style: ShapeStyle, line: Line) -> Series {
+    pub(super) fn new(pts: Vec<(f64, f64)>, style: ShapeStyle, line: Line) -> Series {
         Series {
             pts,
             style,
@@ -146,7 +149,7 @@ impl Series {
         }
     }
 
-    fn key(self, label: String, style: ShapeStyle) -> Series {
+    pub(super) fn key(self, label: String, style: ShapeStyle) -> Series {
         Series {
             key: Some((label, style)),
             ..self
@@ -246,7 +249,7 @@ impl Panel {
 }
 
 /// The range `lo..hi` widened by a factor on each side, for a log axis.
-fn log_range(vals: impl Iterator<Item = f64>) -> (f64, f64) {
+pub(super) fn log_range(vals: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = vals
         .filter(|v| v.is_finite() && *v > 0.0)
         .fold((f64::INFINITY, 0.0f64), |(l, h), v| (l.min(v), h.max(v)));
@@ -269,7 +272,7 @@ fn rolling_median(v: &[f64], w: usize) -> Vec<f64> {
 }
 
 /// The distinct items in order of first appearance.
-fn unique<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+pub(super) fn unique<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     let mut v: Vec<&str> = Vec::new();
     for x in it {
         if !v.contains(&x) {
@@ -505,108 +508,8 @@ fn memory_panel(r: &Results, info: &ModelInfo) -> Panel {
     }
 }
 
-/// One request rate of `bench --serve`: output tokens/s and TTFT (ms) at it.
-pub struct ServePoint {
-    /// Requests/s (the caller places "all at once" past the largest finite rate).
-    pub rate: f64,
-    pub tok_s: f64,
-    pub ttft_p50_ms: f64,
-    pub ttft_p99_ms: f64,
-}
-
-/// `bench --serve`'s figure, SVG and PNG: output tokens/s against the request rate with
-/// `kvlab batch`'s throughput as a dashed line and the paired saturation runs' throughputs
-/// (`paired`: (x, tokens/s)) as triangles, and TTFT p50 and p99 (log) against the rate.
-/// Returns the file names.
-pub fn serve(
-    dir: &Path,
-    stem: &str,
-    title: &str,
-    pts: &[ServePoint],
-    paired: &[(f64, f64)],
-    batch_tok_s: f64,
-) -> Result<Vec<String>> {
-    let xmax = pts.iter().map(|p| p.rate).fold(1.0, f64::max) * 1.1;
-    let blue = color("cpu-paged");
-    let black = BLACK.stroke_width(2);
-    let ymax = pts
-        .iter()
-        .map(|p| p.tok_s)
-        .chain(paired.iter().map(|p| p.1))
-        .chain([batch_tok_s])
-        .filter(|v| v.is_finite())
-        .fold(1.0, f64::max)
-        * 1.5;
-    let throughput = Panel {
-        title: format!("kvlab serve throughput — {title}"),
-        x: axis(
-            0.0..xmax,
-            None,
-            "request rate, req/s (last point: all at once)",
-        ),
-        y: axis(0.0..ymax, None, "output tokens/s"),
-        legend: SeriesLabelPosition::UpperLeft,
-        series: vec![
-            Series::new(
-                vec![(0.0, batch_tok_s), (xmax, batch_tok_s)],
-                black,
-                Line::Dashed(6, 4),
-            )
-            .key(
-                "kvlab batch (same prompts, no HTTP, prefix cache off)".into(),
-                black,
-            ),
-            Series::new(
-                pts.iter().map(|p| (p.rate, p.tok_s)).collect(),
-                blue.stroke_width(2),
-                Line::Circles,
-            )
-            .key(
-                "kvlab serve (streamed), the sweep".into(),
-                blue.stroke_width(3),
-            ),
-            Series::new(
-                paired.to_vec(),
-                color("cpu").stroke_width(0),
-                Line::Triangles,
-            )
-            .key(
-                "kvlab serve, all at once, prefix cache off, beside each batch run".into(),
-                color("cpu").stroke_width(3),
-            ),
-        ],
-    };
-    let (lo, hi) = log_range(pts.iter().flat_map(|p| [p.ttft_p50_ms, p.ttft_p99_ms]));
-    let red = color("naive");
-    let ttft = Panel {
-        title: format!("kvlab serve TTFT — {title}"),
-        x: axis(
-            0.0..xmax,
-            None,
-            "request rate, req/s (last point: all at once)",
-        ),
-        y: axis(lo..hi, Some(10.0), "TTFT, ms (log)"),
-        legend: SeriesLabelPosition::UpperLeft,
-        series: vec![
-            Series::new(
-                pts.iter().map(|p| (p.rate, p.ttft_p50_ms)).collect(),
-                blue.stroke_width(2),
-                Line::Circles,
-            )
-            .key("p50".into(), blue.stroke_width(3)),
-            Series::new(
-                pts.iter().map(|p| (p.rate, p.ttft_p99_ms)).collect(),
-                red.stroke_width(2),
-                Line::Triangles,
-            )
-            .key("p99".into(), red.stroke_width(3)),
-        ],
-    };
-    write_pair(dir, stem, &[throughput, ttft])
-}
-
 /// Draws `panels` side by side into `stem`.svg and `stem`.png in `dir`; returns the names.
-fn write_pair(dir: &Path, stem: &str, panels: &[Panel]) -> Result<Vec<String>> {
+pub(super) fn write_pair(dir: &Path, stem: &str, panels: &[Panel]) -> Result<Vec<String>> {
     let size = (PANEL.0 * panels.len() as u32, PANEL.1);
     let (svg, png) = (format!("{stem}.svg"), format!("{stem}.png"));
     draw(
@@ -618,158 +521,6 @@ fn write_pair(dir: &Path, stem: &str, panels: &[Panel]) -> Result<Vec<String>> {
         panels,
     )?;
     Ok(vec![svg, png])
-}
-
-/// `bench --tiers`' figure, SVG and PNG: the returning request's TTFT against its context (both
-/// log), recomputed and restored from each tier, and on a second panel each tier's TTFT over
-/// recompute's (below 1: restoring wins; the crossover is where a line crosses 1).
-pub fn tiers(dir: &Path, r: &super::tiers::TierReport) -> Result<Vec<String>> {
-    let modes = unique(r.rows.iter().map(|x| x.mode.as_str()));
-    let style = |i: usize| {
-        let c = match i {
-            0 => color("naive"),
-            1 => color("cpu-paged"),
-            _ => color("cpu"),
-        };
-        (c.stroke_width(2), c.stroke_width(3))
-    };
-    let pts = |mode: &str, f: &dyn Fn(&super::tiers::TierRow) -> f64| -> Vec<(f64, f64)> {
-        r.rows
-            .iter()
-            .filter(|x| x.mode == mode)
-            .map(|x| (x.context as f64, f(x)))
-            .collect()
-    };
-    let (xlo, xhi) = log_range(r.rows.iter().map(|x| x.context as f64));
-    let (lo, hi) = log_range(r.rows.iter().map(|x| x.ttft_ms.median));
-    let ttft = Panel {
-        title: format!("TTFT of a returning request — {}", r.model),
-        x: axis(
-            xlo..xhi,
-            Some(2.0),
-            "context of the returning request, tokens (log)",
-        ),
-        y: axis(lo..hi, Some(10.0), "time to first token, ms (log)"),
-        legend: SeriesLabelPosition::UpperLeft,
-        series: modes
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let (line, key) = style(i);
-                Series::new(pts(m, &|x| x.ttft_ms.median), line, Line::Circles)
-                    .key((*m).to_string(), key)
-            })
-            .collect(),
-    };
-    let (rlo, rhi) = log_range(r.rows.iter().map(|x| x.ttft_vs_recompute).chain([0.5, 2.0]));
-    let mut ratio_series = vec![
-        Series::new(
-            vec![(xlo, 1.0), (xhi, 1.0)],
-            BLACK.stroke_width(1),
-            Line::Dashed(6, 4),
-        )
-        .key("recompute (1)".into(), BLACK.stroke_width(2)),
-    ];
-    ratio_series.extend(modes.iter().enumerate().skip(1).map(|(i, m)| {
-        let (line, key) = style(i);
-        Series::new(pts(m, &|x| x.ttft_vs_recompute), line, Line::Circles)
-            .key(format!("restore from {m}"), key)
-    }));
-    let ratio = Panel {
-        title: "restore / recompute (below 1: restoring wins)".into(),
-        x: axis(
-            xlo..xhi,
-            Some(2.0),
-            "context of the returning request, tokens (log)",
-        ),
-        y: axis(rlo..rhi, Some(10.0), "TTFT relative to recompute (log)"),
-        legend: SeriesLabelPosition::UpperRight,
-        series: ratio_series,
-    };
-    write_pair(dir, "tiers_ttft", &[ttft, ratio])
-}
-
-/// `bench --eviction`'s figure, SVG and PNG: the prefix-cache hit rate against the pool's size
-/// for each eviction policy, without tiers (left), and with tiers below the pool (right: solid,
-/// spilling on eviction; dashed, offloading paused sessions too).
-pub fn eviction(dir: &Path, r: &super::eviction::EvictionReport) -> Result<Vec<String>> {
-    use super::eviction::mode;
-    let rows = &r.sessions;
-    let policies = unique(rows.iter().filter_map(|x| x["policy"].as_str()));
-    let pts = |policy: &str, m: &str| -> Vec<(f64, f64)> {
-        rows.iter()
-            .filter(|x| x["policy"].as_str() == Some(policy) && mode(x) == m)
-            .filter_map(|x| {
-                Some((
-                    x["num_blocks"].as_f64()?,
-                    100.0 * x["prefix_hit_rate"].as_f64()?,
-                ))
-            })
-            .collect()
-    };
-    let blocks = rows.iter().filter_map(|x| x["num_blocks"].as_f64());
-    let (xlo, xhi) = blocks.fold((f64::INFINITY, 0.0f64), |(l, h), b| (l.min(b), h.max(b)));
-    let (xlo, xhi) = if xlo.is_finite() {
-        (xlo * 0.9, xhi * 1.1)
-    } else {
-        (1.0, 2.0)
-    };
-    let policy_color = |i: usize| {
-        const PALETTE: [RGBColor; 4] = [
-            RGBColor(214, 39, 40),
-            RGBColor(31, 119, 180),
-            RGBColor(44, 160, 44),
-            RGBColor(148, 103, 189),
-        ];
-        PALETTE[i % PALETTE.len()]
-    };
-    let top = rows
-        .iter()
-        .filter_map(|x| x["prefix_hit_rate"].as_f64())
-        .fold(0.0f64, f64::max);
-    let ytop = (100.0 * top * 1.2).clamp(10.0, 100.0);
-    let panel = |title: String, modes: &[(&str, Line)]| {
-        let mut series: Vec<Series> = policies
-            .iter()
-            .enumerate()
-            .flat_map(|(i, p)| {
-                let c = policy_color(i);
-                modes.iter().enumerate().map(move |(j, &(m, line))| {
-                    let s = Series::new(pts(p, m), c.stroke_width(2), line);
-                    // One key per policy; the dashed lines share the one key below.
-                    if j == 0 {
-                        s.key((*p).to_string(), c.stroke_width(3))
-                    } else {
-                        s
-                    }
-                })
-            })
-            .collect();
-        if modes.len() > 1 {
-            series.push(
-                Series::new(Vec::new(), BLACK.stroke_width(1), Line::Dashed(6, 4)).key(
-                    "dashed: paused sessions offloaded".into(),
-                    BLACK.stroke_width(1),
-                ),
-            );
-        }
-        Panel {
-            title,
-            x: axis(xlo..xhi, Some(2.0), "pool, blocks of 16 tokens (log)"),
-            y: axis(0.0..ytop, None, "prefix-cache hit rate, % of prompt tokens"),
-            legend: SeriesLabelPosition::LowerRight,
-            series,
-        }
-    };
-    let plain = panel(
-        format!("eviction policies, no tiers — {}", r.model),
-        &[("no tiers", Line::Circles)],
-    );
-    let tiered = panel(
-        "with tiers below the pool (64 host + 4,096 disk blocks)".into(),
-        &[("tiers", Line::Circles), ("offload", Line::Dashed(6, 4))],
-    );
-    write_pair(dir, "eviction_hit_rate", &[plain, tiered])
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! ratio is taken repetition by repetition and summarised; elsewhere it is the ratio of medians
 //! and its spread combines both sides' spreads.
 
-use kvlab_cli::engines::EngineKind;
+use kvlab_engines::EngineKind;
 use serde::{Deserialize, Serialize};
 
 use super::batch::BatchRow;

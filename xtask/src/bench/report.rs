@@ -1,6 +1,6 @@
 //! The run's report: the JSON document (schema.md) and the terminal tables.
 
-use kvlab_cli::engines::EngineKind;
+use kvlab_engines::EngineKind;
 use kvlab_paged::waste::WasteRow;
 use serde::Serialize;
 

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use indicatif::ProgressBar;
-use kvlab_cli::engines::{EngineKind, PagedEngine, PoolOptions, build, build_paged};
+use kvlab_engines::{EngineKind, PagedEngine, PoolOptions, build, build_paged};
 use kvlab_model::Engine;
 use serde::Serialize;
 

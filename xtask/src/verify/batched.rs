@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kvlab_cli::engines::{EngineKind, PoolOptions, build_paged};
+use kvlab_engines::{EngineKind, PoolOptions, build_paged};
 use kvlab_model::registry::ModelEntry;
 use kvlab_model::sampler::argmax;
 use kvlab_model::{Model, Tokenizer};

@@ -70,7 +70,7 @@ pub fn for_model(
 }
 
 fn read_fixture(file: &str) -> Result<Value> {
-    let path = super::workspace_root().join("fixtures").join(file);
+    let path = crate::paths::fixtures().join(file);
     Ok(serde_json::from_str(
         &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
     )?)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use kvlab_cli::engines::{self, EngineKind};
+use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::registry::ModelEntry;
 use kvlab_model::{
     KvDtype, Model, Tolerance, WeightFormat, compare_distributions, compare_logits, teacher_force,

@@ -20,16 +20,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use kvlab_cli::engines::{self, EngineKind};
+use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::registry::{self, Located, ModelEntry};
 use kvlab_model::sampler::{argmax, top2_margin};
 use kvlab_model::{Engine, Model, Tolerance, WeightFormat, compare_logits, teacher_force};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::{prompts, table};
+use crate::{paths, prompts, table};
 
 mod batched;
 mod cases;
@@ -39,13 +38,12 @@ use cases::Case;
 
 /// `cargo xtask verify`: every engine gives the naive engine's greedy tokens on every model and
 /// prompt.
-#[derive(clap::Parser)]
+#[derive(clap::Args)]
 #[command(
-    name = "cargo xtask verify",
     after_help = "env: KVLAB_MODELS (folder of real checkpoints), KVLAB_REQUIRE_MODELS=1 (a \
                   missing checkpoint fails)"
 )]
-struct Opts {
+pub struct Opts {
     /// Only this model (repeatable); default: every model marked verify in fixtures/models.json
     #[arg(long = "model", value_name = "NAME")]
     models: Vec<String>,
@@ -58,23 +56,6 @@ struct Opts {
     /// JSON report [default: target/kvlab-verify/verify.json]
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-}
-
-/// The checkout: the one xtask was built in, else the current directory when it is a checkout
-/// (a prebuilt xtask carried to another machine, as the GPU checks do).
-pub fn workspace_root() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf();
-    let is_checkout = |d: &std::path::Path| d.join("fixtures").join("models.json").is_file();
-    if is_checkout(&built) {
-        return built;
-    }
-    std::env::current_dir()
-        .ok()
-        .filter(|d| is_checkout(d))
-        .unwrap_or(built)
 }
 
 /// `cmd` (a `cargo` build, or a shell that runs one) without the package variables `cargo run`
@@ -98,12 +79,6 @@ pub fn without_cargo_run_env(cmd: &mut Command) -> &mut Command {
         }
     }
     cmd
-}
-
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// Where two greedy runs first differ.
@@ -172,13 +147,15 @@ type Loaded<'a> = (
     Model,
 );
 
-pub fn run(args: &[String]) -> Result<()> {
-    let o = Opts::parse_from(std::iter::once("cargo xtask verify".into()).chain(args.to_vec()));
-    let out = o
-        .out
-        .unwrap_or_else(|| target_dir().join("kvlab-verify/verify.json"));
+/// `cargo xtask verify` with its parsed options: the table, verify.json, the verdict.
+///
+/// # Errors
+/// A token or logit mismatch, an engine that fails, a missing model under
+/// `KVLAB_REQUIRE_MODELS=1`, an unreadable prompt file or an unwritable report.
+pub fn run(o: Opts) -> Result<()> {
+    let out = o.out.unwrap_or_else(paths::verify_report);
     let require = std::env::var("KVLAB_REQUIRE_MODELS").is_ok_and(|v| v == "1");
-    let fixture = workspace_root().join("fixtures/prompts.txt");
+    let fixture = paths::fixtures().join("prompts.txt");
     let prompts = prompts::load(o.prompts.as_ref().unwrap_or(&fixture))?;
     let mut rows: Vec<Row> = Vec::new();
     let engines = available_engines(&o.engines, &mut rows);

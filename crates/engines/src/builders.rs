@@ -1,126 +1,14 @@
-//! Engines by name, as the command line and the harness name them. [`EngineKind`] is the one
-//! list: the CLI's `--engine` values, verify's and bench's engines, their order in reports and
-//! what each one is compared with all come from it.
+//! Engines built by kind: [`build`] (the single-sequence engines, a default pool for the paged
+//! ones), [`build_for`] (a pool the size of one request), [`build_paged`] (a pool of a given
+//! size, batched steps) and the shapes the scheduler driving a paged engine takes.
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::{Context, Error, Result, bail};
+use anyhow::{Result, bail};
 use kvlab_model::{Engine, KvDtype, Model};
 use kvlab_paged::{KvCacheConfig, SchedulerConfig, StepExecutor};
 
-/// Every engine kvlab knows, in the order reports list them. Adding an engine: a variant, its
-/// row in [`EngineKind::ALL`] and its name, and its constructor in [`build`] (or
-/// `build_paged` for a paged one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EngineKind {
-    /// No cache: every step recomputes the whole prefix. The reference of every comparison.
-    Naive,
-    /// One contiguous KV cache per sequence.
-    Cpu,
-    /// A pool of fixed-size blocks on the CPU: prefix caching, continuous batching.
-    CpuPaged,
-    /// The same paged pool on an NVIDIA GPU.
-    Cuda,
-}
-
-impl EngineKind {
-    /// Every engine, in report order.
-    pub const ALL: [EngineKind; 4] = [Self::Naive, Self::Cpu, Self::CpuPaged, Self::Cuda];
-
-    /// The reference every other engine's tokens and speed are compared with.
-    pub const REFERENCE: EngineKind = Self::Naive;
-
-    /// The name on the command line and in reports.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Naive => "naive",
-            Self::Cpu => "cpu",
-            Self::CpuPaged => "cpu-paged",
-            Self::Cuda => "cuda",
-        }
-    }
-
-    /// The paged engines (the values of `kvlab batch --engine`).
-    pub fn paged() -> Vec<EngineKind> {
-        Self::ALL.into_iter().filter(|e| e.is_paged()).collect()
-    }
-
-    /// Whether its KV cache is a block pool, so that it also runs batched steps from the
-    /// scheduler.
-    pub const fn is_paged(self) -> bool {
-        matches!(self, Self::CpuPaged | Self::Cuda)
-    }
-
-    /// Whether it keeps a KV cache at all (every engine but the reference).
-    pub const fn has_cache(self) -> bool {
-        !matches!(self, Self::Naive)
-    }
-
-    /// Whether it runs on the CPU (the others need a GPU).
-    pub const fn on_cpu(self) -> bool {
-        !matches!(self, Self::Cuda)
-    }
-
-    /// The engines whose speed this one is divided by: the reference for every engine, and the
-    /// contiguous cache for the paged ones (what paging costs or buys).
-    pub fn compared_with(self) -> &'static [EngineKind] {
-        match self {
-            Self::Naive => &[],
-            Self::Cpu => &[Self::Naive],
-            Self::CpuPaged | Self::Cuda => &[Self::Naive, Self::Cpu],
-        }
-    }
-
-    /// The engine called `name`, if kvlab has one.
-    pub fn from_name(name: &str) -> Option<EngineKind> {
-        Self::ALL.into_iter().find(|e| e.name() == name)
-    }
-}
-
-impl FromStr for EngineKind {
-    type Err = Error;
-
-    /// An engine by name; the error lists the known ones.
-    fn from_str(name: &str) -> Result<EngineKind> {
-        let known = EngineKind::ALL.map(EngineKind::name).join(", ");
-        EngineKind::from_name(name)
-            .with_context(|| format!("unknown engine {name:?}; known: {known}"))
-    }
-}
-
-impl fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A report row's engine name against an engine: `row.engine == EngineKind::Cpu`.
-impl PartialEq<EngineKind> for String {
-    fn eq(&self, e: &EngineKind) -> bool {
-        self == e.name()
-    }
-}
-
-/// The engines of `ALL` that `wanted` names (all of them when `wanted` is empty), in report
-/// order.
-pub fn selected(wanted: &[EngineKind]) -> Vec<EngineKind> {
-    EngineKind::ALL
-        .into_iter()
-        .filter(|e| wanted.is_empty() || wanted.contains(e))
-        .collect()
-}
-
-/// `--engine`'s value parser over `engines`: clap checks the name and lists the possible values
-/// in its error.
-pub fn value_parser(
-    engines: &[EngineKind],
-) -> impl clap::builder::TypedValueParser<Value = EngineKind> {
-    use clap::builder::{PossibleValuesParser, TypedValueParser};
-    PossibleValuesParser::new(engines.iter().map(|e| e.name()))
-        .map(|name| EngineKind::from_name(&name).expect("clap checked the name"))
-}
+use crate::EngineKind;
 
 /// Whether an engine can run on this machine: `Err` with the reason when it cannot (the cuda
 /// engine without an NVIDIA driver or GPU). Harnesses report such engines as SKIPPED, unless
@@ -268,7 +156,7 @@ pub fn build_paged(
     check_kv_dtype(engine, pool.kv_dtype)?;
     // Every KV group holds `num_blocks` blocks for its own layers, so the groups together hold
     // num_blocks × (KV bytes of a block over all layers; the block size is bounded by
-    // `args::MAX_BLOCK_SIZE`, the model's shape by its loader).
+    // the CLI's `args::MAX_BLOCK_SIZE`, the model's shape by its loader).
     let pool_bytes = (pool
         .kv_dtype
         .bytes_per_block(&model.config, pool.block_size) as u64)

@@ -1,6 +1,6 @@
 //! Writing a plain Llama model and its SentencePiece tokenizer as a GGUF of architecture `llama`
 //! (f32 tensors), so that llama.cpp runs the very weights kvlab runs, synthetic shapes included
-//! (`kvlab export --out FILE.gguf`). The layout is what `gguf_llama.rs` reads and what
+//! (`kvlab export --out FILE.gguf`). The layout is what `load/gguf/llama.rs` reads and what
 //! `scripts/peers/llama2c_to_gguf.py` writes with gguf-py: matrices (out, in) row-major as
 //! `ne = [in, out]`, q/k rows as they are (kvlab's plain Llama already rotates adjacent pairs,
 //! llama.cpp's LLAMA_ROPE_TYPE_NORM), the classifier as `output.weight` only when untied.

@@ -18,12 +18,14 @@
 //! A file just written is usually read back from the page cache, so `disk` measures the tier's
 //! format, checksums and copies more than the device; the JSON says so.
 
+mod plot;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use kvlab_cli::engines::{EngineKind, PoolOptions, build_paged};
+use kvlab_engines::{EngineKind, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
 use kvlab_model::{KvDtype, Model};
 use kvlab_paged::{
@@ -251,7 +253,7 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
     };
     if o.plots {
         super::plot::register_font();
-        report.plots = super::plot::tiers(&o.out, &report)?;
+        report.plots = plot::figure(&o.out, &report)?;
     }
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)

@@ -1,5 +1,5 @@
 //! GGUF checkpoints (llama.cpp's format) into the one model definition. Four architectures are
-//! read: `llama`, `qwen2` and `qwen3` (their config in [`crate::gguf_llama`], facts cited there)
+//! read: `llama`, `qwen2` and `qwen3` (their config in [`super::llama`], facts cited there)
 //! and `gemma3`, all as configuration of the Llama-family model, not as copies of it. The
 //! vocabulary is read by [`crate::tokenizer::tokenizer_from_gguf`]. For Gemma 3, each fact below was checked
 //! against llama.cpp (src/models/gemma3.cpp, src/llama-hparams.cpp, src/llama-vocab.cpp) and
@@ -142,8 +142,8 @@ fn gguf_config(f: &GgufFile, path: &Path) -> Result<Config> {
     let arch = md.get_str("general.architecture").map_err(&e)?;
     match arch {
         "gemma3" => {}
-        a if crate::gguf_llama::ARCHS.contains(&a) => {
-            return crate::gguf_llama::llama_config(f, a, path);
+        a if super::llama::ARCHS.contains(&a) => {
+            return super::llama::llama_config(f, a, path);
         }
         _ => {
             return Err(Error::Format(format!(
@@ -189,7 +189,7 @@ fn gguf_config(f: &GgufFile, path: &Path) -> Result<Config> {
     c.qk_norm = true;
     c.post_norms = true;
     c.bos_id = md.get_u32("tokenizer.ggml.bos_token_id").map_err(&e)?;
-    c.stop_ids = crate::gguf_llama::eog_ids(f, path)?;
+    c.stop_ids = super::llama::eog_ids(f, path)?;
     c.validate()?;
     if f.has_tensor("output.weight") {
         return Err(Error::Format(format!(

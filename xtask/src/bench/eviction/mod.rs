@@ -11,6 +11,8 @@
 //! every machine); TTFT is engine time from a turn's arrival step to its first token, measured,
 //! so only ratios within one run mean anything.
 
+mod plot;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
@@ -117,7 +119,7 @@ pub fn run(o: &EvictionOpts) -> Result<EvictionReport> {
     };
     if o.plots {
         super::plot::register_font();
-        report.plots = super::plot::eviction(&o.out, &report)?;
+        report.plots = plot::figure(&o.out, &report)?;
     }
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)

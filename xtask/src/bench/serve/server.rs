@@ -1,0 +1,78 @@
+//! A `kvlab serve` process of the load test's own, on a free port, killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+
+use super::BLOCK_SIZE;
+use crate::paths::workspace_root;
+
+/// A running `kvlab serve`, killed when dropped.
+pub(super) struct Server {
+    pub(super) child: Child,
+    pub(super) base: String,
+    pub(super) banner: String,
+}
+
+impl Server {
+    /// Starts `kvlab serve` on a free port and reads its address from the banner on stderr.
+    pub(super) fn start(
+        kvlab: &Path,
+        model: &str,
+        num_blocks: usize,
+        prefix_caching: bool,
+    ) -> Result<Server> {
+        let mut child = Command::new(kvlab)
+            .args(["serve", "-m", model, "--port", "0"])
+            .args(["--num-blocks", &num_blocks.to_string()])
+            .args(["--block-size", &BLOCK_SIZE.to_string()])
+            .args((!prefix_caching).then_some("--no-enable-prefix-caching"))
+            .current_dir(workspace_root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {} serve", kvlab.display()))?;
+        let stderr = child.stderr.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::<String>::new()));
+        let log2 = log.clone();
+        // Reads stderr to the end (so the server never blocks on a full pipe), sends the banner.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains(" at http://") {
+                    let _ = tx.send(line.clone());
+                }
+                log2.lock().expect("log").push(line);
+            }
+        });
+        let mut server = Server {
+            child,
+            base: String::new(),
+            banner: String::new(),
+        };
+        let banner = rx.recv_timeout(Duration::from_secs(300)).map_err(|_| {
+            let tail = log.lock().expect("log").join("\n");
+            anyhow!("kvlab serve printed no address within 300 s; its stderr:\n{tail}")
+        })?;
+        let addr = banner
+            .rsplit(" at ")
+            .next()
+            .context("banner without an address")?
+            .trim();
+        server.base = addr.to_string();
+        server.banner = banner.clone();
+        Ok(server)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
