@@ -16,18 +16,28 @@ use kvlab_model::registry::{self, FileRef, Format, Loaded, Located, ModelEntry};
 pub enum Resolved {
     /// A manifest model with its files.
     Entry {
+        /// Its row of `fixtures/models.json`.
         entry: &'static ModelEntry,
+        /// The checkpoint's path, if found (`None`: not installed, and not downloaded).
         model: Option<PathBuf>,
+        /// The tokenizer's path, if the entry has one and it was found.
         tokenizer: Option<PathBuf>,
     },
     /// A file (or Hugging Face folder) given by path, or a hub snapshot.
-    Path { path: PathBuf, kind: PathKind },
+    Path {
+        /// The file or folder.
+        path: PathBuf,
+        /// Its format, from its name (a folder: Hugging Face).
+        kind: PathKind,
+    },
 }
 
 /// The format of a checkpoint given by path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PathKind {
+    /// Any other file: read as a llama2.c checkpoint.
     Llama2c,
+    /// A file named `*.gguf`.
     Gguf,
     /// A folder with `config.json`, safetensors and `tokenizer.json`.
     Hf,

@@ -39,10 +39,16 @@ use crate::{Activation, Config, Error, LayerKind, Result, RopeLayout};
 /// The architectures kvlab reads, by `model_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HfArch {
+    /// `"llama"`: transformers' LlamaForCausalLM (Llama 2/3, SmolLM, TinyLlama).
     Llama,
+    /// `"mistral"`: Llama's layout with an optional `sliding_window` on every layer.
     Mistral,
+    /// `"qwen2"`: Llama's layout with biases on q, k and v.
     Qwen2,
+    /// `"qwen3"`: Llama's layout with RMSNorm on each head's q and k (`qk_norm`).
     Qwen3,
+    /// `"gemma3_text"`: Gemma 3, sliding-window and global layers interleaved, GeGLU, scaled
+    /// embeddings.
     Gemma3,
 }
 
