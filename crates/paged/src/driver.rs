@@ -61,8 +61,9 @@ pub trait StepExecutor {
     }
 }
 
-/// Runs one scheduled step: the tier moves it needs ([`crate::KvCacheManager::move_tier_blocks`]), then the
-/// engine's copies and forward pass ([`StepExecutor::execute`]).
+/// Runs one scheduled step: the tier moves it needs
+/// ([`crate::KvCacheManager::move_tier_blocks`]), then the engine's copies and forward pass
+/// ([`StepExecutor::execute`] on the step's [`ModelInput`]).
 ///
 /// # Errors
 /// [`DriveError::Tier`] from the moves, [`DriveError::Engine`] from the step.
