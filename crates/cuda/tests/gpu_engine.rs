@@ -113,6 +113,41 @@ fn gpu_f32_batched_with_preemption_and_prefix_hits_matches_naive() {
     }
 }
 
+/// The engine refuses every malformed step `ModelInput::malformed_variants` builds (the list the
+/// paged CPU engine refuses, crates/cpu/tests/paged.rs), naming the rule, and still runs the
+/// valid step afterwards.
+#[test]
+fn gpu_malformed_steps_are_refused_with_the_reason() {
+    let model = synthetic("synth-gqa");
+    let Some(mut cuda) = engine(&model, pool((32, 4)), "gpu_malformed_steps") else {
+        return;
+    };
+    let kv_cache = cuda.kv_cache().clone();
+    let mut sched =
+        kvlab_paged::Scheduler::new(kvlab_paged::SchedulerConfig::new(kv_cache.clone(), 64))
+            .unwrap();
+    sched
+        .add_request(
+            (1..=9).collect(),
+            kvlab_paged::StopConditions::max_tokens(3),
+        )
+        .unwrap();
+    while sched.has_unfinished() {
+        let batch = sched.schedule().unwrap();
+        let input = batch.model_input();
+        for (word, bad) in input.malformed_variants(&kv_cache, model.config.vocab_size) {
+            let err = cuda.execute(&bad).unwrap_err().to_string();
+            assert!(err.contains(word), "{word}: {err}");
+        }
+        let logits = cuda.execute(&input).unwrap();
+        let seqs = batch.seqs.iter().zip(&logits);
+        let sampled: Vec<_> = seqs
+            .map(|(s, l)| (s.seq_id, kvlab_model::sampler::argmax(l)))
+            .collect();
+        sched.update(&sampled).unwrap();
+    }
+}
+
 /// The tiers' block copies on the device: spilled blocks read back to the host, restored ones
 /// written into the pool, every token the naive engine's.
 #[test]
