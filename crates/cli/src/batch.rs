@@ -16,14 +16,12 @@ use kvlab_paged::{
     StopConditions, TierOp, drive,
 };
 
-use crate::{ModelArgs, bytes};
+use crate::bytes;
 
 #[derive(ClapArgs)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    threads: crate::ThreadArgs,
+    run: crate::RunArgs,
     /// A prompt (repeat the flag for several); default: four stories sharing an opening.
     #[arg(long, short = 'p')]
     prompt: Vec<String>,
@@ -91,8 +89,7 @@ const DEFAULT_PROMPTS: [&str; 4] = [
 ];
 
 pub fn run(a: Args) -> Result<()> {
-    a.threads.apply()?;
-    let loaded = crate::load(&a.model)?;
+    let loaded = a.run.start()?;
     let tok = loaded
         .tokenizer
         .as_ref()

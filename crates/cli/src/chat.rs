@@ -12,14 +12,12 @@ use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::Sampler;
 use kvlab_model::chat::ChatSession;
 
-use crate::{KvArgs, ModelArgs};
+use crate::KvArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    threads: crate::ThreadArgs,
+    run: crate::RunArgs,
     /// A system message opening the conversation (the template decides whether it accepts one).
     #[arg(long)]
     system: Option<String>,
@@ -51,8 +49,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.threads.apply()?;
-    let loaded = crate::load(&a.model)?;
+    let loaded = a.run.start()?;
     let tok = loaded
         .tokenizer
         .as_ref()

@@ -17,14 +17,10 @@ use kvlab_paged::{
 };
 use serde::Serialize;
 
-use crate::ModelArgs;
-
 #[derive(ClapArgs)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    threads: crate::ThreadArgs,
+    run: crate::RunArgs,
     /// Pool sizes in blocks (repeat the flag; default: the largest prompt's blocks × 2, 4 and 8).
     #[arg(long = "num-blocks", value_parser = usize_in(1, MAX_NUM_BLOCKS))]
     pools: Vec<usize>,
@@ -107,8 +103,7 @@ struct Row {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.threads.apply()?;
-    let loaded = crate::load(&a.model)?;
+    let loaded = a.run.start()?;
     let model = Arc::new(loaded.model);
     let vocab = u32::try_from(model.config.vocab_size).context("vocabulary too large")?;
     let workload = Sessions {

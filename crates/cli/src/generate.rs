@@ -9,7 +9,7 @@ use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
 use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::{GenerateOptions, Sampler, generate_ids_text, generate_text};
 
-use crate::{KvArgs, ModelArgs, bytes};
+use crate::{KvArgs, bytes};
 
 /// run.c's default `-n`: positions computed, prompt included.
 const RUN_C_STEPS: usize = 256;
@@ -17,9 +17,7 @@ const RUN_C_STEPS: usize = 256;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    threads: crate::ThreadArgs,
+    run: crate::RunArgs,
     /// The prompt (empty: start from BOS alone).
     #[arg(long, short = 'p', default_value = "")]
     prompt: String,
@@ -84,9 +82,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.threads.apply()?;
+    a.run.threads.apply()?;
     let t_load = Instant::now();
-    let loaded = crate::load(&a.model)?;
+    let loaded = crate::load(&a.run.model)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let tok = loaded
         .tokenizer

@@ -50,6 +50,26 @@ impl ThreadArgs {
     }
 }
 
+/// What every command that runs a model takes: the model, and the CPU engines' threads.
+#[derive(clap::Args, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    threads: ThreadArgs,
+}
+
+impl RunArgs {
+    /// Starts the thread team, then loads the model ([`load`]).
+    ///
+    /// # Errors
+    /// As [`ThreadArgs::apply`] and [`load`].
+    pub fn start(&self) -> anyhow::Result<kvlab_model::registry::Loaded> {
+        self.threads.apply()?;
+        load(&self.model)
+    }
+}
+
 /// Where the model comes from.
 #[derive(clap::Args, Clone)]
 pub struct ModelArgs {
@@ -256,7 +276,6 @@ fn main() {
     }
 }
 
-/// Loads the model the arguments name.
 /// Loads the model the arguments name, its matrices in the `--weights` format.
 pub fn load(m: &ModelArgs) -> anyhow::Result<kvlab_model::registry::Loaded> {
     let mut l = kvlab_cli::fetch::load(&m.model, m.tokenizer.as_deref(), !m.offline)?;

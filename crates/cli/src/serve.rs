@@ -13,14 +13,10 @@ use kvlab_engines::{
 use kvlab_paged::{ModelInput, SchedulerConfig, StepExecutor};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor};
 
-use crate::ModelArgs;
-
 #[derive(ClapArgs)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    threads: crate::ThreadArgs,
+    run: crate::RunArgs,
     /// Paged engine.
     #[arg(long, short = 'e', default_value_t = EngineKind::CpuPaged,
           value_parser = engines::value_parser(&EngineKind::paged()))]
@@ -106,8 +102,7 @@ impl StepExecutor for PagedExecutor {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    a.threads.apply()?;
-    let loaded = crate::load(&a.model)?;
+    let loaded = a.run.start()?;
     let tokenizer = loaded
         .tokenizer
         .with_context(|| format!("{} has no tokenizer", loaded.name))?;
