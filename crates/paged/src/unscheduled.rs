@@ -1,14 +1,14 @@
 //! Sequences driven one at a time through the `Engine` API, without the scheduler (`kvlab
-//! generate`, verify's solo runs): one [`BlockAllocator`] per KV group with prefix caching off,
-//! and per sequence a [`BlockTable`] per group. Each step reserves slots exactly as the
-//! [`crate::Scheduler`] does — free the sliding-window blocks the step's first query cannot
-//! reach, then `append_slots` with `keep_from = window_start(end, window)` — and describes itself
-//! as a one-sequence [`ModelInput`], which a paged engine runs like any scheduled step. The
-//! CPU and CUDA paged engines both use it, so a new paged engine implements only its step.
+//! generate`, verify's solo runs): a [`KvCacheManager`] with prefix caching off, and per
+//! sequence a [`BlockTable`] per group. Each step reserves slots through the same manager calls
+//! as the [`crate::Scheduler`]'s decodes — `trim_windows` (free the sliding-window blocks the
+//! step's first query cannot reach), then `allocate_slots` — and describes itself as a
+//! one-sequence [`ModelInput`], which a paged engine runs like any scheduled step. The CPU and
+//! CUDA paged engines both use it, so a new paged engine implements only its step.
 
 use crate::{
-    BlockAllocator, BlockTable, KvCacheConfig, ModelInput, RequestId, Result, ScheduledBatch,
-    ScheduledSeq, StepKind,
+    BlockAllocator, BlockTable, KvCacheConfig, KvCacheManager, ModelInput, RequestId, Result,
+    ScheduledBatch, ScheduledSeq, StepKind,
 };
 
 /// One sequence's tables and length.
@@ -42,11 +42,10 @@ impl UnscheduledSeq {
 }
 
 /// The pools of the unscheduled sequences of one engine.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct UnscheduledPools {
-    allocators: Vec<BlockAllocator>,
-    /// Their shape: the engine's pool.
-    kv_cache: KvCacheConfig,
+    /// One pool per KV cache group of the engine's shape, prefix caching off.
+    kv: KvCacheManager,
 }
 
 impl UnscheduledPools {
@@ -56,15 +55,14 @@ impl UnscheduledPools {
     /// [`crate::PagedError::InvalidConfig`] for sizes the allocator refuses (zero, too large to index).
     pub fn new(kv_cache: &KvCacheConfig) -> Result<UnscheduledPools> {
         Ok(UnscheduledPools {
-            allocators: kv_cache.allocators(false, crate::EvictionPolicy::Lru, None, None)?,
-            kv_cache: kv_cache.clone(),
+            kv: KvCacheManager::without_prefix_caching(kv_cache)?,
         })
     }
 
     /// An empty sequence.
     pub fn new_seq(&self, max_seq_len: usize) -> UnscheduledSeq {
         UnscheduledSeq {
-            tables: vec![BlockTable::new(self.kv_cache.block_size); self.allocators.len()],
+            tables: self.kv.empty_tables(0),
             len: 0,
             max_seq_len,
             last_slots: Vec::new(),
@@ -80,18 +78,8 @@ impl UnscheduledPools {
     pub fn step(&mut self, seq: &mut UnscheduledSeq, tokens: &[u32]) -> Result<ModelInput> {
         let (pos0, n) = (seq.len, tokens.len());
         let end = pos0 + n;
-        let groups = &self.kv_cache.groups;
-        for ((alloc, table), g) in self.allocators.iter_mut().zip(&mut seq.tables).zip(groups) {
-            if let Some(w) = g.sliding_window {
-                alloc.free_outside_window(table, pos0, w)?;
-            }
-        }
-        for ((alloc, table), g) in self.allocators.iter().zip(&seq.tables).zip(groups) {
-            alloc.ensure_free(alloc.blocks_needed_to_append(table, n, g.keep_from(end))?)?;
-        }
-        let copies = (self.allocators.iter_mut().zip(&mut seq.tables).zip(groups))
-            .map(|((alloc, table), g)| alloc.append_slots(table, n, g.keep_from(end)))
-            .collect::<Result<_>>()?;
+        self.kv.trim_windows(&mut seq.tables, pos0)?;
+        let copies = self.kv.allocate_slots(&mut seq.tables, n, end)?;
         let kind = if n == 1 && pos0 > 0 {
             StepKind::Decode
         } else {
@@ -117,15 +105,8 @@ impl UnscheduledPools {
     /// cannot ([`BlockAllocator::can_truncate`]: a sliding window already freed a block the
     /// query at `len` reads), and the caller starts the sequence again.
     pub fn truncate(&mut self, seq: &mut UnscheduledSeq, len: usize) -> bool {
-        let groups = &self.kv_cache.groups;
-        let possible = (self.allocators.iter().zip(&seq.tables).zip(groups))
-            .all(|((alloc, table), g)| alloc.can_truncate(table, len, g.sliding_window));
-        if !possible || len > seq.len {
+        if len > seq.len || !self.kv.truncate(&mut seq.tables, len) {
             return false;
-        }
-        for ((alloc, table), g) in self.allocators.iter_mut().zip(&mut seq.tables).zip(groups) {
-            // Checked above, and a table built by these pools belongs to its allocator.
-            let _ = alloc.truncate(table, len, g.sliding_window);
         }
         seq.len = len;
         true
@@ -133,21 +114,17 @@ impl UnscheduledPools {
 
     /// Returns every block of `seq` to the pools.
     pub fn free(&mut self, seq: &mut UnscheduledSeq) {
-        for (alloc, table) in self.allocators.iter_mut().zip(&mut seq.tables) {
-            // A table built by these pools always belongs to its allocator.
-            let _ = alloc.free(table);
-        }
+        // A table built by these pools always belongs to its allocator.
+        let _ = self.kv.free(&mut seq.tables, false);
     }
 
     /// The pools' shape, which the engine's pool has and its scheduler takes.
     pub fn kv_cache(&self) -> &KvCacheConfig {
-        &self.kv_cache
+        self.kv.kv_cache()
     }
 
     /// Blocks in use in group `g`.
     pub fn used_blocks(&self, g: usize) -> usize {
-        self.allocators
-            .get(g)
-            .map_or(0, BlockAllocator::num_used_blocks)
+        (self.kv.allocators().get(g)).map_or(0, BlockAllocator::num_used_blocks)
     }
 }

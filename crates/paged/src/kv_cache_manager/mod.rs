@@ -5,7 +5,8 @@
 //! * [`KvCacheManager::get_computed_blocks`]: the longest prefix-cache hit a prompt can take
 //!   (every group must serve it; `hit.rs`), restores from the tiers weighed and checked;
 //! * [`KvCacheManager::allocate_slots`] / [`KvCacheManager::allocate_prompt_slots`]: slots for a
-//!   step's new tokens (copy-on-write copies returned), or `None` when the pools cannot take them;
+//!   step's new tokens (copy-on-write copies returned), or `OutOfBlocks` when the pools cannot
+//!   take them;
 //! * [`KvCacheManager::free`]: a request's blocks back to the pools (or, for a paused session,
 //!   down to the tiers at the next step).
 //!
@@ -21,8 +22,8 @@ pub use hit::{ComputedBlocks, PromptSlots};
 pub use tiers::TierMoveError;
 
 use crate::{
-    BlockAllocator, BlockCopy, BlockId, BlockTable, HashFn, KvCacheConfig, KvTierStore, Metrics,
-    Result, SchedulerConfig, Tenant, TierConfig, TierOp,
+    BlockAllocator, BlockCopy, BlockId, BlockTable, EvictionPolicy, HashFn, KvCacheConfig,
+    KvTierStore, Metrics, Result, SchedulerConfig, Tenant, TierConfig, TierOp,
 };
 
 /// The pools of every KV cache group, their prefix caches and the tiers below them.
@@ -68,6 +69,29 @@ impl KvCacheManager {
             pending_tier_ops: Vec::new(),
             paused_blocks: Vec::new(),
         })
+    }
+
+    /// Pools of the shape `kv_cache` with prefix caching off and no tiers: the blocks of
+    /// sequences driven one at a time, without the scheduler ([`crate::UnscheduledPools`]).
+    ///
+    /// # Errors
+    /// [`crate::PagedError::InvalidConfig`] for sizes the allocator refuses (zero, too large to
+    /// index).
+    pub fn without_prefix_caching(kv_cache: &KvCacheConfig) -> Result<Self> {
+        Ok(Self {
+            kv_cache: kv_cache.clone(),
+            enable_prefix_caching: false,
+            tier_config: None,
+            allocators: kv_cache.allocators(false, EvictionPolicy::Lru, None, None)?,
+            tiers: None,
+            pending_tier_ops: Vec::new(),
+            paused_blocks: Vec::new(),
+        })
+    }
+
+    /// The pools' shape.
+    pub fn kv_cache(&self) -> &KvCacheConfig {
+        &self.kv_cache
     }
 
     /// Replaces the block hash function of every pool (tests force collisions with it).
@@ -136,31 +160,48 @@ impl KvCacheManager {
         Ok(())
     }
 
-    /// Slots for the `num_new_tokens` last of `len` tokens in every group, if every pool can
-    /// take the blocks they need (`None`, nothing changed, otherwise). Returns each group's
+    /// Slots for the `num_new_tokens` last of `len` tokens in every group. Returns each group's
     /// copy-on-write copies, which the engine makes before it writes.
     ///
     /// # Errors
-    /// [`crate::PagedError`] if a table holds a block its pool does not (a bug).
+    /// [`crate::PagedError::OutOfBlocks`] (first short group's need and free blocks; nothing
+    /// changed) when a pool cannot take the blocks the tokens need; other errors if a table
+    /// holds a block its pool does not (a bug).
     pub fn allocate_slots(
         &mut self,
         tables: &mut [BlockTable],
         num_new_tokens: usize,
         len: usize,
-    ) -> Result<Option<Vec<Vec<BlockCopy>>>> {
+    ) -> Result<Vec<Vec<BlockCopy>>> {
         let groups = &self.kv_cache.groups;
         for ((alloc, table), g) in self.allocators.iter().zip(&*tables).zip(groups) {
-            let need = alloc.blocks_needed_to_append(table, num_new_tokens, g.keep_from(len))?;
-            if need > alloc.num_free_blocks() {
-                return Ok(None);
-            }
+            alloc.ensure_free(alloc.blocks_needed_to_append(
+                table,
+                num_new_tokens,
+                g.keep_from(len),
+            )?)?;
         }
         let tables = self.allocators.iter_mut().zip(tables);
         tables
             .zip(groups)
             .map(|((alloc, table), g)| alloc.append_slots(table, num_new_tokens, g.keep_from(len)))
-            .collect::<Result<_>>()
-            .map(Some)
+            .collect()
+    }
+
+    /// Forgets positions `len..` of `tables` in every group, or in none: `false` when a group
+    /// cannot ([`BlockAllocator::can_truncate`]: a sliding window already freed a block the
+    /// query at `len` reads).
+    pub fn truncate(&mut self, tables: &mut [BlockTable], len: usize) -> bool {
+        let groups = &self.kv_cache.groups;
+        let possible = (self.allocators.iter().zip(&*tables).zip(groups))
+            .all(|((alloc, table), g)| alloc.can_truncate(table, len, g.sliding_window));
+        if possible {
+            for ((alloc, table), g) in self.allocators.iter_mut().zip(tables).zip(groups) {
+                // Checked above, and a table built by these pools belongs to its allocator.
+                let _ = alloc.truncate(table, len, g.sliding_window);
+            }
+        }
+        possible
     }
 
     /// Registers the full blocks of `tables` among the first `num_computed_tokens` of `tokens`

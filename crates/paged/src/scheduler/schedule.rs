@@ -83,11 +83,15 @@ impl Scheduler {
             self.trim_windows(id)?;
             let seq = seq_mut(&mut self.seqs, id)?;
             let (start, len) = (seq.num_computed_tokens, seq.len());
-            if let Some(copies) = self
+            match self
                 .kv
-                .allocate_slots(&mut seq.block_tables, len - start, len)?
+                .allocate_slots(&mut seq.block_tables, len - start, len)
             {
-                return Ok(Some(self.scheduled(id, start, StepKind::Decode, copies)?));
+                Ok(copies) => {
+                    return Ok(Some(self.scheduled(id, start, StepKind::Decode, copies)?));
+                }
+                Err(PagedError::OutOfBlocks { .. }) => {} // Preempt the newest, then try again.
+                Err(e) => return Err(e),
             }
             let Some(&victim) = self.running.last() else {
                 return Err(PagedError::Stuck(format!("{id} is running but not listed")));
