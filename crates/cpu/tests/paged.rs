@@ -339,7 +339,7 @@ fn malformed_steps_are_refused_with_the_reason_and_change_nothing() {
             assert!(err.contains(word), "{word}: {err}");
         }
         let logits = engine.execute(&input).unwrap();
-        let seqs = batch.seqs.iter().zip(&logits);
+        let seqs = batch.seqs.iter().zip(&logits).filter(|(s, _)| s.samples);
         let sampled: Vec<_> = seqs.map(|(s, l)| (s.seq_id, argmax(l))).collect();
         sched.update(&sampled).unwrap();
     }

@@ -279,7 +279,8 @@ pub fn decode_bench(
         } else {
             prefill_seconds += dt;
         }
-        let out: Vec<_> = b.seqs.iter().map(|s| s.seq_id).zip(tokens).collect();
+        let sampled = b.seqs.iter().zip(tokens).filter(|(s, _)| s.samples);
+        let out: Vec<_> = sampled.map(|(s, t)| (s.seq_id, t)).collect();
         sched.update(&out).map_err(paged)?;
     }
     Ok(DecodeRow {
@@ -348,7 +349,8 @@ pub fn waste_comparison(
     while sched.has_unfinished() {
         let b = sched.schedule()?;
         most = most.max(b.seqs.len());
-        let out: Vec<_> = b.seqs.iter().map(|s| (s.seq_id, 7)).collect();
+        let sampled = b.seqs.iter().filter(|s| s.samples);
+        let out: Vec<_> = sampled.map(|s| (s.seq_id, 7)).collect();
         sched.update(&out)?;
     }
     Ok(WasteComparison {

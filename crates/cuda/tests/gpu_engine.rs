@@ -140,7 +140,7 @@ fn gpu_malformed_steps_are_refused_with_the_reason() {
             assert!(err.contains(word), "{word}: {err}");
         }
         let logits = cuda.execute(&input).unwrap();
-        let seqs = batch.seqs.iter().zip(&logits);
+        let seqs = batch.seqs.iter().zip(&logits).filter(|(s, _)| s.samples);
         let sampled: Vec<_> = seqs
             .map(|(s, l)| (s.seq_id, kvlab_model::sampler::argmax(l)))
             .collect();

@@ -95,6 +95,11 @@ pub struct SchedulerConfig {
     /// Most tokens computed in one step (prefill tokens not served by the prefix cache, plus
     /// one per decoding sequence).
     pub max_num_batched_tokens: usize,
+    /// Prefill a prompt that does not fit the step's remaining budget in chunks, one per step,
+    /// each attending over the chunks already cached (vLLM's `--enable-chunked-prefill`, on by
+    /// default in vLLM v1). Off: a prompt is prefilled whole, so the budget must cover
+    /// `max_model_len`.
+    pub enable_chunked_prefill: bool,
     /// Most sequences running at once (so most sequences in one step).
     pub max_num_seqs: usize,
     /// Most tokens (prompt + generated) in any sequence.
@@ -114,11 +119,14 @@ pub struct SchedulerConfig {
 
 impl SchedulerConfig {
     /// A scheduler over `kv_cache` with prefix caching on (LRU eviction), `max_num_seqs = 256`
-    /// and `max_num_batched_tokens = max(2048, max_model_len)`.
+    /// and `max_num_batched_tokens = max(2048, max_model_len)`, chunked prefill on (vLLM v1's
+    /// defaults; with that budget only prompts longer than 2,048 tokens, or those arriving
+    /// beside many decodes, are chunked).
     pub fn new(kv_cache: KvCacheConfig, max_model_len: usize) -> Self {
         Self {
             kv_cache,
             max_num_batched_tokens: max_model_len.max(2048),
+            enable_chunked_prefill: true,
             max_num_seqs: 256,
             max_model_len,
             enable_prefix_caching: true,
@@ -134,8 +142,10 @@ impl SchedulerConfig {
     /// [`PagedError::InvalidConfig`] naming the value to change when: a size is 0; there is no
     /// group; a full-attention pool holds fewer than `max_model_len` tokens; a sliding-window
     /// pool holds fewer blocks than one sequence needs (`ceil(W / block_size) + 1`, or
-    /// `ceil(max_model_len / block_size)` if smaller); `max_num_batched_tokens` is below
-    /// `max_model_len` or `max_num_seqs`; tiers without prefix caching or of 0 blocks.
+    /// `ceil(max_model_len / block_size)` if smaller); without chunked prefill,
+    /// `max_num_batched_tokens` is below `max_model_len` or `max_num_seqs` (with it, 1 token
+    /// is enough: decodes beyond the budget wait a step, prompts are cut to fit); tiers without
+    /// prefix caching or of 0 blocks.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(PagedError::InvalidConfig(msg));
         let KvCacheConfig { block_size, groups } = &self.kv_cache;
@@ -148,11 +158,16 @@ impl SchedulerConfig {
         if groups.is_empty() {
             return bad("no KV cache group; add at least one KvGroupConfig".into());
         }
-        if self.max_num_batched_tokens < self.max_model_len.max(self.max_num_seqs) {
+        if self.max_num_batched_tokens == 0 {
+            return bad("max_num_batched_tokens must be at least 1".into());
+        }
+        if !self.enable_chunked_prefill
+            && self.max_num_batched_tokens < self.max_model_len.max(self.max_num_seqs)
+        {
             return bad(format!(
                 "max_num_batched_tokens ({}) must be at least max_model_len ({}) and \
                  max_num_seqs ({}) so that any prompt and any decode step fit one step; raise \
-                 it or lower the others",
+                 it, lower the others, or turn chunked prefill on",
                 self.max_num_batched_tokens, self.max_model_len, self.max_num_seqs
             ));
         }

@@ -89,7 +89,7 @@ where
 pub struct StepOutcome<R> {
     /// The step the scheduler built and the engine ran.
     pub batch: ScheduledBatch,
-    /// (sequence, token) sampled, in batch order.
+    /// (sequence, token) sampled, in batch order (none for partial prefills).
     pub sampled: Vec<(RequestId, u32)>,
     /// Sequences the sampler refused, with its reason: aborted, their blocks already free.
     pub refused: Vec<(RequestId, R)>,
@@ -100,9 +100,10 @@ pub struct StepOutcome<R> {
 }
 
 /// One turn of continuous batching: schedule a step (`None` when it is empty: nothing waits
-/// or runs, or nothing fits), show it to `on_batch`, run it ([`execute_step`]), sample each
-/// sequence's logits with `sample` (an `Err` aborts that sequence), and hand the tokens back
-/// to the scheduler.
+/// or runs, or nothing fits), show it to `on_batch`, run it ([`execute_step`]), sample the
+/// logits of each sequence that [`crate::ScheduledSeq::samples`] with `sample` (an `Err`
+/// aborts that sequence; a partial prefill's logits are dropped), and hand the tokens back to
+/// the scheduler.
 ///
 /// # Errors
 /// [`DriveError`] from the scheduler, the tier moves or the engine; the step is then left in
@@ -125,7 +126,8 @@ where
     let logits = execute_step(engine, scheduler, &batch)?;
     let engine_time = t.elapsed();
     let (mut sampled, mut refused) = (Vec::with_capacity(logits.len()), Vec::new());
-    for (s, row) in batch.seqs.iter().zip(logits) {
+    let samples = batch.seqs.iter().zip(logits).filter(|(s, _)| s.samples);
+    for (s, row) in samples {
         match sample(s.seq_id, row) {
             Ok(token) => sampled.push((s.seq_id, token)),
             Err(reason) => {

@@ -4,7 +4,7 @@
 //! [`ScheduledSeq`] it feeds `token_ids` at `positions`, stores each token's k and v at its slot
 //! in every group (skipping `PAD_SLOT`), lets each query at position `p` attend to positions
 //! `0..=p` (or the window) through the group's block table, and samples one token from the
-//! logits of the last position. Block copies come first: see [`ScheduledBatch`].
+//! logits of the last position, unless the step is a chunk of a prompt that continues. Block copies come first: see [`ScheduledBatch`].
 //!
 //! [`ScheduledBatch::model_input`] flattens the step into the [`crate::ModelInput`] every paged
 //! engine executes (`model_input.rs`).
@@ -16,11 +16,13 @@ use crate::{BlockCopy, BlockTable, FinishReason, RequestId};
 /// Prefill or decode, as vLLM's attention metadata distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum StepKind {
-    /// The sequence's first step since admission or readmission: all its tokens after the cached
-    /// prefix. `num_cached_tokens` positions were served by the prefix cache and are skipped;
+    /// A step of the sequence's prefill since admission or readmission: all its tokens after the
+    /// cached prefix, or with chunked prefill the next chunk of them (the rest follows in later
+    /// steps). `num_cached_tokens` positions are already in the cache and are skipped;
     /// `is_recompute` is true after a preemption.
     Prefill {
-        /// Leading positions whose k and v the prefix cache (or a tier restore) already holds.
+        /// Leading positions whose k and v the cache already holds: the prefix-cache hit (or a
+        /// tier restore) for the first chunk, that and the earlier chunks for a later one.
         num_cached_tokens: usize,
         /// The sequence was preempted and recomputes its prompt and earlier output tokens.
         is_recompute: bool,
@@ -57,18 +59,22 @@ pub struct ScheduledSeq {
     pub context_len: usize,
     /// Prefill (with its cached prefix) or decode.
     pub kind: StepKind,
+    /// Whether the step samples a token for it: false for a chunk that does not reach the end of
+    /// its prompt (its last row's logits are computed and dropped, as vLLM v1 drops partial
+    /// prefills' samples).
+    pub samples: bool,
     /// (num_groups,) slot mapping, block table and copies per KV cache group.
     pub groups: Vec<GroupStep>,
 }
 
 impl ScheduledSeq {
     /// `tokens` fed at positions `start..`, with each group's slots and table read from
-    /// `tables` (the sequence's, after this step's reservations) and its copies from `copies`.
+    /// `tables` (the sequence's, after this step's reservations) and its copies from `copies`;
+    /// `samples` unless a later chunk of the prompt follows.
     pub(crate) fn new(
         seq_id: RequestId,
-        tokens: &[u32],
-        start: usize,
-        kind: StepKind,
+        (tokens, start): (&[u32], usize),
+        (kind, samples): (StepKind, bool),
         tables: &[BlockTable],
         copies: Vec<Vec<BlockCopy>>,
     ) -> Self {
@@ -80,6 +86,7 @@ impl ScheduledSeq {
             positions: (start..end).collect(),
             context_len: end,
             kind,
+            samples,
             groups: groups
                 .map(|(t, block_copies)| GroupStep {
                     slot_mapping: t.slot_mapping(start..end),
@@ -103,13 +110,13 @@ impl ScheduledSeq {
 
 /// One step of continuous batching.
 ///
-/// The engine must, in order: (0) let [`crate::KvCacheManager::move_tier_blocks`] make the tier
+/// The caller must, in order: (0) let [`crate::KvCacheManager::move_tier_blocks`] make the tier
 /// moves, if any (`driver::execute_step` does; [`crate::KvCacheManager::pending_tier_ops`] lists
 /// them); (1) perform every block copy of every sequence and group (all of
 /// them before any write: a copy's `src` may be written in place by another sequence of the same
 /// step once the copy has dropped its share); (2) run the model on all fed tokens, writing k and
 /// v to their slots and attending through the block tables; (3) return one sampled token per
-/// sequence to [`crate::Scheduler::update`].
+/// sequence that [`ScheduledSeq::samples`] to [`crate::Scheduler::update`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ScheduledBatch {
     /// Decodes first (oldest sequence first), then prefills (admission order).
@@ -130,7 +137,12 @@ impl ScheduledBatch {
         self.seqs.iter().map(ScheduledSeq::num_new_tokens).sum()
     }
 
-    /// Number of prefills in the step.
+    /// Sequences the step samples a token for (all but partial prefills).
+    pub fn num_sampled(&self) -> usize {
+        self.seqs.iter().filter(|s| s.samples).count()
+    }
+
+    /// Number of prefills (whole prompts or chunks) in the step.
     pub fn num_prefills(&self) -> usize {
         self.seqs.iter().filter(|s| s.is_prefill()).count()
     }

@@ -101,6 +101,9 @@ pub struct Sequence {
     pub(crate) num_computed_tokens: usize,
     /// The most positions ever computed; recomputing below it counts as recompute waste.
     pub(crate) max_computed_tokens: usize,
+    /// Tokens the prefill since the last admission covers (the length at admission): steps
+    /// that start below it are prefill chunks, later ones decodes.
+    pub(crate) prefill_len: usize,
     /// (num_groups,) one block table per KV cache group.
     pub(crate) block_tables: Vec<BlockTable>,
     pub(crate) num_preemptions: usize,
@@ -156,6 +159,7 @@ impl Sequence {
             status: SequenceStatus::Waiting,
             num_computed_tokens: 0,
             max_computed_tokens: 0,
+            prefill_len: 0,
             tenant,
             block_tables,
             num_preemptions: 0,

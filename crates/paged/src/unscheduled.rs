@@ -88,7 +88,13 @@ impl UnscheduledPools {
                 is_recompute: false,
             }
         };
-        let step = ScheduledSeq::new(RequestId(0), tokens, pos0, kind, &seq.tables, copies);
+        let step = ScheduledSeq::new(
+            RequestId(0),
+            (tokens, pos0),
+            (kind, true),
+            &seq.tables,
+            copies,
+        );
         seq.last_slots = step
             .groups
             .first()

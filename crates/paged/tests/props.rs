@@ -379,6 +379,7 @@ fn run_step(
     shadow: &mut [Vec<Option<Vec<u32>>>],
 ) -> Vec<kvlab_paged::FinishedSeq> {
     let batch = s.schedule().unwrap();
+    assert!(batch.num_batched_tokens() <= s.config().max_num_batched_tokens);
     let bs = s.config().kv_cache.block_size;
     // Tier moves first: spilled blocks read before restores write (see `tier`).
     s.kv_cache_manager_mut()
@@ -403,7 +404,8 @@ fn run_step(
     let mut outputs = Vec::new();
     for q in &batch.seqs {
         let history = s.sequence(q.seq_id).unwrap().token_ids().to_vec();
-        assert_eq!(q.context_len, history.len());
+        assert_eq!(q.samples, q.context_len == history.len());
+        assert!(q.context_len <= history.len());
         let start = q.positions[0];
         for (g, part) in q.groups.iter().enumerate() {
             let keep = windows[g].map_or(0, |w| window_start(q.context_len, w));
@@ -434,7 +436,9 @@ fn run_step(
                 }
             }
         }
-        outputs.push((q.seq_id, next_token(&history)));
+        if q.samples {
+            outputs.push((q.seq_id, next_token(&history)));
+        }
     }
     s.update(&outputs).unwrap()
 }
@@ -469,6 +473,7 @@ proptest! {
         extra_blocks in 0..6usize,
         max_num_seqs in 1..5usize,
         extra_budget in 0..10usize,
+        chunked in any::<bool>(),
         window in prop::option::of(1..8usize),
         caching in any::<bool>(),
         eviction in prop::sample::select(EvictionPolicy::ALL.to_vec()),
@@ -488,7 +493,13 @@ proptest! {
         }
         let config = SchedulerConfig {
             kv_cache: KvCacheConfig { block_size: bs, groups },
-            max_num_batched_tokens: max_model_len.max(max_num_seqs) + extra_budget,
+            // With chunked prefill any budget works: 1 token a step included.
+            max_num_batched_tokens: if chunked {
+                1 + extra_budget
+            } else {
+                max_model_len.max(max_num_seqs) + extra_budget
+            },
+            enable_chunked_prefill: chunked,
             max_num_seqs,
             max_model_len,
             enable_prefix_caching: caching,

@@ -24,6 +24,9 @@ fn config(num_blocks: usize, block_size: usize, max_model_len: usize) -> Schedul
     SchedulerConfig {
         kv_cache: KvCacheConfig::new([None], num_blocks, block_size),
         max_num_batched_tokens: max_model_len.max(16),
+        // Prompts prefilled whole: these tests pin down the steps that makes
+        // (tests/chunked_prefill.rs has the chunked ones).
+        enable_chunked_prefill: false,
         max_num_seqs: 8,
         max_model_len,
         enable_prefix_caching: false,
@@ -53,6 +56,7 @@ fn step(s: &mut Scheduler, batch: &ScheduledBatch) -> Vec<FinishedSeq> {
     let outs: Vec<(RequestId, u32)> = batch
         .seqs
         .iter()
+        .filter(|q| q.samples)
         .map(|q| (q.seq_id, next(q.seq_id)))
         .collect();
     s.update(&outs).unwrap()
@@ -371,6 +375,10 @@ fn config_validation_names_the_problem() {
     assert!(says(&too_small, "num_blocks"));
     let mut budget = config(4, 4, 16);
     budget.max_num_batched_tokens = 8;
+    assert!(says(&budget, "max_num_batched_tokens"));
+    budget.enable_chunked_prefill = true;
+    assert_eq!(budget.validate(), Ok(()), "chunks fit any budget");
+    budget.max_num_batched_tokens = 0;
     assert!(says(&budget, "max_num_batched_tokens"));
     let mut window_cache = config(4, 4, 16);
     window_cache.kv_cache.groups.push(KvGroupConfig {

@@ -348,6 +348,7 @@ where
             .seqs
             .iter()
             .zip(&logits)
+            .filter(|(s, _)| s.samples)
             .map(|(s, l)| (s.seq_id, argmax(l)))
             .collect();
         for &(id, t) in &out {

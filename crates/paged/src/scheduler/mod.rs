@@ -2,7 +2,8 @@
 //! [`KvCacheManager`], which holds every block (vLLM v1's split). One idea per file:
 //!
 //! * here: the state (queues, sequences), admission of requests, queries and metrics;
-//! * `schedule.rs`: building a step (decodes, preemption by recompute, prefix-cached prefills);
+//! * `schedule.rs`: building a step (decodes, preemption by recompute, prefix-cached and chunked
+//!   prefills);
 //! * `update.rs`: taking the step's sampled tokens back, and a sequence's end (stop, abort), fork
 //!   and token replacement.
 //!
@@ -47,7 +48,7 @@ pub struct Scheduler {
     /// Sorted by arrival (by id), oldest first.
     pub(crate) running: Vec<RequestId>,
     /// Sequences of the batch awaiting `update`, in batch order.
-    pub(crate) in_flight: Option<Vec<RequestId>>,
+    pub(crate) in_flight: Option<Vec<InFlight>>,
     /// Aborted while in flight: their tokens in the next `update` are ignored.
     pub(crate) aborted_in_flight: Vec<RequestId>,
     pub(crate) next_id: u64,
@@ -199,6 +200,16 @@ impl Scheduler {
         self.next_id += 1;
         RequestId(self.next_id - 1)
     }
+}
+
+/// A sequence of the step awaiting `update`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InFlight {
+    pub(crate) id: RequestId,
+    /// Positions in the cache once the step ran (`context_len`).
+    pub(crate) end: usize,
+    /// Whether a sampled token comes back for it (all but partial prefills).
+    pub(crate) samples: bool,
 }
 
 /// Sequence `id` of `seqs` (a function of the map alone, so the pools can be borrowed beside it).

@@ -2,25 +2,25 @@
 //! stopping, preempting, forking and aborting.
 //!
 //! `update` is where a step's k and v become *computed*: every scheduled sequence's cache now
-//! covers all its tokens, the sampled token is appended (its k and v come next step), newly full
-//! blocks are registered in the prefix cache, stop conditions are checked, finished sequences
-//! free their blocks at once, and sliding-window groups drop the blocks that fell out of the
-//! window.
+//! covers the positions the step fed, the sampled token is appended (its k and v come next step;
+//! a chunk that did not reach the end of its prompt samples nothing), newly full blocks are
+//! registered in the prefix cache, stop conditions are checked, finished sequences free their
+//! blocks at once, and sliding-window groups drop the blocks that fell out of the window.
 
 use super::seq_mut;
 use crate::{FinishReason, FinishedSeq, PagedError, RequestId, Result, Scheduler, SequenceStatus};
 
 impl Scheduler {
-    /// Takes one sampled token per sequence of the last batch (any order). Returns the sequences
-    /// that finished; their blocks are already free. With nothing in flight, an empty `outputs`
-    /// is a no-op.
+    /// Takes one sampled token per sequence of the last batch that samples (any order; none
+    /// for a partial prefill). Returns the sequences that finished; their blocks are already
+    /// free. With nothing in flight, an empty `outputs` is a no-op.
     ///
     /// # Errors
     /// Checked before anything changes (the step stays in flight, so a corrected call can
     /// follow): [`PagedError::NoStepInFlight`] for tokens without a step;
-    /// [`PagedError::UnexpectedOutput`] for a sequence not in the batch or given two tokens;
-    /// [`PagedError::MissingOutput`] for a batch sequence without a token. Tokens of sequences
-    /// aborted while in flight are ignored.
+    /// [`PagedError::UnexpectedOutput`] for a sequence not sampled in the batch or given two
+    /// tokens; [`PagedError::MissingOutput`] for a sampled batch sequence without a token.
+    /// Tokens of sequences aborted while in flight are ignored.
     pub fn update(&mut self, outputs: &[(RequestId, u32)]) -> Result<Vec<FinishedSeq>> {
         let Some(in_flight) = self.in_flight.as_ref() else {
             return match outputs.first() {
@@ -33,28 +33,34 @@ impl Scheduler {
             if self.aborted_in_flight.contains(&id) {
                 continue;
             }
-            if !in_flight.contains(&id) || tokens.insert(id, token).is_some() {
+            let sampled = in_flight.iter().any(|f| f.id == id && f.samples);
+            if !sampled || tokens.insert(id, token).is_some() {
                 return Err(PagedError::UnexpectedOutput(id));
             }
         }
-        if let Some(&missing) = in_flight.iter().find(|id| !tokens.contains_key(id)) {
-            return Err(PagedError::MissingOutput(missing));
+        let sampled = in_flight.iter().filter(|f| f.samples);
+        if let Some(missing) = sampled.clone().find(|f| !tokens.contains_key(&f.id)) {
+            return Err(PagedError::MissingOutput(missing.id));
         }
-        self.in_flight = None;
+        let Some(mut in_flight) = self.in_flight.take() else {
+            return Ok(Vec::new());
+        };
+        in_flight.sort_by_key(|f| f.id); // Blocks are registered oldest sequence first.
         self.aborted_in_flight.clear();
         let max_model_len = self.config.max_model_len;
         let mut finished = Vec::new();
-        for (id, token) in tokens {
-            let seq = seq_mut(&mut self.seqs, id)?;
-            seq.num_computed_tokens = seq.len();
-            seq.max_computed_tokens = seq.max_computed_tokens.max(seq.len());
-            seq.token_ids.push(token);
-            let computed = seq.num_computed_tokens;
+        for f in in_flight {
+            let seq = seq_mut(&mut self.seqs, f.id)?;
+            seq.num_computed_tokens = f.end;
+            seq.max_computed_tokens = seq.max_computed_tokens.max(f.end);
+            if let Some(&token) = tokens.get(&f.id) {
+                seq.token_ids.push(token);
+            }
             self.kv
-                .cache_blocks(&mut seq.block_tables, &seq.token_ids, computed)?;
-            match seq.check_stop(max_model_len) {
-                Some(reason) => finished.push(self.finish(id, reason)?),
-                None => self.trim_windows(id)?,
+                .cache_blocks(&mut seq.block_tables, &seq.token_ids, f.end)?;
+            match seq.check_stop(max_model_len).filter(|_| f.samples) {
+                Some(reason) => finished.push(self.finish(f.id, reason)?),
+                None => self.trim_windows(f.id)?,
             }
         }
         self.kv.apply_tier_drops();
@@ -68,11 +74,13 @@ impl Scheduler {
     /// [`PagedError::UnknownSequence`] if `id` is not live.
     pub fn abort(&mut self, id: RequestId) -> Result<FinishedSeq> {
         self.seq(id)?;
-        if self.in_flight.as_ref().is_some_and(|f| f.contains(&id)) {
+        if let Some(f) = self
+            .in_flight
+            .as_mut()
+            .filter(|f| f.iter().any(|f| f.id == id))
+        {
+            f.retain(|f| f.id != id);
             self.aborted_in_flight.push(id);
-            if let Some(f) = self.in_flight.as_mut() {
-                f.retain(|&s| s != id);
-            }
         }
         self.finish(id, FinishReason::Aborted)
     }
