@@ -61,6 +61,8 @@ pub struct Args {
     #[command(flatten)]
     kv: crate::KvArgs,
     #[command(flatten)]
+    budget: crate::BudgetArgs,
+    #[command(flatten)]
     tiers: crate::TierArgs,
     /// Print every step's batch (positions, slot_mapping, block tables) to stderr, as
     /// `generate --trace` does; stdout keeps the outputs.
@@ -127,13 +129,13 @@ pub fn run(a: Args) -> Result<()> {
         kv_dtype: a.kv.kv_dtype,
     };
     let mut engine = build_paged(a.engine, model.clone(), pool)?;
-    let cfg = SchedulerConfig {
+    let cfg = a.budget.apply(SchedulerConfig {
         eviction_policy: a.eviction,
         tenant_quota: a.tenant_quota,
         tiers: a.tiers.config(),
         enable_prefix_caching: !a.no_enable_prefix_caching,
         ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
-    };
+    });
     let mut sched = Scheduler::new(cfg)?;
     let requests: Vec<Request> = prompts
         .iter()
@@ -263,6 +265,11 @@ fn print_step(step: usize, batch: &ScheduledBatch, tier_ops: &[TierOp]) {
                 }
             ),
             StepKind::Decode => "decode".into(),
+        };
+        let kind = if s.samples {
+            kind
+        } else {
+            format!("{kind}, a chunk: its prompt continues next step, nothing sampled")
         };
         let g = &s.groups[0];
         eprintln!(

@@ -64,6 +64,11 @@ pub struct Args {
     ctx_size: Option<usize>,
     #[command(flatten)]
     kv: KvArgs,
+    /// Most prompt tokens per forward call (llama.cpp's -ub): a longer prompt is prefilled in
+    /// chunks, each attending over the chunks already cached; 0 prefills it in one call.
+    #[arg(long = "ubatch-size", visible_alias = "ubatch", default_value_t = 512,
+          value_parser = usize_in(0, MAX_POSITIONS))]
+    ubatch_size: usize,
     /// Print, for every step, the tokens fed and the shapes and bytes of the cache (to stderr).
     #[arg(long)]
     trace: bool,
@@ -137,6 +142,7 @@ pub fn run(a: Args) -> Result<()> {
     let threads = kvlab_cpu::threads::num_threads();
     let mut engine = engines::build_for(a.engine, model, reserve, a.kv.kv_dtype)?;
     let opts = GenerateOptions {
+        ubatch: a.ubatch_size,
         steps,
         max_seq_len: a.ctx_size.unwrap_or(0),
         trace: a.trace,

@@ -108,6 +108,37 @@ pub struct KvArgs {
     pub kv_dtype: kvlab_model::KvDtype,
 }
 
+/// The scheduler's step budget and chunked prefill (vLLM's flags), for `batch` and `serve`.
+#[derive(clap::Args, Clone, Copy)]
+pub struct BudgetArgs {
+    /// Most tokens computed in one step: prompt tokens plus one per running decode (default:
+    /// 2,048 or the context, whichever is larger). With chunked prefill any value from 1 works.
+    #[arg(long, value_parser = kvlab_cli::args::usize_in(1, kvlab_cli::args::MAX_POSITIONS))]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Prefill a prompt that does not fit what the step has left in chunks, one per step after
+    /// the running decodes, each attending over the chunks already cached (on by default, as in
+    /// vLLM v1; the flag is accepted for vLLM's command lines).
+    #[arg(long, overrides_with = "no_enable_chunked_prefill")]
+    pub enable_chunked_prefill: bool,
+    /// Prefill every prompt whole in one step: --max-num-batched-tokens must then cover the
+    /// context, and a long prompt stalls the running decodes for its whole prefill.
+    #[arg(long, overrides_with = "enable_chunked_prefill")]
+    pub no_enable_chunked_prefill: bool,
+}
+
+impl BudgetArgs {
+    /// `config` with these flags applied.
+    pub fn apply(self, config: kvlab_paged::SchedulerConfig) -> kvlab_paged::SchedulerConfig {
+        kvlab_paged::SchedulerConfig {
+            max_num_batched_tokens: self
+                .max_num_batched_tokens
+                .unwrap_or(config.max_num_batched_tokens),
+            enable_chunked_prefill: !self.no_enable_chunked_prefill,
+            ..config
+        }
+    }
+}
+
 /// Tiers below a paged engine's pool: evicted prefix-cache blocks are spilled to host memory,
 /// then to files, and restored on a later hit instead of recomputed.
 #[derive(clap::Args, Clone)]

@@ -51,6 +51,8 @@ pub struct Args {
     #[arg(long, value_parser = usize_in(0, MAX_NUM_BLOCKS))]
     tenant_quota: Option<usize>,
     #[command(flatten)]
+    budget: crate::BudgetArgs,
+    #[command(flatten)]
     tiers: crate::TierArgs,
     /// Token slots per block.
     #[arg(long, default_value_t = kvlab_paged::DEFAULT_BLOCK_SIZE, value_parser = usize_in(1, MAX_BLOCK_SIZE))]
@@ -130,18 +132,18 @@ pub fn run(a: Args) -> Result<()> {
     let chat = tokenizer.chat_template().is_some();
     let kind = a.engine;
     let (eviction, tenant_quota, tiers) = (a.eviction, a.tenant_quota, a.tiers.config());
-    let enable_prefix_caching = !a.no_enable_prefix_caching;
+    let (enable_prefix_caching, budget) = (!a.no_enable_prefix_caching, a.budget);
     let step_delay = Duration::from_millis(a.step_delay_ms as u64);
     let engine = kvlab_serve::spawn_engine(
         move || {
             let e = build_paged(kind, model, pool).map_err(|e| format!("{e:#}"))?;
-            let config = SchedulerConfig {
+            let config = budget.apply(SchedulerConfig {
                 eviction_policy: eviction,
                 tenant_quota,
                 tiers,
                 enable_prefix_caching,
                 ..SchedulerConfig::new(e.kv_cache().clone(), max_model_len)
-            };
+            });
             let executor = PagedExecutor {
                 engine: e,
                 step_delay,

@@ -16,6 +16,7 @@ fn stories260k_greedy_text_on_fixture_prompts() {
         .filter(|p| p.len() < 200) // the long prompts fill the context: nothing left to generate
         .collect();
     let opts = GenerateOptions {
+        ubatch: 0,
         steps: 96,
         max_seq_len: 0,
         trace: false,

@@ -120,6 +120,7 @@ fn every_cpu_engine_generates_transformers_greedy_ids() {
         {
             for (i, c) in cases.iter().enumerate() {
                 let opts = GenerateOptions {
+                    ubatch: 0,
                     steps: c.prompt.len() + c.n_gen - 1,
                     max_seq_len: 0,
                     trace: false,
@@ -231,6 +232,7 @@ fn chat_reuses_its_cache(
         let ids = tok.encode_special(&template.render(&so_far, true).unwrap(), false, false);
         let mut fresh = kvlab_cpu::CpuEngine::new(model.clone());
         let opts = GenerateOptions {
+            ubatch: 0,
             steps: ids.len() + 12 - 1,
             max_seq_len: 256,
             trace: false,
@@ -275,6 +277,7 @@ fn llama3_rope_scaling_matters_to_the_oracle() {
     let differ = cases.iter().filter(|c| {
         let mut engine = kvlab_cpu::CpuEngine::new(plain.clone());
         let opts = GenerateOptions {
+            ubatch: 0,
             steps: c.prompt.len() + c.n_gen - 1,
             max_seq_len: 0,
             trace: false,
@@ -346,6 +349,7 @@ fn gemma_gguf_and_its_hf_folder_are_the_same_model() {
     for t in &texts[..4] {
         let ids = gguf_tok.encode_special(t, true, false);
         let opts = GenerateOptions {
+            ubatch: 0,
             steps: ids.len() + 24 - 1,
             max_seq_len: 0,
             trace: false,
@@ -382,6 +386,7 @@ fn same_model_in_bf16(
     for t in &texts[..4] {
         let ids = tok.encode_special(t, true, false);
         let opts = GenerateOptions {
+            ubatch: 0,
             steps: ids.len() + 24 - 1,
             max_seq_len: 0,
             trace: false,

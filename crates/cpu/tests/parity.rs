@@ -92,6 +92,7 @@ fn stories260k_generates_the_llama2c_reference() {
         419, 292, 411, 322, 265, 282,
     ];
     let opts = GenerateOptions {
+        ubatch: 0,
         steps: 256,
         max_seq_len: 0,
         trace: false,

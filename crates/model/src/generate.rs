@@ -82,6 +82,10 @@ pub struct GenerateOptions {
     pub max_seq_len: usize,
     /// Ask the engine for a [`TraceStep`] after every call.
     pub trace: bool,
+    /// Most prompt tokens per engine call (llama.cpp's `--ubatch-size`): a longer prompt is
+    /// prefilled in chunks, each attending over the chunks already cached; 0 feeds the whole
+    /// prompt in one call.
+    pub ubatch: usize,
     /// Print special tokens in the text ([`Tokenizer::is_special`]; [`generate_text`] and
     /// [`generate_ids_text`] only): llama.cpp's `--special`. Off, they print nothing, as in
     /// transformers' `skip_special_tokens=True`, vLLM's default and llama.cpp's.
@@ -134,7 +138,7 @@ pub fn generate_tokens(
     let result = run(
         engine,
         seq,
-        prompt,
+        (prompt, opts.ubatch),
         steps,
         opts.trace,
         sampler,
@@ -149,7 +153,7 @@ pub fn generate_tokens(
 fn run(
     engine: &mut dyn Engine,
     seq: SeqId,
-    prompt: &[u32],
+    (prompt, ubatch): (&[u32], usize),
     steps: usize,
     trace: bool,
     sampler: &mut Sampler,
@@ -162,7 +166,7 @@ fn run(
     };
     // ANCHOR: prefill
     let t0 = Instant::now();
-    let mut logits = engine.prefill(seq, prompt)?;
+    let mut logits = prefill_chunked(engine, seq, prompt, ubatch)?;
     g.prefill_time = t0.elapsed();
     // ANCHOR_END: prefill
     if trace && let Some(step) = engine.trace(seq) {
@@ -330,6 +334,31 @@ fn stream_text(
         on_text(&rest);
     }
     Ok(g)
+}
+
+/// Prefills `tokens` in calls of at most `ubatch` tokens (0: one call), each chunk attending over
+/// the chunks already cached, and returns the logits (vocab_size,) of the last token. Whatever
+/// the chunking, the cache ends up the same and so, up to rounding, do the logits.
+///
+/// # Errors
+/// As [`Engine::prefill`].
+pub fn prefill_chunked(
+    engine: &mut dyn Engine,
+    seq: SeqId,
+    tokens: &[u32],
+    ubatch: usize,
+) -> Result<Vec<f32>> {
+    let size = if ubatch == 0 { tokens.len() } else { ubatch };
+    let mut chunks = tokens.chunks(size.max(1)).peekable();
+    loop {
+        let Some(chunk) = chunks.next() else {
+            return Err(Error::EmptyPrompt);
+        };
+        let logits = engine.prefill(seq, chunk)?;
+        if chunks.peek().is_none() {
+            return Ok(logits);
+        }
+    }
 }
 
 /// Teacher forcing: feeds `prompt` then every token of `forced` and returns the logits (vocab,)

@@ -35,7 +35,8 @@ pub use config::{Activation, Config, LayerKind, RopeLayout};
 pub use engine::{Engine, KvUsage, SeqId, Sequences, TraceStep};
 pub use error::{Error, Result};
 pub use generate::{
-    GenerateOptions, Generation, generate_ids_text, generate_text, generate_tokens, teacher_force,
+    GenerateOptions, Generation, generate_ids_text, generate_text, generate_tokens,
+    prefill_chunked, teacher_force,
 };
 pub use kv_dtype::KvDtype;
 pub use kvlab_gguf::GgmlType;

@@ -497,6 +497,7 @@ async fn chat_completions_use_the_models_template() {
     let ids = tok.encode_special(&rendered, false, false);
     let mut engine = kvlab_cpu::CpuEngine::new(model.clone());
     let opts = kvlab_model::GenerateOptions {
+        ubatch: 0,
         steps: ids.len() + 8 - 1,
         max_seq_len: 0,
         trace: false,

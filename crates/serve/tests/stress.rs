@@ -67,7 +67,8 @@ struct Server {
     hold: Arc<AtomicBool>,
 }
 
-/// Starts a server (pool: four full contexts, 16-token blocks) on an ephemeral loopback port.
+/// Starts a server (pool: four full contexts, 16-token blocks; chunked prefill at 24 tokens a
+/// step) on an ephemeral loopback port.
 async fn start(
     model: &Arc<Model>,
     tok: &Arc<Tokenizer>,
@@ -86,10 +87,13 @@ async fn start(
                 delay,
                 hold: h,
             };
-            Ok((
-                Box::new(gated) as Executor,
-                SchedulerConfig::new(kv, max_model_len),
-            ))
+            // Chunked prefill under a budget below most prompts: every flood mixes decodes with
+            // prompt chunks, and each text must still be its solo run's.
+            let config = SchedulerConfig {
+                max_num_batched_tokens: 24,
+                ..SchedulerConfig::new(kv, max_model_len)
+            };
+            Ok((Box::new(gated) as Executor, config))
         },
         "stories260K",
         model.config.stop_ids.clone(),

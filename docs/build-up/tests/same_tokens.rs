@@ -44,6 +44,7 @@ fn naive(prompt: &str, steps: usize, window: Option<usize>) -> Vec<u32> {
     let ids = tok.encode(prompt, true, false);
     let mut engine = NaiveEngine::new(Arc::new(model));
     let opts = GenerateOptions {
+        ubatch: 0,
         steps,
         max_seq_len: 0,
         trace: false,

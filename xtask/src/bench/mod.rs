@@ -15,6 +15,7 @@
 mod bandwidth;
 mod baseline;
 mod batch;
+mod chunked;
 mod decode;
 mod eviction;
 pub mod machine;
@@ -130,6 +131,22 @@ pub struct Opts {
     /// --quick); runs `kvlab evict --json`, writes eviction.json and eviction_hit_rate.svg/.png
     #[arg(long, conflicts_with_all = ["peers", "serve", "tiers"])]
     eviction: bool,
+    /// Instead: a long prompt arriving among running decodes, prefilled whole and in chunks
+    /// under each --budget: the decodes' inter-token latency p50/p99, the prompt's TTFT and
+    /// the throughput each costs (default Gemma 3 270M, a 2,000-token prompt among 16 decodes;
+    /// --quick: stories260K, 400 tokens); writes chunked_prefill.json and .svg/.png
+    #[arg(long, conflicts_with_all = ["peers", "serve", "tiers", "eviction"])]
+    chunked_prefill: bool,
+    /// --chunked-prefill: tokens of the long prompt [default: 2000, --quick 400]
+    #[arg(long, value_name = "N", value_parser = usize_in(2, 1 << 20))]
+    prompt_len: Option<usize>,
+    /// --chunked-prefill: running decodes the prompt arrives among
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = usize_in(1, 4096))]
+    decodes: usize,
+    /// --chunked-prefill: a max_num_batched_tokens to chunk under (repeatable) [default: 512
+    /// 256 128, --quick 128 64]
+    #[arg(long = "budget", value_name = "N", value_parser = usize_in(1, 1 << 20))]
+    budgets: Vec<usize>,
 }
 
 impl Opts {
@@ -239,6 +256,40 @@ fn run_eviction(o: &Opts) -> Result<()> {
     write_json(&out, "eviction.json", &report, plots, report.wall_seconds)
 }
 
+/// `--chunked-prefill`: a long prompt among running decodes, whole and chunked (chunked/),
+/// table, chunked_prefill.json and the plot.
+fn run_chunked(o: &Opts) -> Result<()> {
+    if o.models.len() > 1 || !o.engines.is_empty() {
+        bail!("--chunked-prefill takes one --model and runs cpu-paged; drop --engine");
+    }
+    let m = machine::detect();
+    let out = o.out();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let quick = o.quick && !o.full;
+    let c = chunked::ChunkedOpts {
+        quick,
+        model: o.models.first().cloned(),
+        prompt_len: o.prompt_len,
+        decodes: o.decodes,
+        budgets: o.budgets.clone(),
+        reps: if quick { 1 } else { o.reps },
+        seed: o.seed,
+        out: out.clone(),
+        plots: !o.no_plots,
+        machine: machine::line(&m),
+    };
+    let report = chunked::run(&c)?;
+    chunked::print(&report);
+    let plots = report.plots.len();
+    write_json(
+        &out,
+        "chunked_prefill.json",
+        &report,
+        plots,
+        report.wall_seconds,
+    )
+}
+
 /// The peak-RSS child process (memory.rs), `cargo xtask __rss MODEL ENGINE CONTEXT POSITIONS`.
 ///
 /// # Errors
@@ -265,6 +316,9 @@ pub fn run(o: Opts, args: &[String]) -> Result<()> {
     }
     if o.eviction {
         return run_eviction(&o);
+    }
+    if o.chunked_prefill {
+        return run_chunked(&o);
     }
     let started = Instant::now();
     plot::register_font();

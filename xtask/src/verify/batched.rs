@@ -4,7 +4,11 @@
 //! tokens must equal its solo naive run: batch invariance, whatever else is in the batch, whatever
 //! is shared through the prefix cache, and whether or not the sequence was preempted.
 //!
-//! A second run sends every request twice, the second wave after the first, through the same
+//! The same requests then run with chunked prefill under budgets of 1 token a step, of less than
+//! a block and of a few blocks: every prompt is computed in chunks, each over the chunks already
+//! cached, and at budget 1 decodes wait their turn; the tokens must not change.
+//!
+//! A last run sends every request twice, the second wave after the first, through the same
 //! small pool with tiers below it (a few blocks of host memory, then files): the first wave's
 //! evicted prefixes are spilled, the second wave restores them, and every token must still be
 //! the solo naive run's.
@@ -25,6 +29,10 @@ use super::{BatchInfo, Divergence, Reference, Row, reference_run};
 
 /// Tokens each request generates in the batched run (fewer if the context ends first).
 const MAX_NEW: usize = 48;
+
+/// `max_num_batched_tokens` of the chunked-prefill runs: one token a step, less than a block
+/// (16 tokens), and a few blocks and then some.
+const CHUNK_BUDGETS: [usize; 3] = [1, 7, 53];
 
 pub(super) fn run(
     entry: &ModelEntry,
@@ -117,6 +125,37 @@ pub(super) fn run(
         (num_blocks, block_size),
         t,
     );
+    let mut rows = vec![batched];
+
+    for budget in CHUNK_BUDGETS {
+        let t = Instant::now();
+        let mut exec = build_paged(engine, model.clone(), pool(num_blocks))?;
+        let config = SchedulerConfig {
+            max_num_batched_tokens: budget,
+            enable_chunked_prefill: true,
+            ..SchedulerConfig::new(exec.kv_cache().clone(), ctx)
+        };
+        let mut sched = Scheduler::new(config)?;
+        let mut num_chunks = 0;
+        let report = drive(exec.as_mut(), &mut sched, &requests, argmax, |_, b, _| {
+            num_chunks += b.seqs.iter().filter(|s| !s.samples).count();
+        })?;
+        let label = format!("batched, chunked prefill at {budget} tokens a step");
+        let mut r = row(
+            entry,
+            engine,
+            &label,
+            &cases,
+            &report,
+            (num_blocks, block_size),
+            t,
+        );
+        if num_chunks == 0 {
+            r.status = "MISMATCH".into();
+            r.note = format!("no prompt was chunked; {}", r.note);
+        }
+        rows.push(r);
+    }
 
     // The same requests twice, the second wave arriving once the first has run, over tiers of
     // a quarter of the pool in host memory and the rest of the demand on disk. The first wave
@@ -146,7 +185,7 @@ pub(super) fn run(
     };
     let mut sched = Scheduler::new(config)?;
     let report = drive(exec.as_mut(), &mut sched, &twice, argmax, |_, _, _| {})?;
-    let tiered = row(
+    rows.push(row(
         entry,
         engine,
         "batched, tiers and offload",
@@ -154,8 +193,8 @@ pub(super) fn run(
         &report,
         (num_blocks, block_size),
         t,
-    );
-    Ok(vec![batched, tiered])
+    ));
+    Ok(rows)
 }
 
 /// The verify row of a batched run of `cases` (prompt, expected tokens): identical tokens, and
@@ -193,7 +232,9 @@ fn row(
             d.step
         ));
     }
-    if m.num_preemptions == 0 {
+    // Chunked runs admit less at once (a budget of 1 runs one sequence at a time), so only the
+    // others must have been preempted.
+    if m.num_preemptions == 0 && !label.contains("chunked") {
         problems.push("the pool forced no preemption".into());
     }
     if m.prefix_cache_hits == 0 {
