@@ -329,6 +329,7 @@ fn benches_readme(root: &Path) -> Result<String> {
     md += &serve_section(&record(root, "serve.json")?);
     md += &tiers_section(&record(root, "tiers.json")?);
     md += &eviction_section(&record(root, "eviction.json")?);
+    md += &chunked_section(&record(root, "chunked_prefill.json")?);
     md += &kv_quality_section(&record(root, "kv_quality.json")?);
     Ok(md)
 }
@@ -451,6 +452,48 @@ fn tiers_section(v: &Value) -> String {
                 "recompute: TTFT, ms",
                 "restored from host memory",
                 "restored from disk",
+            ],
+            &out,
+        )
+    )
+}
+
+fn chunked_section(v: &Value) -> String {
+    let out: Vec<Vec<String>> = v["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            vec![
+                s(&r["config"]).to_string(),
+                int(&r["budget"]),
+                num(f(&r["itl_p50_ms"]["median"])),
+                num(f(&r["itl_p99_ms"]["median"])),
+                format!("{}×", num(f(&r["p99_cut"]))),
+                num(f(&r["long_ttft_ms"]["median"])),
+                num(f(&r["tokens_per_s"]["median"])),
+                format!("{:.1}%", 100.0 * f(&r["throughput_cost"])),
+            ]
+        })
+        .collect();
+    format!(
+        "## Chunked prefill: `chunked_prefill.json`\n\n`cargo xtask bench --chunked-prefill` on {}: {}, a {}-token prompt arriving among {} running decodes of {} tokens, prefilled whole and in chunks, median of {}.\n\n{}\n",
+        s(&v["machine"]),
+        s(&v["model"]),
+        v["prompt_len"],
+        v["decodes"],
+        v["decode_tokens"],
+        v["reps"],
+        table(
+            &[
+                "prefill",
+                "max_num_batched_tokens",
+                "decodes' ITL p50, ms",
+                "ITL p99, ms",
+                "p99 cut",
+                "the prompt's TTFT, ms",
+                "tokens/s",
+                "throughput cost",
             ],
             &out,
         )

@@ -257,7 +257,7 @@ fn print_step(step: usize, batch: &ScheduledBatch, tier_ops: &[TierOp]) {
                 num_cached_tokens,
                 is_recompute,
             } => format!(
-                "prefill ({num_cached_tokens} tokens from the prefix cache{})",
+                "prefill ({num_cached_tokens} positions already cached{})",
                 if is_recompute {
                     ", recompute after preemption"
                 } else {

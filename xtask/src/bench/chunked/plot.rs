@@ -40,33 +40,35 @@ pub fn figure(dir: &Path, r: &super::ChunkedReport) -> Result<Vec<String>> {
             .iter()
             .enumerate()
             .map(|(i, (label, steps))| {
-                let pts = steps.iter().map(|s| (s.0 / 1e3, s.1)).collect();
+                // A staircase: each step a plateau from its start to its end.
+                let pts = steps
+                    .iter()
+                    .flat_map(|s| [(s.0 / 1e3, s.1), ((s.0 + s.1) / 1e3, s.1)])
+                    .collect();
                 Series::new(pts, style(i), Line::Solid).key(label.clone(), style(i))
             })
             .collect(),
     };
-    let n = r.rows.len() as f64;
     let (lo, hi) = log_range(
         r.rows
             .iter()
             .flat_map(|x| [x.itl_p50_ms.median, x.itl_p99_ms.median]),
     );
+    let (xlo, xhi) = log_range(r.rows.iter().map(|x| x.budget as f64));
     let pts = |f: &dyn Fn(&super::ChunkedRow) -> f64| -> Vec<(f64, f64)> {
-        r.rows
-            .iter()
-            .enumerate()
-            .map(|(i, x)| (i as f64, f(x)))
-            .collect()
+        let mut v: Vec<(f64, f64)> = r.rows.iter().map(|x| (x.budget as f64, f(x))).collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
     };
     let itl = Panel {
-        title: "decodes' inter-token latency (0: whole, then the budgets)".into(),
+        title: "the decodes' inter-token latency".into(),
         x: axis(
-            -0.5..n - 0.5,
-            None,
-            "configuration: whole prefill, then chunked at each budget",
+            xlo..xhi,
+            Some(2.0),
+            "max_num_batched_tokens (log); the rightmost prefills whole",
         ),
         y: axis(lo..hi, Some(10.0), "inter-token latency, ms (log)"),
-        legend: SeriesLabelPosition::UpperRight,
+        legend: SeriesLabelPosition::UpperLeft,
         series: vec![
             Series::new(pts(&|x| x.itl_p99_ms.median), style(0), Line::Triangles)
                 .key("p99".into(), style(0)),
