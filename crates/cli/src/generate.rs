@@ -69,6 +69,20 @@ pub struct Args {
     #[arg(long = "ubatch-size", visible_alias = "ubatch", default_value_t = 512,
           value_parser = usize_in(0, MAX_POSITIONS))]
     ubatch_size: usize,
+    /// Decode speculatively: `ngram` guesses the next tokens from the latest earlier occurrence
+    /// of the text's last few tokens (prompt lookup, vLLM's method of this name) and checks them
+    /// all in one step; the output is exactly plain greedy decoding's (needs --temp 0).
+    #[arg(long, value_parser = ["ngram"])]
+    speculative: Option<String>,
+    /// Most guesses checked per step with --speculative (vLLM's flag; at most 63).
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1, 63), requires = "speculative")]
+    num_speculative_tokens: usize,
+    /// Longest suffix --speculative ngram looks up (vLLM's prompt_lookup_max).
+    #[arg(long, default_value_t = 3, value_parser = usize_in(1, 64), requires = "speculative")]
+    prompt_lookup_max: usize,
+    /// Shortest suffix --speculative ngram looks up (vLLM's prompt_lookup_min).
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1, 64), requires = "speculative")]
+    prompt_lookup_min: usize,
     /// Print, for every step, the tokens fed and the shapes and bytes of the cache (to stderr).
     #[arg(long)]
     trace: bool,
@@ -143,6 +157,13 @@ pub fn run(a: Args) -> Result<()> {
     let mut engine = engines::build_for(a.engine, model, reserve, a.kv.kv_dtype)?;
     let opts = GenerateOptions {
         ubatch: a.ubatch_size,
+        speculative: a.speculative.as_ref().map(|_| kvlab_model::Speculative {
+            ngram: kvlab_model::NgramProposer {
+                prompt_lookup_min: a.prompt_lookup_min,
+                prompt_lookup_max: a.prompt_lookup_max.max(a.prompt_lookup_min),
+            },
+            num_speculative_tokens: a.num_speculative_tokens,
+        }),
         steps,
         max_seq_len: a.ctx_size.unwrap_or(0),
         trace: a.trace,
@@ -183,7 +204,11 @@ pub fn run(a: Args) -> Result<()> {
     drop(out);
     // Positions in the cache: the prompt and every token fed back (the last one sampled is
     // printed but never fed).
-    let positions = g.prompt.len() + g.decode_steps;
+    let positions = match a.speculative {
+        None => g.prompt.len() + g.decode_steps,
+        // Every kept token but the last was fed; rejected guesses were rolled back.
+        Some(_) => g.prompt.len() + g.tokens.len().saturating_sub(1),
+    };
     let kv = a.kv.kv_dtype;
     if a.json {
         let stats = serde_json::json!({
@@ -200,6 +225,7 @@ pub fn run(a: Args) -> Result<()> {
             "decode_s": g.decode_time.as_secs_f64(),
             "decode_tokens_per_s": g.decode_tokens_per_s(),
             "stopped_at_stop_token": g.stopped,
+            "speculative": g.spec,
             "kv_used_bytes": g.kv.used_bytes,
             "kv_reserved_bytes": g.kv.reserved_bytes,
             "kv_dtype": a.kv.kv_dtype,
@@ -223,6 +249,18 @@ pub fn run(a: Args) -> Result<()> {
             ""
         }
     );
+    if a.speculative.is_some() {
+        let s = g.spec;
+        eprintln!(
+            "speculative: {} guesses checked in {} steps, {} kept ({:.1}%), {} rollbacks; {:.2} tokens per decode step",
+            s.num_draft_tokens,
+            s.num_spec_steps,
+            s.num_accepted_tokens,
+            100.0 * s.acceptance_rate(),
+            s.num_rollbacks,
+            g.tokens.len().saturating_sub(1) as f64 / g.decode_steps.max(1) as f64
+        );
+    }
     eprintln!("{}", kv_summary(kv, &config, &g.kv, positions));
     Ok(())
 }

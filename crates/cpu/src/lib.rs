@@ -70,8 +70,9 @@ impl CpuEngine {
         }
     }
 
-    /// Runs `tokens` at the sequence's next positions; returns the last one's logits.
-    fn run(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// Runs `tokens` at the sequence's next positions; returns the logits of every one with
+    /// `all`, else of the last one only.
+    fn run(&mut self, seq: SeqId, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>> {
         let cache = self.seqs.get_mut(seq)?;
         check_tokens(
             &self.model.config,
@@ -85,11 +86,18 @@ impl CpuEngine {
         // A prompt longer than a ring buffer's spare slots runs in several steps.
         for step in tokens.chunks(cache.max_step()) {
             let positions: Vec<usize> = (cache.len..cache.len + step.len()).collect();
-            let last = [step.len() - 1];
-            logits = forward::forward(model, rope, step, &positions, &last, &mut *cache);
+            let rows: Vec<usize> = match all {
+                true => (0..step.len()).collect(),
+                false => vec![step.len() - 1],
+            };
+            let out = forward::forward(model, rope, step, &positions, &rows, &mut *cache);
+            if !all {
+                logits.clear();
+            }
+            logits.extend(out);
             cache.len += step.len();
         }
-        Ok(logits.pop().unwrap_or_default())
+        Ok(logits)
     }
 }
 
@@ -110,7 +118,12 @@ impl Engine for CpuEngine {
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.run(seq, tokens)
+        Ok(self.run(seq, tokens, false)?.pop().unwrap_or_default())
+    }
+
+    /// Every row's logits from one forward step (the speculative check costs about a decode).
+    fn score(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.run(seq, tokens, true)
     }
 
     fn truncate(&mut self, seq: SeqId, len: usize) -> Result<bool> {

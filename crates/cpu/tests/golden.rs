@@ -17,6 +17,7 @@ fn stories260k_greedy_text_on_fixture_prompts() {
         .collect();
     let opts = GenerateOptions {
         ubatch: 0,
+        speculative: None,
         steps: 96,
         max_seq_len: 0,
         trace: false,

@@ -121,6 +121,7 @@ fn every_cpu_engine_generates_transformers_greedy_ids() {
             for (i, c) in cases.iter().enumerate() {
                 let opts = GenerateOptions {
                     ubatch: 0,
+                    speculative: None,
                     steps: c.prompt.len() + c.n_gen - 1,
                     max_seq_len: 0,
                     trace: false,
@@ -233,6 +234,7 @@ fn chat_reuses_its_cache(
         let mut fresh = kvlab_cpu::CpuEngine::new(model.clone());
         let opts = GenerateOptions {
             ubatch: 0,
+            speculative: None,
             steps: ids.len() + 12 - 1,
             max_seq_len: 256,
             trace: false,
@@ -278,6 +280,7 @@ fn llama3_rope_scaling_matters_to_the_oracle() {
         let mut engine = kvlab_cpu::CpuEngine::new(plain.clone());
         let opts = GenerateOptions {
             ubatch: 0,
+            speculative: None,
             steps: c.prompt.len() + c.n_gen - 1,
             max_seq_len: 0,
             trace: false,
@@ -350,6 +353,7 @@ fn gemma_gguf_and_its_hf_folder_are_the_same_model() {
         let ids = gguf_tok.encode_special(t, true, false);
         let opts = GenerateOptions {
             ubatch: 0,
+            speculative: None,
             steps: ids.len() + 24 - 1,
             max_seq_len: 0,
             trace: false,
@@ -387,6 +391,7 @@ fn same_model_in_bf16(
         let ids = tok.encode_special(t, true, false);
         let opts = GenerateOptions {
             ubatch: 0,
+            speculative: None,
             steps: ids.len() + 24 - 1,
             max_seq_len: 0,
             trace: false,

@@ -28,6 +28,7 @@ fn greedy_everywhere(model: &Arc<Model>, prompts: &[Vec<u32>]) -> Vec<Vec<Vec<u3
             .map(|p| {
                 let opts = GenerateOptions {
                     ubatch: 0,
+                    speculative: None,
                     steps: p.len() + N_NEW - 1,
                     max_seq_len: 0,
                     trace: false,

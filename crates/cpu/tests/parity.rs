@@ -93,6 +93,7 @@ fn stories260k_generates_the_llama2c_reference() {
     ];
     let opts = GenerateOptions {
         ubatch: 0,
+        speculative: None,
         steps: 256,
         max_seq_len: 0,
         trace: false,

@@ -66,6 +66,21 @@ pub trait Engine {
         self.prefill(seq, &[token])
     }
 
+    /// Runs `tokens` at the sequence's next positions like [`Engine::prefill`] and returns the
+    /// logits (vocab_size,) of **every** one, in order: one step scoring a speculative guess
+    /// per row (`crate::speculative`). The default feeds the tokens one decode at a time (the
+    /// same logits, none of the speed-up); an engine whose step computes many rows at once
+    /// overrides it.
+    ///
+    /// # Errors
+    /// As [`Engine::prefill`].
+    fn score(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        if tokens.is_empty() {
+            return Err(crate::Error::EmptyPrompt);
+        }
+        tokens.iter().map(|&t| self.decode(seq, t)).collect()
+    }
+
     /// Forgets positions `len..` of a sequence, so that the next step writes at `len`
     /// (llama.cpp's `llama_memory_seq_rm`): how a chat reuses the cached part of a conversation
     /// whose end changed. Returns `Ok(false)` when this engine cannot (the default, and what a

@@ -32,6 +32,8 @@ pub struct Generation {
     pub kv: KvUsage,
     /// Whether a stop id ended the generation.
     pub stopped: bool,
+    /// What speculative decoding guessed and kept (all 0 without it).
+    pub spec: crate::SpecStats,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -86,6 +88,9 @@ pub struct GenerateOptions {
     /// prefilled in chunks, each attending over the chunks already cached; 0 feeds the whole
     /// prompt in one call.
     pub ubatch: usize,
+    /// Decode speculatively ([`crate::speculative`]): the same tokens as plain greedy decoding,
+    /// in fewer engine steps when the guesses are good. `None`: one token per step.
+    pub speculative: Option<crate::Speculative>,
     /// Print special tokens in the text ([`Tokenizer::is_special`]; [`generate_text`] and
     /// [`generate_ids_text`] only): llama.cpp's `--special`. Off, they print nothing, as in
     /// transformers' `skip_special_tokens=True`, vLLM's default and llama.cpp's.
@@ -139,7 +144,7 @@ pub fn generate_tokens(
         engine,
         seq,
         (prompt, opts.ubatch),
-        steps,
+        (steps, opts.speculative),
         opts.trace,
         sampler,
         &mut on_event,
@@ -154,7 +159,7 @@ fn run(
     engine: &mut dyn Engine,
     seq: SeqId,
     (prompt, ubatch): (&[u32], usize),
-    steps: usize,
+    (steps, speculative): (usize, Option<crate::Speculative>),
     trace: bool,
     sampler: &mut Sampler,
     on_event: &mut impl FnMut(Event<'_>),
@@ -186,6 +191,21 @@ fn run(
     // The repeat penalty looks back over the prompt too, as llama.cpp's does.
     for &t in prompt {
         sampler.accept(t);
+    }
+    if let Some(spec) = speculative {
+        let d = crate::speculative::Decode {
+            engine: &mut *engine,
+            seq,
+            sampler,
+            on_event,
+            stop_ids,
+            steps,
+        };
+        let out = crate::speculative::decode(d, spec, prompt, logits)?;
+        (g.tokens, g.stopped, g.spec) = (out.tokens, out.stopped, out.stats);
+        (g.decode_time, g.decode_steps) = (out.decode_time, out.decode_steps);
+        g.kv = engine.kv_usage();
+        return Ok(g);
     }
     let mut prev = *prompt.last().expect("non-empty prompt");
     let mut pos = prompt.len() - 1;

@@ -8,7 +8,7 @@
 //! Files in data-flow order: [`config`], [`weights`], [`load`] (checkpoint loaders: llama2.c,
 //! GGUF, Hugging Face folders), [`synthetic`], [`registry`] (named models), [`tokenizer`], [`ops`] (scalar reference maths),
 //! [`rope`] (cos/sin tables for the engines),
-//! [`engine`] (the trait), [`sampler`], [`generate`]; beside them [`compare`] (logit comparisons)
+//! [`engine`] (the trait), [`sampler`], [`generate`] (with [`speculative`] decoding); beside them [`compare`] (logit comparisons)
 //! and [`fixtures`] (the prompt fixture format).
 
 pub mod chat;
@@ -24,6 +24,7 @@ pub mod ops;
 pub mod registry;
 pub mod rope;
 pub mod sampler;
+pub mod speculative;
 pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;
@@ -41,6 +42,7 @@ pub use generate::{
 pub use kv_dtype::KvDtype;
 pub use kvlab_gguf::GgmlType;
 pub use sampler::Sampler;
+pub use speculative::{NgramProposer, SpecStats, Speculative};
 pub use synthetic::SyntheticSpec;
 pub use tokenizer::{HfTokenizer, SpmTokenizer, Tokenizer};
 pub use weights::{LayerWeights, Model, Tensor, WeightFormat, Weights};

@@ -167,6 +167,11 @@ impl Sampler {
         self.recent.push_back(token);
     }
 
+    /// Whether it picks deterministically (temperature 0: the argmax, after any repeat penalty).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
     /// The deterministic sampler: argmax, ties to the lowest id.
     pub fn greedy() -> Sampler {
         Sampler::seeded(0.0, 1.0, 0)

@@ -17,6 +17,7 @@ struct NanAt {
 /// 32 positions, the context reserved for them only, no trace.
 const OPTS: GenerateOptions = GenerateOptions {
     ubatch: 0,
+    speculative: None,
     steps: 32,
     max_seq_len: 0,
     trace: false,

@@ -498,6 +498,7 @@ async fn chat_completions_use_the_models_template() {
     let mut engine = kvlab_cpu::CpuEngine::new(model.clone());
     let opts = kvlab_model::GenerateOptions {
         ubatch: 0,
+        speculative: None,
         steps: ids.len() + 8 - 1,
         max_seq_len: 0,
         trace: false,

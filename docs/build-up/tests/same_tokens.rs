@@ -45,6 +45,7 @@ fn naive(prompt: &str, steps: usize, window: Option<usize>) -> Vec<u32> {
     let mut engine = NaiveEngine::new(Arc::new(model));
     let opts = GenerateOptions {
         ubatch: 0,
+        speculative: None,
         steps,
         max_seq_len: 0,
         trace: false,

@@ -603,6 +603,8 @@ fn verify_case(
     for &name in engines.iter().filter(|&&e| e != EngineKind::REFERENCE) {
         let row = compare_chunked(model, case, name, &g, &base);
         rows.push(row.unwrap_or_else(|e| error(name.name(), e)));
+        let row = compare_speculative(model, case, name, &g, &base);
+        rows.push(row.unwrap_or_else(|e| error(name.name(), e)));
     }
     // 3. Other implementations' ids, where the case has them.
     rows.extend(
@@ -756,6 +758,68 @@ fn compare_chunked(
         max_abs_dlogit: f32::NAN,
         ms: t.elapsed().as_secs_f64() * 1e3,
         note: format!("prompt prefilled {ubatch} tokens a call, then {n_gen} greedy tokens"),
+        ..base.clone()
+    })
+}
+
+/// Guesses per step in the speculative solo runs, by case, so every model meets each.
+const SPECULATIVE_K: [usize; 3] = [1, 4, 8];
+
+/// Step 2c of a case: one engine decodes speculatively (prompt lookup, `SPECULATIVE_K` guesses
+/// a step by case, greedy verification, the cache rolled back after each rejection); every
+/// token must be the reference's, up to a stop token where generation ends.
+fn compare_speculative(
+    model: &Arc<Model>,
+    case: &Case,
+    name: EngineKind,
+    g: &Generated,
+    base: &Row,
+) -> Result<Row> {
+    let t = Instant::now();
+    let k = SPECULATIVE_K[case.index % SPECULATIVE_K.len()];
+    let n_gen = case.n_gen.min(g.reference.len());
+    anyhow::ensure!(n_gen > 0, "no reference token to compare with");
+    let mut engine = engines::build(name, model.clone())?;
+    let opts = kvlab_model::GenerateOptions {
+        steps: case.prompt.len() + n_gen - 1,
+        max_seq_len: case.prompt.len() + n_gen - 1,
+        trace: false,
+        special: false,
+        ubatch: 0,
+        speculative: Some(kvlab_model::Speculative {
+            ngram: kvlab_model::NgramProposer::default(),
+            num_speculative_tokens: k,
+        }),
+    };
+    let mut sampler = kvlab_model::Sampler::greedy();
+    let out =
+        kvlab_model::generate_tokens(engine.as_mut(), &case.prompt, &opts, &mut sampler, |_| {})?;
+    let got = out.tokens;
+    let mut step = (0..got.len()).find(|&s| g.reference.get(s) != got.get(s));
+    // Generation ended at a stop token (not in `tokens`): the reference must hold one there.
+    let stop_ids = &model.config.stop_ids;
+    let at = got.len();
+    if step.is_none() && out.stopped && !g.reference.get(at).is_some_and(|t| stop_ids.contains(t)) {
+        step = Some(at);
+    }
+    let s = out.spec;
+    Ok(Row {
+        engine: format!("{} speculative k={k}", name.name()),
+        status: if step.is_none() { "ok" } else { "MISMATCH" }.into(),
+        tokens_compared: got.len() + usize::from(out.stopped),
+        identical: step.is_none(),
+        first_divergence: step.map(|s| Divergence {
+            step: s,
+            reference: g.reference.get(s).copied().unwrap_or(u32::MAX),
+            got: got.get(s).copied().unwrap_or(u32::MAX),
+            reference_top2_margin: f32::NAN,
+        }),
+        max_abs_dlogit: f32::NAN,
+        ms: t.elapsed().as_secs_f64() * 1e3,
+        note: format!(
+            "prompt lookup: {} of {} guesses kept, {} rollbacks",
+            s.num_accepted_tokens, s.num_draft_tokens, s.num_rollbacks
+        ),
         ..base.clone()
     })
 }

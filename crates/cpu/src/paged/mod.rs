@@ -193,6 +193,12 @@ impl PagedCpuEngine {
     /// # Errors
     /// [`Error::Engine`] for a malformed step.
     pub fn run_step(&mut self, input: &ModelInput) -> Result<Vec<Vec<f32>>> {
+        self.run_rows(input, &input.logits_indices)
+    }
+
+    /// [`PagedCpuEngine::run_step`], returning the logits of `rows` (token-axis indices)
+    /// instead of the step's `logits_indices`: every row, for a speculative check.
+    fn run_rows(&mut self, input: &ModelInput, rows: &[usize]) -> Result<Vec<Vec<f32>>> {
         let c = &self.model.config;
         input
             .validate(
@@ -221,14 +227,7 @@ impl PagedCpuEngine {
             v_new: Vec::new(),
         };
         let (model, rope, tokens) = (&self.model, &self.rope, &input.input_ids);
-        Ok(forward(
-            model,
-            rope,
-            tokens,
-            &positions,
-            &input.logits_indices,
-            &mut step,
-        ))
+        Ok(forward(model, rope, tokens, &positions, rows, &mut step))
     }
 
     /// Copies every block of `copies` in every layer of KV group `group`.
@@ -243,8 +242,9 @@ impl PagedCpuEngine {
     }
 
     /// One step of an unscheduled sequence: reserve its slots as the scheduler would
-    /// ([`UnscheduledPools::step`]), then run it as a one-sequence step.
-    fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// ([`UnscheduledPools::step`]), then run it as a one-sequence step. Returns the logits of
+    /// every token with `all`, else of the last.
+    fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>> {
         let s = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, s.len, s.max_seq_len, tokens)?;
         let input = self
@@ -257,14 +257,13 @@ impl PagedCpuEngine {
                     self.pool.num_blocks, self.pool.block_size
                 ),
             })?;
-        let mut logits = self.run_step(&input)?;
+        let every: Vec<usize> = (0..tokens.len()).collect();
+        let rows = if all { &every } else { &input.logits_indices };
+        let logits = self.run_rows(&input, rows)?;
         if let Ok(s) = self.seqs.get_mut(seq) {
             s.len += tokens.len();
         }
-        logits.pop().ok_or_else(|| Error::Engine {
-            engine: NAME,
-            reason: "a step returned no logits".into(),
-        })
+        Ok(logits)
     }
 }
 
@@ -362,7 +361,17 @@ impl Engine for PagedCpuEngine {
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.run_unscheduled(seq, tokens)
+        let mut logits = self.run_unscheduled(seq, tokens, false)?;
+        logits.pop().ok_or_else(|| Error::Engine {
+            engine: NAME,
+            reason: "a step returned no logits".into(),
+        })
+    }
+
+    /// Every row's logits from one step: a sliding-window group keeps what the step's first
+    /// query reads until the next step, so a rollback into the step is always possible.
+    fn score(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.run_unscheduled(seq, tokens, true)
     }
 
     /// Cuts the sequence's block tables (see [`UnscheduledPools::truncate`]).

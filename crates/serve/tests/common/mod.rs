@@ -33,6 +33,7 @@ pub fn cpu_greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &str, max_tokens:
     // emitted without being computed, so `max_tokens` new tokens need one position fewer.
     let opts = GenerateOptions {
         ubatch: 0,
+        speculative: None,
         steps: ids.len() + max_tokens - 1,
         max_seq_len: 0,
         trace: false,

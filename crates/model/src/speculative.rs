@@ -1,0 +1,272 @@
+//! Speculative decoding (Leviathan et al. 2023, "Fast Inference from Transformers via
+//! Speculative Decoding"; Chen et al. 2023): guess the next `k` tokens cheaply, check all the
+//! guesses with **one** forward step of `k + 1` rows ([`Engine::score`]), keep the guesses up to
+//! the first one the model would not have chosen, and roll the KV cache back past it
+//! ([`Engine::truncate`]). A step that costs about one decode (the weights are read once for all
+//! rows) can then yield up to `k + 1` tokens.
+//!
+//! The guesses here come from **prompt lookup** (vLLM's `ngram` method, Saxena 2023): find the
+//! latest earlier occurrence of the text's last n tokens (n from `prompt_lookup_max` down to
+//! `prompt_lookup_min`) and propose what followed it. Text that repeats its input (summaries,
+//! code edits, quoting) is guessed well, other text rarely; a step with no guess is a plain
+//! decode.
+//!
+//! Greedy verification keeps the output **identical** to plain greedy decoding: a guess is kept
+//! only if it is the token the sampler picks from the logits of the position before it, and the
+//! token picked where a guess fails is the one plain decoding would have picked there.
+//!
+//! The cache is what makes rollback possible and where it can break: the step wrote the keys of
+//! every guess, and after a rejection the next step writes at the first rejected position, whose
+//! query reads the `W − 1` keys before it in a sliding window of `W`. So those keys must survive
+//! a step of `k + 1` positions:
+//!
+//! * the contiguous cache forgets positions past the cut; its sliding-window ring keeps
+//!   `W − 1 + 64` slots (`RING_STEP`), so a step of up to 64 positions overwrites nothing a
+//!   rolled-back query reads: `W − 1 + k + 1` slots are live at once, hence [`MAX_GUESSES`];
+//! * the paged pool frees the blocks past the cut ([`Engine::truncate`]). It keeps a window's
+//!   blocks from the step's first query on, but stores the step's own keys only where a query
+//!   after the step reads them (from `end + 1 − W`), so a rollback into the step needs
+//!   `k + 2 ≤ W`, and `decode` guesses no more than that;
+//! * a block shared through the prefix cache was copied before the step wrote into it
+//!   (copy-on-write), so rolling back never touches another sequence's keys.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::generate::Event;
+use crate::{Engine, Error, Result, Sampler, SeqId};
+
+/// The most guesses one step checks: a contiguous sliding-window ring keeps `window − 1 + 64`
+/// slots, so a step of up to 64 positions can be rolled back (`RING_STEP` in kvlab-cpu). A
+/// model with sliding windows of W also caps it at `W − 2` (see [`decode`]).
+pub const MAX_GUESSES: usize = 63;
+
+/// Prompt lookup: the continuation of the latest earlier occurrence of the last n tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct NgramProposer {
+    /// Shortest suffix looked up (vLLM's `prompt_lookup_min`).
+    pub prompt_lookup_min: usize,
+    /// Longest suffix looked up first (vLLM's `prompt_lookup_max`).
+    pub prompt_lookup_max: usize,
+}
+
+impl Default for NgramProposer {
+    /// Suffixes of 3 down to 1 tokens.
+    fn default() -> Self {
+        NgramProposer {
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 3,
+        }
+    }
+}
+
+impl NgramProposer {
+    /// Up to `k` tokens that followed the latest earlier occurrence of the longest suffix of
+    /// `history` (between `prompt_lookup_max` and `prompt_lookup_min` tokens) found earlier in
+    /// it; empty when none is.
+    pub fn propose(&self, history: &[u32], k: usize) -> Vec<u32> {
+        let len = history.len();
+        for n in (self.prompt_lookup_min.max(1)..=self.prompt_lookup_max).rev() {
+            if len <= n || k == 0 {
+                continue;
+            }
+            let suffix = &history[len - n..];
+            // Starts before the suffix's own, latest first.
+            if let Some(i) = (0..len - n).rev().find(|&i| &history[i..i + n] == suffix) {
+                let from = i + n;
+                return history[from..(from + k).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// How to speculate: the proposer and how many tokens it may guess per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Speculative {
+    /// Where the guesses come from.
+    pub ngram: NgramProposer,
+    /// Most guesses checked in one step (vLLM's `num_speculative_tokens`, k).
+    pub num_speculative_tokens: usize,
+}
+
+/// What speculation did in one generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SpecStats {
+    /// Steps that checked at least one guess.
+    pub num_spec_steps: usize,
+    /// Guesses checked.
+    pub num_draft_tokens: usize,
+    /// Guesses kept.
+    pub num_accepted_tokens: usize,
+    /// Steps that rolled the cache back (a guess was rejected).
+    pub num_rollbacks: usize,
+}
+
+impl SpecStats {
+    /// Guesses kept over guesses checked (vLLM's draft acceptance rate); NaN before any guess.
+    pub fn acceptance_rate(&self) -> f64 {
+        self.num_accepted_tokens as f64 / self.num_draft_tokens as f64
+    }
+}
+
+/// The state the speculative loop shares with `generate`'s.
+pub(crate) struct Decode<'a, F: FnMut(Event<'_>)> {
+    pub engine: &'a mut dyn Engine,
+    pub seq: SeqId,
+    pub sampler: &'a mut Sampler,
+    pub on_event: &'a mut F,
+    pub stop_ids: &'a [u32],
+    /// Positions to compute, prompt included: no position at or past it is fed.
+    pub steps: usize,
+}
+
+/// What the loop produced: the generated tokens, whether a stop id ended it, engine time and
+/// steps, and the speculation counts.
+#[derive(Default)]
+pub(crate) struct Decoded {
+    pub tokens: Vec<u32>,
+    pub stopped: bool,
+    pub decode_time: std::time::Duration,
+    pub decode_steps: usize,
+    pub stats: SpecStats,
+}
+
+/// Speculative greedy decoding after a prefill of `prompt` whose last logits are `logits`.
+///
+/// # Errors
+/// [`Error::Sampling`] if the sampler is not greedy; [`Error::Engine`] if the engine cannot roll
+/// its cache back; whatever the engine or the sampler return.
+pub(crate) fn decode<F: FnMut(Event<'_>)>(
+    d: Decode<'_, F>,
+    spec: Speculative,
+    prompt: &[u32],
+    mut logits: Vec<f32>,
+) -> Result<Decoded> {
+    if !d.sampler.is_greedy() {
+        return Err(Error::Sampling(
+            "speculative decoding verifies greedily: use --temp 0 (rejection sampling at a \
+             temperature is not implemented yet)"
+                .into(),
+        ));
+    }
+    // A step's guesses must leave the keys a rolled-back query reads: in a sliding window of W
+    // the paged pool stores a step's own keys only from `end + 1 − W` on, so k + 2 ≤ W.
+    let most = (d.engine.config().layer_kinds.iter())
+        .filter_map(|kind| match kind {
+            crate::LayerKind::Local { window } => Some(window.saturating_sub(2)),
+            crate::LayerKind::Global => None,
+        })
+        .fold(MAX_GUESSES, usize::min);
+    let k = spec.num_speculative_tokens.min(most);
+    let mut out = Decoded::default();
+    let mut history = prompt.to_vec();
+    let mut pos = prompt.len() - 1; // The position whose logits `logits` are.
+    let mut pending = d.sampler.next_token(&mut logits, pos)?;
+    loop {
+        // `pending` was sampled from the logits of `pos`; it goes to pos + 1.
+        if d.stop_ids.contains(&pending) {
+            out.stopped = true;
+            return Ok(out);
+        }
+        emit(&mut out, d.on_event, &mut history, pending);
+        pos += 1;
+        if pos >= d.steps {
+            return Ok(out);
+        }
+        // Guesses for positions pos + 1.., none at or past `steps`.
+        let room = d.steps - 1 - pos;
+        let draft = spec.ngram.propose(&history, k.min(room));
+        let fed: Vec<u32> = std::iter::once(pending)
+            .chain(draft.iter().copied())
+            .collect();
+        let t = Instant::now();
+        let mut rows = d.engine.score(d.seq, &fed)?;
+        out.decode_time += t.elapsed();
+        out.decode_steps += 1;
+        if !draft.is_empty() {
+            out.stats.num_spec_steps += 1;
+            out.stats.num_draft_tokens += draft.len();
+        }
+        // Row i holds the logits of position pos + i, predicting position pos + i + 1.
+        let mut kept = 0;
+        pending = loop {
+            let row = rows.get_mut(kept).ok_or_else(|| Error::Engine {
+                engine: d.engine.name(),
+                reason: format!("score returned {kept} rows for {} tokens", fed.len()),
+            })?;
+            let t = d.sampler.next_token(row, pos + kept)?;
+            if kept == draft.len() || t != draft[kept] {
+                break t;
+            }
+            kept += 1;
+            out.stats.num_accepted_tokens += 1;
+            if d.stop_ids.contains(&t) {
+                out.stopped = true;
+                return Ok(out);
+            }
+            emit(&mut out, d.on_event, &mut history, t);
+            if pos + kept >= d.steps {
+                return Ok(out);
+            }
+        };
+        pos += kept;
+        if kept < draft.len() {
+            // The guesses from `kept` on were wrong: forget their keys and values.
+            out.stats.num_rollbacks += 1;
+            if !d.engine.truncate(d.seq, pos + 1)? {
+                return Err(Error::Engine {
+                    engine: d.engine.name(),
+                    reason: format!(
+                        "cannot roll its cache back to {} positions; speculative decoding needs \
+                         an engine that can, with at most 63 guesses a step (a sliding-window \
+                         ring keeps window − 1 + 64 slots)",
+                        pos + 1
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// Emits `token` as generated: into the output and the history, and to the caller.
+fn emit<F: FnMut(Event<'_>)>(
+    out: &mut Decoded,
+    on_event: &mut F,
+    history: &mut Vec<u32>,
+    token: u32,
+) {
+    let prev = *history.last().unwrap_or(&token);
+    history.push(token);
+    out.tokens.push(token);
+    on_event(Event::Token {
+        prev,
+        token,
+        generated: true,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_lookup_proposes_what_followed_the_latest_match() {
+        let p = NgramProposer::default();
+        // "a b c d a b" → the suffix "a b" occurred at 0, followed by "c d a b".
+        assert_eq!(p.propose(&[1, 2, 3, 4, 1, 2], 3), vec![3, 4, 1]);
+        assert_eq!(p.propose(&[1, 2, 3, 4, 1, 2], 10), vec![3, 4, 1, 2]);
+        // The latest occurrence wins: "x 9" twice, the second followed by 7.
+        assert_eq!(p.propose(&[5, 9, 6, 5, 9, 7, 5, 9], 1), vec![7]);
+        // Longer suffixes first: "2 3" matches where "3" alone would match later.
+        assert_eq!(p.propose(&[2, 3, 8, 3, 4, 2, 3], 1), vec![8]);
+        assert!(p.propose(&[1, 2, 3], 4).is_empty(), "nothing repeats");
+        assert!(p.propose(&[1, 1], 0).is_empty());
+        assert_eq!(
+            p.propose(&[7, 7, 7], 2),
+            vec![7],
+            "overlapping runs continue"
+        );
+    }
+}
