@@ -60,7 +60,8 @@ impl ContiguousKvCache {
     /// `llama_memory_seq_rm`): nothing is erased, the slots are simply written again. Possible
     /// when every key the query at `len` reads is still stored: always in a global layer; in a
     /// ring of `cap` slots with window `W`, which holds positions `self.len − cap..self.len`, when
-    /// `len + 1 − W ≥ self.len − cap`. Returns whether it truncated.
+    /// `len + 1 − W ≥ self.len − cap`, or when it has not wrapped yet (`self.len ≤ cap`, always
+    /// so for a sequence shorter than its ring). Returns whether it truncated.
     pub fn truncate(&mut self, len: usize, c: &Config) -> bool {
         if len > self.len {
             return false;
@@ -71,7 +72,10 @@ impl ContiguousKvCache {
             .zip(&self.caps)
             .all(|(kind, &cap)| match kind {
                 LayerKind::Global => true,
-                LayerKind::Local { window } => len + 1 + cap >= self.len + window,
+                // Nothing was overwritten yet, or the window of `len` is still in the ring.
+                LayerKind::Local { window } => {
+                    self.len <= cap || len + 1 + cap >= self.len + window
+                }
             });
         if kept {
             self.len = len;

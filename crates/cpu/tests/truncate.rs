@@ -48,6 +48,30 @@ fn a_truncated_sequence_continues_as_a_fresh_one() {
 }
 
 #[test]
+fn a_ring_that_never_wrapped_cuts_anywhere() {
+    use kvlab_model::Engine;
+    let Some((model, _)) = common::stories260k() else {
+        return;
+    };
+    // A sequence of 60 positions with a window of 16: its ring is min(16 − 1 + 64, 60) = 60
+    // slots, so nothing is ever overwritten and any cut keeps every key.
+    let m = Arc::new(common::windowed((*model).clone(), Some(16)));
+    let mut engine = kvlab_cpu::CpuEngine::new(m);
+    let (ids, branch) = prompt_and_branch();
+    let seq = engine.new_sequence(60).unwrap();
+    engine.prefill(seq, &ids[..58]).unwrap();
+    // 53 back: past what a wrapped ring of 60 would hold for a window of 16 (5 + 1 + 60 < 58
+    // + 16), yet nothing was overwritten.
+    assert!(engine.truncate(seq, 5).unwrap(), "nothing was overwritten");
+    let got = engine.prefill(seq, &branch).unwrap();
+    let fresh_seq = engine.new_sequence(60).unwrap();
+    let fresh = engine
+        .prefill(fresh_seq, &[&ids[..5], &branch[..]].concat())
+        .unwrap();
+    common::assert_close(&got, &fresh, "cut at 5 of 58");
+}
+
+#[test]
 fn the_paged_engine_cuts_its_block_tables() {
     use kvlab_cpu::paged::PagedCpuEngine;
     use kvlab_model::Engine;
