@@ -330,6 +330,7 @@ fn benches_readme(root: &Path) -> Result<String> {
     md += &tiers_section(&record(root, "tiers.json")?);
     md += &eviction_section(&record(root, "eviction.json")?);
     md += &chunked_section(&record(root, "chunked_prefill.json")?);
+    md += &speculative_section(&record(root, "speculative.json")?);
     md += &kv_quality_section(&record(root, "kv_quality.json")?);
     Ok(md)
 }
@@ -452,6 +453,52 @@ fn tiers_section(v: &Value) -> String {
                 "recompute: TTFT, ms",
                 "restored from host memory",
                 "restored from disk",
+            ],
+            &out,
+        )
+    )
+}
+
+fn speculative_section(v: &Value) -> String {
+    let out: Vec<Vec<String>> = v["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let acceptance = f(&r["acceptance_rate"]);
+            vec![
+                s(&r["weights"]).to_string(),
+                s(&r["workload"]).to_string(),
+                match r["k"].as_u64() {
+                    Some(0) | None => "plain".into(),
+                    Some(k) => k.to_string(),
+                },
+                num(f(&r["decode_s"]["median"])),
+                format!("{}×", num(f(&r["speedup"]))),
+                match acceptance.is_finite() {
+                    true => format!("{:.1}%", 100.0 * acceptance),
+                    false => "–".into(),
+                },
+                num(f(&r["tokens_per_step"])),
+            ]
+        })
+        .collect();
+    format!(
+        "## Speculative decoding: `speculative.json`\n\n`cargo xtask bench --speculative` on {}: {} on the {} engine, prompt lookup against plain greedy decoding, {} tokens per prompt, median of {}.\n\n{}\n",
+        s(&v["machine"]),
+        s(&v["model"]),
+        s(&v["engine"]),
+        v["max_tokens"],
+        v["reps"],
+        table(
+            &[
+                "weights",
+                "prompts",
+                "guesses per step",
+                "decode, s",
+                "speed-up",
+                "guesses kept",
+                "tokens per step",
             ],
             &out,
         )

@@ -11,6 +11,12 @@
 //! code edits, quoting) is guessed well, other text rarely; a step with no guess is a plain
 //! decode.
 //!
+//! A rejected guess costs a row the step computed for nothing, which on text that does not
+//! repeat adds up; so after a step whose guesses were all rejected, the next guesses wait
+//! 1, 3, 7, ... plain steps (doubling after each such step, at most [`MAX_BACKOFF`], reset by
+//! any kept guess): on such text the loop soon decodes plainly, and on text that does it
+//! speculates every step.
+//!
 //! Greedy verification keeps the output **identical** to plain greedy decoding: a guess is kept
 //! only if it is the token the sampler picks from the logits of the position before it, and the
 //! token picked where a guess fails is the one plain decoding would have picked there.
@@ -41,6 +47,9 @@ use crate::{Engine, Error, Result, Sampler, SeqId};
 /// slots, so a step of up to 64 positions can be rolled back (`RING_STEP` in kvlab-cpu). A
 /// model with sliding windows of W also caps it at `W − 2` (see [`decode`]).
 pub const MAX_GUESSES: usize = 63;
+
+/// The most plain steps between two guesses after a run of rejected ones.
+pub const MAX_BACKOFF: usize = 63;
 
 /// Prompt lookup: the continuation of the latest earlier occurrence of the last n tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -102,6 +111,8 @@ pub struct SpecStats {
     pub num_accepted_tokens: usize,
     /// Steps that rolled the cache back (a guess was rejected).
     pub num_rollbacks: usize,
+    /// Steps decoded without guessing because the last guesses were all rejected.
+    pub num_backoff_steps: usize,
 }
 
 impl SpecStats {
@@ -164,6 +175,8 @@ pub(crate) fn decode<F: FnMut(Event<'_>)>(
     let mut history = prompt.to_vec();
     let mut pos = prompt.len() - 1; // The position whose logits `logits` are.
     let mut pending = d.sampler.next_token(&mut logits, pos)?;
+    // Plain steps left before guessing again, and the wait after the next all-rejected step.
+    let (mut wait, mut backoff) = (0, 1);
     loop {
         // `pending` was sampled from the logits of `pos`; it goes to pos + 1.
         if d.stop_ids.contains(&pending) {
@@ -177,7 +190,13 @@ pub(crate) fn decode<F: FnMut(Event<'_>)>(
         }
         // Guesses for positions pos + 1.., none at or past `steps`.
         let room = d.steps - 1 - pos;
-        let draft = spec.ngram.propose(&history, k.min(room));
+        let draft = if wait > 0 {
+            wait -= 1;
+            out.stats.num_backoff_steps += 1;
+            Vec::new()
+        } else {
+            spec.ngram.propose(&history, k.min(room))
+        };
         let fed: Vec<u32> = std::iter::once(pending)
             .chain(draft.iter().copied())
             .collect();
@@ -212,6 +231,12 @@ pub(crate) fn decode<F: FnMut(Event<'_>)>(
             }
         };
         pos += kept;
+        if !draft.is_empty() {
+            (wait, backoff) = match kept {
+                0 => (backoff, (2 * backoff + 1).min(MAX_BACKOFF)),
+                _ => (0, 1),
+            };
+        }
         if kept < draft.len() {
             // The guesses from `kept` on were wrong: forget their keys and values.
             out.stats.num_rollbacks += 1;

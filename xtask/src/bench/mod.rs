@@ -29,6 +29,7 @@ mod ratios;
 mod report;
 mod roofline;
 pub mod serve;
+mod speculative;
 mod stats;
 mod suite;
 mod tiers;
@@ -147,6 +148,15 @@ pub struct Opts {
     /// 256 128, --quick 128 64]
     #[arg(long = "budget", value_name = "N", value_parser = usize_in(1, 1 << 20))]
     budgets: Vec<usize>,
+    /// Instead: prompt-lookup speculative decoding against plain greedy decoding on prompts
+    /// whose answer copies them and prompts whose answer does not, with the checkpoint's
+    /// weights and f32: speed-up, acceptance rate, tokens per step against k (default Gemma 3
+    /// 270M, --quick: stories260K); writes speculative.json and .svg/.png
+    #[arg(long, conflicts_with_all = ["peers", "serve", "tiers", "eviction", "chunked_prefill"])]
+    speculative: bool,
+    /// --speculative: guesses per step to measure (repeatable) [default: 1 2 3 4 8, --quick 2 4]
+    #[arg(long = "k", value_name = "N", value_parser = usize_in(1, 63))]
+    ks: Vec<usize>,
 }
 
 impl Opts {
@@ -290,6 +300,37 @@ fn run_chunked(o: &Opts) -> Result<()> {
     )
 }
 
+/// `--speculative`: prompt lookup against plain decoding (speculative/), table,
+/// speculative.json and the plot.
+fn run_speculative(o: &Opts) -> Result<()> {
+    if o.models.len() > 1 || !o.engines.is_empty() {
+        bail!("--speculative takes one --model and runs the cpu engine; drop --engine");
+    }
+    let m = machine::detect();
+    let out = o.out();
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let quick = o.quick && !o.full;
+    let s = speculative::SpecOpts {
+        quick,
+        model: o.models.first().cloned(),
+        ks: o.ks.clone(),
+        reps: if quick { 1 } else { o.reps },
+        out: out.clone(),
+        plots: !o.no_plots,
+        machine: machine::line(&m),
+    };
+    let report = speculative::run(&s)?;
+    speculative::print(&report);
+    let plots = report.plots.len();
+    write_json(
+        &out,
+        "speculative.json",
+        &report,
+        plots,
+        report.wall_seconds,
+    )
+}
+
 /// The peak-RSS child process (memory.rs), `cargo xtask __rss MODEL ENGINE CONTEXT POSITIONS`.
 ///
 /// # Errors
@@ -319,6 +360,9 @@ pub fn run(o: Opts, args: &[String]) -> Result<()> {
     }
     if o.chunked_prefill {
         return run_chunked(&o);
+    }
+    if o.speculative {
+        return run_speculative(&o);
     }
     let started = Instant::now();
     plot::register_font();
