@@ -71,7 +71,8 @@ pub struct Args {
     ubatch_size: usize,
     /// Decode speculatively: `ngram` guesses the next tokens from the latest earlier occurrence
     /// of the text's last few tokens (prompt lookup, vLLM's method of this name) and checks them
-    /// all in one step; the output is exactly plain greedy decoding's (needs --temp 0).
+    /// all in one step; at --temp 0 the output is exactly plain greedy decoding's, at a
+    /// temperature it has plain sampling's distribution (speculative sampling).
     #[arg(long, value_parser = ["ngram"])]
     speculative: Option<String>,
     /// Most guesses checked per step with --speculative (vLLM's flag; at most 63).

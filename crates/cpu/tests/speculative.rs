@@ -80,26 +80,84 @@ fn speculative_greedy_is_plain_greedy_on_every_cpu_engine() {
     }
 }
 
+type Histogram = std::collections::BTreeMap<(usize, u32), f64>;
+
+/// Empirical distribution of the 2nd, 3rd and 4th generated token (each on its own) over seeds,
+/// and the guesses kept.
+fn histogram(
+    engine: &mut dyn Engine,
+    prompt: &[u32],
+    spec: Option<Speculative>,
+    seeds: std::ops::Range<u64>,
+) -> (Histogram, usize) {
+    let (mut h, mut kept, n) = (Histogram::new(), 0, seeds.end - seeds.start);
+    for seed in seeds {
+        let opts = GenerateOptions {
+            steps: prompt.len() + 5,
+            max_seq_len: 0,
+            trace: false,
+            special: false,
+            ubatch: 0,
+            speculative: spec,
+        };
+        let mut sampler = Sampler::new(1.0, 1.0, seed).unwrap().with_top_k(8);
+        let g = generate_tokens(engine, prompt, &opts, &mut sampler, |_| {}).unwrap();
+        kept += g.spec.num_accepted_tokens;
+        // Tokens 2 to 4: the ones speculative sampling chooses (the first comes from the prefill).
+        for (i, &t) in g.tokens.iter().enumerate().skip(1).take(3) {
+            *h.entry((i, t)).or_insert(0.0) += 1.0 / n as f64;
+        }
+    }
+    (h, kept)
+}
+
+/// The largest total variation distance between the two histograms' distributions of one
+/// position.
+fn tv(a: &Histogram, b: &Histogram) -> f64 {
+    (1..4)
+        .map(|i| {
+            let keys: std::collections::BTreeSet<u32> = (a.keys().chain(b.keys()))
+                .filter(|k| k.0 == i)
+                .map(|k| k.1)
+                .collect();
+            let at = |h: &Histogram, t| *h.get(&(i, t)).unwrap_or(&0.0);
+            keys.iter()
+                .map(|&t| (at(a, t) - at(b, t)).abs())
+                .sum::<f64>()
+                / 2.0
+        })
+        .fold(0.0, f64::max)
+}
+
 #[test]
-fn speculative_decoding_refuses_a_temperature() {
-    let Some((model, _)) = common::stories260k() else {
+fn speculative_sampling_keeps_the_distribution_of_plain_sampling() {
+    let Some((model, tok)) = common::stories260k() else {
         return;
     };
+    let prompt = tok.encode(
+        "Lily saw a big red ball. Lily saw a big red ball. Lily saw",
+        true,
+        false,
+    );
     let mut engine = kvlab_cpu::CpuEngine::new(model);
-    let opts = GenerateOptions {
-        steps: 20,
-        max_seq_len: 0,
-        trace: false,
-        special: false,
-        ubatch: 0,
-        speculative: Some(Speculative {
-            ngram: NgramProposer::default(),
-            num_speculative_tokens: 4,
-        }),
+    let spec = Speculative {
+        ngram: NgramProposer::default(),
+        num_speculative_tokens: 4,
     };
-    let mut hot = Sampler::new(0.8, 1.0, 1).unwrap();
-    let err = generate_tokens(&mut engine, &[1, 2, 3], &opts, &mut hot, |_| {}).unwrap_err();
-    assert!(err.to_string().contains("--temp 0"), "{err}");
+    let n = 3000;
+    let (plain, _) = histogram(&mut engine, &prompt, None, 0..n);
+    let (plain2, _) = histogram(&mut engine, &prompt, None, n..2 * n);
+    let (specd, kept) = histogram(&mut engine, &prompt, Some(spec), 2 * n..3 * n);
+    assert!(
+        kept > 0,
+        "no guess was kept: the acceptance path went untested"
+    );
+    let noise = tv(&plain, &plain2);
+    let d = tv(&plain, &specd);
+    eprintln!("TV plain vs plain {noise:.4}, plain vs speculative {d:.4}");
+    // Two plain samples differ by sampling noise alone; speculative sampling must not differ
+    // from plain by more than that noise allows.
+    assert!(d < 1.5 * noise + 0.02, "TV {d:.4} against noise {noise:.4}");
 }
 
 #[test]

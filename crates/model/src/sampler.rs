@@ -200,6 +200,66 @@ impl Sampler {
     /// The first logit that is NaN or infinite (greedy decoding included: an argmax over NaN
     /// would silently pick token 0).
     pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, NonFiniteLogit> {
+        if let Some(greedy) = self.shape(logits)? {
+            return Ok(greedy);
+        }
+        let coin: f32 = self.rng.random();
+        Ok(if self.top_p >= 1.0 {
+            sample_multinomial(logits, coin)
+        } else {
+            sample_top_p(logits, self.top_p, coin)
+        })
+    }
+
+    /// The distribution [`Sampler::sample`] draws from, written over `logits`: one-hot at the
+    /// argmax when greedy; otherwise the probabilities after the repeat penalty, top-k,
+    /// temperature and min-p, cut to the top-p nucleus (the most likely tokens, ties to the
+    /// lowest id, until their sum exceeds top-p) and renormalized. Speculative sampling checks
+    /// guesses against it.
+    ///
+    /// # Errors
+    /// As [`Sampler::sample`].
+    pub fn distribution(&self, logits: &mut [f32]) -> Result<(), NonFiniteLogit> {
+        if let Some(greedy) = self.shape(logits)? {
+            logits.fill(0.0);
+            logits[greedy as usize] = 1.0;
+            return Ok(());
+        }
+        if self.top_p < 1.0 {
+            let keep = nucleus(logits, self.top_p);
+            let mut mask = vec![false; logits.len()];
+            for id in keep {
+                mask[id as usize] = true;
+            }
+            let mut sum = 0.0;
+            for (p, keep) in logits.iter_mut().zip(mask) {
+                if !keep {
+                    *p = 0.0;
+                }
+                sum += *p;
+            }
+            for p in logits.iter_mut() {
+                *p /= sum;
+            }
+        }
+        Ok(())
+    }
+
+    /// Draws a token from `probs` (summing to 1) with the sampler's generator.
+    pub fn draw(&mut self, probs: &[f32]) -> u32 {
+        let coin: f32 = self.rng.random();
+        let sum: f32 = probs.iter().sum();
+        sample_multinomial(probs, coin * sum)
+    }
+
+    /// A uniform number in [0, 1) from the sampler's generator.
+    pub fn coin(&mut self) -> f32 {
+        self.rng.random()
+    }
+
+    /// Checks `logits` and applies the penalty, top-k, temperature and min-p in place: the
+    /// greedy token when the sampler is greedy, else `None` with `logits` now probabilities.
+    fn shape(&self, logits: &mut [f32]) -> Result<Option<u32>, NonFiniteLogit> {
         let non_finite = |logits: &[f32]| {
             let (index, &value) = logits
                 .iter()
@@ -215,7 +275,7 @@ impl Sampler {
             return Err(non_finite(logits));
         }
         if self.temperature == 0.0 && self.repeat_penalty == 1.0 {
-            return Ok(first_index_of(logits, max));
+            return Ok(Some(first_index_of(logits, max)));
         }
         if self.repeat_penalty != 1.0 {
             // CTRL's penalty as llama.cpp applies it: once per distinct recent token.
@@ -233,7 +293,7 @@ impl Sampler {
             }
         }
         if self.temperature == 0.0 {
-            return Ok(argmax(logits));
+            return Ok(Some(argmax(logits)));
         }
         if self.top_k > 0 && self.top_k < logits.len() {
             // The k-th largest logit; everything below it is out (ties at the threshold stay).
@@ -268,12 +328,7 @@ impl Sampler {
                 *p /= sum;
             }
         }
-        let coin: f32 = self.rng.random();
-        Ok(if self.top_p >= 1.0 {
-            sample_multinomial(logits, coin)
-        } else {
-            sample_top_p(logits, self.top_p, coin)
-        })
+        Ok(None)
     }
 }
 
@@ -438,10 +493,11 @@ fn sample_multinomial(probs: &[f32], coin: f32) -> u32 {
     (probs.len() - 1) as u32
 }
 
-/// Samples from the smallest set of most likely tokens whose probability exceeds `top_p`.
-/// Tokens below (1 − top_p)/(n − 1) cannot be in the nucleus and are skipped before sorting,
-/// as run.c does.
-fn sample_top_p(probs: &[f32], top_p: f32, coin: f32) -> u32 {
+/// The top-p nucleus of `probs`: the most likely tokens (ties to the lowest id) up to and
+/// including the one whose cumulative probability first exceeds `top_p`, with that sum. Tokens
+/// below (1 − top_p)/(n − 1) cannot be in the nucleus and are skipped before sorting, as run.c
+/// does.
+fn nucleus_with_sum(probs: &[f32], top_p: f32) -> (Vec<(u32, f32)>, f32) {
     let cutoff = (1.0 - top_p) / (probs.len().max(2) - 1) as f32;
     let mut cand: Vec<(u32, f32)> = probs
         .iter()
@@ -459,6 +515,23 @@ fn sample_top_p(probs: &[f32], top_p: f32, coin: f32) -> u32 {
             break;
         }
     }
+    cand.truncate(last + 1);
+    (cand, cum)
+}
+
+/// The token ids of the top-p nucleus of `probs` ([`nucleus_with_sum`]).
+fn nucleus(probs: &[f32], top_p: f32) -> Vec<u32> {
+    nucleus_with_sum(probs, top_p)
+        .0
+        .into_iter()
+        .map(|c| c.0)
+        .collect()
+}
+
+/// Samples from the smallest set of most likely tokens whose probability exceeds `top_p`.
+fn sample_top_p(probs: &[f32], top_p: f32, coin: f32) -> u32 {
+    let (cand, cum) = nucleus_with_sum(probs, top_p);
+    let last = cand.len().saturating_sub(1);
     let r = coin * cum;
     let mut cdf = 0.0;
     for &(id, p) in cand.iter().take(last + 1) {
@@ -600,6 +673,33 @@ mod tests {
         let mut l = vec![0.1, 0.9, 0.3];
         assert_eq!(Sampler::greedy().sample(&mut l.clone()), Ok(1));
         assert_eq!(Sampler::new(0.0, 0.9, 7).unwrap().sample(&mut l), Ok(1));
+    }
+
+    #[test]
+    fn the_distribution_is_what_sample_draws_from() {
+        let logits: Vec<f32> = (0..40).map(|i| ((i * 37) % 23) as f32 * 0.3).collect();
+        for (t, top_p, top_k, min_p) in
+            [(1.0, 1.0, 0, 0.0), (0.7, 0.5, 0, 0.0), (1.3, 0.9, 5, 0.05)]
+        {
+            let sampler = Sampler::new(t, top_p, 0)
+                .unwrap()
+                .with_top_k(top_k)
+                .with_min_p(min_p)
+                .unwrap();
+            let mut p = logits.clone();
+            sampler.distribution(&mut p).unwrap();
+            assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            for seed in 0..300 {
+                let mut s = sampler.clone();
+                s.rng = ChaCha8Rng::seed_from_u64(seed);
+                let t = s.sample(&mut logits.clone()).unwrap();
+                assert!(p[t as usize] > 0.0, "drew {t} outside the distribution");
+            }
+        }
+        let mut one_hot = logits.clone();
+        Sampler::greedy().distribution(&mut one_hot).unwrap();
+        assert_eq!(one_hot[argmax(&logits) as usize], 1.0);
+        assert_eq!(one_hot.iter().sum::<f32>(), 1.0);
     }
 
     #[test]

@@ -19,7 +19,10 @@
 //!
 //! Greedy verification keeps the output **identical** to plain greedy decoding: a guess is kept
 //! only if it is the token the sampler picks from the logits of the position before it, and the
-//! token picked where a guess fails is the one plain decoding would have picked there.
+//! token picked where a guess fails is the one plain decoding would have picked there. At a
+//! temperature, speculative sampling keeps each guess with the probability the sampler gives it
+//! and otherwise draws from the rest, so the output has exactly plain sampling's distribution
+//! (not its exact tokens: the random draws differ).
 //!
 //! The cache is what makes rollback possible and where it can break: the step wrote the keys of
 //! every guess, and after a rejection the next step writes at the first rejected position, whose
@@ -144,24 +147,17 @@ pub(crate) struct Decoded {
     pub stats: SpecStats,
 }
 
-/// Speculative greedy decoding after a prefill of `prompt` whose last logits are `logits`.
+/// Speculative decoding after a prefill of `prompt` whose last logits are `logits`.
 ///
 /// # Errors
-/// [`Error::Sampling`] if the sampler is not greedy; [`Error::Engine`] if the engine cannot roll
-/// its cache back; whatever the engine or the sampler return.
+/// [`Error::Engine`] if the engine cannot roll its cache back; whatever the engine or the
+/// sampler return.
 pub(crate) fn decode<F: FnMut(Event<'_>)>(
     d: Decode<'_, F>,
     spec: Speculative,
     prompt: &[u32],
     mut logits: Vec<f32>,
 ) -> Result<Decoded> {
-    if !d.sampler.is_greedy() {
-        return Err(Error::Sampling(
-            "speculative decoding verifies greedily: use --temp 0 (rejection sampling at a \
-             temperature is not implemented yet)"
-                .into(),
-        ));
-    }
     // A step's guesses must leave the keys a rolled-back query reads: in a sliding window of W
     // the paged pool stores a step's own keys only from `end + 1 − W` on, so k + 2 ≤ W.
     let most = (d.engine.config().layer_kinds.iter())
@@ -215,7 +211,8 @@ pub(crate) fn decode<F: FnMut(Event<'_>)>(
                 engine: d.engine.name(),
                 reason: format!("score returned {kept} rows for {} tokens", fed.len()),
             })?;
-            let t = d.sampler.next_token(row, pos + kept)?;
+            let t = check(d.sampler, row, draft.get(kept).copied(), pos + kept)?;
+            d.sampler.accept(t);
             if kept == draft.len() || t != draft[kept] {
                 break t;
             }
@@ -253,6 +250,33 @@ pub(crate) fn decode<F: FnMut(Event<'_>)>(
             }
         }
     }
+}
+
+/// The token after position `pos` from its logits `row` (scratch), given the guess for it, if
+/// any, by speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023): with `p`
+/// the sampler's distribution ([`Sampler::distribution`]) and a guess `x` that prompt lookup
+/// proposes with certainty, keep `x` with probability `p(x)`, else draw from `p` without `x`,
+/// renormalized. Every token so chosen is distributed as one [`Sampler::sample`] draws; with a
+/// greedy sampler `p` is one-hot, so the guess is kept exactly when it is the argmax, and the
+/// token is the argmax either way.
+///
+/// # Errors
+/// [`Error::NonFiniteLogits`] naming `pos`.
+fn check(sampler: &mut Sampler, row: &mut [f32], guess: Option<u32>, pos: usize) -> Result<u32> {
+    sampler
+        .distribution(row)
+        .map_err(|e| Error::NonFiniteLogits {
+            pos,
+            index: e.index,
+            value: e.value,
+        })?;
+    if let Some(x) = guess.filter(|&x| (x as usize) < row.len()) {
+        if sampler.coin() < row[x as usize] {
+            return Ok(x);
+        }
+        row[x as usize] = 0.0;
+    }
+    Ok(sampler.draw(row))
 }
 
 /// Emits `token` as generated: into the output and the history, and to the caller.
