@@ -195,15 +195,57 @@ fn run_serve(o: &Opts) -> Result<()> {
     })
 }
 
-/// `--tiers`: restore versus recompute (tiers.rs), table, tiers.json and the plot.
-fn run_tiers(o: &Opts) -> Result<()> {
-    if o.models.len() > 1 {
-        bail!("--tiers takes one --model");
+/// What every side bench (`--tiers`, `--chunked-prefill`, `--speculative`) starts from: the
+/// output folder (created), this machine's line, and whether the run is quick.
+struct Side {
+    out: PathBuf,
+    machine: String,
+    quick: bool,
+}
+
+/// Checks that `flag`'s run was given at most one --model (and no --engine unless `engines`),
+/// and creates the output folder.
+fn side(o: &Opts, flag: &str, engines: bool) -> Result<Side> {
+    if o.models.len() > 1 || (!engines && !o.engines.is_empty()) {
+        bail!(
+            "{flag} takes one --model{}",
+            if engines {
+                ""
+            } else {
+                " and chooses its engine; drop --engine"
+            }
+        );
     }
-    let m = machine::detect();
     let out = o.out();
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let quick = o.quick && !o.full;
+    Ok(Side {
+        out,
+        machine: machine::line(&machine::detect()),
+        quick: o.quick && !o.full,
+    })
+}
+
+/// A side bench's model: the one named, else Gemma 3 270M (stories260K when quick), loaded by
+/// name; returns its name too.
+fn side_model(
+    model: &Option<String>,
+    quick: bool,
+) -> Result<(String, kvlab_model::registry::Loaded)> {
+    let name = model
+        .clone()
+        .unwrap_or_else(|| if quick { "stories260K" } else { "gemma-3-270m" }.to_string());
+    let loaded = kvlab_cli::fetch::load(&name, None, false)
+        .with_context(|| format!("loading {name}; set KVLAB_MODELS to the folder holding it"))?;
+    Ok((name, loaded))
+}
+
+/// `--tiers`: restore versus recompute (tiers.rs), table, tiers.json and the plot.
+fn run_tiers(o: &Opts) -> Result<()> {
+    let Side {
+        out,
+        machine,
+        quick,
+    } = side(o, "--tiers", true)?;
     let t = tiers::TierOpts {
         quick,
         model: o.models.first().cloned(),
@@ -212,7 +254,7 @@ fn run_tiers(o: &Opts) -> Result<()> {
         seed: o.seed,
         out: out.clone(),
         plots: !o.no_plots,
-        machine: machine::line(&m),
+        machine,
     };
     let report = tiers::run(&t)?;
     tiers::print(&report);
@@ -269,13 +311,11 @@ fn run_eviction(o: &Opts) -> Result<()> {
 /// `--chunked-prefill`: a long prompt among running decodes, whole and chunked (chunked/),
 /// table, chunked_prefill.json and the plot.
 fn run_chunked(o: &Opts) -> Result<()> {
-    if o.models.len() > 1 || !o.engines.is_empty() {
-        bail!("--chunked-prefill takes one --model and runs cpu-paged; drop --engine");
-    }
-    let m = machine::detect();
-    let out = o.out();
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let quick = o.quick && !o.full;
+    let Side {
+        out,
+        machine,
+        quick,
+    } = side(o, "--chunked-prefill", false)?;
     let c = chunked::ChunkedOpts {
         quick,
         model: o.models.first().cloned(),
@@ -286,7 +326,7 @@ fn run_chunked(o: &Opts) -> Result<()> {
         seed: o.seed,
         out: out.clone(),
         plots: !o.no_plots,
-        machine: machine::line(&m),
+        machine,
     };
     let report = chunked::run(&c)?;
     chunked::print(&report);
@@ -303,13 +343,11 @@ fn run_chunked(o: &Opts) -> Result<()> {
 /// `--speculative`: prompt lookup against plain decoding (speculative/), table,
 /// speculative.json and the plot.
 fn run_speculative(o: &Opts) -> Result<()> {
-    if o.models.len() > 1 || !o.engines.is_empty() {
-        bail!("--speculative takes one --model and runs the cpu engine; drop --engine");
-    }
-    let m = machine::detect();
-    let out = o.out();
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let quick = o.quick && !o.full;
+    let Side {
+        out,
+        machine,
+        quick,
+    } = side(o, "--speculative", false)?;
     let s = speculative::SpecOpts {
         quick,
         model: o.models.first().cloned(),
@@ -317,7 +355,7 @@ fn run_speculative(o: &Opts) -> Result<()> {
         reps: if quick { 1 } else { o.reps },
         out: out.clone(),
         plots: !o.no_plots,
-        machine: machine::line(&m),
+        machine,
     };
     let report = speculative::run(&s)?;
     speculative::print(&report);

@@ -508,6 +508,18 @@ fn memory_panel(r: &Results, info: &ModelInfo) -> Panel {
     }
 }
 
+/// A side bench's figures: `draw`'s files when `plots` (the font registered first), else none.
+pub(super) fn draw_if(
+    plots: bool,
+    draw: impl FnOnce() -> Result<Vec<String>>,
+) -> Result<Vec<String>> {
+    if !plots {
+        return Ok(Vec::new());
+    }
+    register_font();
+    draw()
+}
+
 /// Draws `panels` side by side into `stem`.svg and `stem`.png in `dir`; returns the names.
 pub(super) fn write_pair(dir: &Path, stem: &str, panels: &[Panel]) -> Result<Vec<String>> {
     let size = (PANEL.0 * panels.len() as u32, PANEL.1);

@@ -744,22 +744,40 @@ fn compare_chunked(
     e.free(seq);
     let got = got?;
     let step = (0..n_gen).find(|&s| got[s] != g.reference[s]);
-    Ok(Row {
-        engine: format!("{} ubatch={ubatch}", name.name()),
+    Ok(variant_row(
+        base,
+        format!("{} ubatch={ubatch}", name.name()),
+        (g, &got, step, n_gen),
+        t,
+        format!("prompt prefilled {ubatch} tokens a call, then {n_gen} greedy tokens"),
+    ))
+}
+
+/// The row of a variant of one engine's run (chunked, speculative), labelled `engine`: `got`
+/// against the reference's tokens, `compared` of them, first differing at `step`.
+fn variant_row(
+    base: &Row,
+    engine: String,
+    (g, got, step, compared): (&Generated, &[u32], Option<usize>, usize),
+    t: Instant,
+    note: String,
+) -> Row {
+    Row {
+        engine,
         status: if step.is_none() { "ok" } else { "MISMATCH" }.into(),
-        tokens_compared: n_gen,
+        tokens_compared: compared,
         identical: step.is_none(),
         first_divergence: step.map(|s| Divergence {
             step: s,
-            reference: g.reference[s],
-            got: got[s],
+            reference: g.reference.get(s).copied().unwrap_or(u32::MAX),
+            got: got.get(s).copied().unwrap_or(u32::MAX),
             reference_top2_margin: f32::NAN,
         }),
         max_abs_dlogit: f32::NAN,
         ms: t.elapsed().as_secs_f64() * 1e3,
-        note: format!("prompt prefilled {ubatch} tokens a call, then {n_gen} greedy tokens"),
+        note,
         ..base.clone()
-    })
+    }
 }
 
 /// Guesses per step in the speculative solo runs, by case, so every model meets each.
@@ -803,25 +821,16 @@ fn compare_speculative(
         step = Some(at);
     }
     let s = out.spec;
-    Ok(Row {
-        engine: format!("{} speculative k={k}", name.name()),
-        status: if step.is_none() { "ok" } else { "MISMATCH" }.into(),
-        tokens_compared: got.len() + usize::from(out.stopped),
-        identical: step.is_none(),
-        first_divergence: step.map(|s| Divergence {
-            step: s,
-            reference: g.reference.get(s).copied().unwrap_or(u32::MAX),
-            got: got.get(s).copied().unwrap_or(u32::MAX),
-            reference_top2_margin: f32::NAN,
-        }),
-        max_abs_dlogit: f32::NAN,
-        ms: t.elapsed().as_secs_f64() * 1e3,
-        note: format!(
+    Ok(variant_row(
+        base,
+        format!("{} speculative k={k}", name.name()),
+        (g, &got, step, got.len() + usize::from(out.stopped)),
+        t,
+        format!(
             "prompt lookup: {} of {} guesses kept, {} rollbacks",
             s.num_accepted_tokens, s.num_draft_tokens, s.num_rollbacks
         ),
-        ..base.clone()
-    })
+    ))
 }
 
 /// Step 3 of a case: another implementation's ids against the reference's.

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use kvlab_engines::{EngineKind, PoolOptions, build_paged};
 use kvlab_model::sampler::argmax;
 use kvlab_model::{KvDtype, Model};
@@ -175,16 +175,7 @@ fn one_run(
 
 pub fn run(o: &ChunkedOpts) -> Result<ChunkedReport> {
     let started = Instant::now();
-    let name = o.model.clone().unwrap_or_else(|| {
-        if o.quick {
-            "stories260K"
-        } else {
-            "gemma-3-270m"
-        }
-        .to_string()
-    });
-    let loaded = kvlab_cli::fetch::load(&name, None, false)
-        .with_context(|| format!("loading {name}; set KVLAB_MODELS to the folder holding it"))?;
+    let (name, loaded) = super::side_model(&o.model, o.quick)?;
     let model = Arc::new(loaded.model);
     let prompt_len = o.prompt_len.unwrap_or(if o.quick { 400 } else { 2000 });
     let decode_tokens = if o.quick { 32 } else { 48 };
@@ -295,10 +286,7 @@ pub fn run(o: &ChunkedOpts) -> Result<ChunkedReport> {
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
-    if o.plots {
-        super::plot::register_font();
-        report.plots = plot::figure(&o.out, &report)?;
-    }
+    report.plots = super::plot::draw_if(o.plots, || plot::figure(&o.out, &report))?;
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }

@@ -117,10 +117,7 @@ pub fn run(o: &EvictionOpts) -> Result<EvictionReport> {
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
-    if o.plots {
-        super::plot::register_font();
-        report.plots = plot::figure(&o.out, &report)?;
-    }
+    report.plots = super::plot::draw_if(o.plots, || plot::figure(&o.out, &report))?;
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }

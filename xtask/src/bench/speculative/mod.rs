@@ -125,16 +125,7 @@ fn one_pass(
 
 pub fn run(o: &SpecOpts) -> Result<SpecReport> {
     let started = Instant::now();
-    let name = o.model.clone().unwrap_or_else(|| {
-        if o.quick {
-            "stories260K"
-        } else {
-            "gemma-3-270m"
-        }
-        .to_string()
-    });
-    let loaded = kvlab_cli::fetch::load(&name, None, false)
-        .with_context(|| format!("loading {name}; set KVLAB_MODELS to the folder holding it"))?;
+    let (name, loaded) = super::side_model(&o.model, o.quick)?;
     let tok = loaded
         .tokenizer
         .as_ref()
@@ -227,10 +218,7 @@ pub fn run(o: &SpecOpts) -> Result<SpecReport> {
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
-    if o.plots {
-        super::plot::register_font();
-        report.plots = plot::figure(&o.out, &report)?;
-    }
+    report.plots = super::plot::draw_if(o.plots, || plot::figure(&o.out, &report))?;
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }

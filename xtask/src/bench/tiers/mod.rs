@@ -134,16 +134,7 @@ fn one_run(
 
 pub fn run(o: &TierOpts) -> Result<TierReport> {
     let started = Instant::now();
-    let name = o.model.clone().unwrap_or_else(|| {
-        if o.quick {
-            "stories260K"
-        } else {
-            "gemma-3-270m"
-        }
-        .to_string()
-    });
-    let loaded = kvlab_cli::fetch::load(&name, None, false)
-        .with_context(|| format!("loading {name}; set KVLAB_MODELS to the folder holding it"))?;
+    let (name, loaded) = super::side_model(&o.model, o.quick)?;
     let model = Arc::new(loaded.model);
     let max = model.config.max_seq_len - 1;
     let contexts: Vec<usize> = if !o.contexts.is_empty() {
@@ -251,10 +242,7 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
-    if o.plots {
-        super::plot::register_font();
-        report.plots = plot::figure(&o.out, &report)?;
-    }
+    report.plots = super::plot::draw_if(o.plots, || plot::figure(&o.out, &report))?;
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
