@@ -369,16 +369,11 @@ pub fn prefill_chunked(
     ubatch: usize,
 ) -> Result<Vec<f32>> {
     let size = if ubatch == 0 { tokens.len() } else { ubatch };
-    let mut chunks = tokens.chunks(size.max(1)).peekable();
-    loop {
-        let Some(chunk) = chunks.next() else {
-            return Err(Error::EmptyPrompt);
-        };
-        let logits = engine.prefill(seq, chunk)?;
-        if chunks.peek().is_none() {
-            return Ok(logits);
-        }
+    let mut last = None;
+    for chunk in tokens.chunks(size.max(1)) {
+        last = Some(engine.prefill(seq, chunk)?);
     }
+    last.ok_or(Error::EmptyPrompt)
 }
 
 /// Teacher forcing: feeds `prompt` then every token of `forced` and returns the logits (vocab,)

@@ -463,16 +463,16 @@ fn load(
     Ok(Ok((loaded.model, tok)))
 }
 
-/// Greedy generation of `n_gen` tokens after `prompt`, stop tokens ignored; returns the tokens and
-/// the logits that predicted each of them.
+/// Greedy generation of `n_gen` tokens after `prompt` prefilled `ubatch` tokens a call (0: in
+/// one), stop tokens ignored; returns the tokens and the logits that predicted each of them.
 fn greedy(
     engine: &mut dyn Engine,
-    prompt: &[u32],
+    (prompt, ubatch): (&[u32], usize),
     n_gen: usize,
 ) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
     let seq = engine.new_sequence(prompt.len() + n_gen - 1)?;
     let out = (|| -> Result<_> {
-        let mut logits = engine.prefill(seq, prompt)?;
+        let mut logits = kvlab_model::prefill_chunked(engine, seq, prompt, ubatch)?;
         let (mut tokens, mut all) = (Vec::new(), Vec::new());
         loop {
             let next = argmax(&logits);
@@ -628,7 +628,7 @@ fn generate_and_check(
 ) -> std::result::Result<Generated, (EngineKind, anyhow::Error)> {
     let t = Instant::now();
     let (tokens, logits) = engines::build(first, model.clone())
-        .and_then(|mut e| greedy(e.as_mut(), &case.prompt, case.n_gen))
+        .and_then(|mut e| greedy(e.as_mut(), (&case.prompt, 0), case.n_gen))
         .map_err(|e| (first, e))?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
@@ -672,7 +672,7 @@ fn compare_engine(
         (g.tokens.clone(), g.logits.clone(), g.ms)
     } else {
         let mut engine = engines::build(name, model.clone())?;
-        let (tokens, logits) = greedy(engine.as_mut(), &case.prompt, case.n_gen)?;
+        let (tokens, logits) = greedy(engine.as_mut(), (&case.prompt, 0), case.n_gen)?;
         (tokens, logits, t.elapsed().as_secs_f64() * 1e3)
     };
     // Identical tokens mean identical inputs: the greedy run's logits are the teacher-forced
@@ -730,19 +730,7 @@ fn compare_chunked(
     let n_gen = case.n_gen.min(CHUNKED_TOKENS).min(g.reference.len());
     anyhow::ensure!(n_gen > 0, "no reference token to compare with");
     let mut engine = engines::build(name, model.clone())?;
-    let e = engine.as_mut();
-    let seq = e.new_sequence(case.prompt.len() + n_gen - 1)?;
-    let got = (|| -> Result<Vec<u32>> {
-        let mut logits = kvlab_model::prefill_chunked(e, seq, &case.prompt, ubatch)?;
-        let mut tokens = vec![argmax(&logits)];
-        while tokens.len() < n_gen {
-            logits = e.decode(seq, tokens[tokens.len() - 1])?;
-            tokens.push(argmax(&logits));
-        }
-        Ok(tokens)
-    })();
-    e.free(seq);
-    let got = got?;
+    let (got, _) = greedy(engine.as_mut(), (&case.prompt, ubatch), n_gen)?;
     let step = (0..n_gen).find(|&s| got[s] != g.reference[s]);
     Ok(variant_row(
         base,
@@ -879,7 +867,7 @@ fn oracle_row(o: &cases::Oracle, reference: &[u32], base: &Row) -> Row {
 fn reference_run(model: &Arc<Model>, prompt: &[u32], n_gen: usize) -> Result<Vec<u32>> {
     let (tokens, _) = greedy(
         engines::build(EngineKind::Cpu, model.clone())?.as_mut(),
-        prompt,
+        (prompt, 0),
         n_gen,
     )?;
     if let Some(s) = naive_check(model, prompt, &tokens)?.first_mismatch {
