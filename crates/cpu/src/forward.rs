@@ -109,6 +109,9 @@ pub fn forward(
 
     // Logits of the requested rows only: W_cls (vocab, dim) @ rmsnorm(x_row).
     let b = logits_indices.len();
+    if b == 0 {
+        return Vec::new(); // a step that only fills the cache
+    }
     let mut picked = vec![0.0f32; b * d]; // (b, dim)
     for (out, &r) in picked.chunks_exact_mut(d).zip(logits_indices) {
         out.copy_from_slice(&x[r * d..(r + 1) * d]);

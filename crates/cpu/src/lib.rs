@@ -83,17 +83,19 @@ impl CpuEngine {
         )?;
         let (model, rope) = (&self.model, &self.rope);
         let mut logits = Vec::new();
-        // A prompt longer than a ring buffer's spare slots runs in several steps.
-        for step in tokens.chunks(cache.max_step()) {
+        // A prompt longer than a ring buffer's spare slots runs in several steps; without
+        // `all`, only the last step computes logits (the classifier of Gemma 3's 262,144-token
+        // vocabulary is as many multiply-adds as 1.7 tokens through its layers).
+        let max_step = cache.max_step();
+        let n_steps = tokens.len().div_ceil(max_step);
+        for (i, step) in tokens.chunks(max_step).enumerate() {
             let positions: Vec<usize> = (cache.len..cache.len + step.len()).collect();
             let rows: Vec<usize> = match all {
                 true => (0..step.len()).collect(),
-                false => vec![step.len() - 1],
+                false if i + 1 == n_steps => vec![step.len() - 1],
+                false => Vec::new(),
             };
             let out = forward::forward(model, rope, step, &positions, &rows, &mut *cache);
-            if !all {
-                logits.clear();
-            }
             logits.extend(out);
             cache.len += step.len();
         }

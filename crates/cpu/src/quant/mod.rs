@@ -79,12 +79,14 @@ macro_rules! two_byte_kernels {
 
 pub mod bf16;
 mod block32;
+mod decode;
 pub mod f16;
 pub mod q4_k;
 pub mod q5_0;
 pub mod q6_k;
 pub mod q8_0;
 
+pub use decode::decode_rows;
 use kvlab_model::GgmlType;
 
 /// Bytes of one row of `cols` elements of `ty`.
@@ -300,9 +302,12 @@ fn f16_table() -> &'static [f32; 1 << 16] {
     })
 }
 
-/// Rows of W decoded to f32 into `out` (`rows × cols`), for the matrix-matrix path (prefill),
-/// which decodes a block of rows once and reuses it for every token.
-pub fn decode_rows(ty: GgmlType, w: &[u8], out: &mut [f32]) {
+/// Rows of W decoded to f32 into `out` (`rows × cols`) by kvlab-gguf's scalar port of ggml's
+/// `dequantize_row_*`: the reference [`decode_rows`] matches bit for bit.
+///
+/// # Panics
+/// If `w` is not exactly the bytes of `out.len()` elements of `ty`, or `ty` is not a weight type.
+pub fn decode_rows_reference(ty: GgmlType, w: &[u8], out: &mut [f32]) {
     kvlab_gguf::dequantize_into(ty, w, out).expect("whole rows of whole blocks");
 }
 
@@ -316,7 +321,7 @@ pub fn gemv_rows_reference(ty: GgmlType, out: &mut [f32], w: &[u8], x: &[f32]) {
     }
     let mut row = vec![0.0f32; x.len()];
     for (o, bytes) in out.iter_mut().zip(w.chunks_exact(rb)) {
-        decode_rows(ty, bytes, &mut row);
+        decode_rows_reference(ty, bytes, &mut row);
         *o = kvlab_model::ops::dot(&row, x);
     }
 }
@@ -384,7 +389,7 @@ mod tests {
         let t = super::f16_table();
         for h in 0..=u16::MAX {
             let mut want = [0.0f32];
-            super::decode_rows(kvlab_model::GgmlType::F16, &h.to_le_bytes(), &mut want);
+            super::decode_rows_reference(kvlab_model::GgmlType::F16, &h.to_le_bytes(), &mut want);
             assert_eq!(
                 t[usize::from(h)].to_bits(),
                 want[0].to_bits(),
