@@ -4,7 +4,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
 use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::{GenerateOptions, Sampler, generate_ids_text, generate_text};
@@ -70,11 +70,16 @@ pub struct Args {
           value_parser = usize_in(0, MAX_POSITIONS))]
     ubatch_size: usize,
     /// Decode speculatively: `ngram` guesses the next tokens from the latest earlier occurrence
-    /// of the text's last few tokens (prompt lookup, vLLM's method of this name) and checks them
-    /// all in one step; at --temp 0 the output is exactly plain greedy decoding's, at a
-    /// temperature it has plain sampling's distribution (speculative sampling).
-    #[arg(long, value_parser = ["ngram"])]
+    /// of the text's last few tokens (prompt lookup, vLLM's method of this name), `draft` lets
+    /// --draft-model decode them greedily; one step checks all the guesses. At --temp 0 the
+    /// output is exactly plain greedy decoding's, at a temperature it has plain sampling's
+    /// distribution (speculative sampling).
+    #[arg(long, value_parser = ["ngram", "draft"])]
     speculative: Option<String>,
+    /// The draft model of --speculative draft (a name, path or hub id, as -m): a smaller model
+    /// with the target's tokenizer, run by the same engine with the same --weights.
+    #[arg(long, value_name = "MODEL")]
+    draft_model: Option<String>,
     /// Most guesses checked per step with --speculative (vLLM's flag; at most 63).
     #[arg(long, default_value_t = 4, value_parser = usize_in(1, 63), requires = "speculative")]
     num_speculative_tokens: usize,
@@ -158,13 +163,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut engine = engines::build_for(a.engine, model, reserve, a.kv.kv_dtype)?;
     let opts = GenerateOptions {
         ubatch: a.ubatch_size,
-        speculative: a.speculative.as_ref().map(|_| kvlab_model::Speculative {
-            ngram: kvlab_model::NgramProposer {
-                prompt_lookup_min: a.prompt_lookup_min,
-                prompt_lookup_max: a.prompt_lookup_max.max(a.prompt_lookup_min),
-            },
-            num_speculative_tokens: a.num_speculative_tokens,
-        }),
+        speculative: speculative(&a, &config, reserve)?,
         steps,
         max_seq_len: a.ctx_size.unwrap_or(0),
         trace: a.trace,
@@ -264,6 +263,37 @@ pub fn run(a: Args) -> Result<()> {
     }
     eprintln!("{}", kv_summary(kv, &config, &g.kv, positions));
     Ok(())
+}
+
+/// `--speculative` and its flags as the generation's [`kvlab_model::Speculative`]: prompt lookup,
+/// or the `--draft-model` loaded and built on the target's engine, reserving `reserve` positions.
+fn speculative(
+    a: &Args,
+    target: &kvlab_model::Config,
+    reserve: usize,
+) -> Result<Option<kvlab_model::Speculative>> {
+    let proposer = match (a.speculative.as_deref(), &a.draft_model) {
+        (None, None) => return Ok(None),
+        (None | Some("ngram"), Some(_)) => {
+            bail!("--draft-model goes with --speculative draft")
+        }
+        (Some("draft"), None) => bail!("--speculative draft needs --draft-model MODEL"),
+        (Some("draft"), Some(spec)) => {
+            let draft = kvlab_cli::fetch::load(spec, None, !a.run.model.offline)
+                .with_context(|| format!("loading the draft model {spec}"))?;
+            let draft = draft.model.with_weight_format(a.run.model.weights);
+            let engine = engines::build_for(a.engine, Arc::new(draft), reserve, a.kv.kv_dtype)?;
+            kvlab_model::Proposer::Draft(kvlab_model::DraftModel::new(engine, target.vocab_size)?)
+        }
+        _ => kvlab_model::Proposer::Ngram(kvlab_model::NgramProposer {
+            prompt_lookup_min: a.prompt_lookup_min,
+            prompt_lookup_max: a.prompt_lookup_max.max(a.prompt_lookup_min),
+        }),
+    };
+    Ok(Some(kvlab_model::Speculative {
+        proposer,
+        num_speculative_tokens: a.num_speculative_tokens,
+    }))
 }
 
 /// `--trace`: a step's length, each run of alike layers' cache shape, the block table and the

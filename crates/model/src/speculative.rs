@@ -5,11 +5,17 @@
 //! ([`Engine::truncate`]). A step that costs about one decode (the weights are read once for all
 //! rows) can then yield up to `k + 1` tokens.
 //!
-//! The guesses here come from **prompt lookup** (vLLM's `ngram` method, Saxena 2023): find the
-//! latest earlier occurrence of the text's last n tokens (n from `prompt_lookup_max` down to
-//! `prompt_lookup_min`) and propose what followed it. Text that repeats its input (summaries,
-//! code edits, quoting) is guessed well, other text rarely; a step with no guess is a plain
-//! decode.
+//! The guesses come from one of two [`Proposer`]s:
+//!
+//! * **prompt lookup** (vLLM's `ngram` method, Saxena 2023): find the latest earlier occurrence
+//!   of the text's last n tokens (n from `prompt_lookup_max` down to `prompt_lookup_min`) and
+//!   propose what followed it. Text that repeats its input (summaries, code edits, quoting) is
+//!   guessed well, other text rarely; a step with no guess is a plain decode. Free, but blind.
+//! * a **draft model** (vLLM's `draft_model` method; Leviathan et al.'s setting): a smaller model
+//!   with the same vocabulary decodes `k` tokens greedily in its own KV cache, which then rolls
+//!   back past the guesses the target rejected, exactly as the target's does ([`DraftModel`]).
+//!   Each guess costs a draft decode, so it pays when the draft is much cheaper than the target
+//!   and agrees with it often.
 //!
 //! A rejected guess costs a row the step computed for nothing, which on text that does not
 //! repeat adds up; so after a step whose guesses were all rejected, the next guesses wait
@@ -39,6 +45,7 @@
 //! * a block shared through the prefix cache was copied before the step wrote into it
 //!   (copy-on-write), so rolling back never touches another sequence's keys.
 
+use std::cell::RefCell;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -94,13 +101,174 @@ impl NgramProposer {
     }
 }
 
+/// A draft model: a second engine with the target's vocabulary, whose greedy continuation of
+/// the text is the guess. It keeps its own sequence, one per generation: positions it computed
+/// for guesses the target rejected are rolled back ([`Engine::truncate`]) before it catches up
+/// with the tokens the target chose, so each step feeds it only what it has not seen.
+pub struct DraftModel {
+    state: RefCell<DraftState>,
+}
+
+struct DraftState {
+    engine: Box<dyn Engine>,
+    /// The sequence of the generation in progress.
+    seq: Option<SeqId>,
+    /// The tokens at its cached positions, in order.
+    cached: Vec<u32>,
+    /// Positions that sequence holds at most.
+    max_seq_len: usize,
+}
+
+impl std::fmt::Debug for DraftModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.state.borrow();
+        let c = st.engine.config();
+        f.debug_struct("DraftModel")
+            .field("engine", &st.engine.name())
+            .field("n_layers", &c.n_layers)
+            .field("dim", &c.dim)
+            .finish()
+    }
+}
+
+impl DraftModel {
+    /// `engine` drafting for a target of `target_vocab_size` tokens.
+    ///
+    /// # Errors
+    /// [`Error::Config`] if the vocabularies differ in size: a guess is a token id, so the two
+    /// models must share their tokenizer (the same size is checked, the same ids are the
+    /// caller's to ensure).
+    pub fn new(engine: Box<dyn Engine>, target_vocab_size: usize) -> Result<DraftModel> {
+        let vocab = engine.config().vocab_size;
+        if vocab != target_vocab_size {
+            return Err(Error::Config(format!(
+                "the draft model has a vocabulary of {vocab} tokens and the target {target_vocab_size}: \
+                 a draft must share the target's tokenizer"
+            )));
+        }
+        Ok(DraftModel {
+            state: RefCell::new(DraftState {
+                engine,
+                seq: None,
+                cached: Vec::new(),
+                max_seq_len: 0,
+            }),
+        })
+    }
+
+    /// Starts the draft's sequence for a generation of `steps` positions (at most the draft
+    /// model's context), dropping any earlier one.
+    fn begin(&self, steps: usize) -> Result<()> {
+        self.end();
+        let mut st = self.state.borrow_mut();
+        let max_seq_len = steps.clamp(1, st.engine.config().max_seq_len);
+        st.seq = Some(st.engine.new_sequence(max_seq_len)?);
+        st.max_seq_len = max_seq_len;
+        Ok(())
+    }
+
+    /// Frees the draft's sequence.
+    fn end(&self) {
+        let mut st = self.state.borrow_mut();
+        if let Some(seq) = st.seq.take() {
+            st.engine.free(seq);
+        }
+        st.cached.clear();
+    }
+
+    /// The draft's greedy continuation of `history`, up to `k` tokens: the cache rolled back to
+    /// what it shares with `history` (keeping at least one token to feed), the rest of `history`
+    /// fed in one step, then a greedy decode per further guess. Fewer guesses where the draft's
+    /// context ends.
+    fn propose(&self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        let st = &mut *self.state.borrow_mut();
+        let Some(seq) = st.seq else {
+            return Ok(Vec::new());
+        };
+        if k == 0 || history.len() > st.max_seq_len {
+            return Ok(Vec::new());
+        }
+        let shared = st
+            .cached
+            .iter()
+            .zip(history)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = shared.min(history.len() - 1);
+        if keep < st.cached.len() {
+            if st.engine.truncate(seq, keep)? {
+                st.cached.truncate(keep);
+            } else {
+                // This engine cannot roll back: start the sequence over.
+                st.engine.free(seq);
+                st.seq = Some(st.engine.new_sequence(st.max_seq_len)?);
+                st.cached.clear();
+            }
+        }
+        Self::extend(st, history, k)
+    }
+
+    /// Feeds `history[cached.len()..]`, then guesses greedily.
+    fn extend(st: &mut DraftState, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        let seq = st.seq.expect("a sequence was started");
+        let new = &history[st.cached.len()..];
+        let mut logits = st.engine.prefill(seq, new)?;
+        st.cached.extend_from_slice(new);
+        let mut guesses = vec![crate::sampler::argmax(&logits)];
+        while guesses.len() < k && st.cached.len() < st.max_seq_len {
+            let g = *guesses.last().expect("one guess at least");
+            logits = st.engine.decode(seq, g)?;
+            st.cached.push(g);
+            guesses.push(crate::sampler::argmax(&logits));
+        }
+        Ok(guesses)
+    }
+}
+
+/// Where a step's guesses come from.
+#[derive(Debug)]
+pub enum Proposer {
+    /// Prompt lookup.
+    Ngram(NgramProposer),
+    /// A draft model's greedy continuation.
+    Draft(DraftModel),
+}
+
+impl Proposer {
+    /// Up to `k` guesses for the tokens after `history`.
+    fn propose(&self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+        match self {
+            Proposer::Ngram(n) => Ok(n.propose(history, k)),
+            Proposer::Draft(d) => d.propose(history, k),
+        }
+    }
+
+    /// The method's name, as vLLM spells it (`ngram`, `draft_model`).
+    pub fn method(&self) -> &'static str {
+        match self {
+            Proposer::Ngram(_) => "ngram",
+            Proposer::Draft(_) => "draft_model",
+        }
+    }
+}
+
 /// How to speculate: the proposer and how many tokens it may guess per step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Debug)]
 pub struct Speculative {
     /// Where the guesses come from.
-    pub ngram: NgramProposer,
+    pub proposer: Proposer,
     /// Most guesses checked in one step (vLLM's `num_speculative_tokens`, k).
     pub num_speculative_tokens: usize,
+}
+
+impl Speculative {
+    /// Prompt lookup with `k` guesses a step.
+    pub fn ngram(ngram: NgramProposer, k: usize) -> Speculative {
+        Speculative {
+            proposer: Proposer::Ngram(ngram),
+            num_speculative_tokens: k,
+        }
+    }
 }
 
 /// What speculation did in one generation.
@@ -154,7 +322,28 @@ pub(crate) struct Decoded {
 /// sampler return.
 pub(crate) fn decode<F: FnMut(Event<'_>)>(
     d: Decode<'_, F>,
-    spec: Speculative,
+    spec: &Speculative,
+    prompt: &[u32],
+    logits: Vec<f32>,
+) -> Result<Decoded> {
+    let draft = match &spec.proposer {
+        Proposer::Draft(draft) => Some(draft),
+        Proposer::Ngram(_) => None,
+    };
+    if let Some(draft) = draft {
+        draft.begin(d.steps)?;
+    }
+    let out = decode_with(d, spec, prompt, logits);
+    if let Some(draft) = draft {
+        draft.end();
+    }
+    out
+}
+
+/// [`decode`] once the proposer is ready.
+fn decode_with<F: FnMut(Event<'_>)>(
+    d: Decode<'_, F>,
+    spec: &Speculative,
     prompt: &[u32],
     mut logits: Vec<f32>,
 ) -> Result<Decoded> {
@@ -184,19 +373,20 @@ pub(crate) fn decode<F: FnMut(Event<'_>)>(
         if pos >= d.steps {
             return Ok(out);
         }
-        // Guesses for positions pos + 1.., none at or past `steps`.
+        // Guesses for positions pos + 1.., none at or past `steps`; the time a draft model
+        // takes to propose them counts as decode time.
+        let t = Instant::now();
         let room = d.steps - 1 - pos;
         let draft = if wait > 0 {
             wait -= 1;
             out.stats.num_backoff_steps += 1;
             Vec::new()
         } else {
-            spec.ngram.propose(&history, k.min(room))
+            spec.proposer.propose(&history, k.min(room))?
         };
         let fed: Vec<u32> = std::iter::once(pending)
             .chain(draft.iter().copied())
             .collect();
-        let t = Instant::now();
         let mut rows = d.engine.score(d.seq, &fed)?;
         out.decode_time += t.elapsed();
         out.decode_steps += 1;

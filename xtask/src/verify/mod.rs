@@ -792,10 +792,10 @@ fn compare_speculative(
         trace: false,
         special: false,
         ubatch: 0,
-        speculative: Some(kvlab_model::Speculative {
-            ngram: kvlab_model::NgramProposer::default(),
-            num_speculative_tokens: k,
-        }),
+        speculative: Some(kvlab_model::Speculative::ngram(
+            kvlab_model::NgramProposer::default(),
+            k,
+        )),
     };
     let mut sampler = kvlab_model::Sampler::greedy();
     let out =

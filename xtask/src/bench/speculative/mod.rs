@@ -108,10 +108,7 @@ fn one_pass(
             trace: false,
             special: false,
             ubatch: 0,
-            speculative: (k > 0).then_some(Speculative {
-                ngram: NgramProposer::default(),
-                num_speculative_tokens: k,
-            }),
+            speculative: (k > 0).then_some(Speculative::ngram(NgramProposer::default(), k)),
         };
         let g = generate_tokens(engine, p, &opts, &mut Sampler::greedy(), |_| {})?;
         secs += g.decode_time.as_secs_f64();
