@@ -25,7 +25,7 @@ pub fn decode_rows(ty: GgmlType, w: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512f") {
         let bs = ty.block_size();
-        let whole = out.len() % bs == 0 && w.len() == out.len() / bs * ty.type_size();
+        let whole = out.len().is_multiple_of(bs) && w.len() == out.len() / bs * ty.type_size();
         assert!(
             whole,
             "quant::decode_rows: {} bytes are not {} {ty} weights",
@@ -60,8 +60,8 @@ mod avx512 {
     /// The CPU has AVX-512F; `w` is exactly the blocks of `out.len()` elements of `ty`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn decode(ty: GgmlType, w: &[u8], out: &mut [f32]) -> bool {
-        // SAFETY (every arm): the caller's contract; each block reads its own bytes and writes
-        // its own elements.
+        // SAFETY: the caller's contract, for every arm; each block reads its own bytes and
+        // writes its own elements.
         unsafe {
             match ty {
                 GgmlType::Q8_0 => blocks::<34, 32>(w, out, q8_0),
