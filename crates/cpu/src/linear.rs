@@ -107,19 +107,29 @@ pub const SMALL_BATCH: usize = 8;
 /// each); at 4 the two were within noise of each other, so 2 to 4 keep the GEMV's bits.
 pub const SKINNY_MIN: usize = 5;
 
-/// y (t, out) = x (t, in) @ Wᵀ with W (out, in): a GEMV for t = 1; on AVX-512, row-by-row dot
-/// products below [`SKINNY_MIN`] rows and the skinny kernel up to [`skinny::MAX_T`]; elsewhere,
+/// y (t, out) = x (t, in) @ Wᵀ with W (out, in): a GEMV for t = 1; on AVX-512, for a quantized W
+/// (Q8_0, Q5_0, Q4_K, Q6_K) from 2 rows up to [`quant::few_rows::max_rows`], the few-rows kernel
+/// (each block decoded once, in registers, for every row; no f32 copy of W, no empty lanes);
+/// otherwise row-by-row dot products below [`SKINNY_MIN`] rows and the skinny kernel up to
+/// [`skinny::MAX_T`]; elsewhere,
 /// row-by-row dot products up to [`SMALL_BATCH`]; sgemm above. Either way a row's output does
 /// not depend on the other rows (batch invariance): the dot products give, bit for bit, the
-/// GEMV of that row alone, and the skinny kernel gives every row the same sum in the same order.
+/// GEMV of that row alone, and the skinny and few-rows kernels give every row the same sum in
+/// the same order whatever the other rows are.
 pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out: usize) {
     assert!(
         x.len() >= t * d_in && y.len() >= t * d_out && w.len() == d_out * d_in,
         "linear: shape mismatch"
     );
     let w = Weight::of(w, d_in);
+    let few =
+        |ty| (2..=quant::few_rows::max_rows(ty)).contains(&t) && quant::few_rows::available(ty);
     if t == 1 {
         gemv(&mut y[..d_out], w, &x[..d_in]);
+    } else if let Weight::Encoded { ty, .. } = w
+        && few(ty)
+    {
+        few_columns(y, &x[..t * d_in], w, t, d_in, d_out);
     } else if (SKINNY_MIN..=skinny::MAX_T).contains(&t) && skinny::available() {
         skinny_columns(y, x, w, t, d_in, d_out);
     } else if t <= SMALL_BATCH {
@@ -254,6 +264,31 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
     };
     // One block per thread; `for_each_task` runs a single block on the caller.
     threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
+}
+
+/// y (t, out) = x (t, in) @ Wᵀ for a quantized W and a few rows by [`quant::few_rows`], W's rows
+/// split into one contiguous block per worker thread, each task writing its own columns of y.
+fn few_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_out: usize) {
+    let Weight::Encoded {
+        ty,
+        bytes,
+        row_bytes,
+    } = w
+    else {
+        unreachable!("few_columns takes encoded weights");
+    };
+    let threads = threads::num_threads();
+    let per = d_out
+        .div_ceil(threads)
+        .next_multiple_of(quant::few_rows::ROWS);
+    let y_ptr = threads::SendPtr(y.as_mut_ptr());
+    threads::for_each_task(d_out.div_ceil(per), |i| {
+        let (c0, n) = (i * per, per.min(d_out - i * per));
+        let rows = &bytes[c0 * row_bytes..][..n * row_bytes];
+        // SAFETY: `linear` asserted y spans t·out floats; this task writes columns c0..c0 + n
+        // of its t rows (stride out), which no other task writes, and `linear` holds `&mut y`.
+        unsafe { quant::few_rows::rows_raw(y_ptr.get().add(c0), d_out, x, t, (ty, rows), d_in, n) };
+    });
 }
 
 /// W rows an encoded weight is decoded by at a time for [`skinny_columns`] (36 KiB of f32 at
@@ -517,6 +552,52 @@ mod tests {
                     (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
                     "t={t} {i}: {a} vs {b}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_weights_give_what_their_decoded_f32_gives_at_every_row_count() {
+        // The few-rows kernel from 2 rows to its per-format maximum, then skinny and sgemm on
+        // the decoded rows: every path within rounding of the f32 path on the decoded W.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+        let (d_in, d_out) = (512, 70);
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            let rb = quant::row_bytes(ty, d_in);
+            let mut bytes: Vec<u8> = (0..rb * d_out).map(|_| rng.random()).collect();
+            let scale_at: &[usize] = match ty {
+                GgmlType::Q4_K => &[0, 2],
+                GgmlType::Q6_K => &[208],
+                _ => &[0],
+            };
+            for block in bytes.chunks_exact_mut(ty.type_size()) {
+                for &o in scale_at {
+                    let d = half::f16::from_f32(rng.random_range(-0.05..0.05));
+                    block[o..o + 2].copy_from_slice(&d.to_le_bytes());
+                }
+            }
+            let w = Tensor::encoded_from_bytes(ty, bytes, d_out * d_in).expect("whole blocks");
+            let decoded = w.convert(GgmlType::F32);
+            for t in [1, 2, 4, 5, 12, 13, 32, 40, 41, 64, 70] {
+                let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let (mut got, mut want) = (vec![f32::NAN; t * d_out], vec![f32::NAN; t * d_out]);
+                linear(&mut got, &x, &w, t, d_in, d_out);
+                linear(&mut want, &x, &decoded, t, d_in, d_out);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let (r, j) = (i / d_out, i % d_out);
+                    let scale: f32 = (0..d_in)
+                        .map(|k| (decoded[j * d_in + k] * x[r * d_in + k]).abs())
+                        .sum();
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale.max(1e-6),
+                        "{ty} t={t} y[{r}][{j}]: {a} vs {b}"
+                    );
+                }
             }
         }
     }

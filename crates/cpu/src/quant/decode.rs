@@ -50,7 +50,7 @@ fn f16(lo: u8, hi: u8) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use super::*;
 
     /// Decodes every block of `w` into `out`; false (nothing written) for a format without a
@@ -64,10 +64,10 @@ mod avx512 {
         // writes its own elements.
         unsafe {
             match ty {
-                GgmlType::Q8_0 => blocks::<34, 32>(w, out, q8_0),
-                GgmlType::Q5_0 => blocks::<22, 32>(w, out, q5_0),
-                GgmlType::Q4_K => blocks::<144, 256>(w, out, q4_k),
-                GgmlType::Q6_K => blocks::<210, 256>(w, out, q6_k),
+                GgmlType::Q8_0 => chunked::<Q8_0>(w, out),
+                GgmlType::Q5_0 => chunked::<Q5_0>(w, out),
+                GgmlType::Q4_K => chunked::<Q4K>(w, out),
+                GgmlType::Q6_K => chunked::<Q6K>(w, out),
                 GgmlType::BF16 => two_byte(w, out, bf16x16, |b| {
                     f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16)
                 }),
@@ -76,23 +76,6 @@ mod avx512 {
             }
         }
         true
-    }
-
-    /// `block(b, y)` on every block of `BYTES` bytes and its `N` elements.
-    ///
-    /// # Safety
-    /// `w` is out.len() / N blocks of BYTES bytes; `block` may read BYTES bytes at b and write
-    /// N floats at y, and needs only AVX-512F.
-    #[inline(always)]
-    unsafe fn blocks<const BYTES: usize, const N: usize>(
-        w: &[u8],
-        out: &mut [f32],
-        block: unsafe fn(*const u8, *mut f32),
-    ) {
-        for (b, y) in w.chunks_exact(BYTES).zip(out.chunks_exact_mut(N)) {
-            // SAFETY: b is BYTES bytes, y N floats (chunks_exact).
-            unsafe { block(b.as_ptr(), y.as_mut_ptr()) };
-        }
     }
 
     /// The two-byte formats: `x16` on each 16 elements, `one` on the rest.
@@ -144,57 +127,130 @@ mod avx512 {
         unsafe { _mm512_storeu_ps(y, _mm512_cvtph_ps(_mm256_loadu_si256(b.cast()))) }
     }
 
-    /// 16 unsigned bytes as f32 lanes.
-    #[inline(always)]
+    /// A quantized format decoded 32 weights at a time into two 16-lane vectors: the store
+    /// decoder above and the few-rows kernel (`super::super::few_rows`) share it.
+    ///
+    /// # Safety
+    /// `prep` and `chunk` need AVX-512F and nothing more; each reads only its block's
+    /// `BLOCK_BYTES` bytes.
+    pub unsafe trait Chunks {
+        /// Weights per block (a multiple of 32).
+        const BLOCK: usize;
+        /// Bytes per block.
+        const BLOCK_BYTES: usize;
+        /// What a block's chunks share (its scales), computed once per block.
+        type Prep: Copy;
+        /// The block's shared part.
+        ///
+        /// # Safety
+        /// AVX-512F; BLOCK_BYTES bytes readable at b.
+        unsafe fn prep(b: *const u8) -> Self::Prep;
+        /// Weights 32c .. 32c + 32 of the block (c < BLOCK / 32), as the reference decodes
+        /// them.
+        ///
+        /// # Safety
+        /// As [`Self::prep`], `prep` being the block's.
+        unsafe fn chunk(b: *const u8, prep: &Self::Prep, c: usize) -> [__m512; 2];
+    }
+
+    /// Every block of `w` decoded into `out` through `F`'s chunks.
+    ///
+    /// # Safety
+    /// AVX-512F; `w` is out.len() / F::BLOCK blocks.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn chunked<F: Chunks>(w: &[u8], out: &mut [f32]) {
+        for (b, y) in w
+            .chunks_exact(F::BLOCK_BYTES)
+            .zip(out.chunks_exact_mut(F::BLOCK))
+        {
+            // SAFETY: b is one block, y its F::BLOCK floats (chunks_exact), c < BLOCK / 32.
+            unsafe {
+                let prep = F::prep(b.as_ptr());
+                for c in 0..F::BLOCK / 32 {
+                    let [lo, hi] = F::chunk(b.as_ptr(), &prep, c);
+                    _mm512_storeu_ps(y.as_mut_ptr().add(32 * c), lo);
+                    _mm512_storeu_ps(y.as_mut_ptr().add(32 * c + 16), hi);
+                }
+            }
+        }
+    }
+
+    /// 16 bytes widened to i32 lanes as unsigned, then to f32.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
     fn u8x16_ps(q: __m128i) -> __m512 {
-        // SAFETY: only ever inlined into the decoders below, which enable AVX-512F.
-        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)) }
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q))
     }
 
     /// Q8_0 (34 bytes: `d: f16`, `qs: [i8; 32]`): weight j = qs[j]·d.
-    ///
-    /// # Safety
-    /// 34 bytes readable at b, 32 floats writable at y.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn q8_0(b: *const u8, y: *mut f32) {
-        // SAFETY: the caller's contract; the loads are bytes 2..18 and 18..34.
-        unsafe {
-            let d = _mm512_set1_ps(f16(*b, *b.add(1)));
-            for h in 0..2 {
-                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2 + 16 * h).cast()));
-                _mm512_storeu_ps(y.add(16 * h), _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
-            }
+    pub struct Q8_0;
+
+    // SAFETY: AVX-512F only; the loads are bytes 0..34 of the block.
+    unsafe impl Chunks for Q8_0 {
+        const BLOCK: usize = 32;
+        const BLOCK_BYTES: usize = 34;
+        type Prep = __m512;
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn prep(b: *const u8) -> __m512 {
+            // SAFETY: d is bytes 0..2 (the caller's contract).
+            unsafe { _mm512_set1_ps(f16(*b, *b.add(1))) }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk(b: *const u8, d: &__m512, _: usize) -> [__m512; 2] {
+            // SAFETY: qs is bytes 2..34 (the caller's contract).
+            let (q0, q1) = unsafe {
+                (
+                    _mm_loadu_si128(b.add(2).cast()),
+                    _mm_loadu_si128(b.add(18).cast()),
+                )
+            };
+            let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0));
+            let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1));
+            [_mm512_mul_ps(q0, *d), _mm512_mul_ps(q1, *d)]
         }
     }
 
     /// Q5_0 (22 bytes: `d: f16`, `qh: u32`, `qs[16]`): weight j < 16 is the low nibble of qs[j]
     /// plus 16 if bit j of qh is set, weight j + 16 the high nibble and bit j + 16; then
     /// (q − 16)·d.
-    ///
-    /// # Safety
-    /// 22 bytes readable at b, 32 floats writable at y.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn q5_0(b: *const u8, y: *mut f32) {
-        // SAFETY: the caller's contract; qs is bytes 6..22.
-        unsafe {
-            let d = _mm512_set1_ps(f16(*b, *b.add(1)));
-            let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
-            let qs = _mm_loadu_si128(b.add(6).cast());
-            let nib = _mm_set1_epi8(0x0F);
-            let halves = [
-                (_mm_and_si128(qs, nib), qh as u16),
+    pub struct Q5_0;
+
+    // SAFETY: AVX-512F only; the loads are bytes 0..22 of the block.
+    unsafe impl Chunks for Q5_0 {
+        const BLOCK: usize = 32;
+        const BLOCK_BYTES: usize = 22;
+        type Prep = __m512;
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn prep(b: *const u8) -> __m512 {
+            // SAFETY: d is bytes 0..2 (the caller's contract).
+            unsafe { _mm512_set1_ps(f16(*b, *b.add(1))) }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk(b: *const u8, d: &__m512, _: usize) -> [__m512; 2] {
+            // SAFETY: qh is bytes 2..6, qs 6..22 (the caller's contract).
+            let (qh, qs) = unsafe {
                 (
-                    _mm_and_si128(_mm_srli_epi16::<4>(qs), nib),
-                    (qh >> 16) as u16,
-                ),
-            ];
+                    b.add(2).cast::<u32>().read_unaligned(),
+                    _mm_loadu_si128(b.add(6).cast()),
+                )
+            };
+            let nib = _mm_set1_epi8(0x0F);
             let sixteen = _mm512_set1_epi32(16);
-            for (h, (q, bits)) in halves.into_iter().enumerate() {
-                let q = _mm512_cvtepu8_epi32(q);
-                let q = _mm512_mask_add_epi32(q, bits, q, sixteen);
-                let q = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, sixteen));
-                _mm512_storeu_ps(y.add(16 * h), _mm512_mul_ps(q, d));
-            }
+            let lo = _mm512_cvtepu8_epi32(_mm_and_si128(qs, nib));
+            let hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16::<4>(qs), nib));
+            let lo = _mm512_mask_add_epi32(lo, qh as u16, lo, sixteen);
+            let hi = _mm512_mask_add_epi32(hi, (qh >> 16) as u16, hi, sixteen);
+            let lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen));
+            let hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen));
+            [_mm512_mul_ps(lo, *d), _mm512_mul_ps(hi, *d)]
         }
     }
 
@@ -213,84 +269,138 @@ mod avx512 {
 
     /// Q4_K (144 bytes: `d`, `dmin`, `scales[12]`, `qs[128]`; see q4_k.rs): in 64-weight chunk
     /// c, weight l is the low nibble of qs[32c + l] and weight 32 + l its high nibble, of
-    /// sub-blocks 2c and 2c + 1; x = (d·sc)·q − dmin·m.
-    ///
-    /// # Safety
-    /// 144 bytes readable at b, 256 floats writable at y.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn q4_k(b: *const u8, y: *mut f32) {
-        // SAFETY: the caller's contract; scales are bytes 4..16, qs 16..144.
-        unsafe {
-            let (d, dmin) = (f16(*b, *b.add(1)), f16(*b.add(2), *b.add(3)));
-            let scales: [u8; 12] = std::ptr::read_unaligned(b.add(4).cast());
-            let nib = _mm_set1_epi8(0x0F);
-            for c in 0..4 {
-                let sub = [2 * c, 2 * c + 1].map(|j| {
-                    let (sc, m) = scale_min_k4(j, &scales);
-                    (
-                        _mm512_set1_ps(d * f32::from(sc)),
-                        _mm512_set1_ps(dmin * f32::from(m)),
-                    )
-                });
-                for h in 0..2 {
-                    let qs = _mm_loadu_si128(b.add(16 + 32 * c + 16 * h).cast());
-                    let lo = u8x16_ps(_mm_and_si128(qs, nib));
-                    let hi = u8x16_ps(_mm_and_si128(_mm_srli_epi16::<4>(qs), nib));
-                    for (k, q) in [lo, hi].into_iter().enumerate() {
-                        let (d1, m1) = sub[k];
-                        let v = _mm512_sub_ps(_mm512_mul_ps(d1, q), m1);
-                        _mm512_storeu_ps(y.add(64 * c + 32 * k + 16 * h), v);
-                    }
-                }
+    /// sub-blocks 2c and 2c + 1; x = (d·sc)·q − dmin·m. Chunk j (32 weights) is sub-block j.
+    pub struct Q4K;
+
+    // SAFETY: AVX-512F only; the loads are bytes 0..144 of the block.
+    unsafe impl Chunks for Q4K {
+        const BLOCK: usize = 256;
+        const BLOCK_BYTES: usize = 144;
+        /// (d·sc_j, dmin·m_j) of the 8 sub-blocks.
+        type Prep = [(f32, f32); 8];
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn prep(b: *const u8) -> [(f32, f32); 8] {
+            // SAFETY: d, dmin and scales are bytes 0..16 (the caller's contract).
+            let (d, dmin, scales) = unsafe {
+                (
+                    f16(*b, *b.add(1)),
+                    f16(*b.add(2), *b.add(3)),
+                    std::ptr::read_unaligned::<[u8; 12]>(b.add(4).cast()),
+                )
+            };
+            let mut prep = [(0.0, 0.0); 8];
+            for (j, p) in prep.iter_mut().enumerate() {
+                let (sc, m) = scale_min_k4(j, &scales);
+                *p = (d * f32::from(sc), dmin * f32::from(m));
             }
+            prep
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk(b: *const u8, prep: &[(f32, f32); 8], j: usize) -> [__m512; 2] {
+            let c = j / 2;
+            let (d1, m1) = (_mm512_set1_ps(prep[j].0), _mm512_set1_ps(prep[j].1));
+            // SAFETY: qs is bytes 16..144; these are qs[32c..][..32].
+            let (q0, q1) = unsafe {
+                (
+                    _mm_loadu_si128(b.add(16 + 32 * c).cast()),
+                    _mm_loadu_si128(b.add(32 + 32 * c).cast()),
+                )
+            };
+            let (q0, q1) = if j.is_multiple_of(2) {
+                (q0, q1)
+            } else {
+                (_mm_srli_epi16::<4>(q0), _mm_srli_epi16::<4>(q1))
+            };
+            let nib = _mm_set1_epi8(0x0F);
+            let q0 = u8x16_ps(_mm_and_si128(q0, nib));
+            let q1 = u8x16_ps(_mm_and_si128(q1, nib));
+            [
+                _mm512_sub_ps(_mm512_mul_ps(d1, q0), m1),
+                _mm512_sub_ps(_mm512_mul_ps(d1, q1), m1),
+            ]
         }
     }
 
     /// Q6_K (210 bytes: `ql[128]`, `qh[64]`, `scales: [i8; 16]`, `d: f16`; see q6_k.rs): in
     /// half h, weight 32t + l takes its low 4 bits from ql[64h + l + 32(t & 1)] (low nibble for
     /// t < 2, high for t ≥ 2) and its top 2 from bits 2t..2t + 2 of qh[32h + l];
-    /// x = (d·scale)·(q − 32), one scale per 16 weights.
-    ///
-    /// # Safety
-    /// 210 bytes readable at b, 256 floats writable at y.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn q6_k(b: *const u8, y: *mut f32) {
-        // SAFETY: the caller's contract; ql is bytes 0..128, qh 128..192, scales 192..208,
-        // d 208..210.
-        unsafe {
-            let d = f16(*b.add(208), *b.add(209));
-            let (nib, two) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(3));
-            let thirty_two = _mm512_set1_epi32(32);
-            for h in 0..2 {
-                let (ql, qh, sc) = (b.add(64 * h), b.add(128 + 32 * h), b.add(192 + 8 * h));
-                for g in 0..2 {
-                    let la = _mm_loadu_si128(ql.add(16 * g).cast());
-                    let lb = _mm_loadu_si128(ql.add(32 + 16 * g).cast());
-                    let hb = _mm_loadu_si128(qh.add(16 * g).cast());
-                    // Bits 2t..2t + 2 of qh, moved to bits 4..6 of each byte.
-                    let top = |t: i32| {
-                        let bits = match t {
-                            0 => hb,
-                            1 => _mm_srli_epi16::<2>(hb),
-                            2 => _mm_srli_epi16::<4>(hb),
-                            _ => _mm_srli_epi16::<6>(hb),
-                        };
-                        _mm_slli_epi16::<4>(_mm_and_si128(bits, two))
-                    };
-                    let quants = [
-                        _mm_or_si128(_mm_and_si128(la, nib), top(0)),
-                        _mm_or_si128(_mm_and_si128(lb, nib), top(1)),
-                        _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(la), nib), top(2)),
-                        _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(lb), nib), top(3)),
-                    ];
-                    for (t, q) in quants.into_iter().enumerate() {
-                        let s = d * f32::from(*sc.add(g + 2 * t) as i8);
-                        let q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(q), thirty_two);
-                        let v = _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(q));
-                        _mm512_storeu_ps(y.add(128 * h + 32 * t + 16 * g), v);
-                    }
-                }
+    /// x = (d·scale)·(q − 32), one scale per 16 weights. Chunk 4h + t is weights 128h + 32t...
+    pub struct Q6K;
+
+    // SAFETY: AVX-512F only; the loads are bytes 0..210 of the block.
+    unsafe impl Chunks for Q6K {
+        const BLOCK: usize = 256;
+        const BLOCK_BYTES: usize = 210;
+        /// d·scale of each 16 weights.
+        type Prep = [f32; 16];
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn prep(b: *const u8) -> [f32; 16] {
+            // SAFETY: scales are bytes 192..208, d 208..210 (the caller's contract).
+            let (d, scales) = unsafe {
+                (
+                    f16(*b.add(208), *b.add(209)),
+                    std::ptr::read_unaligned::<[u8; 16]>(b.add(192).cast()),
+                )
+            };
+            let mut prep = [0.0; 16];
+            for (p, &s) in prep.iter_mut().zip(&scales) {
+                *p = d * f32::from(s as i8);
             }
+            prep
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk(b: *const u8, scale: &[f32; 16], j: usize) -> [__m512; 2] {
+            let (h, t) = (j / 4, j % 4);
+            // SAFETY: ql is bytes 0..128, qh 128..192: these are ql[64h + 32(t & 1)..][..32]
+            // and qh[32h..][..32].
+            let (l0, l1, h0, h1) = unsafe {
+                let ql = b.add(64 * h + 32 * (t & 1));
+                let qh = b.add(128 + 32 * h);
+                (
+                    _mm_loadu_si128(ql.cast()),
+                    _mm_loadu_si128(ql.add(16).cast()),
+                    _mm_loadu_si128(qh.cast()),
+                    _mm_loadu_si128(qh.add(16).cast()),
+                )
+            };
+            let (l0, l1) = if t < 2 {
+                (l0, l1)
+            } else {
+                (_mm_srli_epi16::<4>(l0), _mm_srli_epi16::<4>(l1))
+            };
+            // Bits 2t..2t + 2 of qh, moved to bits 4..6 of each byte.
+            let (h0, h1) = match t {
+                0 => (h0, h1),
+                1 => (_mm_srli_epi16::<2>(h0), _mm_srli_epi16::<2>(h1)),
+                2 => (_mm_srli_epi16::<4>(h0), _mm_srli_epi16::<4>(h1)),
+                _ => (_mm_srli_epi16::<6>(h0), _mm_srli_epi16::<6>(h1)),
+            };
+            let (nib, two) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(3));
+            let q0 = _mm_or_si128(
+                _mm_and_si128(l0, nib),
+                _mm_slli_epi16::<4>(_mm_and_si128(h0, two)),
+            );
+            let q1 = _mm_or_si128(
+                _mm_and_si128(l1, nib),
+                _mm_slli_epi16::<4>(_mm_and_si128(h1, two)),
+            );
+            let thirty_two = _mm512_set1_epi32(32);
+            let q0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(q0), thirty_two));
+            let q1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(q1), thirty_two));
+            // Weights 128h + 32t + 16g.. share scale 8h + 2t + g.
+            let s = 8 * h + 2 * t;
+            [
+                _mm512_mul_ps(_mm512_set1_ps(scale[s]), q0),
+                _mm512_mul_ps(_mm512_set1_ps(scale[s + 1]), q1),
+            ]
         }
     }
 }

@@ -81,6 +81,7 @@ pub mod bf16;
 mod block32;
 mod decode;
 pub mod f16;
+pub mod few_rows;
 pub mod q4_k;
 pub mod q5_0;
 pub mod q6_k;
