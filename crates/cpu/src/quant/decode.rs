@@ -182,13 +182,27 @@ pub(super) mod avx512 {
         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q))
     }
 
-    /// Q8_0 (34 bytes: `d: f16`, `qs: [i8; 32]`): weight j = qs[j]·d.
-    pub struct Q8_0;
+    /// A format of 32 weights led by their f16 scale `d` (Q8_0, Q5_0), whose weight j is
+    /// q_j·d: it gives its quants, the blanket [`Chunks`] scales them.
+    ///
+    /// # Safety
+    /// `quants` needs AVX-512F and nothing more and reads only the block's bytes.
+    pub unsafe trait Block32 {
+        /// Bytes per block, `d`'s two included.
+        const BLOCK_BYTES: usize;
+        /// The block's 32 quants q_j as f32, weights 0..16 and 16..32.
+        ///
+        /// # Safety
+        /// AVX-512F; BLOCK_BYTES bytes readable at b.
+        unsafe fn quants(b: *const u8) -> [__m512; 2];
+    }
 
-    // SAFETY: AVX-512F only; the loads are bytes 0..34 of the block.
-    unsafe impl Chunks for Q8_0 {
+    // SAFETY: AVX-512F only; `d` is bytes 0..2 and `quants` reads within the block
+    // (Block32's contract).
+    unsafe impl<F: Block32> Chunks for F {
         const BLOCK: usize = 32;
-        const BLOCK_BYTES: usize = 34;
+        const BLOCK_BYTES: usize = F::BLOCK_BYTES;
+        /// `d` in every lane.
         type Prep = __m512;
 
         #[inline]
@@ -201,6 +215,22 @@ pub(super) mod avx512 {
         #[inline]
         #[target_feature(enable = "avx512f")]
         unsafe fn chunk(b: *const u8, d: &__m512, _: usize) -> [__m512; 2] {
+            // SAFETY: the caller's contract.
+            let [q0, q1] = unsafe { F::quants(b) };
+            [_mm512_mul_ps(q0, *d), _mm512_mul_ps(q1, *d)]
+        }
+    }
+
+    /// Q8_0 (34 bytes: `d: f16`, `qs: [i8; 32]`): weight j = qs[j]·d.
+    pub struct Q8_0;
+
+    // SAFETY: AVX-512F only; the loads are bytes 2..34 of the block.
+    unsafe impl Block32 for Q8_0 {
+        const BLOCK_BYTES: usize = 34;
+
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn quants(b: *const u8) -> [__m512; 2] {
             // SAFETY: qs is bytes 2..34 (the caller's contract).
             let (q0, q1) = unsafe {
                 (
@@ -208,9 +238,10 @@ pub(super) mod avx512 {
                     _mm_loadu_si128(b.add(18).cast()),
                 )
             };
-            let q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0));
-            let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1));
-            [_mm512_mul_ps(q0, *d), _mm512_mul_ps(q1, *d)]
+            [
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)),
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)),
+            ]
         }
     }
 
@@ -219,22 +250,13 @@ pub(super) mod avx512 {
     /// (q − 16)·d.
     pub struct Q5_0;
 
-    // SAFETY: AVX-512F only; the loads are bytes 0..22 of the block.
-    unsafe impl Chunks for Q5_0 {
-        const BLOCK: usize = 32;
+    // SAFETY: AVX-512F only; the loads are bytes 2..22 of the block.
+    unsafe impl Block32 for Q5_0 {
         const BLOCK_BYTES: usize = 22;
-        type Prep = __m512;
 
         #[inline]
         #[target_feature(enable = "avx512f")]
-        unsafe fn prep(b: *const u8) -> __m512 {
-            // SAFETY: d is bytes 0..2 (the caller's contract).
-            unsafe { _mm512_set1_ps(f16(*b, *b.add(1))) }
-        }
-
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn chunk(b: *const u8, d: &__m512, _: usize) -> [__m512; 2] {
+        unsafe fn quants(b: *const u8) -> [__m512; 2] {
             // SAFETY: qh is bytes 2..6, qs 6..22 (the caller's contract).
             let (qh, qs) = unsafe {
                 (
@@ -248,9 +270,10 @@ pub(super) mod avx512 {
             let hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16::<4>(qs), nib));
             let lo = _mm512_mask_add_epi32(lo, qh as u16, lo, sixteen);
             let hi = _mm512_mask_add_epi32(hi, (qh >> 16) as u16, hi, sixteen);
-            let lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen));
-            let hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen));
-            [_mm512_mul_ps(lo, *d), _mm512_mul_ps(hi, *d)]
+            [
+                _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, sixteen)),
+                _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, sixteen)),
+            ]
         }
     }
 
