@@ -84,10 +84,7 @@ fn speculative_greedy_is_plain_greedy_on_every_cpu_engine() {
 /// of LayerSkip's self-speculation), so it shares the tokenizer and often agrees with the whole
 /// model; on the cpu engine.
 fn early_exit(model: &Model, n_layers: usize) -> Speculative {
-    let mut m = model.clone();
-    m.config.n_layers = n_layers;
-    m.config.layer_kinds.truncate(n_layers);
-    m.weights.layers.truncate(n_layers);
+    let m = model.early_exit(n_layers).unwrap();
     let vocab = m.config.vocab_size;
     let engine = Box::new(kvlab_cpu::CpuEngine::new(Arc::new(m)));
     Speculative {

@@ -615,6 +615,33 @@ impl Model {
         m
     }
 
+    /// The model's first `n_layers` layers under its own embedding, final norm and classifier:
+    /// the draft of self-speculative decoding by early exit (LayerSkip, Elhoushi et al. 2024),
+    /// which shares the tokenizer and agrees with the whole model the more often the more layers
+    /// it keeps. The tensors are cloned (an encoded or mapped tensor shares its bytes).
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] if `n_layers` is 0 or more than the model has.
+    pub fn early_exit(&self, n_layers: usize) -> crate::Result<Model> {
+        if n_layers == 0 || n_layers > self.config.n_layers {
+            return Err(crate::Error::Config(format!(
+                "an early exit keeps 1 to {} layers, not {n_layers}",
+                self.config.n_layers
+            )));
+        }
+        let mut config = self.config.clone();
+        config.n_layers = n_layers;
+        config.layer_kinds.truncate(n_layers);
+        let w = &self.weights;
+        let weights = Weights {
+            token_embedding: w.token_embedding.clone(),
+            layers: w.layers[..n_layers].to_vec(),
+            final_norm: w.final_norm.clone(),
+            classifier: w.classifier.clone(),
+        };
+        Model::new(config, weights)
+    }
+
     /// The matrices' element types and how many matrices have each, e.g. `[(Q5_0, 72), …]`,
     /// for `info` and the generate stats line.
     pub fn matrix_dtypes(&self) -> Vec<(GgmlType, usize)> {

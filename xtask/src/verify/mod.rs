@@ -137,14 +137,17 @@ struct BatchInfo {
     num_restores: u64,
 }
 
-/// A model ready to verify: its manifest entry, weights (matrices in f32), tokenizer, cases, and
-/// the model as its checkpoint stores it (for the weight formats' tolerance mode).
+/// A model ready to verify: its manifest entry, weights (matrices in f32), tokenizer, cases,
+/// the model as its checkpoint stores it (for the weight formats' tolerance mode), and the draft
+/// of its speculative runs with a draft model (the stored model's first half of layers,
+/// [`Model::early_exit`]).
 type Loaded<'a> = (
     &'a ModelEntry,
     Arc<Model>,
     kvlab_model::Tokenizer,
     Vec<Case>,
     Model,
+    Arc<Model>,
 );
 
 /// `cargo xtask verify` with its parsed options: the table, verify.json, the verdict.
@@ -232,7 +235,8 @@ fn load_models<'a>(
             // The identity suite runs f32 matrices (a GGUF's blocks decoded once); the stored
             // model is kept for the formats' tolerance mode.
             let f32_model = model.clone().with_weight_format(WeightFormat::F32);
-            Ok(Ok((entry, Arc::new(f32_model), tok, cases, model)))
+            let draft = Arc::new(model.early_exit(model.config.n_layers.div_ceil(2))?);
+            Ok(Ok((entry, Arc::new(f32_model), tok, cases, model, draft)))
         });
         match result {
             Ok(Ok(l)) => loaded.push(l),
@@ -278,9 +282,9 @@ fn run_cases(
     let done: Vec<CaseResult> = work
         .par_iter()
         .map(|&(m, c)| {
-            let (entry, model, _, cases, _) = &loaded[m];
+            let (entry, model, _, cases, _, draft) = &loaded[m];
             bar.set_message(format!("{} case {c}", entry.name));
-            let r = verify_case(entry, model, &cases[c], engines);
+            let r = verify_case(entry, (model, draft), &cases[c], engines);
             bar.inc(1);
             if bar.is_hidden() {
                 // No terminal (CI, a pipe): say how far we are in plain lines.
@@ -331,7 +335,7 @@ fn run_batched(
 /// Weight formats in tolerance mode, for the models with a real checkpoint (a synthetic model's
 /// random weights say nothing about a format's quality).
 fn run_formats(loaded: &[Loaded], refs: &[Vec<Option<Reference>>], rows: &mut Vec<Row>) {
-    for ((entry, f32_model, .., stored), refs) in loaded.iter().zip(refs) {
+    for ((entry, f32_model, _, _, stored, _), refs) in loaded.iter().zip(refs) {
         if entry.model.is_some() {
             eprintln!(
                 "verify: weight formats and KV dtypes of {} in tolerance mode",
@@ -551,7 +555,7 @@ impl Generated {
 
 fn verify_case(
     entry: &ModelEntry,
-    model: &Arc<Model>,
+    (model, draft): (&Arc<Model>, &Arc<Model>),
     case: &Case,
     engines: &[EngineKind],
 ) -> CaseResult {
@@ -603,7 +607,7 @@ fn verify_case(
     for &name in engines.iter().filter(|&&e| e != EngineKind::REFERENCE) {
         let row = compare_chunked(model, case, name, &g, &base);
         rows.push(row.unwrap_or_else(|e| error(name.name(), e)));
-        let row = compare_speculative(model, case, name, &g, &base);
+        let row = compare_speculative((model, draft), case, name, &g, &base);
         rows.push(row.unwrap_or_else(|e| error(name.name(), e)));
     }
     // 3. Other implementations' ids, where the case has them.
@@ -771,11 +775,13 @@ fn variant_row(
 /// Guesses per step in the speculative solo runs, by case, so every model meets each.
 const SPECULATIVE_K: [usize; 3] = [1, 4, 8];
 
-/// Step 2c of a case: one engine decodes speculatively (prompt lookup, `SPECULATIVE_K` guesses
-/// a step by case, greedy verification, the cache rolled back after each rejection); every
-/// token must be the reference's, up to a stop token where generation ends.
+/// Step 2c of a case: one engine decodes speculatively (`SPECULATIVE_K` guesses a step by case;
+/// prompt lookup on even cases, a draft model on odd ones: `draft`, the model's first half of
+/// layers, on the same engine, its own cache rolled back too; greedy verification, the cache
+/// rolled back after each rejection); every token must be the reference's, up to a stop token
+/// where generation ends.
 fn compare_speculative(
-    model: &Arc<Model>,
+    (model, draft): (&Arc<Model>, &Arc<Model>),
     case: &Case,
     name: EngineKind,
     g: &Generated,
@@ -786,16 +792,24 @@ fn compare_speculative(
     let n_gen = case.n_gen.min(g.reference.len());
     anyhow::ensure!(n_gen > 0, "no reference token to compare with");
     let mut engine = engines::build(name, model.clone())?;
+    let proposer = if case.index % 2 == 0 {
+        kvlab_model::Proposer::Ngram(kvlab_model::NgramProposer::default())
+    } else {
+        let vocab = model.config.vocab_size;
+        let draft = engines::build(name, draft.clone())?;
+        kvlab_model::Proposer::Draft(kvlab_model::DraftModel::new(draft, vocab)?)
+    };
+    let method = proposer.method();
     let opts = kvlab_model::GenerateOptions {
         steps: case.prompt.len() + n_gen - 1,
         max_seq_len: case.prompt.len() + n_gen - 1,
         trace: false,
         special: false,
         ubatch: 0,
-        speculative: Some(kvlab_model::Speculative::ngram(
-            kvlab_model::NgramProposer::default(),
-            k,
-        )),
+        speculative: Some(kvlab_model::Speculative {
+            proposer,
+            num_speculative_tokens: k,
+        }),
     };
     let mut sampler = kvlab_model::Sampler::greedy();
     let out =
@@ -811,11 +825,11 @@ fn compare_speculative(
     let s = out.spec;
     Ok(variant_row(
         base,
-        format!("{} speculative k={k}", name.name()),
+        format!("{} speculative {method} k={k}", name.name()),
         (g, &got, step, got.len() + usize::from(out.stopped)),
         t,
         format!(
-            "prompt lookup: {} of {} guesses kept, {} rollbacks",
+            "{method}: {} of {} guesses kept, {} rollbacks",
             s.num_accepted_tokens, s.num_draft_tokens, s.num_rollbacks
         ),
     ))
