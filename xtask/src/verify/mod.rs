@@ -792,7 +792,7 @@ fn compare_speculative(
     let n_gen = case.n_gen.min(g.reference.len());
     anyhow::ensure!(n_gen > 0, "no reference token to compare with");
     let mut engine = engines::build(name, model.clone())?;
-    let proposer = if case.index % 2 == 0 {
+    let proposer = if case.index.is_multiple_of(2) {
         kvlab_model::Proposer::Ngram(kvlab_model::NgramProposer::default())
     } else {
         let vocab = model.config.vocab_size;
