@@ -126,10 +126,14 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out
         |ty| (2..=quant::few_rows::max_rows(ty)).contains(&t) && quant::few_rows::available(ty);
     if t == 1 {
         gemv(&mut y[..d_out], w, &x[..d_in]);
-    } else if let Weight::Encoded { ty, .. } = w
+    } else if let Weight::Encoded {
+        ty,
+        bytes,
+        row_bytes,
+    } = w
         && few(ty)
     {
-        few_columns(y, &x[..t * d_in], w, t, d_in, d_out);
+        few_columns(y, &x[..t * d_in], (ty, bytes, row_bytes), t, d_in, d_out);
     } else if (SKINNY_MIN..=skinny::MAX_T).contains(&t) && skinny::available() {
         skinny_columns(y, x, w, t, d_in, d_out);
     } else if t <= SMALL_BATCH {
@@ -266,17 +270,17 @@ fn sgemm_columns_t(y: &mut [f32], x_t: &[f32], w: Weight, t: usize, d_in: usize,
     threads::for_each_task(d_out.div_ceil(per), |i| block(i * per));
 }
 
-/// y (t, out) = x (t, in) @ Wᵀ for a quantized W and a few rows by [`quant::few_rows`], W's rows
-/// split into one contiguous block per worker thread, each task writing its own columns of y.
-fn few_columns(y: &mut [f32], x: &[f32], w: Weight, t: usize, d_in: usize, d_out: usize) {
-    let Weight::Encoded {
-        ty,
-        bytes,
-        row_bytes,
-    } = w
-    else {
-        unreachable!("few_columns takes encoded weights");
-    };
+/// y (t, out) = x (t, in) @ Wᵀ for a quantized W = (type, bytes, bytes per row) and a few rows
+/// by [`quant::few_rows`], W's rows split into one contiguous block per worker thread, each task
+/// writing its own columns of y.
+fn few_columns(
+    y: &mut [f32],
+    x: &[f32],
+    (ty, bytes, row_bytes): (GgmlType, &[u8], usize),
+    t: usize,
+    d_in: usize,
+    d_out: usize,
+) {
     let threads = threads::num_threads();
     let per = d_out
         .div_ceil(threads)
@@ -568,19 +572,7 @@ mod tests {
             GgmlType::Q4_K,
             GgmlType::Q6_K,
         ] {
-            let rb = quant::row_bytes(ty, d_in);
-            let mut bytes: Vec<u8> = (0..rb * d_out).map(|_| rng.random()).collect();
-            let scale_at: &[usize] = match ty {
-                GgmlType::Q4_K => &[0, 2],
-                GgmlType::Q6_K => &[208],
-                _ => &[0],
-            };
-            for block in bytes.chunks_exact_mut(ty.type_size()) {
-                for &o in scale_at {
-                    let d = half::f16::from_f32(rng.random_range(-0.05..0.05));
-                    block[o..o + 2].copy_from_slice(&d.to_le_bytes());
-                }
-            }
+            let bytes = quant::testing::random_rows(ty, d_out, d_in, &mut rng);
             let w = Tensor::encoded_from_bytes(ty, bytes, d_out * d_in).expect("whole blocks");
             let decoded = w.convert(GgmlType::F32);
             for t in [1, 2, 4, 5, 12, 13, 32, 40, 41, 64, 70] {

@@ -105,10 +105,11 @@ pub unsafe fn rows_raw(
 
 /// The plain loop: W's rows decoded by the reference, then each (token, row) dot product.
 pub fn reference(ty: GgmlType, y: &mut [f32], ldy: usize, x: &[f32], t: usize, w: &[u8], n: usize) {
-    let k = (w.len().checked_div(n)).map_or(0, |rb| rb / ty.type_size() * ty.block_size());
+    let rb = w.len().checked_div(n).unwrap_or(0); // bytes per row
+    let k = rb / ty.type_size() * ty.block_size();
     let mut row = vec![0.0; k];
     for j in 0..n {
-        super::decode_rows_reference(ty, &w[j * w.len() / n..][..w.len() / n], &mut row);
+        super::decode_rows_reference(ty, &w[j * rb..][..rb], &mut row);
         for i in 0..t {
             y[i * ldy + j] = kvlab_model::ops::dot(&row, &x[i * k..][..k]);
         }
@@ -242,27 +243,9 @@ unsafe fn pass<F: Chunks, const R: usize, const T: usize>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::random_rows;
     use super::*;
     use rand::Rng;
-
-    /// Random valid rows of `ty`: random bytes with small finite scales (the scale fields
-    /// overwritten), so every quant value occurs.
-    fn random_rows(ty: GgmlType, n: usize, k: usize, rng: &mut impl Rng) -> Vec<u8> {
-        let bytes = k / ty.block_size() * ty.type_size() * n;
-        let mut w: Vec<u8> = (0..bytes).map(|_| rng.random()).collect();
-        let scales: &[usize] = match ty {
-            GgmlType::Q8_0 | GgmlType::Q5_0 => &[0],
-            GgmlType::Q4_K => &[0, 2],
-            _ => &[208],
-        };
-        for block in w.chunks_exact_mut(ty.type_size()) {
-            for &o in scales {
-                let d = half::f16::from_f32(rng.random_range(-0.05..0.05));
-                block[o..o + 2].copy_from_slice(&d.to_le_bytes());
-            }
-        }
-        w
-    }
 
     #[test]
     fn rows_match_the_plain_loop_at_every_shape() {
@@ -293,12 +276,11 @@ mod tests {
                 let mut got = vec![f32::NAN; t * ldy];
                 // SAFETY: got holds t rows of ldy ≥ n floats, written by this call only.
                 unsafe { rows_raw(got.as_mut_ptr(), ldy, &x, t, (ty, &w), k, n) };
-                for i in 0..t {
-                    for j in 0..n {
+                let (rb, mut row) = (w.len() / n, vec![0.0; k]);
+                for j in 0..n {
+                    super::super::decode_rows_reference(ty, &w[j * rb..][..rb], &mut row);
+                    for i in 0..t {
                         let (g, e) = (got[i * ldy + j], want[i * ldy + j]);
-                        let mut row = vec![0.0; k];
-                        let rb = w.len() / n;
-                        super::super::decode_rows_reference(ty, &w[j * rb..][..rb], &mut row);
                         let scale: f32 = row
                             .iter()
                             .zip(&x[i * k..][..k])
@@ -309,6 +291,8 @@ mod tests {
                             "{ty} t={t} k={k} n={n} y[{i}][{j}] = {g}, want {e}"
                         );
                     }
+                }
+                for i in 0..t {
                     for j in n..ldy {
                         assert!(got[i * ldy + j].is_nan(), "{ty}: wrote y[{i}][{j}]");
                     }

@@ -411,6 +411,24 @@ pub(crate) mod testing {
         rand_chacha::ChaCha8Rng::seed_from_u64(seed)
     }
 
+    /// `n` rows of `k` weights of `ty` (Q8_0, Q5_0, Q4_K or Q6_K): random bytes with their f16
+    /// scale fields set to finite values in −0.05..0.05, so every quant value occurs.
+    pub fn random_rows(ty: GgmlType, n: usize, k: usize, rng: &mut impl Rng) -> Vec<u8> {
+        let mut w: Vec<u8> = (0..n * row_bytes(ty, k)).map(|_| rng.random()).collect();
+        let scales: &[usize] = match ty {
+            GgmlType::Q8_0 | GgmlType::Q5_0 => &[0],
+            GgmlType::Q4_K => &[0, 2],
+            GgmlType::Q6_K => &[208],
+            other => panic!("random_rows: no block layout for {other}"),
+        };
+        for block in w.chunks_exact_mut(ty.type_size()) {
+            for &o in scales {
+                block[o..o + 2].copy_from_slice(&f16_bytes(rng, -0.05, 0.05));
+            }
+        }
+        w
+    }
+
     /// An f16 scale in `lo..hi`, as ggml stores `d`, little-endian.
     pub fn f16_bytes(rng: &mut impl Rng, lo: f32, hi: f32) -> [u8; 2] {
         half::f16::from_f32(rng.random_range(lo..hi)).to_le_bytes()
