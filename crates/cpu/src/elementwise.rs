@@ -43,14 +43,27 @@ fn glu_share(gate: &mut [f32], up: &[f32], act: Activation) {
         ops::glu(gate, up, act);
         return;
     }
-    match isa() {
+    geglu_at(isa(), gate, up);
+}
+
+/// gate ← gelu_tanh(gate) ⊙ up compiled for `level`, or for the scalar level where this CPU
+/// lacks what `level` needs.
+fn geglu_at(level: Isa, gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    let (avx512, avx2) = {
+        let fma = is_x86_feature_detected!("fma");
+        (
+            fma && is_x86_feature_detected!("avx512f"),
+            fma && is_x86_feature_detected!("avx2"),
+        )
+    };
+    match level {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: isa() reports AVX-512F only where the CPU has it; FMA comes with every
-        // AVX-512 CPU but is checked too.
-        Isa::Avx512 if is_x86_feature_detected!("fma") => unsafe { geglu_avx512(gate, up) },
+        // SAFETY: AVX-512F and FMA checked just above.
+        Isa::Avx512 if avx512 => unsafe { geglu_avx512(gate, up) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: isa() reports AVX2 + FMA only where the CPU has both.
-        Isa::Avx2Fma => unsafe { geglu_avx2(gate, up) },
+        // SAFETY: AVX2 and FMA checked just above.
+        Isa::Avx2Fma if avx2 => unsafe { geglu_avx2(gate, up) },
         _ => geglu::<Unfused>(gate, up),
     }
 }
@@ -159,15 +172,7 @@ mod tests {
         let up = vec![1.0; xs.len()];
         for level in Isa::available() {
             let mut got = xs.clone();
-            match level {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `available` lists only the levels this CPU runs (AVX-512 CPUs have FMA).
-                Isa::Avx512 => unsafe { geglu_avx512(&mut got, &up) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above.
-                Isa::Avx2Fma => unsafe { geglu_avx2(&mut got, &up) },
-                _ => geglu::<Unfused>(&mut got, &up),
-            }
+            geglu_at(level, &mut got, &up);
             for (&x, &g) in xs.iter().zip(&got) {
                 let want = ops::gelu_tanh(x);
                 let ok = (g - want).abs() <= 4e-7 * x.abs().max(f32::MIN_POSITIVE)
