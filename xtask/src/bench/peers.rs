@@ -613,18 +613,13 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
     std::fs::write(&prompt_file, PREFILL_PROMPT)?;
     let mut kvlab_model = vec![bin.into_os_string(), "--tokenizer".into()];
     kvlab_model.push(tokenizer.into_os_string());
-    let mut p = PrefillPair {
-        python: &python,
+    let mut p = PrefillPair::new(
+        &python,
         kvlab,
-        kvlab_model: &kvlab_model,
-        gguf: &gguf,
-        prompt: PREFILL_PROMPT,
-        prompt_file: &prompt_file,
-        same_prompt: true,
-        same: true,
-        prompt_tokens: 0,
-        steps: 0,
-    };
+        &kvlab_model,
+        &gguf,
+        (PREFILL_PROMPT, &prompt_file),
+    );
     let row = paired(o, model, "llama.cpp", Goal::at_least(1.0), || p.run(o))?;
     let (same, prompt_tokens, steps) = (p.same, p.prompt_tokens, p.steps);
     let omp_wait = omp_wait();
@@ -655,14 +650,39 @@ struct PrefillPair<'a> {
     prompt: &'a str,
     /// `prompt`, written out for the script.
     prompt_file: &'a Path,
-    /// Whether every pair had the same prompt ids, and the same greedy ids too.
+    /// Whether every pair had the same prompt ids.
     same_prompt: bool,
+    /// Whether every pair had the same prompt ids and the same greedy ids.
     same: bool,
+    /// The last pair's prompt ids (BOS included), and its positions (prompt and greedy ids).
     prompt_tokens: usize,
     steps: usize,
 }
 
-impl PrefillPair<'_> {
+impl<'a> PrefillPair<'a> {
+    /// No pair run yet: `kvlab_model` are `generate`'s arguments after `-m`, `prompt` the text
+    /// and the file holding it for the script.
+    fn new(
+        python: &'a str,
+        kvlab: &'a Path,
+        kvlab_model: &'a [std::ffi::OsString],
+        gguf: &'a Path,
+        (prompt, prompt_file): (&'a str, &'a Path),
+    ) -> Self {
+        PrefillPair {
+            python,
+            kvlab,
+            kvlab_model,
+            gguf,
+            prompt,
+            prompt_file,
+            same_prompt: true,
+            same: true,
+            prompt_tokens: 0,
+            steps: 0,
+        }
+    }
+
     /// Times the prompt's evaluation in one batch on each side (the first after loading) and
     /// returns (kvlab, llama.cpp) prompt tokens/s; then [`PREFILL_NEW`] greedy ids each, which
     /// `same` compares with the prompt ids.
@@ -742,18 +762,7 @@ fn vs_llama_cpp_prefill_gguf(
         let prompt_file = dir.join(format!("prefill_prompt_{n}.txt"));
         std::fs::write(&prompt_file, &prompt)?;
         let kvlab_model = [gguf.clone().into_os_string()];
-        let mut p = PrefillPair {
-            python: &python,
-            kvlab,
-            kvlab_model: &kvlab_model,
-            gguf: &gguf,
-            prompt: &prompt,
-            prompt_file: &prompt_file,
-            same_prompt: true,
-            same: true,
-            prompt_tokens: 0,
-            steps: 0,
-        };
+        let mut p = PrefillPair::new(&python, kvlab, &kvlab_model, &gguf, (&prompt, &prompt_file));
         let row = paired(o, model, "llama.cpp", Goal::at_least(1.2), || p.run(o))?;
         if !p.same_prompt {
             bail!("kvlab and llama.cpp tokenized the {n}-word prompt differently");
