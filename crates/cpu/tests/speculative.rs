@@ -26,20 +26,31 @@ fn engines(m: &Arc<Model>) -> Vec<Box<dyn Engine>> {
     all
 }
 
-fn run(
+/// `n_new` tokens after `prompt` by `sampler`, speculatively with `spec`.
+fn generate(
     engine: &mut dyn Engine,
-    prompt: &[u32],
+    (prompt, n_new): (&[u32], usize),
     spec: Option<Speculative>,
+    sampler: &mut Sampler,
 ) -> kvlab_model::Generation {
     let opts = GenerateOptions {
-        steps: prompt.len() + 80,
+        steps: prompt.len() + n_new,
         max_seq_len: 0,
         trace: false,
         special: false,
         ubatch: 0,
         speculative: spec,
     };
-    generate_tokens(engine, prompt, &opts, &mut Sampler::greedy(), |_| {}).unwrap()
+    generate_tokens(engine, prompt, &opts, sampler, |_| {}).unwrap()
+}
+
+/// 80 greedy tokens after `prompt`.
+fn run(
+    engine: &mut dyn Engine,
+    prompt: &[u32],
+    spec: Option<Speculative>,
+) -> kvlab_model::Generation {
+    generate(engine, (prompt, 80), spec, &mut Sampler::greedy())
 }
 
 #[test]
@@ -167,16 +178,8 @@ fn histogram(
 ) -> (Histogram, usize) {
     let (mut h, mut kept, n) = (Histogram::new(), 0, seeds.end - seeds.start);
     for seed in seeds {
-        let opts = GenerateOptions {
-            steps: prompt.len() + 5,
-            max_seq_len: 0,
-            trace: false,
-            special: false,
-            ubatch: 0,
-            speculative: spec(),
-        };
         let mut sampler = Sampler::new(1.0, 1.0, seed).unwrap().with_top_k(8);
-        let g = generate_tokens(engine, prompt, &opts, &mut sampler, |_| {}).unwrap();
+        let g = generate(engine, (prompt, 5), spec(), &mut sampler);
         kept += g.spec.num_accepted_tokens;
         // Tokens 2 to 4: the ones speculative sampling chooses (the first comes from the prefill).
         for (i, &t) in g.tokens.iter().enumerate().skip(1).take(3) {
