@@ -235,6 +235,21 @@ pub enum Proposer {
 }
 
 impl Proposer {
+    /// Readies the proposer for a generation of `steps` positions (a draft's sequence).
+    fn begin(&self, steps: usize) -> Result<()> {
+        match self {
+            Proposer::Ngram(_) => Ok(()),
+            Proposer::Draft(d) => d.begin(steps),
+        }
+    }
+
+    /// Releases what [`Self::begin`] took.
+    fn end(&self) {
+        if let Proposer::Draft(d) = self {
+            d.end();
+        }
+    }
+
     /// Up to `k` guesses for the tokens after `history`.
     fn propose(&self, history: &[u32], k: usize) -> Result<Vec<u32>> {
         match self {
@@ -326,17 +341,9 @@ pub(crate) fn decode<F: FnMut(Event<'_>)>(
     prompt: &[u32],
     logits: Vec<f32>,
 ) -> Result<Decoded> {
-    let draft = match &spec.proposer {
-        Proposer::Draft(draft) => Some(draft),
-        Proposer::Ngram(_) => None,
-    };
-    if let Some(draft) = draft {
-        draft.begin(d.steps)?;
-    }
+    spec.proposer.begin(d.steps)?;
     let out = decode_with(d, spec, prompt, logits);
-    if let Some(draft) = draft {
-        draft.end();
-    }
+    spec.proposer.end();
     out
 }
 
