@@ -11,7 +11,7 @@ use kvlab_engines::{
     self as engines, EngineKind, MAX_MODEL_LEN, PagedEngine, PoolOptions, build_paged,
 };
 use kvlab_paged::{ModelInput, SchedulerConfig, StepExecutor};
-use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor};
+use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, EngineParts, Executor};
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -148,7 +148,11 @@ pub fn run(a: Args) -> Result<()> {
                 engine: e,
                 step_delay,
             };
-            Ok((Box::new(executor) as Executor, config))
+            Ok(EngineParts {
+                executor: Box::new(executor) as Executor,
+                config,
+                drafter: None,
+            })
         },
         &loaded.name,
         stop_ids,

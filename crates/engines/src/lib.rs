@@ -4,11 +4,13 @@
 //! [`memory`] refuses a pool larger than the machine before allocating it.
 //!
 //! Files in data-flow order: [`kind`] (names and order), [`memory`] (the size check),
-//! [`builders`] (kinds to engines).
+//! [`builders`] (kinds to engines), [`speculative`] (the greedy sampler, drafting or not, that
+//! drives a paged engine's batch).
 
 pub mod builders;
 pub mod kind;
 pub mod memory;
+pub mod speculative;
 
 pub use builders::{
     MAX_MODEL_LEN, PagedEngine, PoolOptions, availability, build, build_for, build_kv, build_paged,
@@ -16,3 +18,4 @@ pub use builders::{
 };
 pub use kind::{EngineKind, selected, value_parser};
 pub use memory::human_bytes;
+pub use speculative::GreedyDrafting;

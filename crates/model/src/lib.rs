@@ -42,7 +42,9 @@ pub use generate::{
 pub use kv_dtype::KvDtype;
 pub use kvlab_gguf::GgmlType;
 pub use sampler::Sampler;
-pub use speculative::{DraftModel, NgramProposer, Proposer, SpecStats, Speculative};
+pub use speculative::{
+    Backoff, DraftModel, Drafter, NgramProposer, Proposer, SpecStats, Speculative,
+};
 pub use synthetic::SyntheticSpec;
 pub use tokenizer::{HfTokenizer, SpmTokenizer, Tokenizer};
 pub use weights::{LayerWeights, Model, Tensor, WeightFormat, Weights};

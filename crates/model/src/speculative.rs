@@ -20,8 +20,11 @@
 //! A rejected guess costs a row the step computed for nothing, which on text that does not
 //! repeat adds up; so after a step whose guesses were all rejected, the next guesses wait
 //! 1, 3, 7, ... plain steps (doubling after each such step, at most [`MAX_BACKOFF`], reset by
-//! any kept guess): on such text the loop soon decodes plainly, and on text that does it
-//! speculates every step.
+//! any kept guess; [`Backoff`]): on such text the loop soon decodes plainly, and on text that
+//! does it speculates every step.
+//!
+//! [`decode`] is the loop of one generation through the `Engine` API; a [`Drafter`] proposes
+//! for the scheduler's batch, whose driver checks the guesses of every decode in one step.
 //!
 //! Greedy verification keeps the output **identical** to plain greedy decoding: a guess is kept
 //! only if it is the token the sampler picks from the logits of the position before it, and the
@@ -46,6 +49,7 @@
 //!   (copy-on-write), so rolling back never touches another sequence's keys.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -105,14 +109,22 @@ impl NgramProposer {
 /// the text is the guess. It keeps its own sequence, one per generation: positions it computed
 /// for guesses the target rejected are rolled back ([`Engine::truncate`]) before it catches up
 /// with the tokens the target chose, so each step feeds it only what it has not seen.
+///
+/// It drafts for several generations at once (a [`Drafter`] for the scheduler's batch): each has
+/// its own sequence in the draft engine, named by a key.
 pub struct DraftModel {
     state: RefCell<DraftState>,
 }
 
 struct DraftState {
     engine: Box<dyn Engine>,
-    /// The sequence of the generation in progress.
-    seq: Option<SeqId>,
+    /// The sequences of the generations in progress, by key.
+    seqs: HashMap<u64, DraftSeq>,
+}
+
+/// One generation's sequence in the draft engine.
+struct DraftSeq {
+    seq: SeqId,
     /// The tokens at its cached positions, in order.
     cached: Vec<u32>,
     /// Positions that sequence holds at most.
@@ -149,76 +161,81 @@ impl DraftModel {
         Ok(DraftModel {
             state: RefCell::new(DraftState {
                 engine,
-                seq: None,
-                cached: Vec::new(),
-                max_seq_len: 0,
+                seqs: HashMap::new(),
             }),
         })
     }
 
-    /// Starts the draft's sequence for a generation of `steps` positions (at most the draft
-    /// model's context), dropping any earlier one.
-    fn begin(&self, steps: usize) -> Result<()> {
-        self.end();
-        let mut st = self.state.borrow_mut();
+    /// Starts generation `key`'s draft sequence for `steps` positions (at most the draft
+    /// model's context), dropping any earlier one of that key.
+    fn begin(&self, key: u64, steps: usize) -> Result<()> {
+        self.end(key);
+        let st = &mut *self.state.borrow_mut();
         let max_seq_len = steps.clamp(1, st.engine.config().max_seq_len);
-        st.seq = Some(st.engine.new_sequence(max_seq_len)?);
-        st.max_seq_len = max_seq_len;
+        let seq = st.engine.new_sequence(max_seq_len)?;
+        st.seqs.insert(
+            key,
+            DraftSeq {
+                seq,
+                cached: Vec::new(),
+                max_seq_len,
+            },
+        );
         Ok(())
     }
 
-    /// Frees the draft's sequence.
-    fn end(&self) {
-        let mut st = self.state.borrow_mut();
-        if let Some(seq) = st.seq.take() {
-            st.engine.free(seq);
+    /// Frees generation `key`'s draft sequence, if it has one.
+    fn end(&self, key: u64) {
+        let st = &mut *self.state.borrow_mut();
+        if let Some(d) = st.seqs.remove(&key) {
+            st.engine.free(d.seq);
         }
-        st.cached.clear();
     }
 
-    /// The draft's greedy continuation of `history`, up to `k` tokens: the cache rolled back to
-    /// what it shares with `history` (keeping at least one token to feed), the rest of `history`
-    /// fed in one step, then a greedy decode per further guess. Fewer guesses where the draft's
-    /// context ends.
-    fn propose(&self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+    /// The draft's greedy continuation of `history` for generation `key` (none without
+    /// [`Self::begin`]), up to `k` tokens: the cache rolled back to what it shares with
+    /// `history` (keeping at least one token to feed), the rest of `history` fed in one step,
+    /// then a greedy decode per further guess. Fewer guesses where the draft's context ends.
+    fn propose(&self, key: u64, history: &[u32], k: usize) -> Result<Vec<u32>> {
         let st = &mut *self.state.borrow_mut();
-        let Some(seq) = st.seq else {
+        let Some(d) = st.seqs.get_mut(&key) else {
             return Ok(Vec::new());
         };
-        if k == 0 || history.len() > st.max_seq_len {
+        if k == 0 || history.is_empty() || history.len() > d.max_seq_len {
             return Ok(Vec::new());
         }
-        let shared = st
-            .cached
-            .iter()
-            .zip(history)
+        let shared = (d.cached.iter().zip(history))
             .take_while(|(a, b)| a == b)
             .count();
         let keep = shared.min(history.len() - 1);
-        if keep < st.cached.len() {
-            if st.engine.truncate(seq, keep)? {
-                st.cached.truncate(keep);
+        if keep < d.cached.len() {
+            if st.engine.truncate(d.seq, keep)? {
+                d.cached.truncate(keep);
             } else {
                 // This engine cannot roll back: start the sequence over.
-                st.engine.free(seq);
-                st.seq = Some(st.engine.new_sequence(st.max_seq_len)?);
-                st.cached.clear();
+                st.engine.free(d.seq);
+                d.seq = st.engine.new_sequence(d.max_seq_len)?;
+                d.cached.clear();
             }
         }
-        Self::extend(st, history, k)
+        Self::extend(st.engine.as_mut(), d, history, k)
     }
 
     /// Feeds `history[cached.len()..]`, then guesses greedily.
-    fn extend(st: &mut DraftState, history: &[u32], k: usize) -> Result<Vec<u32>> {
-        let seq = st.seq.expect("a sequence was started");
-        let new = &history[st.cached.len()..];
-        let mut logits = st.engine.prefill(seq, new)?;
-        st.cached.extend_from_slice(new);
+    fn extend(
+        engine: &mut dyn Engine,
+        d: &mut DraftSeq,
+        history: &[u32],
+        k: usize,
+    ) -> Result<Vec<u32>> {
+        let new = &history[d.cached.len()..];
+        let mut logits = engine.prefill(d.seq, new)?;
+        d.cached.extend_from_slice(new);
         let mut guesses = vec![crate::sampler::argmax(&logits)];
-        while guesses.len() < k && st.cached.len() < st.max_seq_len {
+        while guesses.len() < k && d.cached.len() < d.max_seq_len {
             let g = *guesses.last().expect("one guess at least");
-            logits = st.engine.decode(seq, g)?;
-            st.cached.push(g);
+            logits = engine.decode(d.seq, g)?;
+            d.cached.push(g);
             guesses.push(crate::sampler::argmax(&logits));
         }
         Ok(guesses)
@@ -235,26 +252,26 @@ pub enum Proposer {
 }
 
 impl Proposer {
-    /// Readies the proposer for a generation of `steps` positions (a draft's sequence).
-    fn begin(&self, steps: usize) -> Result<()> {
+    /// Readies the proposer for generation `key` of `steps` positions (a draft's sequence).
+    fn begin(&self, key: u64, steps: usize) -> Result<()> {
         match self {
             Proposer::Ngram(_) => Ok(()),
-            Proposer::Draft(d) => d.begin(steps),
+            Proposer::Draft(d) => d.begin(key, steps),
         }
     }
 
-    /// Releases what [`Self::begin`] took.
-    fn end(&self) {
+    /// Releases what [`Self::begin`] took for generation `key`.
+    fn end(&self, key: u64) {
         if let Proposer::Draft(d) = self {
-            d.end();
+            d.end(key);
         }
     }
 
-    /// Up to `k` guesses for the tokens after `history`.
-    fn propose(&self, history: &[u32], k: usize) -> Result<Vec<u32>> {
+    /// Up to `k` guesses for the tokens after `history` in generation `key`.
+    fn propose(&self, key: u64, history: &[u32], k: usize) -> Result<Vec<u32>> {
         match self {
             Proposer::Ngram(n) => Ok(n.propose(history, k)),
-            Proposer::Draft(d) => d.propose(history, k),
+            Proposer::Draft(d) => d.propose(key, history, k),
         }
     }
 
@@ -308,6 +325,119 @@ impl SpecStats {
     }
 }
 
+/// Guessing less where guesses fail: after a step whose guesses were all rejected, the next
+/// guesses wait 1, 3, 7, ... plain steps (doubling, at most [`MAX_BACKOFF`]); any kept guess
+/// resets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// Plain steps left before guessing again.
+    wait: usize,
+    /// The wait after the next all-rejected step.
+    next: usize,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { wait: 0, next: 1 }
+    }
+}
+
+impl Backoff {
+    /// Whether this step may guess; a step that may not counts down the wait.
+    pub fn ready(&mut self) -> bool {
+        if self.wait == 0 {
+            return true;
+        }
+        self.wait -= 1;
+        false
+    }
+
+    /// A step checked guesses and kept `kept` of them.
+    pub fn record(&mut self, kept: usize) {
+        (self.wait, self.next) = match kept {
+            0 => (self.next, (2 * self.next + 1).min(MAX_BACKOFF)),
+            _ => (0, 1),
+        };
+    }
+}
+
+/// Speculation for many generations at once, the scheduler's decodes (`kvlab batch --speculative`,
+/// `kvlab serve --speculative`): the proposer, and per generation (a key, the scheduler's
+/// request id) its [`Backoff`] and, for a draft model, its draft sequence.
+#[derive(Debug)]
+pub struct Drafter {
+    spec: Speculative,
+    /// Positions a generation reaches at most (its draft sequence's length).
+    max_seq_len: usize,
+    backoffs: HashMap<u64, Backoff>,
+    /// Proposals that failed, and the last failure's message.
+    failures: (usize, Option<String>),
+}
+
+impl Drafter {
+    /// Drafting with `spec` for generations of at most `max_seq_len` positions.
+    pub fn new(spec: Speculative, max_seq_len: usize) -> Drafter {
+        Drafter {
+            spec,
+            max_seq_len,
+            backoffs: HashMap::new(),
+            failures: (0, None),
+        }
+    }
+
+    /// [`Self::propose`] for a step that decodes plainly when drafting fails: the failure is
+    /// counted and kept ([`Self::failures`]) instead of returned.
+    pub fn propose_or_none(&mut self, key: u64, history: &[u32], max: usize) -> Vec<u32> {
+        self.propose(key, history, max).unwrap_or_else(|e| {
+            self.failures = (self.failures.0 + 1, Some(e.to_string()));
+            Vec::new()
+        })
+    }
+
+    /// How many proposals failed, and the last failure's message.
+    pub fn failures(&self) -> (usize, Option<&str>) {
+        (self.failures.0, self.failures.1.as_deref())
+    }
+
+    /// The proposer's name, as vLLM spells it.
+    pub fn method(&self) -> &'static str {
+        self.spec.proposer.method()
+    }
+
+    /// Up to `max` (and at most `num_speculative_tokens`) guesses of the tokens after
+    /// `history` for generation `key`; none while its backoff waits.
+    ///
+    /// # Errors
+    /// Whatever the draft engine returns.
+    pub fn propose(&mut self, key: u64, history: &[u32], max: usize) -> Result<Vec<u32>> {
+        let k = max.min(self.spec.num_speculative_tokens);
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        if !self.backoffs.contains_key(&key) {
+            self.spec.proposer.begin(key, self.max_seq_len)?;
+        }
+        if !self.backoffs.entry(key).or_default().ready() {
+            return Ok(Vec::new());
+        }
+        self.spec.proposer.propose(key, history, k)
+    }
+
+    /// Generation `key`'s step checked guesses and kept `kept`.
+    pub fn record(&mut self, key: u64, kept: usize) {
+        if let Some(b) = self.backoffs.get_mut(&key) {
+            b.record(kept);
+        }
+    }
+
+    /// Generation `key` ended: free its draft sequence.
+    pub fn release(&mut self, key: u64) {
+        if self.backoffs.remove(&key).is_some() {
+            self.spec.proposer.end(key);
+        }
+    }
+}
+
 /// The state the speculative loop shares with `generate`'s.
 pub(crate) struct Decode<'a, F: FnMut(Event<'_>)> {
     pub engine: &'a mut dyn Engine,
@@ -341,9 +471,9 @@ pub(crate) fn decode<F: FnMut(Event<'_>)>(
     prompt: &[u32],
     logits: Vec<f32>,
 ) -> Result<Decoded> {
-    spec.proposer.begin(d.steps)?;
+    spec.proposer.begin(0, d.steps)?;
     let out = decode_with(d, spec, prompt, logits);
-    spec.proposer.end();
+    spec.proposer.end(0);
     out
 }
 
@@ -367,8 +497,7 @@ fn decode_with<F: FnMut(Event<'_>)>(
     let mut history = prompt.to_vec();
     let mut pos = prompt.len() - 1; // The position whose logits `logits` are.
     let mut pending = d.sampler.next_token(&mut logits, pos)?;
-    // Plain steps left before guessing again, and the wait after the next all-rejected step.
-    let (mut wait, mut backoff) = (0, 1);
+    let mut backoff = Backoff::default();
     loop {
         // `pending` was sampled from the logits of `pos`; it goes to pos + 1.
         if d.stop_ids.contains(&pending) {
@@ -384,12 +513,11 @@ fn decode_with<F: FnMut(Event<'_>)>(
         // takes to propose them counts as decode time.
         let t = Instant::now();
         let room = d.steps - 1 - pos;
-        let draft = if wait > 0 {
-            wait -= 1;
+        let draft = if backoff.ready() {
+            spec.proposer.propose(0, &history, k.min(room))?
+        } else {
             out.stats.num_backoff_steps += 1;
             Vec::new()
-        } else {
-            spec.proposer.propose(&history, k.min(room))?
         };
         let fed: Vec<u32> = std::iter::once(pending)
             .chain(draft.iter().copied())
@@ -426,10 +554,7 @@ fn decode_with<F: FnMut(Event<'_>)>(
         };
         pos += kept;
         if !draft.is_empty() {
-            (wait, backoff) = match kept {
-                0 => (backoff, (2 * backoff + 1).min(MAX_BACKOFF)),
-                _ => (0, 1),
-            };
+            backoff.record(kept);
         }
         if kept < draft.len() {
             // The guesses from `kept` on were wrong: forget their keys and values.

@@ -84,12 +84,61 @@ where
         .map_err(DriveError::Engine)
 }
 
+/// What turns a step's logits into tokens, one sequence at a time; with speculative decoding
+/// it also proposes the draft tokens each decode checks. A closure
+/// `FnMut(RequestId, Vec<f32>) -> Result<u32, R>` is one that never proposes.
+pub trait TokenSampler {
+    /// Why a sequence cannot be sampled (it is then aborted).
+    type Error;
+
+    /// The token after a row of logits (vocab_size,) of sequence `id`. Rows are sampled in
+    /// position order, so a sampler that remembers what it picked (a repeat penalty) sees each
+    /// kept token before the next row.
+    ///
+    /// # Errors
+    /// Whatever the sampler refuses (non-finite logits, a request that is gone).
+    fn sample(&mut self, id: RequestId, logits: Vec<f32>) -> Result<u32, Self::Error>;
+
+    /// Whether [`Self::propose`] may return anything (the driver skips asking otherwise).
+    fn speculates(&self) -> bool {
+        false
+    }
+
+    /// Up to `max` draft tokens for decoding sequence `id`, guesses of the tokens after
+    /// `token_ids` (its prompt and output so far). None by default.
+    fn propose(&mut self, id: RequestId, token_ids: &[u32], max: usize) -> Vec<u32> {
+        let _ = (id, token_ids, max);
+        Vec::new()
+    }
+
+    /// The step checked `num_drafts` draft tokens of `id` and kept `num_kept` (a proposer may
+    /// guess less often where its guesses fail).
+    fn drafts_checked(&mut self, id: RequestId, num_drafts: usize, num_kept: usize) {
+        let _ = (id, num_drafts, num_kept);
+    }
+
+    /// Sequence `id` finished or was aborted: forget what was kept for it.
+    fn release(&mut self, id: RequestId) {
+        let _ = id;
+    }
+}
+
+impl<R, F: FnMut(RequestId, Vec<f32>) -> Result<u32, R>> TokenSampler for F {
+    type Error = R;
+
+    fn sample(&mut self, id: RequestId, logits: Vec<f32>) -> Result<u32, R> {
+        self(id, logits)
+    }
+}
+
 /// What one [`step`] did.
 #[derive(Debug)]
 pub struct StepOutcome<R> {
     /// The step the scheduler built and the engine ran.
     pub batch: ScheduledBatch,
-    /// (sequence, token) sampled, in batch order (none for partial prefills).
+    /// (sequence, token) sampled, in batch order (none for partial prefills); a sequence whose
+    /// step checked draft tokens has one entry per token it gained (the drafts kept, then the
+    /// token after them), none past a stop.
     pub sampled: Vec<(RequestId, u32)>,
     /// Sequences the sampler refused, with its reason: aborted, their blocks already free.
     pub refused: Vec<(RequestId, R)>,
@@ -99,24 +148,35 @@ pub struct StepOutcome<R> {
     pub engine_time: Duration,
 }
 
-/// One turn of continuous batching: schedule a step (`None` when it is empty: nothing waits
-/// or runs, or nothing fits), show it to `on_batch`, run it ([`execute_step`]), sample the
-/// logits of each sequence that [`crate::ScheduledSeq::samples`] with `sample` (an `Err`
-/// aborts that sequence; a partial prefill's logits are dropped), and hand the tokens back to
-/// the scheduler.
+/// One turn of continuous batching: with a speculating `sampler`, draft tokens for every
+/// decoding sequence ([`TokenSampler::propose`], [`Scheduler::set_spec_token_ids`]); then
+/// schedule a step (`None` when it is empty: nothing waits or runs, or nothing fits), show it to
+/// `on_batch`, run it ([`execute_step`]), sample each sequence that
+/// [`crate::ScheduledSeq::samples`] (an `Err` aborts that sequence; a partial prefill's logits
+/// are dropped), and hand the tokens back to the scheduler.
+///
+/// Draft tokens are verified by sampling: the row of the last token gives a token; if it is the
+/// first draft, the draft's row gives the next, and so on, until a sampled token differs from
+/// its draft or the drafts run out. Greedy, this keeps exactly the drafts plain decoding would
+/// have produced. At a temperature it is speculative sampling with a deterministic draft
+/// (Leviathan et al. 2023): a draft `x` is kept with probability `p(x)`, and otherwise the
+/// token is drawn from `p` without `x`, so every token has plain sampling's distribution.
 ///
 /// # Errors
 /// [`DriveError`] from the scheduler, the tier moves or the engine; the step is then left in
 /// flight only if the engine failed (abort its sequences, or `update(&[])` after aborting them).
-pub fn step<E: StepExecutor + ?Sized, R>(
+pub fn step<E: StepExecutor + ?Sized, S: TokenSampler + ?Sized>(
     engine: &mut E,
     scheduler: &mut Scheduler,
-    mut sample: impl FnMut(RequestId, Vec<f32>) -> Result<u32, R>,
+    sampler: &mut S,
     on_batch: impl FnOnce(&ScheduledBatch, &Scheduler),
-) -> Result<Option<StepOutcome<R>>, DriveError<E::Error>>
+) -> Result<Option<StepOutcome<S::Error>>, DriveError<E::Error>>
 where
     E::Error: std::fmt::Display,
 {
+    if sampler.speculates() {
+        propose(scheduler, sampler)?;
+    }
     let batch = scheduler.schedule()?;
     if batch.is_empty() {
         return Ok(None);
@@ -126,17 +186,44 @@ where
     let logits = execute_step(engine, scheduler, &batch)?;
     let engine_time = t.elapsed();
     let (mut sampled, mut refused) = (Vec::with_capacity(logits.len()), Vec::new());
-    let samples = batch.seqs.iter().zip(logits).filter(|(s, _)| s.samples);
-    for (s, row) in samples {
-        match sample(s.seq_id, row) {
-            Ok(token) => sampled.push((s.seq_id, token)),
+    let mut rows = logits.into_iter();
+    let mut before = Vec::new(); // Outputs so far of the sequences sampled.
+    for s in &batch.seqs {
+        let seq_rows: Vec<Vec<f32>> = rows.by_ref().take(s.num_logits()).collect();
+        if !s.samples {
+            continue;
+        }
+        let outputs = scheduler
+            .sequence(s.seq_id)
+            .map_or(0, |q| q.output_token_ids().len());
+        before.push((s.seq_id, outputs));
+        match verify(sampler, s.seq_id, s.draft_token_ids(), seq_rows) {
+            Ok(tokens) => sampled.extend(tokens.into_iter().map(|t| (s.seq_id, t))),
             Err(reason) => {
                 scheduler.abort(s.seq_id)?;
+                sampler.release(s.seq_id);
                 refused.push((s.seq_id, reason));
             }
         }
     }
     let finished = scheduler.update(&sampled)?;
+    for f in &finished {
+        // Tokens sampled past a stop among kept drafts were not appended.
+        let had = before
+            .iter()
+            .find(|(id, _)| *id == f.seq_id)
+            .map_or(0, |b| b.1);
+        let gained = f.output_token_ids.len().saturating_sub(had);
+        let mut left = gained;
+        sampled.retain(|(id, _)| {
+            let keep = *id != f.seq_id || left > 0;
+            if *id == f.seq_id {
+                left = left.saturating_sub(1);
+            }
+            keep
+        });
+        sampler.release(f.seq_id);
+    }
     Ok(Some(StepOutcome {
         batch,
         sampled,
@@ -144,6 +231,45 @@ where
         finished,
         engine_time,
     }))
+}
+
+/// Asks `sampler` for the draft tokens of every decoding sequence.
+fn propose<S: TokenSampler + ?Sized>(
+    scheduler: &mut Scheduler,
+    sampler: &mut S,
+) -> Result<(), PagedError> {
+    let ids: Vec<RequestId> = scheduler.decoding().map(|(id, _)| id).collect();
+    for id in ids {
+        let max = scheduler.max_draft_tokens(id)?;
+        let Some(seq) = scheduler.sequence(id).filter(|_| max > 0) else {
+            continue;
+        };
+        let drafts = sampler.propose(id, seq.token_ids(), max);
+        scheduler.set_spec_token_ids(id, drafts)?;
+    }
+    Ok(())
+}
+
+/// The tokens of sequence `id` from `rows` (the logits of its last token, then of each of its
+/// `drafts`): each row sampled in turn while the token sampled is the draft at its place.
+fn verify<S: TokenSampler + ?Sized>(
+    sampler: &mut S,
+    id: RequestId,
+    drafts: &[u32],
+    rows: Vec<Vec<f32>>,
+) -> Result<Vec<u32>, S::Error> {
+    let mut tokens = Vec::with_capacity(rows.len());
+    for (i, row) in rows.into_iter().enumerate() {
+        let t = sampler.sample(id, row)?;
+        tokens.push(t);
+        if drafts.get(i) != Some(&t) {
+            break;
+        }
+    }
+    if !drafts.is_empty() {
+        sampler.drafts_checked(id, drafts.len(), tokens.len().saturating_sub(1));
+    }
+    Ok(tokens)
 }
 
 /// A request of a batched run.
@@ -245,10 +371,30 @@ pub fn drive<E: StepExecutor + ?Sized>(
     scheduler: &mut Scheduler,
     requests: &[Request],
     mut sample: impl FnMut(&[f32]) -> u32,
+    on_step: impl FnMut(usize, &ScheduledBatch, &Scheduler),
+) -> Result<DriveReport, DriveError<E::Error>>
+where
+    E::Error: std::fmt::Display,
+{
+    let mut sampler = |_, logits: Vec<f32>| Ok::<_, std::convert::Infallible>(sample(&logits));
+    drive_with(engine, scheduler, requests, &mut sampler, on_step)
+}
+
+/// [`drive`] with a [`TokenSampler`] that cannot fail, which may speculate (propose draft
+/// tokens for the decodes to check).
+///
+/// # Errors
+/// As [`drive`].
+pub fn drive_with<E: StepExecutor + ?Sized, S>(
+    engine: &mut E,
+    scheduler: &mut Scheduler,
+    requests: &[Request],
+    sampler: &mut S,
     mut on_step: impl FnMut(usize, &ScheduledBatch, &Scheduler),
 ) -> Result<DriveReport, DriveError<E::Error>>
 where
     E::Error: std::fmt::Display,
+    S: TokenSampler<Error = std::convert::Infallible> + ?Sized,
 {
     let mut ids: Vec<Option<RequestId>> = vec![None; requests.len()];
     let mut outputs: Vec<Option<(Vec<u32>, FinishReason)>> = vec![None; requests.len()];
@@ -273,8 +419,7 @@ where
             break;
         }
         let on_batch = |batch: &ScheduledBatch, s: &Scheduler| on_step(step, batch, s);
-        let sample = |_, logits: Vec<f32>| Ok::<_, std::convert::Infallible>(sample(&logits));
-        let Some(outcome) = self::step(engine, scheduler, sample, on_batch)? else {
+        let Some(outcome) = self::step(engine, scheduler, sampler, on_batch)? else {
             if scheduler.has_unfinished() && step >= last_arrival {
                 return Err(DriveError::Stuck(step));
             }

@@ -62,6 +62,13 @@ pub struct Metrics {
     pub num_restores_declined: u64,
     /// Bytes per tier now and moved so far (zeros without tiers).
     pub tier_store: TierStoreStats,
+    /// Draft tokens checked by decode steps (speculative decoding; vLLM's
+    /// `spec_decode_num_draft_tokens`).
+    pub spec_decode_num_draft_tokens: u64,
+    /// Of those, the ones the model agreed with and kept (`spec_decode_num_accepted_tokens`).
+    pub spec_decode_num_accepted_tokens: u64,
+    /// Decode steps that checked at least one draft token (`spec_decode_num_drafts`).
+    pub spec_decode_num_drafts: u64,
 }
 
 /// Prefix-cache hit tokens by where their KV came from: a level counts for the lowest tier any
@@ -123,7 +130,16 @@ impl Metrics {
             num_tiered_blocks: pools.iter().map(BlockAllocator::num_tiered_blocks).sum(),
             num_restores_declined: 0,
             tier_store: TierStoreStats::default(),
+            spec_decode_num_draft_tokens: 0,
+            spec_decode_num_accepted_tokens: 0,
+            spec_decode_num_drafts: 0,
         }
+    }
+
+    /// Draft tokens kept over draft tokens checked (vLLM's draft acceptance rate); NaN before
+    /// any draft.
+    pub fn spec_decode_acceptance_rate(&self) -> f64 {
+        self.spec_decode_num_accepted_tokens as f64 / self.spec_decode_num_draft_tokens as f64
     }
 
     /// `prefix_cache_hits / prefix_cache_queries` (0 before any query).
@@ -147,6 +163,9 @@ pub(crate) struct Counters {
     pub(crate) num_recomputed_tokens: u64,
     pub(crate) num_steps: u64,
     pub(crate) num_restores_declined: u64,
+    pub(crate) spec_decode_num_draft_tokens: u64,
+    pub(crate) spec_decode_num_accepted_tokens: u64,
+    pub(crate) spec_decode_num_drafts: u64,
 }
 
 impl Counters {
@@ -162,6 +181,9 @@ impl Counters {
             num_waiting,
             num_steps: self.num_steps,
             num_restores_declined: self.num_restores_declined,
+            spec_decode_num_draft_tokens: self.spec_decode_num_draft_tokens,
+            spec_decode_num_accepted_tokens: self.spec_decode_num_accepted_tokens,
+            spec_decode_num_drafts: self.spec_decode_num_drafts,
             ..kv
         }
     }

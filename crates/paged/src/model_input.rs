@@ -1,7 +1,8 @@
 //! [`ModelInput`]: one step as the flat arrays every paged engine executes (vLLM's attention
 //! metadata): all sequences' tokens concatenated into one `(num_tokens,)` batch;
 //! `query_start_loc` (cumulative query lengths, FlashAttention's `cu_seqlens_q`) says where each
-//! sequence's tokens start; `logits_indices` which rows are sampled; per KV cache group the
+//! sequence's tokens start; `logits_indices` which rows' logits are computed (each sequence's
+//! last, and with speculative decoding its draft tokens' before it); per KV cache group the
 //! `slot_mapping` (where to store each token's k and v) and the padded `block_tables` (where to
 //! find each sequence's keys), plus `context_lens` (how many keys each sequence has after the
 //! step). [`ModelInput::validate`] holds every check that does not depend on the engine, so the
@@ -33,9 +34,10 @@ impl ScheduledBatch {
             );
             input.query_start_loc.push(to_i32(input.input_ids.len()));
             input.context_lens.push(to_i32(seq.context_len));
+            let end = input.input_ids.len();
             input
                 .logits_indices
-                .push(input.input_ids.len().saturating_sub(1));
+                .extend(end.saturating_sub(seq.num_logits())..end);
         }
         for g in 0..num_groups {
             let parts = || self.seqs.iter().filter_map(move |s| s.groups.get(g));
@@ -74,8 +76,9 @@ pub struct ModelInput {
     pub query_start_loc: Vec<i32>,
     /// (num_seqs,) keys per sequence after this step (`context_len`).
     pub context_lens: Vec<i32>,
-    /// (num_seqs,) index into the token axis of each sequence's last token: the rows whose
-    /// logits are sampled.
+    /// (num_logits,) indices into the token axis of the rows whose logits the step returns, in
+    /// order: each sequence's last `1 + num_draft_tokens` rows (its last token's alone without
+    /// speculative decoding).
     pub logits_indices: Vec<usize>,
     /// (num_groups,) per-group slot mappings, block tables and copies.
     pub groups: Vec<GroupInput>,
@@ -95,8 +98,8 @@ impl ModelInput {
     /// Checks the step against the pool `kv_cache`, a vocabulary of `vocab_size` ids and RoPE
     /// tables of `max_positions` positions: every array its length; token ids in the
     /// vocabulary; each sequence at least one token, its positions consecutive and ending at
-    /// `context_len − 1`, below `max_positions`; the logits index of each sequence its last
-    /// token; per group, block ids inside the pool, every slot either `PAD_SLOT` or exactly
+    /// `context_len − 1`, below `max_positions`; the logits indices of each sequence a run of
+    /// its rows ending at its last token, in order; per group, block ids inside the pool, every slot either `PAD_SLOT` or exactly
     /// `block_table[pos / block_size] · block_size + pos % block_size`, every cached key a query
     /// reads (inside its window) backed by a block, and copies inside the pool between distinct
     /// blocks. What an engine would otherwise read or write out of bounds, or compute wrong.
@@ -116,7 +119,8 @@ impl ModelInput {
         }
         if self.positions.len() != n_tokens
             || self.query_start_loc.len() != n_seqs + 1
-            || self.logits_indices.len() != n_seqs
+            || self.logits_indices.len() < n_seqs
+            || self.logits_indices.len() > n_tokens
         {
             return bad(format!(
                 "inconsistent lengths: {n_tokens} tokens, {} positions, {} query_start_loc, {} \
@@ -146,8 +150,15 @@ impl ModelInput {
                 qsl[0], qsl[n_seqs]
             ));
         }
+        let mut logits = self.logits_indices.as_slice();
         for s in 0..n_seqs {
             self.validate_seq(s, max_positions)?;
+            logits = self.validate_logits(s, logits)?;
+        }
+        if let Some(r) = logits.first() {
+            return bad(format!(
+                "logits indices from {r} are past the last sequence's rows"
+            ));
         }
         for g in 0..self.groups.len() {
             self.validate_group(g, kv_cache)?;
@@ -187,14 +198,27 @@ impl ModelInput {
                 ));
             }
         }
-        if self.logits_indices[s] != b as usize - 1 {
-            return bad(format!(
-                "logits index {} of sequence {s} is not its last token {}",
-                self.logits_indices[s],
-                b - 1
-            ));
-        }
         Ok(())
+    }
+
+    /// Sequence `s`'s logits indices at the head of `logits`: a run of its rows ending at its
+    /// last token. Returns the rest.
+    fn validate_logits<'a>(&self, s: usize, logits: &'a [usize]) -> Result<&'a [usize]> {
+        let (a, b) = (
+            self.query_start_loc[s] as usize,
+            self.query_start_loc[s + 1] as usize,
+        );
+        let n = logits.iter().take_while(|&&r| r < b).count();
+        let run = (b - n..b).filter(|_| n <= b - a);
+        if n == 0 || !logits[..n].iter().copied().eq(run) {
+            return Err(PagedError::MalformedStep(format!(
+                "logits indices {:?} of sequence {s} are not a run of its rows {a}..{b} ending at \
+                 its last token {}",
+                &logits[..n],
+                b - 1
+            )));
+        }
+        Ok(&logits[n..])
     }
 
     /// Group `g`'s arrays: lengths, block ids, slots, blocks behind every cached key read,
@@ -287,12 +311,12 @@ impl ModelInput {
         push("vocabulary", &|m| m.input_ids[0] = vocab_size as u32);
         push("consecutive", &|m| m.positions[0] += 1);
         push("inconsistent lengths", &|m| {
-            m.logits_indices.pop();
+            m.positions.pop();
         });
         push("query_start_loc", &|m| {
             *m.query_start_loc.last_mut().unwrap_or(&mut 0) += 1
         });
-        push("logits index", &|m| {
+        push("logits indices", &|m| {
             if let Some(i) = m.logits_indices.first_mut() {
                 *i += 1;
             }

@@ -27,7 +27,8 @@ pub enum StepKind {
         /// The sequence was preempted and recomputes its prompt and earlier output tokens.
         is_recompute: bool,
     },
-    /// One new token at the end of a running sequence.
+    /// One new token at the end of a running sequence (and with speculative decoding the draft
+    /// tokens after it, [`ScheduledSeq::num_draft_tokens`]).
     Decode,
 }
 
@@ -63,6 +64,11 @@ pub struct ScheduledSeq {
     /// its prompt (its last row's logits are computed and dropped, as vLLM v1 drops partial
     /// prefills' samples).
     pub samples: bool,
+    /// Speculative decoding: the last `num_draft_tokens` of `token_ids` are draft tokens
+    /// (guesses after the sequence's last token, [`crate::Scheduler::set_spec_token_ids`]). The
+    /// step computes logits for the last `1 + num_draft_tokens` rows, and `update` takes the
+    /// drafts the model agreed with plus one token. 0 for prefills and plain decodes.
+    pub num_draft_tokens: usize,
     /// (num_groups,) slot mapping, block table and copies per KV cache group.
     pub groups: Vec<GroupStep>,
 }
@@ -87,6 +93,7 @@ impl ScheduledSeq {
             context_len: end,
             kind,
             samples,
+            num_draft_tokens: 0,
             groups: groups
                 .map(|(t, block_copies)| GroupStep {
                     slot_mapping: t.slot_mapping(start..end),
@@ -106,6 +113,16 @@ impl ScheduledSeq {
     pub fn num_new_tokens(&self) -> usize {
         self.token_ids.len()
     }
+
+    /// The draft tokens the step checks (the tail of `token_ids`).
+    pub fn draft_token_ids(&self) -> &[u32] {
+        &self.token_ids[self.token_ids.len() - self.num_draft_tokens..]
+    }
+
+    /// Rows of logits the step returns for it: its last token's, and each draft token's.
+    pub fn num_logits(&self) -> usize {
+        1 + self.num_draft_tokens
+    }
 }
 
 /// One step of continuous batching.
@@ -116,7 +133,8 @@ impl ScheduledSeq {
 /// them before any write: a copy's `src` may be written in place by another sequence of the same
 /// step once the copy has dropped its share); (2) run the model on all fed tokens, writing k and
 /// v to their slots and attending through the block tables; (3) return one sampled token per
-/// sequence that [`ScheduledSeq::samples`] to [`crate::Scheduler::update`].
+/// sequence that [`ScheduledSeq::samples`] to [`crate::Scheduler::update`] (with draft tokens,
+/// the drafts kept and one token more).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ScheduledBatch {
     /// Decodes first (oldest sequence first), then prefills (admission order).
@@ -140,6 +158,11 @@ impl ScheduledBatch {
     /// Sequences the step samples a token for (all but partial prefills).
     pub fn num_sampled(&self) -> usize {
         self.seqs.iter().filter(|s| s.samples).count()
+    }
+
+    /// Draft tokens the step checks, over all sequences.
+    pub fn num_draft_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.num_draft_tokens).sum()
     }
 
     /// Number of prefills (whole prompts or chunks) in the step.

@@ -112,6 +112,9 @@ pub struct Sequence {
     /// Offload its blocks to the tiers when it finishes: a paused session
     /// (`Scheduler::offload_when_finished`).
     pub(crate) offload_on_finish: bool,
+    /// (num_draft_tokens,) guesses of the tokens after the last one, checked by its next decode
+    /// step (`Scheduler::set_spec_token_ids`; vLLM's `spec_token_ids`).
+    pub(crate) spec_token_ids: Vec<u32>,
 }
 
 impl Sequence {
@@ -164,6 +167,7 @@ impl Sequence {
             block_tables,
             num_preemptions: 0,
             offload_on_finish: false,
+            spec_token_ids: Vec::new(),
         })
     }
 
@@ -214,6 +218,15 @@ impl Sequence {
     /// How often this sequence was preempted.
     pub fn num_preemptions(&self) -> usize {
         self.num_preemptions
+    }
+    /// The draft tokens its next decode step checks (empty without speculation).
+    pub fn spec_token_ids(&self) -> &[u32] {
+        &self.spec_token_ids
+    }
+    /// Whether its prompt is computed and its next step is a decode: every position but the
+    /// last sampled token's has its k and v in the cache.
+    pub fn is_decoding(&self) -> bool {
+        self.status == SequenceStatus::Running && self.num_computed_tokens + 1 == self.len()
     }
 
     /// The reason to finish now, given the last appended token, checked in vLLM's order:

@@ -1,4 +1,6 @@
 //! Property tests: random operation sequences against a shadow model of the KV memory.
+//! The scheduler's runs include speculative decoding: random draft tokens, some right and some
+//! wrong, checked and rolled back, must leave every output the model's own.
 //!
 //! The shadow records, for every physical slot, what the k/v written there depends on: the
 //! whole token prefix up to and including that position (attention mixes every earlier token
@@ -403,9 +405,13 @@ fn run_step(
     }
     let mut outputs = Vec::new();
     for q in &batch.seqs {
-        let history = s.sequence(q.seq_id).unwrap().token_ids().to_vec();
+        // The sequence's tokens, then the draft tokens the step checks after them.
+        let mut history = s.sequence(q.seq_id).unwrap().token_ids().to_vec();
+        let len = history.len();
+        history.extend_from_slice(q.draft_token_ids());
         assert_eq!(q.samples, q.context_len == history.len());
         assert!(q.context_len <= history.len());
+        assert!(q.num_draft_tokens == 0 || q.kind == kvlab_paged::StepKind::Decode);
         let start = q.positions[0];
         for (g, part) in q.groups.iter().enumerate() {
             let keep = windows[g].map_or(0, |w| window_start(q.context_len, w));
@@ -437,10 +443,43 @@ fn run_step(
             }
         }
         if q.samples {
-            outputs.push((q.seq_id, next_token(&history)));
+            // The token after the last one, and after each draft while the drafts are right.
+            for i in 0..=q.num_draft_tokens {
+                let t = next_token(&history[..len + i]);
+                outputs.push((q.seq_id, t));
+                if i == q.num_draft_tokens || t != history[len + i] {
+                    break;
+                }
+            }
         }
     }
     s.update(&outputs).unwrap()
+}
+
+/// Draft tokens for every decoding sequence: up to `k`, the first `right` of them the model's
+/// own continuation and the rest arbitrary (right only by chance), both drawn from `seed`.
+fn give_drafts(s: &mut Scheduler, k: usize, seed: u64) {
+    let decoding: Vec<(RequestId, Vec<u32>)> =
+        s.decoding().map(|(id, t)| (id, t.to_vec())).collect();
+    for (id, mut history) in decoding {
+        let mix = seed ^ (id.0 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ history.len() as u64;
+        let (n, right) = (
+            (mix % (k as u64 + 1)) as usize,
+            ((mix >> 8) % (k as u64 + 1)) as usize,
+        );
+        let len = history.len();
+        for i in 0..n {
+            let t = if i < right {
+                next_token(&history)
+            } else {
+                ((mix >> (16 + 2 * i)) % 4) as u32
+            };
+            history.push(t);
+        }
+        let max = s.max_draft_tokens(id).unwrap();
+        let kept = s.set_spec_token_ids(id, history[len..].to_vec()).unwrap();
+        assert_eq!(kept, n.min(max));
+    }
 }
 
 /// Ref counts equal table holdings, free xor referenced, windows bounded.
@@ -480,6 +519,7 @@ proptest! {
         tenant_quota in prop::option::of(0..4usize),
         tier in prop::option::of((1..4usize, 0..3usize, prop::option::of(1..6u64), prop::option::of(any::<bool>()), any::<bool>())),
         hash_kind in 0..3u8,
+        spec in prop::option::of((1..6usize, any::<u64>())),
         requests in vec(request(), 1..10),
         forks in vec((0..16usize, any::<usize>()), 0..4),
         aborts in vec((0..12usize, any::<usize>()), 0..2),
@@ -556,6 +596,9 @@ proptest! {
                     break;
                 }
                 continue;
+            }
+            if let Some((k, seed)) = spec {
+                give_drafts(&mut s, k, seed ^ step as u64);
             }
             finished.extend(run_step(&mut s, &mut shadow));
             check_scheduler(&s);

@@ -22,10 +22,10 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvlab_model::Sampler;
+use kvlab_model::{Drafter, Sampler};
 use kvlab_paged::{
     DriveError, FinishReason, Metrics, PoolView, RequestId, Scheduler, SchedulerConfig,
-    StepExecutor, StopConditions,
+    StepExecutor, StopConditions, TokenSampler,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -42,6 +42,17 @@ pub const VIEW_WANTED_FOR: Duration = Duration::from_secs(2);
 
 /// A paged engine as the engine thread runs it (boxed so the CPU and CUDA engines fit).
 pub type Executor = Box<dyn StepExecutor<Error = kvlab_model::Error>>;
+
+/// What the engine thread runs, built on that thread: the engine, the scheduler's
+/// configuration, and with `--speculative` the drafter that proposes each decode's draft tokens.
+pub struct EngineParts {
+    /// The paged engine.
+    pub executor: Executor,
+    /// The scheduler's configuration (its `kv_cache` the pool the engine was built with).
+    pub config: SchedulerConfig,
+    /// Speculative decoding's proposer, or `None` for plain decoding.
+    pub drafter: Option<Drafter>,
+}
 
 /// One completion for the engine thread: a tokenized prompt, how many tokens to generate, its
 /// own sampler, and where its tokens go.
@@ -206,9 +217,10 @@ impl EngineHandle {
 }
 
 /// Starts the engine thread. `build` runs on that thread (so an engine bound to its thread,
-/// such as a CUDA context, stays there) and returns the engine and the scheduler's
-/// configuration (its `kv_cache` the pool shape the engine was built with; its `max_model_len`
-/// the positions per sequence). `model_name` labels the metrics.
+/// such as a CUDA context, or a draft model, stays there) and returns the engine, the
+/// scheduler's configuration (its `kv_cache` the pool shape the engine was built with; its
+/// `max_model_len` the positions per sequence) and the drafter if any. `model_name` labels the
+/// metrics.
 ///
 /// # Errors
 /// [`ServeError::Engine`] with `build`'s error, [`ServeError::Scheduler`] for a pool the
@@ -220,7 +232,7 @@ pub fn spawn_engine<F>(
     stop_token_ids: Vec<u32>,
 ) -> Result<EngineHandle, ServeError>
 where
-    F: FnOnce() -> Result<(Executor, SchedulerConfig), String> + Send + 'static,
+    F: FnOnce() -> Result<EngineParts, String> + Send + 'static,
 {
     let (requests, receiver) = std::sync::mpsc::channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<PoolView, ServeError>>();
@@ -244,19 +256,18 @@ where
     std::thread::Builder::new()
         .name("kvlab-engine".into())
         .spawn(move || {
-            let started = build()
-                .map_err(ServeError::Engine)
-                .and_then(|(engine, config)| {
-                    let sched =
-                        Scheduler::new(config).map_err(|e| ServeError::Scheduler(e.to_string()))?;
-                    Ok((engine, sched))
-                });
+            let started = build().map_err(ServeError::Engine).and_then(|parts| {
+                let sched = Scheduler::new(parts.config)
+                    .map_err(|e| ServeError::Scheduler(e.to_string()))?;
+                Ok((parts.executor, sched, parts.drafter))
+            });
             match started {
-                Ok((engine, sched)) => {
+                Ok((engine, sched, drafter)) => {
                     let _ = ready_tx.send(Ok(PoolView::of(&sched)));
                     EngineLoop {
                         engine,
                         sched,
+                        drafter,
                         live: HashMap::new(),
                         shared: thread_shared,
                         stop_token_ids: stops,
@@ -297,6 +308,8 @@ struct LiveRequest {
 struct EngineLoop {
     engine: Executor,
     sched: Scheduler,
+    /// Proposes each decode's draft tokens (`--speculative`).
+    drafter: Option<Drafter>,
     live: HashMap<RequestId, LiveRequest>,
     shared: Arc<SharedState>,
     stop_token_ids: Vec<u32>,
@@ -370,6 +383,7 @@ impl EngineLoop {
             .collect();
         for id in gone {
             let _ = self.sched.abort(id);
+            self.release_draft(id);
             self.remove(id);
             self.shared.prometheus.cancelled();
         }
@@ -381,6 +395,7 @@ impl EngineLoop {
         let ids: Vec<RequestId> = self.live.keys().copied().collect();
         for id in ids {
             let _ = self.sched.abort(id);
+            self.release_draft(id);
             if let Some(r) = self.remove(id) {
                 let _ = r.events.send(TokenEvent::Failed(message.to_string()));
             }
@@ -389,21 +404,33 @@ impl EngineLoop {
         let _ = self.sched.update(&[]);
     }
 
+    /// Frees what the drafter keeps for `id`.
+    fn release_draft(&mut self, id: RequestId) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.release(id.0);
+        }
+    }
+
     /// One scheduler step ([`kvlab_paged::driver::step`], the loop `drive` turns too): each
-    /// sequence sampled with its own sampler, then the tokens and ends sent out.
+    /// sequence sampled with its own sampler (drafting first with `--speculative`), then the
+    /// tokens and ends sent out.
     fn step(&mut self) {
-        let live = &mut self.live;
-        let sample = |id, mut row: Vec<f32>| match live.get_mut(&id) {
-            Some(r) => r.sampler.sample(&mut row).map_err(|bad| {
-                format!(
-                    "the model produced a non-finite logit ({} at token {})",
-                    bad.value, bad.index
-                )
-            }),
-            None => Err("the request is gone".to_string()),
+        let failed = self.drafter.as_ref().map_or(0, |d| d.failures().0);
+        let mut sampling = LiveSampling {
+            live: &mut self.live,
+            drafter: self.drafter.as_mut(),
         };
-        let outcome =
-            kvlab_paged::driver::step(self.engine.as_mut(), &mut self.sched, sample, |_, _| {});
+        let outcome = kvlab_paged::driver::step(
+            self.engine.as_mut(),
+            &mut self.sched,
+            &mut sampling,
+            |_, _| {},
+        );
+        if let Some((n, Some(e))) = self.drafter.as_ref().map(Drafter::failures)
+            && n > failed
+        {
+            tracing::warn!("the draft model failed ({e}); those decodes ran without drafts");
+        }
         let (sampled, finished) = match outcome {
             Ok(Some(o)) => {
                 for (id, reason) in o.refused {
@@ -426,7 +453,6 @@ impl EngineLoop {
         let metrics = &shared.prometheus;
         for (id, token) in &sampled {
             if let Some(r) = self.live.get_mut(id) {
-                r.sampler.accept(*token);
                 match r.last_token {
                     None => {
                         self.shared.pending.fetch_sub(1, Ordering::AcqRel);
@@ -459,6 +485,51 @@ impl EngineLoop {
             let view = PoolView::of(&self.sched);
             *self.shared.view.lock().unwrap_or_else(|e| e.into_inner()) = view;
             self.last_view = Instant::now();
+        }
+    }
+}
+
+/// The live requests' samplers as the driver samples them: each row with its request's own
+/// sampler, which then remembers the token (the repeat penalty of a later row sees it), and
+/// the drafter's guesses for each decode.
+struct LiveSampling<'a> {
+    live: &'a mut HashMap<RequestId, LiveRequest>,
+    drafter: Option<&'a mut Drafter>,
+}
+
+impl TokenSampler for LiveSampling<'_> {
+    type Error = String;
+
+    fn sample(&mut self, id: RequestId, mut row: Vec<f32>) -> Result<u32, String> {
+        let r = self.live.get_mut(&id).ok_or("the request is gone")?;
+        let token = r.sampler.sample(&mut row).map_err(|bad| {
+            format!(
+                "the model produced a non-finite logit ({} at token {})",
+                bad.value, bad.index
+            )
+        })?;
+        r.sampler.accept(token);
+        Ok(token)
+    }
+
+    fn speculates(&self) -> bool {
+        self.drafter.is_some()
+    }
+
+    /// The drafter's guesses; none if the draft engine fails (the engine thread logs it).
+    fn propose(&mut self, id: RequestId, token_ids: &[u32], max: usize) -> Vec<u32> {
+        (self.drafter.as_mut()).map_or_else(Vec::new, |d| d.propose_or_none(id.0, token_ids, max))
+    }
+
+    fn drafts_checked(&mut self, id: RequestId, _: usize, num_kept: usize) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.record(id.0, num_kept);
+        }
+    }
+
+    fn release(&mut self, id: RequestId) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.release(id.0);
         }
     }
 }

@@ -21,7 +21,7 @@ mod page;
 
 pub use detokenize::Detokenizer;
 pub use engine_loop::{
-    EngineHandle, Executor, GenerationRequest, SubmitError, TokenEvent, spawn_engine,
+    EngineHandle, EngineParts, Executor, GenerationRequest, SubmitError, TokenEvent, spawn_engine,
 };
 pub use http::{AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, router};
 pub use listen::{HEADER_READ_TIMEOUT, serve};

@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::{Model, Tokenizer};
 use kvlab_paged::{KvCacheConfig, ModelInput, SchedulerConfig, StepExecutor};
-use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, Executor, router, spawn_engine};
+use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, EngineParts, Executor, router, spawn_engine};
 use serde_json::{Value, json};
 
 const PROMPT: &str = "Once upon a time, there was a little girl";
@@ -60,10 +60,11 @@ async fn start_with(
         move || {
             let kv = KvCacheConfig::new(m.config.kv_cache_groups(), 4 * max_model_len / 16, 16);
             let e = PagedCpuEngine::new(m, kv.clone()).map_err(|e| e.to_string())?;
-            Ok((
-                Box::new(Slowed(e)) as Executor,
-                SchedulerConfig::new(kv, max_model_len),
-            ))
+            Ok(EngineParts {
+                executor: Box::new(Slowed(e)) as Executor,
+                config: SchedulerConfig::new(kv, max_model_len),
+                drafter: None,
+            })
         },
         "stories260K",
         model.config.stop_ids.clone(),

@@ -25,8 +25,8 @@ use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::{Model, Tokenizer};
 use kvlab_paged::{KvCacheConfig, ModelInput, SchedulerConfig, StepExecutor};
 use kvlab_serve::{
-    AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, Executor, HEADER_READ_TIMEOUT, router,
-    spawn_engine,
+    AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, EngineParts, Executor, HEADER_READ_TIMEOUT,
+    router, spawn_engine,
 };
 use serde_json::{Value, json};
 use tokio::net::{TcpSocket, TcpStream};
@@ -93,7 +93,11 @@ async fn start(
                 max_num_batched_tokens: 24,
                 ..SchedulerConfig::new(kv, max_model_len)
             };
-            Ok((Box::new(gated) as Executor, config))
+            Ok(EngineParts {
+                executor: Box::new(gated) as Executor,
+                config,
+                drafter: None,
+            })
         },
         "stories260K",
         model.config.stop_ids.clone(),

@@ -272,11 +272,12 @@ impl BlockAllocator {
     }
 
     /// Whether [`Self::truncate`] can cut `table` to `len` positions: `len` is within it, the
-    /// table registered nothing in the prefix cache (the scheduler's tables do; a solo
-    /// sequence's do not), and, under a sliding window of `window` positions, every key the
-    /// query at `len` reads ([`window::window_start`]`(len, window)..len`) still has its block.
+    /// cut keeps every block the table registered in the prefix cache (those are full of
+    /// computed keys other sequences may share; a speculative rollback cuts only above them),
+    /// and, under a sliding window of `window` positions, every key the query at `len` reads
+    /// ([`window::window_start`]`(len, window)..len`) still has its block.
     pub fn can_truncate(&self, table: &BlockTable, len: usize, window: Option<usize>) -> bool {
-        if len > table.num_tokens || table.chain.last.is_some() {
+        if len > table.num_tokens || len < table.chain.num_blocks * self.block_size {
             return false;
         }
         let first = window.map_or(0, |w| window::window_start(len, w) / self.block_size);

@@ -179,6 +179,66 @@ impl Scheduler {
         self.counters.metrics(running, waiting, self.kv.metrics())
     }
 
+    /// Gives decoding sequence `id` draft tokens (speculative decoding: guesses of the tokens
+    /// after its last one) for its next step to check, as many as [`Self::max_draft_tokens`]
+    /// allows, replacing any it had. Returns how many it kept: none for a sequence that is not
+    /// decoding (its prompt is not computed yet). The step feeds the last token and the drafts
+    /// at consecutive positions and returns a row of logits for each; `update` then takes the
+    /// drafts the model agreed with and one token more, and rolls the cache back past the rest.
+    ///
+    /// # Errors
+    /// [`PagedError::UpdatePending`] while a step is in flight; [`PagedError::UnknownSequence`].
+    pub fn set_spec_token_ids(&mut self, id: RequestId, mut drafts: Vec<u32>) -> Result<usize> {
+        if self.in_flight.is_some() {
+            return Err(PagedError::UpdatePending);
+        }
+        drafts.truncate(self.max_draft_tokens(id)?);
+        let seq = seq_mut(&mut self.seqs, id)?;
+        seq.spec_token_ids = drafts;
+        Ok(seq.spec_token_ids.len())
+    }
+
+    /// The most draft tokens decoding sequence `id`'s next step may check (0 if it is not
+    /// decoding): no more than could be kept before a stop condition ends it (`max_tokens`, its
+    /// `max_seq_len` or `max_model_len`), and under a sliding window of W no more than `W − 2`,
+    /// since a step stores its own keys only where a later query reads them (from
+    /// `end + 1 − W`), and after a rollback to the step's first draft the next query reads
+    /// back to `end − d + 1 − W` (d drafts): `d + 2 ≤ W` keeps every such key in the pool.
+    ///
+    /// # Errors
+    /// [`PagedError::UnknownSequence`].
+    pub fn max_draft_tokens(&self, id: RequestId) -> Result<usize> {
+        let seq = self.seq(id)?;
+        if !seq.is_decoding() {
+            return Ok(0);
+        }
+        let max_model_len = self.config.max_model_len;
+        let cap = seq
+            .stop
+            .max_seq_len
+            .unwrap_or(max_model_len)
+            .min(max_model_len);
+        let generated = seq.len() - seq.prompt_len;
+        let window = (self.config.kv_cache.groups.iter())
+            .filter_map(|g| g.sliding_window)
+            .map(|w| w.saturating_sub(2))
+            .min()
+            .unwrap_or(usize::MAX);
+        // Each kept draft and the token after it are one generated token each.
+        let by_tokens = seq.stop.max_tokens.saturating_sub(generated + 1);
+        let by_len = cap.saturating_sub(seq.len() + 1);
+        Ok(by_tokens.min(by_len).min(window))
+    }
+
+    /// Running sequences whose next step is a decode, with their tokens (prompt and output):
+    /// the ones a proposer may give draft tokens ([`Self::set_spec_token_ids`]).
+    pub fn decoding(&self) -> impl Iterator<Item = (RequestId, &[u32])> + '_ {
+        (self.running.iter())
+            .filter_map(|id| self.seqs.get(id))
+            .filter(|s| s.is_decoding())
+            .map(|s| (s.id, s.token_ids.as_slice()))
+    }
+
     /// Frees the blocks of `id`'s sliding-window groups that its next query cannot reach.
     pub(crate) fn trim_windows(&mut self, id: RequestId) -> Result<()> {
         let seq = seq_mut(&mut self.seqs, id)?;
@@ -203,13 +263,15 @@ impl Scheduler {
 }
 
 /// A sequence of the step awaiting `update`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct InFlight {
     pub(crate) id: RequestId,
-    /// Positions in the cache once the step ran (`context_len`).
+    /// Positions in the cache once the step ran (`context_len`), draft tokens included.
     pub(crate) end: usize,
     /// Whether a sampled token comes back for it (all but partial prefills).
     pub(crate) samples: bool,
+    /// The draft tokens the step checks after the sequence's last token.
+    pub(crate) drafts: Vec<u32>,
 }
 
 /// Sequence `id` of `seqs` (a function of the map alone, so the pools can be borrowed beside it).

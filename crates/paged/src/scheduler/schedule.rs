@@ -3,7 +3,8 @@
 //! Each [`Scheduler::schedule`] spends the step's token budget (`max_num_batched_tokens`) in
 //! three passes:
 //!
-//! 1. **Decode every running sequence**, oldest first, one token each. If a sequence cannot get
+//! 1. **Decode every running sequence**, oldest first, one token each (with speculative
+//!    decoding, that token and the draft tokens it was given, as many as the budget leaves). If a sequence cannot get
 //!    the block its next token needs, the *newest* running sequence is preempted by recompute
 //!    (blocks freed, back to the head of the waiting queue, generated tokens kept) until it can;
 //!    if it is itself the newest, it is the one preempted.
@@ -56,7 +57,9 @@ impl Scheduler {
                     i += 1; // Not this pass's kind.
                     continue;
                 }
-                let n = (len - start).min(budget);
+                // A decode feeds its last token and the drafts it was given.
+                let drafts = if chunks { 0 } else { seq.spec_token_ids.len() };
+                let n = (len - start + drafts).min(budget);
                 let (s, refund) = self.schedule_running(id, n, &mut batch)?;
                 budget += refund;
                 if let Some(s) = s {
@@ -85,10 +88,14 @@ impl Scheduler {
         }
         self.kv.end_step(batch.is_empty());
         if !batch.is_empty() {
+            for s in &batch.seqs {
+                seq_mut(&mut self.seqs, s.seq_id)?.spec_token_ids.clear();
+            }
             let in_flight = batch.seqs.iter().map(|s| InFlight {
                 id: s.seq_id,
                 end: s.context_len,
                 samples: s.samples,
+                drafts: s.draft_token_ids().to_vec(),
             });
             self.in_flight = Some(in_flight.collect());
             self.counters.num_steps += 1;
@@ -190,6 +197,7 @@ impl Scheduler {
     pub(crate) fn preempt(&mut self, id: RequestId, batch: &mut ScheduledBatch) -> Result<usize> {
         let seq = seq_mut(&mut self.seqs, id)?;
         self.kv.free(&mut seq.block_tables, false)?;
+        seq.spec_token_ids.clear();
         seq.status = SequenceStatus::Waiting;
         seq.num_computed_tokens = 0;
         seq.num_preemptions += 1;
@@ -202,7 +210,7 @@ impl Scheduler {
     }
 
     /// The plain-data description of `id`'s step over positions `range`; it samples if the
-    /// range reaches the sequence's last token.
+    /// range reaches the sequence's last token, and positions past it are its draft tokens.
     fn scheduled(
         &self,
         id: RequestId,
@@ -211,14 +219,21 @@ impl Scheduler {
         copies: Vec<Vec<BlockCopy>>,
     ) -> Result<ScheduledSeq> {
         let seq = self.seq(id)?;
-        let samples = range.end == seq.len();
-        let tokens = &seq.token_ids[range.clone()];
-        Ok(ScheduledSeq::new(
+        let len = seq.len();
+        let samples = range.end >= len;
+        let num_draft_tokens = range.end.saturating_sub(len);
+        let tokens: Vec<u32> = (seq.token_ids[range.start..range.end.min(len)].iter())
+            .chain(&seq.spec_token_ids[..num_draft_tokens])
+            .copied()
+            .collect();
+        let mut s = ScheduledSeq::new(
             id,
-            (tokens, range.start),
+            (&tokens, range.start),
             (kind, samples),
             &seq.block_tables,
             copies,
-        ))
+        );
+        s.num_draft_tokens = num_draft_tokens;
+        Ok(s)
     }
 }

@@ -5,21 +5,32 @@
 //! covers the positions the step fed, the sampled token is appended (its k and v come next step;
 //! a chunk that did not reach the end of its prompt samples nothing), newly full blocks are
 //! registered in the prefix cache, stop conditions are checked, finished sequences free their
-//! blocks at once, and sliding-window groups drop the blocks that fell out of the window.
+//! blocks at once, and sliding-window groups drop the blocks that fell out of the window. A step
+//! that checked draft tokens (speculative decoding) keeps the ones the model agreed with and
+//! rolls the cache back past the others: their slots are forgotten, and blocks wholly past the
+//! cut go back to the pool (never a block the prefix cache holds: those are full of tokens
+//! computed before the step).
 
-use super::seq_mut;
+use std::collections::BTreeMap;
+
+use super::{InFlight, seq_mut};
 use crate::{FinishReason, FinishedSeq, PagedError, RequestId, Result, Scheduler, SequenceStatus};
 
 impl Scheduler {
     /// Takes one sampled token per sequence of the last batch that samples (any order; none
-    /// for a partial prefill). Returns the sequences that finished; their blocks are already
-    /// free. With nothing in flight, an empty `outputs` is a no-op.
+    /// for a partial prefill). A sequence whose step checked draft tokens takes 1 to
+    /// `1 + num_draft_tokens` entries, in order: the drafts the model agreed with (a prefix of
+    /// them) and the token sampled after the last one kept; the cache is rolled back past the
+    /// drafts not kept ([`crate::KvCacheManager::truncate`]). Returns the sequences that
+    /// finished (a stop token or `max_tokens` among the kept drafts ends it there); their
+    /// blocks are already free. With nothing in flight, an empty `outputs` is a no-op.
     ///
     /// # Errors
     /// Checked before anything changes (the step stays in flight, so a corrected call can
     /// follow): [`PagedError::NoStepInFlight`] for tokens without a step;
-    /// [`PagedError::UnexpectedOutput`] for a sequence not sampled in the batch or given two
-    /// tokens; [`PagedError::MissingOutput`] for a sampled batch sequence without a token.
+    /// [`PagedError::UnexpectedOutput`] for a sequence not sampled in the batch, given more
+    /// tokens than it checked drafts plus one, or given a token as a kept draft that is not the
+    /// draft; [`PagedError::MissingOutput`] for a sampled batch sequence without a token.
     /// Tokens of sequences aborted while in flight are ignored.
     pub fn update(&mut self, outputs: &[(RequestId, u32)]) -> Result<Vec<FinishedSeq>> {
         let Some(in_flight) = self.in_flight.as_ref() else {
@@ -28,13 +39,18 @@ impl Scheduler {
                 Some(_) => Err(PagedError::NoStepInFlight),
             };
         };
-        let mut tokens = std::collections::BTreeMap::new();
+        let mut tokens: BTreeMap<RequestId, Vec<u32>> = BTreeMap::new();
         for &(id, token) in outputs {
             if self.aborted_in_flight.contains(&id) {
                 continue;
             }
-            let sampled = in_flight.iter().any(|f| f.id == id && f.samples);
-            if !sampled || tokens.insert(id, token).is_some() {
+            let f = in_flight.iter().find(|f| f.id == id && f.samples);
+            let got = tokens.entry(id).or_default();
+            got.push(token);
+            // Every token before the last must be the draft at its place.
+            let kept = got.len() - 1;
+            let fits = f.is_some_and(|f| kept <= f.drafts.len() && got[..kept] == f.drafts[..kept]);
+            if !fits {
                 return Err(PagedError::UnexpectedOutput(id));
             }
         }
@@ -47,24 +63,57 @@ impl Scheduler {
         };
         in_flight.sort_by_key(|f| f.id); // Blocks are registered oldest sequence first.
         self.aborted_in_flight.clear();
-        let max_model_len = self.config.max_model_len;
         let mut finished = Vec::new();
         for f in in_flight {
-            let seq = seq_mut(&mut self.seqs, f.id)?;
-            seq.num_computed_tokens = f.end;
-            seq.max_computed_tokens = seq.max_computed_tokens.max(f.end);
-            if let Some(&token) = tokens.get(&f.id) {
-                seq.token_ids.push(token);
-            }
-            self.kv
-                .cache_blocks(&mut seq.block_tables, &seq.token_ids, f.end)?;
-            match seq.check_stop(max_model_len).filter(|_| f.samples) {
-                Some(reason) => finished.push(self.finish(f.id, reason)?),
-                None => self.trim_windows(f.id)?,
+            let out = tokens.remove(&f.id).unwrap_or_default();
+            if let Some(done) = self.take_tokens(&f, &out)? {
+                finished.push(done);
             }
         }
         self.kv.apply_tier_drops();
         Ok(finished)
+    }
+
+    /// One sequence of the step: its tokens `out` (the kept drafts, then the sampled one)
+    /// appended, the cache rolled back past the drafts not kept, full blocks registered, stop
+    /// conditions checked after each token.
+    fn take_tokens(&mut self, f: &InFlight, out: &[u32]) -> Result<Option<FinishedSeq>> {
+        let max_model_len = self.config.max_model_len;
+        let kept = out.len().saturating_sub(1);
+        // The keys of the last token and of the kept drafts are valid; the rest are not.
+        let computed = f.end - (f.drafts.len() - kept.min(f.drafts.len()));
+        if !f.drafts.is_empty() {
+            let c = &mut self.counters;
+            c.spec_decode_num_drafts += 1;
+            c.spec_decode_num_draft_tokens += f.drafts.len() as u64;
+            c.spec_decode_num_accepted_tokens += kept as u64;
+        }
+        let seq = seq_mut(&mut self.seqs, f.id)?;
+        seq.num_computed_tokens = computed;
+        seq.max_computed_tokens = seq.max_computed_tokens.max(computed);
+        if computed < f.end && !self.kv.truncate(&mut seq.block_tables, computed) {
+            return Err(PagedError::Stuck(format!(
+                "{} cannot roll its cache back to {computed} positions after a rejected draft",
+                f.id
+            )));
+        }
+        let mut reason = None;
+        for &token in out {
+            seq.token_ids.push(token);
+            reason = seq.check_stop(max_model_len).filter(|_| f.samples);
+            if reason.is_some() {
+                break;
+            }
+        }
+        self.kv
+            .cache_blocks(&mut seq.block_tables, &seq.token_ids, computed)?;
+        match reason {
+            Some(reason) => Ok(Some(self.finish(f.id, reason)?)),
+            None => {
+                self.trim_windows(f.id)?;
+                Ok(None)
+            }
+        }
     }
 
     /// Ends a sequence now, whatever its state, and frees its blocks. Allowed while a step is in

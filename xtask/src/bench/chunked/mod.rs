@@ -135,8 +135,9 @@ fn one_run(
             arrived = Some(Instant::now());
         }
         let t = Instant::now();
-        let sample = |_, logits: Vec<f32>| Ok::<_, std::convert::Infallible>(argmax(&logits));
-        let outcome = kvlab_paged::driver::step(engine.as_mut(), &mut sched, sample, |_, _| {})?;
+        let mut sample = |_, logits: Vec<f32>| Ok::<_, std::convert::Infallible>(argmax(&logits));
+        let outcome =
+            kvlab_paged::driver::step(engine.as_mut(), &mut sched, &mut sample, |_, _| {})?;
         let now = Instant::now();
         let Some(outcome) = outcome else {
             if step > ARRIVAL_STEP && !sched.has_unfinished() {
