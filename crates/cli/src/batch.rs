@@ -9,11 +9,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
 use kvlab_cli::args::{MAX_ARRIVAL_GAP, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_POSITIONS, usize_in};
-use kvlab_engines::{self as engines, EngineKind, PoolOptions, build_paged};
-use kvlab_model::sampler::argmax;
+use kvlab_engines::{self as engines, EngineKind, GreedyDrafting, PoolOptions, build_paged};
+use kvlab_model::Drafter;
 use kvlab_paged::{
     BlockState, PoolView, Request, ScheduledBatch, Scheduler, SchedulerConfig, StepKind,
-    StopConditions, TierOp, drive,
+    StopConditions, TierOp, drive_with,
 };
 
 use crate::bytes;
@@ -64,6 +64,8 @@ pub struct Args {
     budget: crate::BudgetArgs,
     #[command(flatten)]
     tiers: crate::TierArgs,
+    #[command(flatten)]
+    spec: crate::speculative::SpecArgs,
     /// Print every step's batch (positions, slot_mapping, block tables) to stderr, as
     /// `generate --trace` does; stdout keeps the outputs.
     #[arg(long)]
@@ -150,12 +152,21 @@ pub fn run(a: Args) -> Result<()> {
             resumes: false,
         })
         .collect();
+    // Draft models run on the cpu engine, one cache of max_model_len positions per sequence.
+    let drafter = match a.spec.plan(&a.run.model, &model.config)? {
+        Some(plan) => {
+            let spec = plan.build(EngineKind::Cpu, max_model_len, a.kv.kv_dtype)?;
+            Some(Drafter::new(spec, max_model_len))
+        }
+        None => None,
+    };
+    let mut sampler = GreedyDrafting { drafter };
     let mut picture = None;
-    let report = drive(
+    let report = drive_with(
         engine.as_mut(),
         &mut sched,
         &requests,
-        argmax,
+        &mut sampler,
         |step, batch, s| {
             if a.trace {
                 print_step(step, batch, s.kv_cache_manager().pending_tier_ops());
@@ -201,6 +212,15 @@ pub fn run(a: Args) -> Result<()> {
             "tenant_quota": a.tenant_quota,
             // tenant → [prompt tokens queried, tokens served by the prefix cache]
             "tenant_prefix_hits": sched.tenant_prefix_hits(),
+            // --speculative: decode steps that checked drafts, drafts checked, drafts kept
+            "speculative": sampler.drafter.as_ref().map(|d| serde_json::json!({
+                "method": d.method(),
+                "num_speculative_tokens": a.spec.num_speculative_tokens,
+                "num_drafts": m.spec_decode_num_drafts,
+                "num_draft_tokens": m.spec_decode_num_draft_tokens,
+                "num_accepted_tokens": m.spec_decode_num_accepted_tokens,
+                "failed_proposals": d.failures().0,
+            })),
         });
         eprintln!("{v}");
     } else {
@@ -219,6 +239,19 @@ pub fn run(a: Args) -> Result<()> {
         );
         if a.tiers.config().is_some() {
             eprintln!("{}", crate::tier_summary(m));
+        }
+        if let Some(d) = &sampler.drafter {
+            eprintln!(
+                "speculative ({}): {} drafts checked in {} decode steps, {} kept ({:.1}%)",
+                d.method(),
+                m.spec_decode_num_draft_tokens,
+                m.spec_decode_num_drafts,
+                m.spec_decode_num_accepted_tokens,
+                100.0 * m.spec_decode_acceptance_rate()
+            );
+            if let (n @ 1.., Some(e)) = d.failures() {
+                eprintln!("warning: the draft model failed {n} times, last: {e}");
+            }
         }
         if a.tenants > 1 {
             for (t, (queried, hit)) in sched.tenant_prefix_hits() {
@@ -263,6 +296,11 @@ fn print_step(step: usize, batch: &ScheduledBatch, tier_ops: &[TierOp]) {
                 } else {
                     ""
                 }
+            ),
+            StepKind::Decode if s.num_draft_tokens > 0 => format!(
+                "decode checking {} draft tokens {:?}",
+                s.num_draft_tokens,
+                s.draft_token_ids()
             ),
             StepKind::Decode => "decode".into(),
         };

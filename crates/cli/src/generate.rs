@@ -4,7 +4,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use kvlab_cli::args::{self, MAX_POSITIONS, usize_in};
 use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::{GenerateOptions, Sampler, generate_ids_text, generate_text};
@@ -69,26 +69,8 @@ pub struct Args {
     #[arg(long = "ubatch-size", visible_alias = "ubatch", default_value_t = 512,
           value_parser = usize_in(0, MAX_POSITIONS))]
     ubatch_size: usize,
-    /// Decode speculatively: `ngram` guesses the next tokens from the latest earlier occurrence
-    /// of the text's last few tokens (prompt lookup, vLLM's method of this name), `draft` lets
-    /// --draft-model decode them greedily; one step checks all the guesses. At --temp 0 the
-    /// output is exactly plain greedy decoding's, at a temperature it has plain sampling's
-    /// distribution (speculative sampling).
-    #[arg(long, value_parser = ["ngram", "draft"])]
-    speculative: Option<String>,
-    /// The draft model of --speculative draft (a name, path or hub id, as -m): a smaller model
-    /// with the target's tokenizer, run by the same engine with the same --weights.
-    #[arg(long, value_name = "MODEL")]
-    draft_model: Option<String>,
-    /// Most guesses checked per step with --speculative (vLLM's flag; at most 63).
-    #[arg(long, default_value_t = 4, value_parser = usize_in(1, 63), requires = "speculative")]
-    num_speculative_tokens: usize,
-    /// Longest suffix --speculative ngram looks up (vLLM's prompt_lookup_max).
-    #[arg(long, default_value_t = 3, value_parser = usize_in(1, 64), requires = "speculative")]
-    prompt_lookup_max: usize,
-    /// Shortest suffix --speculative ngram looks up (vLLM's prompt_lookup_min).
-    #[arg(long, default_value_t = 1, value_parser = usize_in(1, 64), requires = "speculative")]
-    prompt_lookup_min: usize,
+    #[command(flatten)]
+    spec: crate::speculative::SpecArgs,
     /// Print, for every step, the tokens fed and the shapes and bytes of the cache (to stderr).
     #[arg(long)]
     trace: bool,
@@ -163,7 +145,10 @@ pub fn run(a: Args) -> Result<()> {
     let mut engine = engines::build_for(a.engine, model, reserve, a.kv.kv_dtype)?;
     let opts = GenerateOptions {
         ubatch: a.ubatch_size,
-        speculative: speculative(&a, &config, reserve)?,
+        speculative: match a.spec.plan(&a.run.model, &config)? {
+            Some(plan) => Some(plan.build(a.engine, reserve, a.kv.kv_dtype)?),
+            None => None,
+        },
         steps,
         max_seq_len: a.ctx_size.unwrap_or(0),
         trace: a.trace,
@@ -204,7 +189,7 @@ pub fn run(a: Args) -> Result<()> {
     drop(out);
     // Positions in the cache: the prompt and every token fed back (the last one sampled is
     // printed but never fed).
-    let positions = match a.speculative {
+    let positions = match a.spec.speculative {
         None => g.prompt.len() + g.decode_steps,
         // Every kept token but the last was fed; rejected guesses were rolled back.
         Some(_) => g.prompt.len() + g.tokens.len().saturating_sub(1),
@@ -249,7 +234,7 @@ pub fn run(a: Args) -> Result<()> {
             ""
         }
     );
-    if a.speculative.is_some() {
+    if a.spec.speculative.is_some() {
         let s = g.spec;
         eprintln!(
             "speculative: {} guesses checked in {} steps, {} kept ({:.1}%), {} rollbacks; {:.2} tokens per decode step",
@@ -263,37 +248,6 @@ pub fn run(a: Args) -> Result<()> {
     }
     eprintln!("{}", kv_summary(kv, &config, &g.kv, positions));
     Ok(())
-}
-
-/// `--speculative` and its flags as the generation's [`kvlab_model::Speculative`]: prompt lookup,
-/// or the `--draft-model` loaded and built on the target's engine, reserving `reserve` positions.
-fn speculative(
-    a: &Args,
-    target: &kvlab_model::Config,
-    reserve: usize,
-) -> Result<Option<kvlab_model::Speculative>> {
-    let proposer = match (a.speculative.as_deref(), &a.draft_model) {
-        (None, None) => return Ok(None),
-        (None | Some("ngram"), Some(_)) => {
-            bail!("--draft-model goes with --speculative draft")
-        }
-        (Some("draft"), None) => bail!("--speculative draft needs --draft-model MODEL"),
-        (Some("draft"), Some(spec)) => {
-            let draft = kvlab_cli::fetch::load(spec, None, !a.run.model.offline)
-                .with_context(|| format!("loading the draft model {spec}"))?;
-            let draft = draft.model.with_weight_format(a.run.model.weights);
-            let engine = engines::build_for(a.engine, Arc::new(draft), reserve, a.kv.kv_dtype)?;
-            kvlab_model::Proposer::Draft(kvlab_model::DraftModel::new(engine, target.vocab_size)?)
-        }
-        _ => kvlab_model::Proposer::Ngram(kvlab_model::NgramProposer {
-            prompt_lookup_min: a.prompt_lookup_min,
-            prompt_lookup_max: a.prompt_lookup_max.max(a.prompt_lookup_min),
-        }),
-    };
-    Ok(Some(kvlab_model::Speculative {
-        proposer,
-        num_speculative_tokens: a.num_speculative_tokens,
-    }))
 }
 
 /// `--trace`: a step's length, each run of alike layers' cache shape, the block table and the

@@ -10,6 +10,7 @@ mod info;
 mod mem;
 mod models;
 mod serve;
+mod speculative;
 mod waste;
 
 use std::path::PathBuf;

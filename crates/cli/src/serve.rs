@@ -59,6 +59,8 @@ pub struct Args {
     block_size: usize,
     #[command(flatten)]
     kv: crate::KvArgs,
+    #[command(flatten)]
+    spec: crate::speculative::SpecArgs,
     /// Require `Authorization: Bearer KEY` on every route (401 otherwise).
     #[arg(long, env = "KVLAB_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -134,6 +136,8 @@ pub fn run(a: Args) -> Result<()> {
     let (eviction, tenant_quota, tiers) = (a.eviction, a.tenant_quota, a.tiers.config());
     let (enable_prefix_caching, budget) = (!a.no_enable_prefix_caching, a.budget);
     let step_delay = Duration::from_millis(a.step_delay_ms as u64);
+    let spec = a.spec.plan(&a.run.model, &model.config)?;
+    let kv_dtype = a.kv.kv_dtype;
     let engine = kvlab_serve::spawn_engine(
         move || {
             let e = build_paged(kind, model, pool).map_err(|e| format!("{e:#}"))?;
@@ -148,10 +152,19 @@ pub fn run(a: Args) -> Result<()> {
                 engine: e,
                 step_delay,
             };
+            // A draft model runs on the cpu engine, one cache per sequence.
+            let drafter = match &spec {
+                Some(plan) => {
+                    let spec = (plan.build(EngineKind::Cpu, max_model_len, kv_dtype))
+                        .map_err(|e| format!("{e:#}"))?;
+                    Some(kvlab_model::Drafter::new(spec, max_model_len))
+                }
+                None => None,
+            };
             Ok(EngineParts {
                 executor: Box::new(executor) as Executor,
                 config,
-                drafter: None,
+                drafter,
             })
         },
         &loaded.name,

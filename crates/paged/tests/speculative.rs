@@ -198,3 +198,125 @@ fn a_rollback_keeps_the_blocks_the_prefix_cache_holds() {
         "the first block is a prefix hit (the last prompt token is always computed)"
     );
 }
+
+/// A stand-in model over 4 tokens whose next-token distribution depends on the position and
+/// the last token: `logits[t] = ((7·pos + 3·last + 5·t) mod 6) / 2`.
+fn logits(pos: usize, last: u32) -> Vec<f32> {
+    (0..4u32)
+        .map(|t| ((7 * pos + 3 * last as usize + 5 * t as usize) % 6) as f32 / 2.0)
+        .collect()
+}
+
+fn softmax(x: &[f32]) -> Vec<f64> {
+    let e: Vec<f64> = x.iter().map(|&v| f64::from(v).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.iter().map(|v| v / sum).collect()
+}
+
+/// Runs every step with [`logits`] for each row the step asks for.
+struct StandIn;
+
+impl kvlab_paged::StepExecutor for StandIn {
+    type Error = String;
+
+    fn execute(&mut self, input: &kvlab_paged::ModelInput) -> Result<Vec<Vec<f32>>, String> {
+        let rows = input.logits_indices.iter();
+        Ok(rows
+            .map(|&r| logits(input.positions[r] as usize, input.input_ids[r]))
+            .collect())
+    }
+}
+
+/// Samples from the softmax with a seeded generator and proposes 0 to 3 random drafts.
+struct RandomDrafts {
+    rng: rand_chacha::ChaCha8Rng,
+    drafts: bool,
+}
+
+impl kvlab_paged::TokenSampler for RandomDrafts {
+    type Error = std::convert::Infallible;
+
+    fn sample(&mut self, _: RequestId, logits: Vec<f32>) -> Result<u32, Self::Error> {
+        use rand::Rng;
+        let coin: f64 = self.rng.random();
+        let p = softmax(&logits);
+        let mut acc = 0.0;
+        Ok(p.iter()
+            .position(|&q| {
+                acc += q;
+                coin < acc
+            })
+            .unwrap_or(3) as u32)
+    }
+
+    fn speculates(&self) -> bool {
+        self.drafts
+    }
+
+    fn propose(&mut self, _: RequestId, _: &[u32], max: usize) -> Vec<u32> {
+        use rand::Rng;
+        let n = self.rng.random_range(0..=3usize).min(max);
+        (0..n).map(|_| self.rng.random_range(0..4u32)).collect()
+    }
+}
+
+/// At a temperature, checking drafts by sampling each row in turn and keeping a draft while the
+/// sampled token is the draft leaves the output distribution exactly plain sampling's: 20,000
+/// three-token outputs of the stand-in model, with random drafts, against the exact joint
+/// probabilities (Pearson's χ² over the 64 outcomes, 63 degrees of freedom).
+#[test]
+fn sampled_outputs_with_drafts_have_plain_samplings_distribution() {
+    use rand::SeedableRng;
+    const N: usize = 20_000;
+    let c = SchedulerConfig {
+        max_num_seqs: 512,
+        max_num_batched_tokens: 4096,
+        ..config(vec![full(512 * 4)], 4, false)
+    };
+    let requests: Vec<kvlab_paged::Request> = (0..N)
+        .map(|_| kvlab_paged::Request {
+            prompt: vec![1],
+            stop: StopConditions::max_tokens(3),
+            arrival_step: 0,
+            tenant: 0,
+            resumes: false,
+        })
+        .collect();
+    let mut chi2 = Vec::new();
+    for drafts in [false, true] {
+        let mut s = Scheduler::new(c.clone()).unwrap();
+        let mut sampler = RandomDrafts {
+            rng: rand_chacha::ChaCha8Rng::seed_from_u64(7),
+            drafts,
+        };
+        let report =
+            kvlab_paged::drive_with(&mut StandIn, &mut s, &requests, &mut sampler, |_, _, _| {})
+                .unwrap();
+        let mut counts = [0usize; 64];
+        for (out, _) in &report.outputs {
+            assert_eq!(out.len(), 3);
+            counts[(out[0] * 16 + out[1] * 4 + out[2]) as usize] += 1;
+        }
+        let m = report.metrics;
+        if drafts {
+            assert!(m.spec_decode_num_draft_tokens > 10_000, "{m:?}");
+            assert!(m.spec_decode_num_accepted_tokens > 2_000, "{m:?}");
+        }
+        let mut x2 = 0.0;
+        for (i, &n) in counts.iter().enumerate() {
+            let (a, b, t) = (i as u32 / 16, i as u32 / 4 % 4, i as u32 % 4);
+            let p = softmax(&logits(0, 1))[a as usize]
+                * softmax(&logits(1, a))[b as usize]
+                * softmax(&logits(2, b))[t as usize];
+            let expected = p * N as f64;
+            x2 += (n as f64 - expected).powi(2) / expected;
+        }
+        chi2.push(x2);
+    }
+    // P(χ²₆₃ > 110) ≈ 2·10⁻⁴: a wrong acceptance rule (keeping a draft whenever it is likely,
+    // say) lands in the thousands.
+    assert!(
+        chi2.iter().all(|&x| x < 110.0),
+        "χ² plain, with drafts: {chi2:?}"
+    );
+}
