@@ -471,7 +471,7 @@ fn speculative_section(v: &Value) -> String {
                 s(&r["workload"]).to_string(),
                 match r["k"].as_u64() {
                     Some(0) | None => "plain".into(),
-                    Some(k) => k.to_string(),
+                    Some(k) => format!("{} k={k}", s(&r["method"])),
                 },
                 num(f(&r["decode_s"]["median"])),
                 format!("{}×", num(f(&r["speedup"]))),
@@ -484,17 +484,18 @@ fn speculative_section(v: &Value) -> String {
         })
         .collect();
     format!(
-        "## Speculative decoding: `speculative.json`\n\n`cargo xtask bench --speculative` on {}: {} on the {} engine, prompt lookup against plain greedy decoding, {} tokens per prompt, median of {}.\n\n{}\n",
+        "## Speculative decoding: `speculative.json`\n\n`cargo xtask bench --speculative` on {}: {} on the {} engine, prompt lookup (`ngram`) and a draft model (`draft_model`: the first {} layers) against plain decoding, greedy and sampled at a temperature, {} tokens per prompt, median of {}; speed-up in decode tokens per second.\n\n{}\n",
         s(&v["machine"]),
         s(&v["model"]),
         s(&v["engine"]),
+        v["draft_layers"],
         v["max_tokens"],
         v["reps"],
         table(
             &[
                 "weights",
                 "prompts",
-                "guesses per step",
+                "method, guesses per step",
                 "decode, s",
                 "speed-up",
                 "guesses kept",

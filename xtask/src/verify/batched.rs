@@ -8,6 +8,11 @@
 //! a block and of a few blocks: every prompt is computed in chunks, each over the chunks already
 //! cached, and at budget 1 decodes wait their turn; the tokens must not change.
 //!
+//! Then with speculative decoding, every decode checking draft tokens from prompt lookup or a
+//! draft model (the model's first half of layers, on the cpu engine) at k = 1, 4 and 8: drafts
+//! kept, rejected and rolled back in the paged pool, mixed with preemption and prefix hits,
+//! and still every token the solo naive run's.
+//!
 //! A last run sends every request twice, the second wave after the first, through the same
 //! small pool with tiers below it (a few blocks of host memory, then files): the first wave's
 //! evicted prefixes are spilled, the second wave restores them, and every token must still be
@@ -17,12 +22,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kvlab_engines::{EngineKind, PoolOptions, build_paged};
+use kvlab_engines::{EngineKind, GreedyDrafting, PoolOptions, build_paged};
 use kvlab_model::registry::ModelEntry;
 use kvlab_model::sampler::argmax;
-use kvlab_model::{Model, Tokenizer};
+use kvlab_model::{DraftModel, Drafter, Model, NgramProposer, Proposer, Speculative, Tokenizer};
 use kvlab_paged::{
-    DriveReport, Request, Scheduler, SchedulerConfig, StopConditions, TierConfig, drive,
+    DriveReport, Request, Scheduler, SchedulerConfig, StopConditions, TierConfig, drive, drive_with,
 };
 
 use super::{BatchInfo, Divergence, Reference, Row, reference_run};
@@ -34,9 +39,12 @@ const MAX_NEW: usize = 48;
 /// (16 tokens), and a few blocks and then some.
 const CHUNK_BUDGETS: [usize; 3] = [1, 7, 53];
 
+/// The speculative runs: (draft model rather than prompt lookup, num_speculative_tokens).
+const SPEC_RUNS: [(bool, usize); 3] = [(false, 1), (true, 4), (false, 8)];
+
 pub(super) fn run(
     entry: &ModelEntry,
-    model: &Arc<Model>,
+    (model, draft): (&Arc<Model>, &Arc<Model>),
     tok: &Tokenizer,
     refs: &[Option<Reference>],
     engine: EngineKind,
@@ -157,6 +165,60 @@ pub(super) fn run(
         rows.push(r);
     }
 
+    for (with_draft, k) in SPEC_RUNS {
+        let t = Instant::now();
+        let proposer = if with_draft {
+            let vocab = draft.config.vocab_size;
+            let engine = kvlab_engines::build(EngineKind::Cpu, draft.clone())?;
+            Proposer::Draft(DraftModel::new(engine, vocab)?)
+        } else {
+            Proposer::Ngram(NgramProposer::default())
+        };
+        let spec = Speculative {
+            proposer,
+            num_speculative_tokens: k,
+        };
+        let mut sampler = GreedyDrafting {
+            drafter: Some(Drafter::new(spec, ctx)),
+        };
+        let method = sampler.drafter.as_ref().map_or("", Drafter::method);
+        let mut exec = build_paged(engine, model.clone(), pool(num_blocks))?;
+        let mut sched = Scheduler::new(SchedulerConfig::new(exec.kv_cache().clone(), ctx))?;
+        let report = drive_with(
+            exec.as_mut(),
+            &mut sched,
+            &requests,
+            &mut sampler,
+            |_, _, _| {},
+        )?;
+        let m = &report.metrics;
+        let label = format!(
+            "batched, speculative {method} k={k} ({} of {} drafts kept, {} preemptions)",
+            m.spec_decode_num_accepted_tokens, m.spec_decode_num_draft_tokens, m.num_preemptions
+        );
+        let mut r = row(
+            entry,
+            engine,
+            &label,
+            &cases,
+            &report,
+            (num_blocks, block_size),
+            t,
+        );
+        let failed = sampler
+            .drafter
+            .as_ref()
+            .map_or((0, None), Drafter::failures);
+        if m.spec_decode_num_draft_tokens == 0 || failed.0 > 0 {
+            r.status = "MISMATCH".into();
+            r.note = format!(
+                "no draft was checked, or drafting failed ({failed:?}); {}",
+                r.note
+            );
+        }
+        rows.push(r);
+    }
+
     // The same requests twice, the second wave arriving once the first has run, over tiers of
     // a quarter of the pool in host memory and the rest of the demand on disk. The first wave
     // is a paused session the second resumes: its blocks are offloaded on purpose as each
@@ -232,9 +294,9 @@ fn row(
             d.step
         ));
     }
-    // Chunked runs admit less at once (a budget of 1 runs one sequence at a time), so only the
-    // others must have been preempted.
-    if m.num_preemptions == 0 && !label.contains("chunked") {
+    // Chunked runs admit less at once (a budget of 1 runs one sequence at a time), and
+    // speculative ones finish in fewer steps, so only the others must have been preempted.
+    if m.num_preemptions == 0 && !label.contains("chunked") && !label.contains("speculative") {
         problems.push("the pool forced no preemption".into());
     }
     if m.prefix_cache_hits == 0 {

@@ -316,10 +316,10 @@ fn run_batched(
     rows: &mut Vec<Row>,
 ) {
     for &name in engines.iter().filter(|e| e.is_paged()) {
-        for ((entry, model, tok, ..), refs) in loaded.iter().zip(refs) {
+        for ((entry, model, tok, _, _, draft), refs) in loaded.iter().zip(refs) {
             eprintln!("verify: batched run of {} on {name}", entry.name);
             rows.extend(
-                batched::run(entry, model, tok, refs, name).unwrap_or_else(|e| {
+                batched::run(entry, (model, draft), tok, refs, name).unwrap_or_else(|e| {
                     vec![Row {
                         prompt: "batched".into(),
                         status: "ERROR".into(),

@@ -1,13 +1,16 @@
-//! `cargo xtask bench --speculative`: prompt-lookup speculative decoding against plain greedy
-//! decoding, on prompts that ask the model to copy them and prompts that ask it to write freely
-//! (whose answers may still repeat themselves: small models loop, and lookup finds the loop).
+//! `cargo xtask bench --speculative`: speculative decoding against plain decoding, on prompts
+//! that ask the model to copy them and prompts that ask it to write freely, greedily (whose
+//! answers may still repeat themselves: small models loop, and lookup finds the loop) and
+//! sampled at temperature 1 (text that repeats far less: the case where guessing must not cost).
 //!
 //! Per weight format (the checkpoint's own, and f32), workload and repetition, interleaved, on
-//! the contiguous `cpu` engine: each prompt is generated greedily without speculation and with
-//! `k` guesses a step for every `k` asked; the decode time (everything after the prefill) is
-//! timed, and every speculative run's tokens must equal the plain run's. Reported per
-//! configuration: the decode time, its speed-up over plain decoding (medians), the guesses' acceptance rate and the
-//! tokens each engine step yields.
+//! the contiguous `cpu` engine: each prompt is generated without speculation, with prompt
+//! lookup at `k` guesses a step for every `k` asked, and with a draft model (the model's first
+//! third of layers, an early exit) at k = 3; the decode time (everything after the prefill) is
+//! timed, and every greedy speculative run's tokens must equal the plain run's (a sampled one
+//! draws other tokens from the same distribution). Reported per configuration: the decode
+//! time, its speed-up over plain decoding (decode tokens per second, medians), the guesses'
+//! acceptance rate and the tokens each engine step yields.
 
 mod plot;
 
@@ -17,8 +20,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use kvlab_model::{
-    Engine, GenerateOptions, Model, NgramProposer, Sampler, Speculative, WeightFormat,
-    generate_tokens,
+    DraftModel, Engine, GenerateOptions, Model, NgramProposer, Proposer, Sampler, Speculative,
+    WeightFormat, generate_tokens,
 };
 use serde::Serialize;
 
@@ -35,8 +38,15 @@ pub struct SpecOpts {
     pub machine: String,
 }
 
-/// The two workloads: prompts asking for a copy of themselves, and prompts asking for new text.
-fn workloads(chat: bool) -> [(&'static str, Vec<String>); 2] {
+/// Guesses per step of the draft-model rows.
+const DRAFT_K: usize = 3;
+
+/// The temperature of the sampled workload (top-k, top-p and min-p off).
+const SAMPLED_TEMPERATURE: f32 = 1.0;
+
+/// The workloads: prompts asking for a copy of themselves, and prompts asking for new text,
+/// greedily and sampled (label, prompts, temperature).
+fn workloads(chat: bool) -> [(&'static str, Vec<String>, f32); 3] {
     let wrap = |s: &str| match chat {
         true => format!("<start_of_turn>user\n{s}<end_of_turn>\n<start_of_turn>model\n"),
         false => s.to_string(),
@@ -51,10 +61,41 @@ fn workloads(chat: bool) -> [(&'static str, Vec<String>); 2] {
         "Explain in a few sentences why the sky is blue.",
         "Tell me a story about a robot who learns to paint.",
     ];
+    let fresh: Vec<String> = fresh.iter().map(|s| wrap(s)).collect();
     [
-        ("asked to copy", copying.iter().map(|s| wrap(s)).collect()),
-        ("writes freely", fresh.iter().map(|s| wrap(s)).collect()),
+        (
+            "asked to copy",
+            copying.iter().map(|s| wrap(s)).collect(),
+            0.0,
+        ),
+        ("writes freely", fresh.clone(), 0.0),
+        ("writes freely, sampled", fresh, SAMPLED_TEMPERATURE),
     ]
+}
+
+/// One way of decoding: plain (k = 0), prompt lookup, or the draft model, with k guesses.
+#[derive(Clone, Copy, PartialEq)]
+enum Method {
+    Plain,
+    Ngram(usize),
+    Draft(usize),
+}
+
+impl Method {
+    fn name(self) -> &'static str {
+        match self {
+            Method::Plain => "plain",
+            Method::Ngram(_) => "ngram",
+            Method::Draft(_) => "draft_model",
+        }
+    }
+
+    fn k(self) -> usize {
+        match self {
+            Method::Plain => 0,
+            Method::Ngram(k) | Method::Draft(k) => k,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -66,6 +107,8 @@ pub struct SpecReport {
     /// Tokens generated per prompt (fewer where a stop token comes first).
     pub max_tokens: usize,
     pub prompt_lookup: NgramProposer,
+    /// The draft model's layers: the target's first ones, then its final norm and classifier.
+    pub draft_layers: usize,
     pub reps: usize,
     pub rows: Vec<SpecRow>,
     pub plots: Vec<String>,
@@ -77,11 +120,16 @@ pub struct SpecRow {
     /// The checkpoint's own weights ("stored") or f32.
     pub weights: String,
     pub workload: String,
-    /// Guesses per step; 0 is plain greedy decoding.
+    /// The sampler's temperature (0: greedy).
+    pub temperature: f32,
+    /// `plain`, `ngram` (prompt lookup) or `draft_model`.
+    pub method: String,
+    /// Guesses per step; 0 is plain decoding.
     pub k: usize,
     /// Decode seconds for all the workload's prompts (min, median, max over repetitions).
     pub decode_s: Stat,
-    /// Plain decoding's median decode time over this one's.
+    /// Median decode tokens per second over plain decoding's (greedy: the same tokens, so the
+    /// ratio of decode times).
     pub speedup: f64,
     /// Guesses kept over guesses checked (NaN for plain decoding).
     pub acceptance_rate: f64,
@@ -91,26 +139,41 @@ pub struct SpecRow {
     pub tokens: usize,
 }
 
-/// Generates every prompt once; returns (decode seconds, every output, the speculation counts,
-/// decode steps).
+/// Generates every prompt once at `temperature` (seeded per prompt) with `method`, drafting
+/// with `draft` for [`Method::Draft`]; returns (decode seconds, every output, the speculation
+/// counts, decode steps).
 fn one_pass(
     engine: &mut dyn Engine,
+    draft: &Arc<Model>,
     prompts: &[Vec<u32>],
-    max_tokens: usize,
-    k: usize,
+    (max_tokens, temperature): (usize, f32),
+    method: Method,
 ) -> Result<(f64, Vec<Vec<u32>>, kvlab_model::SpecStats, usize)> {
     let (mut secs, mut outs, mut steps) = (0.0, Vec::new(), 0);
     let mut stats = kvlab_model::SpecStats::default();
-    for p in prompts {
+    for (i, p) in prompts.iter().enumerate() {
+        let proposer = match method {
+            Method::Plain => None,
+            Method::Ngram(_) => Some(Proposer::Ngram(NgramProposer::default())),
+            Method::Draft(_) => {
+                let engine = Box::new(kvlab_cpu::CpuEngine::new(draft.clone()));
+                let vocab = draft.config.vocab_size;
+                Some(Proposer::Draft(DraftModel::new(engine, vocab)?))
+            }
+        };
         let opts = GenerateOptions {
             steps: p.len() + max_tokens - 1,
             max_seq_len: 0,
             trace: false,
             special: false,
             ubatch: 0,
-            speculative: (k > 0).then_some(Speculative::ngram(NgramProposer::default(), k)),
+            speculative: proposer.map(|proposer| Speculative {
+                proposer,
+                num_speculative_tokens: method.k(),
+            }),
         };
-        let g = generate_tokens(engine, p, &opts, &mut Sampler::greedy(), |_| {})?;
+        let mut sampler = Sampler::new(temperature, 1.0, i as u64 + 1)?;
+        let g = generate_tokens(engine, p, &opts, &mut sampler, |_| {})?;
         secs += g.decode_time.as_secs_f64();
         steps += g.decode_steps;
         stats.num_draft_tokens += g.spec.num_draft_tokens;
@@ -141,38 +204,57 @@ pub fn run(o: &SpecOpts) -> Result<SpecReport> {
     } else {
         vec![WeightFormat::Stored, WeightFormat::F32]
     };
-    let work: Vec<(&str, Vec<Vec<u32>>)> = workloads(chat)
+    let work: Vec<(&str, Vec<Vec<u32>>, f32)> = workloads(chat)
         .into_iter()
-        .map(|(w, texts)| {
+        .map(|(w, texts, temperature)| {
             let ids = texts
                 .iter()
                 .map(|t| tok.encode_special(t, true, false))
                 .collect();
-            (w, ids)
+            (w, ids, temperature)
         })
         .collect();
-    let configs: Vec<usize> = std::iter::once(0).chain(ks.iter().copied()).collect();
+    let configs: Vec<Method> = std::iter::once(Method::Plain)
+        .chain(ks.iter().map(|&k| Method::Ngram(k)))
+        .chain([Method::Draft(DRAFT_K)])
+        .collect();
+    let draft_layers = loaded.model.config.n_layers.div_ceil(3);
     let progress = indicatif::ProgressBar::new((formats.len() * o.reps * work.len()) as u64);
     let mut rows = Vec::new();
     for format in formats {
         let model: Arc<Model> = Arc::new(loaded.model.clone().with_weight_format(format));
+        let draft = Arc::new(model.early_exit(draft_layers)?);
         let mut engine = kvlab_cpu::CpuEngine::new(model);
         // (workload, k) → decode seconds per repetition, and the last pass's counts.
         let mut secs = vec![vec![Vec::new(); configs.len()]; work.len()];
         let mut counts =
             vec![vec![(kvlab_model::SpecStats::default(), 0, 0); configs.len()]; work.len()];
-        one_pass(&mut engine, &work[0].1[..1], 4, 0)?; // Warm-up.
+        one_pass(
+            &mut engine,
+            &draft,
+            &work[0].1[..1],
+            (4, 0.0),
+            Method::Plain,
+        )?; // Warm-up.
         for _ in 0..o.reps {
-            for (w, (label, prompts)) in work.iter().enumerate() {
+            for (w, (label, prompts, temperature)) in work.iter().enumerate() {
                 progress.set_message(format!("{name} {}, {label}", format.name()));
                 let mut plain = None;
-                for (c, &k) in configs.iter().enumerate() {
-                    let (s, outs, stats, steps) = one_pass(&mut engine, prompts, max_tokens, k)?;
+                for (c, &method) in configs.iter().enumerate() {
+                    let (s, outs, stats, steps) = one_pass(
+                        &mut engine,
+                        &draft,
+                        prompts,
+                        (max_tokens, *temperature),
+                        method,
+                    )?;
                     match &plain {
                         None => plain = Some(outs.clone()),
-                        Some(p) if *p != outs => bail!(
-                            "{} weights, {label}, k = {k}: speculative tokens differ from plain greedy decoding's",
-                            format.name()
+                        Some(p) if *p != outs && *temperature == 0.0 => bail!(
+                            "{} weights, {label}, {} k = {}: speculative tokens differ from plain greedy decoding's",
+                            format.name(),
+                            method.name(),
+                            method.k()
                         ),
                         Some(_) => {}
                     }
@@ -183,16 +265,20 @@ pub fn run(o: &SpecOpts) -> Result<SpecReport> {
                 progress.inc(1);
             }
         }
-        for (w, (label, _)) in work.iter().enumerate() {
-            let plain = Stat::of(&secs[w][0]).median;
-            for (c, &k) in configs.iter().enumerate() {
+        for (w, (label, _, temperature)) in work.iter().enumerate() {
+            // Decode tokens per second (the first token of each prompt comes from its prefill).
+            let rate = |c: usize, secs: f64| (counts[w][c].2 - work[w].1.len()) as f64 / secs;
+            let plain = rate(0, Stat::of(&secs[w][0]).median);
+            for (c, &method) in configs.iter().enumerate() {
                 let s = Stat::of(&secs[w][c]);
                 let (stats, steps, tokens) = counts[w][c];
                 rows.push(SpecRow {
                     weights: format.name().to_string(),
                     workload: label.to_string(),
-                    k,
-                    speedup: plain / s.median,
+                    temperature: *temperature,
+                    method: method.name().to_string(),
+                    k: method.k(),
+                    speedup: rate(c, s.median) / plain,
                     decode_s: s,
                     acceptance_rate: stats.acceptance_rate(),
                     // The first token of each prompt comes from its prefill.
@@ -210,6 +296,7 @@ pub fn run(o: &SpecOpts) -> Result<SpecReport> {
         engine: "cpu".into(),
         max_tokens,
         prompt_lookup: NgramProposer::default(),
+        draft_layers,
         reps: o.reps,
         rows,
         plots: Vec::new(),
@@ -222,18 +309,26 @@ pub fn run(o: &SpecOpts) -> Result<SpecReport> {
 
 pub fn print(r: &SpecReport) {
     println!(
-        "{}: prompt-lookup speculative decoding on the {} engine, {} tokens per prompt, {} threads, median of {}",
-        r.model, r.engine, r.max_tokens, r.threads, r.reps
+        "{}: speculative decoding on the {} engine, {} tokens per prompt, {} threads, median of {}; draft model: the first {} layers",
+        r.model, r.engine, r.max_tokens, r.threads, r.reps, r.draft_layers
     );
     println!(
-        "{:<8} {:<18} {:>3} {:>11} {:>9} {:>12} {:>16}",
-        "weights", "workload", "k", "decode, s", "speed-up", "acceptance", "tokens per step"
+        "{:<8} {:<24} {:<12} {:>3} {:>11} {:>9} {:>12} {:>16}",
+        "weights",
+        "workload",
+        "method",
+        "k",
+        "decode, s",
+        "speed-up",
+        "acceptance",
+        "tokens per step"
     );
     for row in &r.rows {
         println!(
-            "{:<8} {:<18} {:>3} {:>11.3} {:>8.2}x {:>12} {:>16.2}",
+            "{:<8} {:<24} {:<12} {:>3} {:>11.3} {:>8.2}x {:>12} {:>16.2}",
             row.weights,
             row.workload,
+            row.method,
             row.k,
             row.decode_s.median,
             row.speedup,

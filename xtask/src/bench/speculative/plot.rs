@@ -1,5 +1,6 @@
-//! `bench --speculative`'s figure: the speed-up over plain decoding and the tokens per engine
-//! step against the guesses per step, one line per weight format and workload.
+//! `bench --speculative`'s figure: prompt lookup's speed-up over plain decoding and the tokens
+//! per engine step against the guesses per step, one line per weight format and workload (the
+//! draft model's rows, at one k, are in the table).
 
 use std::path::Path;
 
@@ -31,11 +32,11 @@ pub fn figure(dir: &Path, r: &super::SpecReport) -> Result<Vec<String>> {
     let pts = |(w, l): &(String, String), f: &dyn Fn(&super::SpecRow) -> f64| {
         r.rows
             .iter()
-            .filter(|x| &x.weights == w && &x.workload == l && x.k > 0)
+            .filter(|x| &x.weights == w && &x.workload == l && x.method == "ngram")
             .map(|x| (x.k as f64, f(x)))
             .collect::<Vec<_>>()
     };
-    let spec_rows = || r.rows.iter().filter(|x| x.k > 0);
+    let spec_rows = || r.rows.iter().filter(|x| x.method == "ngram");
     let (xlo, xhi) = log_range(spec_rows().map(|x| x.k as f64));
     let (lo, hi) = log_range(spec_rows().map(|x| x.speedup).chain([0.5, 2.0]));
     let mut speed: Vec<Series> = vec![
