@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::{
     BATCHED_POOL, FORK_POOL, TIERS_POOL, assert_same, batched_scenario, fork_scenario, gemma_like,
-    greedy, prompt, synthetic, tiers_scenario,
+    greedy, prompt, speculative_scenario, synthetic, tiers_scenario,
 };
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_cuda::{CudaEngine, CudaOptions, Precision};
@@ -110,6 +110,21 @@ fn gpu_f32_batched_with_preemption_and_prefix_hits_matches_naive() {
             return;
         };
         batched_scenario(name, &mut cuda, &model);
+    }
+}
+
+/// Speculative decoding in the batch: a step of each decode's last token and its drafts, a row
+/// of logits per fed token, rollbacks in the device pool.
+#[test]
+fn gpu_f32_batched_speculative_decoding_matches_naive() {
+    for (name, model) in [
+        ("synth-gqa", synthetic("synth-gqa")),
+        ("gemma-like", gemma_like()),
+    ] {
+        let Some(mut cuda) = engine(&model, pool(BATCHED_POOL), "gpu_f32_speculative") else {
+            return;
+        };
+        speculative_scenario(name, &mut cuda, &model);
     }
 }
 

@@ -14,7 +14,7 @@ mod common;
 
 use common::{
     BATCHED_POOL, FORK_POOL, TIERS_POOL, assert_same, batched_scenario, fork_scenario, gemma_like,
-    greedy, prompt, synthetic, tiers_scenario,
+    greedy, prompt, speculative_scenario, synthetic, tiers_scenario,
 };
 use std::sync::Arc;
 
@@ -37,6 +37,16 @@ fn batched_with_preemption_and_prefix_hits_matches_naive() {
         ("gemma-like", gemma_like()),
     ] {
         batched_scenario(name, &mut engine(&model, BATCHED_POOL), &model);
+    }
+}
+
+#[test]
+fn batched_speculative_decoding_with_rollbacks_matches_naive() {
+    for (name, model) in [
+        ("synth-gqa", synthetic("synth-gqa")),
+        ("gemma-like", gemma_like()),
+    ] {
+        speculative_scenario(name, &mut engine(&model, BATCHED_POOL), &model);
     }
 }
 

@@ -15,13 +15,17 @@ use kvlab_cuda::dtype::DType;
 use kvlab_cuda::ops::Ops;
 
 pub use backend::{Backend, Buf};
+use kvlab_cpu::CpuEngine;
 use kvlab_cuda::{CudaError, require_cuda};
 use kvlab_model::sampler::{argmax, top2_margin};
-use kvlab_model::{Activation, Engine, LayerKind, Model, RopeLayout, registry};
+use kvlab_model::{
+    Activation, DraftModel, Drafter, Engine, LayerKind, Model, Proposer, RopeLayout, Speculative,
+    registry,
+};
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::{
-    KvCacheConfig, Request, Scheduler, SchedulerConfig, StepExecutor, StopConditions, TierConfig,
-    drive,
+    KvCacheConfig, Request, RequestId, Scheduler, SchedulerConfig, StepExecutor, StopConditions,
+    TierConfig, TokenSampler, drive, drive_with,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -225,6 +229,97 @@ where
     E: StepExecutor,
     E::Error: std::fmt::Display + std::fmt::Debug,
 {
+    let mut sched = scheduler_for(model, BATCHED_POOL, 80);
+    let mut sampler = Greedy(None);
+    batched_run(name, engine, model, &mut sched, &mut sampler);
+}
+
+/// [`batched_scenario`] with speculative decoding: every decode checks up to 4 draft tokens
+/// from the model's first layer (an early exit, on the CPU; odd requests get their last draft
+/// spoiled, so that some are always rejected), kept while the engine's argmax agrees and rolled
+/// back in the pool past the first it does not. Every output must still be the naive engine's,
+/// and drafts must have been both kept and rejected.
+pub fn speculative_scenario<E>(name: &str, engine: &mut E, model: &Arc<Model>)
+where
+    E: StepExecutor,
+    E::Error: std::fmt::Display + std::fmt::Debug,
+{
+    let draft = Arc::new(model.early_exit(1).unwrap());
+    let vocab = draft.config.vocab_size;
+    let proposer =
+        Proposer::Draft(DraftModel::new(Box::new(CpuEngine::new(draft)), vocab).unwrap());
+    let spec = Speculative {
+        proposer,
+        num_speculative_tokens: 4,
+    };
+    let mut sampler = Greedy(Some((Drafter::new(spec, 80), vocab as u32)));
+    let mut sched = scheduler_for(model, BATCHED_POOL, 80);
+    batched_run(name, engine, model, &mut sched, &mut sampler);
+    let m = sched.metrics();
+    eprintln!(
+        "{name}: speculative batch token-identical; {} of {} drafts kept",
+        m.spec_decode_num_accepted_tokens, m.spec_decode_num_draft_tokens
+    );
+    assert!(
+        m.spec_decode_num_accepted_tokens > 0,
+        "{name}: no draft kept"
+    );
+    assert!(
+        m.spec_decode_num_accepted_tokens < m.spec_decode_num_draft_tokens,
+        "{name}: no draft rejected, so nothing was rolled back"
+    );
+}
+
+/// Argmax sampling, drafting with a [`Drafter`] over a vocabulary of this many tokens when
+/// there is one.
+struct Greedy(Option<(Drafter, u32)>);
+
+impl TokenSampler for Greedy {
+    type Error = std::convert::Infallible;
+
+    fn sample(&mut self, _: RequestId, logits: Vec<f32>) -> Result<u32, Self::Error> {
+        Ok(argmax(&logits))
+    }
+
+    fn speculates(&self) -> bool {
+        self.0.is_some()
+    }
+
+    fn propose(&mut self, id: RequestId, token_ids: &[u32], max: usize) -> Vec<u32> {
+        let (d, vocab) = self.0.as_mut().unwrap();
+        let mut drafts = d.propose(id.0, token_ids, max).unwrap();
+        if let Some(last) = drafts.last_mut().filter(|_| id.0 % 2 == 1) {
+            *last = (*last + 1) % *vocab;
+        }
+        drafts
+    }
+
+    fn drafts_checked(&mut self, id: RequestId, _: usize, num_kept: usize) {
+        if let Some((d, _)) = self.0.as_mut() {
+            d.record(id.0, num_kept);
+        }
+    }
+
+    fn release(&mut self, id: RequestId) {
+        if let Some((d, _)) = self.0.as_mut() {
+            d.release(id.0);
+        }
+    }
+}
+
+/// Six requests sharing a 24-token prefix, arriving every other step, through `sched` and
+/// `engine` with `sampler`: each output must equal the naive engine's solo greedy output, and
+/// the run must have preempted (unless it speculates) and hit the prefix cache where it is on.
+fn batched_run<E>(
+    name: &str,
+    engine: &mut E,
+    model: &Arc<Model>,
+    sched: &mut Scheduler,
+    sampler: &mut Greedy,
+) where
+    E: StepExecutor,
+    E::Error: std::fmt::Display + std::fmt::Debug,
+{
     let vocab = model.config.vocab_size;
     let shared = prompt(24, 99, vocab);
     let requests: Vec<Request> = (0..6)
@@ -241,8 +336,7 @@ where
         })
         .collect();
     let mut naive = NaiveEngine::new(model.clone());
-    let mut sched = scheduler_for(model, BATCHED_POOL, 80);
-    let report = drive(engine, &mut sched, &requests, argmax, |_, _, _| {}).unwrap();
+    let report = drive_with(engine, sched, &requests, sampler, |_, _, _| {}).unwrap();
     for (i, (r, (got, _))) in requests.iter().zip(&report.outputs).enumerate() {
         let (want, margins) = greedy(&mut naive, &r.prompt, got.len());
         assert_eq!(got.len(), 24, "{name} request {i}");
@@ -253,8 +347,9 @@ where
         "{name}: batched token-identical; {} steps, {} preemptions, {} prefix-cache hit tokens",
         m.num_steps, m.num_preemptions, m.prefix_cache_hits
     );
+    // Speculation finishes in fewer steps, so its requests may never crowd the pool at once.
     assert!(
-        m.num_preemptions > 0,
+        m.num_preemptions > 0 || sampler.speculates(),
         "{name}: the pool was meant to force preemption"
     );
     if sched.config().enable_prefix_caching {
