@@ -209,7 +209,10 @@ pub(super) fn run(
             .drafter
             .as_ref()
             .map_or((0, None), Drafter::failures);
-        if m.spec_decode_num_draft_tokens == 0 || failed.0 > 0 {
+        // A random synthetic model's text may never repeat, so prompt lookup has nothing to
+        // propose; a real checkpoint's stories do, and a draft model always proposes.
+        let must_draft = with_draft || entry.model.is_some();
+        if (must_draft && m.spec_decode_num_draft_tokens == 0) || failed.0 > 0 {
             r.status = "MISMATCH".into();
             r.note = format!(
                 "no draft was checked, or drafting failed ({failed:?}); {}",
