@@ -61,6 +61,11 @@ pub struct Args {
     kv: crate::KvArgs,
     #[command(flatten)]
     spec: crate::speculative::SpecArgs,
+    /// Which requests share prefix-cache blocks: `salt` (those of the same `cache_salt`, or
+    /// with none; vLLM's rule), `user` (those of the same OpenAI `user` and `cache_salt`: no
+    /// tenant can time another's cached prompts), `none` (all; `cache_salt` refused).
+    #[arg(long, default_value = "salt", value_parser = ["salt", "user", "none"])]
+    prefix_isolation: String,
     /// Require `Authorization: Bearer KEY` on every route (401 otherwise).
     #[arg(long, env = "KVLAB_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -177,7 +182,8 @@ pub fn run(a: Args) -> Result<()> {
             loaded.name.clone(),
             a.max_waiting,
         )
-        .with_api_key(a.api_key.clone()),
+        .with_api_key(a.api_key.clone())
+        .with_prefix_isolation(a.prefix_isolation.parse().map_err(anyhow::Error::msg)?),
     );
     // One HTTP worker thread: the cores belong to the engine thread and its helpers, and the
     // handlers' work (about 15 µs of CPU per streamed token, mostly the kernel's TCP) comes in

@@ -33,9 +33,9 @@ impl TokenSampler for GreedyDrafting {
         (self.drafter.as_mut()).map_or_else(Vec::new, |d| d.propose_or_none(id.0, token_ids, max))
     }
 
-    fn drafts_checked(&mut self, id: RequestId, _: usize, num_kept: usize) {
+    fn drafts_checked(&mut self, id: RequestId, num_drafts: usize, num_kept: usize) {
         if let Some(d) = self.drafter.as_mut() {
-            d.record(id.0, num_kept);
+            d.record(id.0, num_drafts, num_kept);
         }
     }
 

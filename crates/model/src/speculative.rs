@@ -18,10 +18,14 @@
 //!   and agrees with it often.
 //!
 //! A rejected guess costs a row the step computed for nothing, which on text that does not
-//! repeat adds up; so after a step whose guesses were all rejected, the next guesses wait
-//! 1, 3, 7, ... plain steps (doubling after each such step, at most [`MAX_BACKOFF`], reset by
-//! any kept guess; [`Backoff`]): on such text the loop soon decodes plainly, and on text that
-//! does it speculates every step.
+//! repeat adds up; so the number of guesses adapts ([`Backoff`]). It follows transformers'
+//! assisted generation's heuristic: two more after a step that kept every guess, one fewer
+//! after one that kept some (between 1 and `k`), and here half as many after one that kept
+//! none. And after a step whose guesses were all
+//! rejected, the next guesses wait 1, 3, 7, ... plain steps (doubling after each such step, at
+//! most [`MAX_BACKOFF`], reset by any kept guess): on text that does not repeat the loop soon
+//! decodes plainly, guessing one token now and then, and on text that does it speculates every
+//! step.
 //!
 //! [`decode`] is the loop of one generation through the `Engine` API; a [`Drafter`] proposes
 //! for the scheduler's batch, whose driver checks the guesses of every decode in one step.
@@ -325,39 +329,54 @@ impl SpecStats {
     }
 }
 
-/// Guessing less where guesses fail: after a step whose guesses were all rejected, the next
-/// guesses wait 1, 3, 7, ... plain steps (doubling, at most [`MAX_BACKOFF`]); any kept guess
-/// resets it.
+/// Guessing less where guesses fail. The number of guesses follows transformers' assisted
+/// generation (`num_assistant_tokens_schedule="heuristic"`): two more after a step that kept
+/// every guess, one fewer after a step that kept some, between 1 and the `k` asked for; half
+/// as many after a step that kept none. After a
+/// step whose guesses were all rejected, the next guesses also wait 1, 3, 7, ... plain steps
+/// (doubling, at most [`MAX_BACKOFF`]); any kept guess resets the wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     /// Plain steps left before guessing again.
     wait: usize,
     /// The wait after the next all-rejected step.
     next: usize,
+    /// Guesses the next step may check (`None`: as many as asked).
+    limit: Option<usize>,
 }
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff { wait: 0, next: 1 }
+        Backoff {
+            wait: 0,
+            next: 1,
+            limit: None,
+        }
     }
 }
 
 impl Backoff {
-    /// Whether this step may guess; a step that may not counts down the wait.
-    pub fn ready(&mut self) -> bool {
-        if self.wait == 0 {
-            return true;
+    /// How many of `k` guesses this step may check: `None` while the wait lasts (the step
+    /// counts it down), else between 1 and `k` (0 if `k` is).
+    pub fn guesses(&mut self, k: usize) -> Option<usize> {
+        if self.wait > 0 {
+            self.wait -= 1;
+            return None;
         }
-        self.wait -= 1;
-        false
+        Some(self.limit.unwrap_or(k).clamp(1, k.max(1)).min(k))
     }
 
-    /// A step checked guesses and kept `kept` of them.
-    pub fn record(&mut self, kept: usize) {
+    /// A step checked `drafted` guesses and kept `kept` of them.
+    pub fn record(&mut self, drafted: usize, kept: usize) {
         (self.wait, self.next) = match kept {
             0 => (self.next, (2 * self.next + 1).min(MAX_BACKOFF)),
             _ => (0, 1),
         };
+        self.limit = Some(match kept {
+            _ if kept == drafted => drafted + 2,
+            0 => (drafted / 2).max(1),
+            _ => drafted.saturating_sub(1).max(1),
+        });
     }
 }
 
@@ -404,8 +423,8 @@ impl Drafter {
         self.spec.proposer.method()
     }
 
-    /// Up to `max` (and at most `num_speculative_tokens`) guesses of the tokens after
-    /// `history` for generation `key`; none while its backoff waits.
+    /// Up to `max` (and at most `num_speculative_tokens`, fewer as its [`Backoff`] says) guesses
+    /// of the tokens after `history` for generation `key`; none while its backoff waits.
     ///
     /// # Errors
     /// Whatever the draft engine returns.
@@ -417,16 +436,16 @@ impl Drafter {
         if !self.backoffs.contains_key(&key) {
             self.spec.proposer.begin(key, self.max_seq_len)?;
         }
-        if !self.backoffs.entry(key).or_default().ready() {
-            return Ok(Vec::new());
+        match self.backoffs.entry(key).or_default().guesses(k) {
+            Some(n) => self.spec.proposer.propose(key, history, n),
+            None => Ok(Vec::new()),
         }
-        self.spec.proposer.propose(key, history, k)
     }
 
-    /// Generation `key`'s step checked guesses and kept `kept`.
-    pub fn record(&mut self, key: u64, kept: usize) {
+    /// Generation `key`'s step checked `drafted` guesses and kept `kept`.
+    pub fn record(&mut self, key: u64, drafted: usize, kept: usize) {
         if let Some(b) = self.backoffs.get_mut(&key) {
-            b.record(kept);
+            b.record(drafted, kept);
         }
     }
 
@@ -513,11 +532,12 @@ fn decode_with<F: FnMut(Event<'_>)>(
         // takes to propose them counts as decode time.
         let t = Instant::now();
         let room = d.steps - 1 - pos;
-        let draft = if backoff.ready() {
-            spec.proposer.propose(0, &history, k.min(room))?
-        } else {
-            out.stats.num_backoff_steps += 1;
-            Vec::new()
+        let draft = match backoff.guesses(k) {
+            Some(n) => spec.proposer.propose(0, &history, n.min(room))?,
+            None => {
+                out.stats.num_backoff_steps += 1;
+                Vec::new()
+            }
         };
         let fed: Vec<u32> = std::iter::once(pending)
             .chain(draft.iter().copied())
@@ -554,7 +574,7 @@ fn decode_with<F: FnMut(Event<'_>)>(
         };
         pos += kept;
         if !draft.is_empty() {
-            backoff.record(kept);
+            backoff.record(draft.len(), kept);
         }
         if kept < draft.len() {
             // The guesses from `kept` on were wrong: forget their keys and values.

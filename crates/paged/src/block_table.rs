@@ -47,6 +47,9 @@ pub struct BlockTable {
     pub(crate) chain: PrefixChain,
     /// Whose blocks these are: the blocks it registers count against this tenant's quota.
     pub(crate) tenant: Tenant,
+    /// The request's cache salt (0: none): its prefix-cache entries are shared only with
+    /// tables of the same salt.
+    pub(crate) salt: u64,
 }
 
 /// Who a request belongs to, for per-tenant prefix-cache quotas (0 when nobody says).
@@ -61,6 +64,7 @@ impl BlockTable {
             num_tokens: 0,
             chain: PrefixChain::default(),
             tenant: 0,
+            salt: 0,
         }
     }
 
@@ -68,6 +72,18 @@ impl BlockTable {
     pub fn with_tenant(mut self, tenant: Tenant) -> Self {
         self.tenant = tenant;
         self
+    }
+
+    /// The same empty table, salted: its blocks are shared through the prefix cache only with
+    /// tables of the same `salt` (0: unsalted, shared with every unsalted table).
+    pub fn with_salt(mut self, salt: u64) -> Self {
+        self.salt = salt;
+        self
+    }
+
+    /// The cache salt (0: none).
+    pub fn salt(&self) -> u64 {
+        self.salt
     }
 
     /// The tenant whose quota this table's cached blocks count against.

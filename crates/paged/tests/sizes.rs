@@ -26,12 +26,12 @@ fn code_lines(paths: &[&str]) -> usize {
 }
 
 #[test]
-fn the_scheduler_stays_under_520_lines_of_code() {
+fn the_scheduler_stays_under_550_lines_of_code() {
     let n = code_lines(&["src/scheduler"]);
     assert!(n > 100, "{n}: the files moved? update this test and lib.rs");
     assert!(
-        n < 520,
-        "scheduler/ has {n} lines of code; lib.rs says under 520"
+        n < 550,
+        "scheduler/ has {n} lines of code; lib.rs says under 550"
     );
 }
 

@@ -70,11 +70,18 @@ pub struct GenerationRequest {
     pub arrival: Instant,
     /// Whose request it is (the OpenAI `user` field; 0 when none), for prefix-cache quotas.
     pub tenant: kvlab_paged::Tenant,
+    /// Its prefix-cache salt (0: none): it shares cached blocks only with requests of the same
+    /// salt (`Scheduler::set_cache_salt`).
+    pub cache_salt: u64,
 }
 
 /// What the engine thread sends back for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenEvent {
+    /// Sent once, when the request's prefill is first scheduled (before any token): how many
+    /// of its prompt tokens the prefix cache served, from the pool or a tier below it (OpenAI's
+    /// `usage.prompt_tokens_details.cached_tokens`).
+    Cached(usize),
     /// A newly sampled token id (stop tokens included: the handler decides what to print).
     Token(u32),
     /// The sequence ended and its blocks are free.
@@ -303,6 +310,8 @@ struct LiveRequest {
     num_prompt_tokens: usize,
     /// When it produced its last token (`None` before the first: it still counts as pending).
     last_token: Option<Instant>,
+    /// Whether [`TokenEvent::Cached`] was sent.
+    cached_sent: bool,
 }
 
 struct EngineLoop {
@@ -344,7 +353,9 @@ impl EngineLoop {
         let stop = StopConditions::max_tokens(r.max_tokens)
             .with_stop_tokens(self.stop_token_ids.iter().copied());
         let num_prompt_tokens = r.prompt.len();
-        match self.sched.add_request_for(r.prompt, stop, r.tenant) {
+        let added = (self.sched.add_request_for(r.prompt, stop, r.tenant))
+            .and_then(|id| self.sched.set_cache_salt(id, r.cache_salt).map(|()| id));
+        match added {
             Ok(id) => {
                 self.live.insert(
                     id,
@@ -354,6 +365,7 @@ impl EngineLoop {
                         arrival: r.arrival,
                         num_prompt_tokens,
                         last_token: None,
+                        cached_sent: false,
                     },
                 );
             }
@@ -404,6 +416,23 @@ impl EngineLoop {
         let _ = self.sched.update(&[]);
     }
 
+    /// [`TokenEvent::Cached`] for each request whose prefill `batch` schedules for the first
+    /// time (a readmission after preemption recomputes; it is not reported again).
+    fn send_cached(&mut self, batch: &kvlab_paged::ScheduledBatch) {
+        for s in &batch.seqs {
+            let kvlab_paged::StepKind::Prefill {
+                num_cached_tokens, ..
+            } = s.kind
+            else {
+                continue;
+            };
+            if let Some(r) = self.live.get_mut(&s.seq_id).filter(|r| !r.cached_sent) {
+                r.cached_sent = true;
+                let _ = r.events.send(TokenEvent::Cached(num_cached_tokens));
+            }
+        }
+    }
+
     /// Frees what the drafter keeps for `id`.
     fn release_draft(&mut self, id: RequestId) {
         if let Some(d) = self.drafter.as_mut() {
@@ -433,6 +462,7 @@ impl EngineLoop {
         }
         let (sampled, finished) = match outcome {
             Ok(Some(o)) => {
+                self.send_cached(&o.batch);
                 for (id, reason) in o.refused {
                     if let Some(r) = self.remove(id) {
                         let _ = r.events.send(TokenEvent::Failed(reason));
@@ -521,9 +551,9 @@ impl TokenSampler for LiveSampling<'_> {
         (self.drafter.as_mut()).map_or_else(Vec::new, |d| d.propose_or_none(id.0, token_ids, max))
     }
 
-    fn drafts_checked(&mut self, id: RequestId, _: usize, num_kept: usize) {
+    fn drafts_checked(&mut self, id: RequestId, num_drafts: usize, num_kept: usize) {
         if let Some(d) = self.drafter.as_mut() {
-            d.record(id.0, num_kept);
+            d.record(id.0, num_drafts, num_kept);
         }
     }
 

@@ -51,6 +51,38 @@ pub struct AppState {
     next_id: AtomicU64,
     /// When set, every route wants `Authorization: Bearer <key>` (OpenAI's scheme).
     api_key: Option<String>,
+    /// Which requests may share prefix-cache blocks (`--prefix-isolation`).
+    prefix_isolation: PrefixIsolation,
+}
+
+/// Which requests share prefix-cache blocks (`kvlab serve --prefix-isolation`). A shared prefix
+/// cache leaks through timing: a prompt that hits another's cached prefix gets its first token
+/// sooner, which published attacks use to recover other users' prompts; a salt per request
+/// (vLLM's `cache_salt`, mixed into the first block's key) keeps requests of different salts
+/// from sharing anything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefixIsolation {
+    /// Requests share with requests of the same `cache_salt` (vLLM's behaviour); requests
+    /// without one share with each other.
+    #[default]
+    Salt,
+    /// Requests share only with requests of the same OpenAI `user` (and `cache_salt`).
+    User,
+    /// Every request shares with every other; a `cache_salt` is refused rather than ignored.
+    None,
+}
+
+impl std::str::FromStr for PrefixIsolation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "salt" => Ok(PrefixIsolation::Salt),
+            "user" => Ok(PrefixIsolation::User),
+            "none" => Ok(PrefixIsolation::None),
+            _ => Err(format!("{s:?}: expected user, salt or none")),
+        }
+    }
 }
 
 impl AppState {
@@ -68,12 +100,19 @@ impl AppState {
             max_waiting,
             next_id: AtomicU64::new(0),
             api_key: None,
+            prefix_isolation: PrefixIsolation::default(),
         }
     }
 
     /// Requires `Authorization: Bearer <key>` on every route (401 otherwise).
     pub fn with_api_key(mut self, key: Option<String>) -> AppState {
         self.api_key = key;
+        self
+    }
+
+    /// Shares prefix-cache blocks as `isolation` says (default: by `cache_salt`).
+    pub fn with_prefix_isolation(mut self, isolation: PrefixIsolation) -> AppState {
+        self.prefix_isolation = isolation;
         self
     }
 }
@@ -340,13 +379,33 @@ struct CompletionRequest {
     /// vLLM's extension: leave special tokens (`<|im_end|>`, `<bos>`) out of the text; true
     /// when absent, as in vLLM (llama.cpp's server hides control tokens too).
     skip_special_tokens: Option<bool>,
+    /// OpenAI's streaming options: `include_usage` adds a last chunk with the usage.
+    stream_options: Option<StreamOptions>,
+    /// vLLM's extension: the request shares prefix-cache blocks only with requests of the
+    /// same salt (see [`PrefixIsolation`]).
+    cache_salt: Option<String>,
 }
 
+/// OpenAI's `stream_options`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// OpenAI's `usage`, with `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix
+/// cache served (from the pool or a tier below it), whose prefill was skipped.
 #[derive(Serialize)]
 struct Usage {
     prompt_tokens: usize,
     completion_tokens: usize,
     total_tokens: usize,
+    prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Serialize)]
+struct PromptTokensDetails {
+    cached_tokens: usize,
 }
 
 /// A checked request, ready for the engine.
@@ -356,7 +415,11 @@ struct Prepared {
     sampler: Sampler,
     stop: Vec<String>,
     stream: bool,
+    /// Streamed with a last chunk carrying the usage (`stream_options.include_usage`).
+    stream_usage: bool,
     tenant: kvlab_paged::Tenant,
+    /// The prefix cache's salt for this request (0: none).
+    cache_salt: u64,
     /// Print special tokens in the text (`skip_special_tokens: false`).
     special: bool,
 }
@@ -494,6 +557,7 @@ fn prepare(
         };
         ApiError::invalid(e.to_string(), Some(param))
     })?;
+    let cache_salt = cache_salt(s.prefix_isolation, &req)?;
     let stop = match req.stop {
         None => Vec::new(),
         Some(StopField::One(s)) => vec![s],
@@ -508,9 +572,45 @@ fn prepare(
         sampler,
         stop,
         stream: req.stream,
+        stream_usage: req.stream_options.and_then(|o| o.include_usage) == Some(true),
         tenant: req.user.as_deref().map_or(0, tenant_of),
+        cache_salt,
         special: req.skip_special_tokens == Some(false),
     })
+}
+
+/// The prefix-cache salt of `req` under `isolation` (0: none): FNV-1a of its `cache_salt`, and
+/// in `user` mode of its `user` too, never 0.
+///
+/// # Errors
+/// An empty `cache_salt`, or any `cache_salt` when the server shares everything.
+fn cache_salt(isolation: PrefixIsolation, req: &CompletionRequest) -> Result<u64, ApiError> {
+    let given = req.cache_salt.as_deref();
+    if given == Some("") {
+        return Err(ApiError::invalid(
+            "cache_salt is empty; leave it out or give a non-empty string",
+            Some("cache_salt"),
+        ));
+    }
+    let key = match isolation {
+        PrefixIsolation::None if given.is_some() => {
+            return Err(ApiError::invalid(
+                "this server shares its prefix cache between all requests (--prefix-isolation                  none), so cache_salt cannot isolate this one; leave it out",
+                Some("cache_salt"),
+            ));
+        }
+        PrefixIsolation::None => return Ok(0),
+        PrefixIsolation::Salt => match given {
+            Some(salt) => format!("salt\0{salt}"),
+            None => return Ok(0),
+        },
+        PrefixIsolation::User => format!(
+            "user\0{}\0{}",
+            req.user.as_deref().unwrap_or(""),
+            given.unwrap_or("")
+        ),
+    };
+    Ok(kvlab_paged::fnv1a(key.as_bytes()).max(1))
 }
 
 /// The tenant of an OpenAI `user`: 1 + its FNV-1a hash modulo 2³² − 1 (0 is everyone who gives
@@ -531,7 +631,10 @@ fn now_s() -> u64 {
 struct Completion {
     events: UnboundedReceiver<TokenEvent>,
     detokenizer: Detokenizer,
+    prompt_tokens: usize,
     completion_tokens: usize,
+    /// Prompt tokens the prefix cache served ([`TokenEvent::Cached`]).
+    cached_tokens: usize,
     /// Set once the completion has ended (the receiver is closed then, which aborts the
     /// sequence at the engine's next step if it is still running).
     end: Option<&'static str>,
@@ -545,12 +648,30 @@ enum Piece {
 }
 
 impl Completion {
-    fn new(events: UnboundedReceiver<TokenEvent>, detokenizer: Detokenizer) -> Completion {
+    fn new(
+        events: UnboundedReceiver<TokenEvent>,
+        detokenizer: Detokenizer,
+        prompt_tokens: usize,
+    ) -> Completion {
         Completion {
             events,
             detokenizer,
+            prompt_tokens,
             completion_tokens: 0,
+            cached_tokens: 0,
             end: None,
+        }
+    }
+
+    /// The usage so far (whole once the completion has ended).
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            total_tokens: self.prompt_tokens + self.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: self.cached_tokens,
+            },
         }
     }
 
@@ -559,7 +680,13 @@ impl Completion {
         if let Some(end) = self.end {
             return Piece::Done(end);
         }
-        let (text, end) = match self.events.recv().await {
+        let mut event = self.events.recv().await;
+        while let Some(TokenEvent::Cached(n)) = event {
+            self.cached_tokens = n;
+            event = self.events.recv().await;
+        }
+        let (text, end) = match event {
+            Some(TokenEvent::Cached(_)) => unreachable!("consumed above"),
             Some(TokenEvent::Token(t)) => {
                 self.completion_tokens += 1;
                 let (text, stopped) = self.detokenizer.push(t);
@@ -584,14 +711,6 @@ impl Completion {
             (true, Some(end)) => Piece::Done(end),
             _ => Piece::Text(text),
         }
-    }
-}
-
-fn usage(prompt_tokens: usize, completion_tokens: usize) -> Usage {
-    Usage {
-        prompt_tokens,
-        completion_tokens,
-        total_tokens: prompt_tokens + completion_tokens,
     }
 }
 
@@ -630,6 +749,7 @@ async fn serve_request(
                 events: tx,
                 arrival,
                 tenant: p.tenant,
+                cache_salt: p.cache_salt,
             },
             s.max_waiting,
         )
@@ -655,7 +775,7 @@ async fn serve_request(
         s.engine.stop_token_ids().to_vec(),
         p.special,
     );
-    let mut completion = Completion::new(rx, detokenizer);
+    let mut completion = Completion::new(rx, detokenizer, prompt_tokens);
     let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
     let id = format!("{prefix}-{}", s.next_id.fetch_add(1, Ordering::Relaxed));
     let created = now_s();
@@ -665,7 +785,7 @@ async fn serve_request(
             id,
             created,
             s.model_name.clone(),
-            api,
+            (api, p.stream_usage),
         ))
         .into_response());
     }
@@ -700,7 +820,7 @@ async fn serve_request(
         "created": created,
         "model": s.model_name,
         "choices": [choice],
-        "usage": usage(prompt_tokens, completion.completion_tokens),
+        "usage": completion.usage(),
     }))
     .into_response())
 }
@@ -742,15 +862,28 @@ struct Delta<'a> {
 }
 
 /// The SSE body of a streamed completion: one chunk per piece of text, a last chunk with the
-/// finish reason (or an error object), then `data: [DONE]`. A chat chunk carries its text as
-/// `delta.content` (the first also `delta.role`), as OpenAI's `chat.completion.chunk` does.
+/// finish reason (or an error object), with `include_usage` a chunk with no choices and the
+/// usage, then `data: [DONE]`. A chat chunk carries its text as `delta.content` (the first also
+/// `delta.role`), as OpenAI's `chat.completion.chunk` does.
 fn sse_chunks(
     completion: Completion,
     id: String,
     created: u64,
     model: String,
-    api: Api,
+    (api, include_usage): (Api, bool),
 ) -> impl Stream<Item = Result<Event, Infallible>> {
+    let usage_chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        let object = match api {
+            Api::Completions => "text_completion",
+            Api::Chat => "chat.completion.chunk",
+        };
+        move |usage: Usage| {
+            json!({"id": id, "object": object, "created": created, "model": model,
+                   "choices": [], "usage": usage})
+            .to_string()
+        }
+    };
     let first = std::sync::atomic::AtomicBool::new(true);
     // Serialized from borrowed structs, one String per chunk: this runs once per token of
     // every open stream, and a `json!` tree costs a map and a string per field.
@@ -787,14 +920,14 @@ fn sse_chunks(
         })
         .expect("a chunk of strings and numbers serializes")
     };
-    let chunk = std::sync::Arc::new(chunk);
+    let (chunk, usage_chunk) = (std::sync::Arc::new(chunk), std::sync::Arc::new(usage_chunk));
     stream::unfold(Some(completion), move |state| {
-        let chunk = chunk.clone();
+        let (chunk, usage_chunk) = (chunk.clone(), usage_chunk.clone());
         async move {
             let mut c = state?;
             let event = match c.next().await {
                 Piece::Text(t) => {
-                    return Some((Ok(Event::default().data(chunk(&t, None))), Some(c)));
+                    return Some((vec![Ok(Event::default().data(chunk(&t, None)))], Some(c)));
                 }
                 Piece::Done(r) => Event::default().data(chunk("", Some(r))),
                 Piece::Failed(m) => Event::default().data(
@@ -802,10 +935,16 @@ fn sse_chunks(
                         .to_string(),
                 ),
             };
+            let usage = c.usage();
             drop(c);
-            Some((Ok(event), None))
+            let mut events = vec![Ok(event)];
+            if include_usage {
+                events.push(Ok(Event::default().data(usage_chunk(usage))));
+            }
+            Some((events, None))
         }
     })
+    .flat_map(stream::iter)
     .chain(stream::once(async { Ok(Event::default().data("[DONE]")) }))
 }
 

@@ -23,7 +23,7 @@ pub use detokenize::Detokenizer;
 pub use engine_loop::{
     EngineHandle, EngineParts, Executor, GenerationRequest, SubmitError, TokenEvent, spawn_engine,
 };
-pub use http::{AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, router};
+pub use http::{AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, PrefixIsolation, router};
 pub use listen::{HEADER_READ_TIMEOUT, serve};
 pub use metrics::ServerMetrics;
 

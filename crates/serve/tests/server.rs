@@ -20,7 +20,9 @@ use futures_util::StreamExt;
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::{Model, Tokenizer};
 use kvlab_paged::{KvCacheConfig, ModelInput, SchedulerConfig, StepExecutor};
-use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, EngineParts, Executor, router, spawn_engine};
+use kvlab_serve::{
+    AppState, DEFAULT_BODY_LIMIT, EngineParts, Executor, PrefixIsolation, router, spawn_engine,
+};
 use serde_json::{Value, json};
 
 const PROMPT: &str = "Once upon a time, there was a little girl";
@@ -40,18 +42,18 @@ impl StepExecutor for Slowed {
 
 /// Starts a server; returns its base URL.
 async fn start(model: &Arc<Model>, tok: &Arc<Tokenizer>, max_waiting: usize) -> String {
-    start_with(model, tok, max_waiting, None, std::future::pending())
+    start_with(model, tok, max_waiting, |s| s, std::future::pending())
         .await
         .0
 }
 
-/// Starts a server with an optional API key that stops when `shutdown` completes; returns its
-/// base URL and the serving task.
+/// Starts a server whose handler state `configure` sets up (an API key, prefix isolation) that
+/// stops when `shutdown` completes; returns its base URL and the serving task.
 async fn start_with(
     model: &Arc<Model>,
     tok: &Arc<Tokenizer>,
     max_waiting: usize,
-    api_key: Option<&str>,
+    configure: impl FnOnce(AppState) -> AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
     let max_model_len = model.config.max_seq_len;
@@ -70,10 +72,12 @@ async fn start_with(
         model.config.stop_ids.clone(),
     )
     .unwrap();
-    let state = Arc::new(
-        AppState::new(engine, tok.clone(), "stories260K".into(), max_waiting)
-            .with_api_key(api_key.map(String::from)),
-    );
+    let state = Arc::new(configure(AppState::new(
+        engine,
+        tok.clone(),
+        "stories260K".into(),
+        max_waiting,
+    )));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(kvlab_serve::serve(
@@ -327,7 +331,8 @@ async fn api_key_and_graceful_shutdown() {
     let shutdown = async move {
         let _ = stopped.await;
     };
-    let (url, task) = start_with(&model, &tok, 64, Some("sekrit"), shutdown).await;
+    let with_key = |s: AppState| s.with_api_key(Some("sekrit".into()));
+    let (url, task) = start_with(&model, &tok, 64, with_key, shutdown).await;
     let client = reqwest::Client::new();
     for auth in [None, Some("Bearer wrong"), Some("sekrit")] {
         let mut r = client.get(format!("{url}/health"));
@@ -626,4 +631,170 @@ async fn special_tokens_are_left_out_of_the_text_unless_asked() {
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want, "{extra}");
     }
+}
+
+/// `usage.prompt_tokens_details.cached_tokens` counts the prompt tokens the prefix cache served:
+/// none the first time, every full block before the last prompt token the second time (the
+/// last token is always computed); a stream with `stream_options.include_usage` ends with a
+/// chunk of no choices carrying the same usage, and one without it has no such chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_reports_the_prompt_tokens_the_prefix_cache_served() {
+    let Some((model, tok)) = stories260k() else {
+        return;
+    };
+    let url = start(&model, &tok, 64).await;
+    let prompt = "Lily and Ben went to the park. They saw a big dog with a red ball and they \
+                  wanted to play with it. The dog ran to them and";
+    let n = tok.encode(prompt, true, false).len();
+    assert!(
+        n > 33,
+        "{n} tokens: the prompt should span more than two blocks of 16"
+    );
+    let ask = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+    let (status, first) = post(&url, ask.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, again) = post(&url, ask).await;
+    let cached = (n - 1) / 16 * 16;
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"],
+        cached
+    );
+    assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"]);
+
+    let stream = |usage: bool| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "stream": true});
+        if usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let url = url.clone();
+        async move {
+            let text = reqwest::Client::new()
+                .post(format!("{url}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .map(String::from)
+                .collect::<Vec<String>>()
+        }
+    };
+    let data = stream(true).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["choices"], json!([]), "{last}");
+    assert_eq!(last["usage"]["completion_tokens"], 8);
+    assert_eq!(last["usage"]["prompt_tokens"], n);
+    assert_eq!(
+        last["usage"]["prompt_tokens_details"]["cached_tokens"],
+        cached
+    );
+    let data = stream(false).await;
+    assert!(
+        data.iter().all(|d| !d.contains("\"usage\"")),
+        "no usage without include_usage"
+    );
+    assert_pool_free(&url, 0).await;
+}
+
+/// The prompt of the isolation test: more than two blocks of 16 tokens.
+const LONG_PROMPT: &str = "Lily and Ben went to the park. They saw a big dog with a red ball and \
+                           they wanted to play with it. The dog ran to them and";
+
+/// The prompt tokens the prefix cache served for `body` (with `LONG_PROMPT` added).
+async fn cached(url: &str, mut body: Value) -> Value {
+    body["prompt"] = json!(LONG_PROMPT);
+    body["max_tokens"] = json!(4);
+    body["temperature"] = json!(0);
+    let (status, v) = post(url, body).await;
+    assert_eq!(status, 200, "{v}");
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].clone()
+}
+
+/// `--prefix-isolation`: by `cache_salt` (the default), requests share cached blocks only with
+/// the same salt; by `user`, only within one user, so another user's identical prompt is
+/// computed in full (no faster first token to time) while the same user still hits; with
+/// `none`, everyone shares and a `cache_salt` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_isolation_keeps_tenants_from_sharing_cached_blocks() {
+    let Some((model, tok)) = stories260k() else {
+        return;
+    };
+    let full = (tok.encode(LONG_PROMPT, true, false).len() - 1) / 16 * 16;
+    assert!(full >= 32);
+    let run = |isolation| {
+        start_with(
+            &model,
+            &tok,
+            64,
+            move |s| s.with_prefix_isolation(isolation),
+            std::future::pending(),
+        )
+    };
+
+    let (url, _) = run(PrefixIsolation::Salt).await;
+    assert_eq!(cached(&url, json!({})).await, 0);
+    assert_eq!(
+        cached(&url, json!({})).await,
+        full,
+        "unsalted requests share"
+    );
+    assert_eq!(cached(&url, json!({"cache_salt": "a"})).await, 0);
+    assert_eq!(cached(&url, json!({"cache_salt": "b"})).await, 0);
+    assert_eq!(cached(&url, json!({"cache_salt": "a"})).await, full);
+    let (status, v) = post(&url, json!({"prompt": "x", "cache_salt": ""})).await;
+    assert_eq!(
+        (status, v["error"]["param"].clone()),
+        (400, json!("cache_salt"))
+    );
+
+    let (url, _) = run(PrefixIsolation::User).await;
+    assert_eq!(cached(&url, json!({"user": "alice"})).await, 0);
+    let hits_before = prefix_hits(&url).await;
+    assert_eq!(
+        cached(&url, json!({"user": "bob"})).await,
+        0,
+        "bob never hits alice's blocks"
+    );
+    assert_eq!(
+        cached(&url, json!({})).await,
+        0,
+        "nor does an anonymous request"
+    );
+    assert_eq!(prefix_hits(&url).await, hits_before);
+    assert_eq!(
+        cached(&url, json!({"user": "alice"})).await,
+        full,
+        "alice hits her own"
+    );
+    assert_eq!(cached(&url, json!({"user": "bob"})).await, full);
+
+    let (url, _) = run(PrefixIsolation::None).await;
+    assert_eq!(cached(&url, json!({"user": "alice"})).await, 0);
+    assert_eq!(cached(&url, json!({"user": "bob"})).await, full);
+    let (status, v) = post(&url, json!({"prompt": "x", "cache_salt": "a"})).await;
+    assert_eq!(
+        (status, v["error"]["param"].clone()),
+        (400, json!("cache_salt"))
+    );
+}
+
+/// `vllm:prefix_cache_hits_total` from `/metrics`.
+async fn prefix_hits(url: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vllm:prefix_cache_hits_total"))
+        .unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
 }

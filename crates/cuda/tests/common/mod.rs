@@ -294,9 +294,9 @@ impl TokenSampler for Greedy {
         drafts
     }
 
-    fn drafts_checked(&mut self, id: RequestId, _: usize, num_kept: usize) {
+    fn drafts_checked(&mut self, id: RequestId, num_drafts: usize, num_kept: usize) {
         if let Some((d, _)) = self.0.as_mut() {
-            d.record(id.0, num_kept);
+            d.record(id.0, num_drafts, num_kept);
         }
     }
 

@@ -254,7 +254,7 @@ impl BlockAllocator {
 
     /// Drops every reference `table` holds, last block first (so its tail is evicted before its
     /// shared head), and its hold on the prefix-cache entry its registration ended at, and leaves
-    /// the table empty. (A table dropped without `free` keeps those references forever.)
+    /// the table empty (its tenant and salt kept). (A table dropped without `free` keeps those references forever.)
     ///
     /// # Errors
     /// [`PagedError::BlockSizeMismatch`] or [`PagedError::InvalidBlock`] (nothing is freed) if
@@ -267,7 +267,10 @@ impl BlockAllocator {
         if let Some((_, entry)) = table.chain.last {
             self.cache.unpin(entry);
         }
-        *table = BlockTable::new(self.block_size);
+        // Empty, but still the same request's: its tenant and salt hold when it is readmitted.
+        *table = BlockTable::new(self.block_size)
+            .with_tenant(table.tenant)
+            .with_salt(table.salt);
         Ok(())
     }
 

@@ -22,6 +22,11 @@
 //! block_size` on, and [`PrefixMatch::forget_before`] turns the older levels into holes before
 //! adopting. A model with both kinds of layers takes the longest `h` that every group holds,
 //! which is what vLLM's hybrid KV cache coordinator computes.
+//!
+//! **Cache salts** (vLLM's `cache_salt`) keep requests from sharing blocks: a table's salt is
+//! mixed into its first block's key, so a salted prompt matches only prompts of the same salt
+//! (and unsalted ones only unsalted ones). A shared prefix cache otherwise tells a tenant,
+//! through a faster first token, that another tenant sent the same prefix.
 
 use crate::prefix_cache::{EntryId, Lookup, PrefixChain};
 use crate::{BlockAllocator, BlockTable, PagedError, PrefixMatch, Result};
@@ -32,7 +37,13 @@ impl BlockAllocator {
     /// full-attention table can adopt. Empty when prefix caching is off. Each hit is verified on
     /// tokens and parent, so a hash collision ends the match instead of returning a wrong block.
     pub fn match_prefix(&self, tokens: &[u32], max_blocks: usize) -> PrefixMatch {
-        let mut m = self.match_prefix_levels(tokens, max_blocks);
+        self.match_prefix_salted(tokens, 0, max_blocks)
+    }
+
+    /// [`Self::match_prefix`] for a request whose cache salt is `salt` (0: none): it hits only
+    /// blocks registered by tables of the same salt ([`BlockTable::with_salt`]).
+    pub fn match_prefix_salted(&self, tokens: &[u32], salt: u64, max_blocks: usize) -> PrefixMatch {
+        let mut m = self.match_prefix_levels_salted(tokens, salt, max_blocks);
         m.truncate(m.num_leading_held);
         m
     }
@@ -41,12 +52,24 @@ impl BlockAllocator {
     /// no block holds any more (`None`): what a sliding-window table chooses its hit from with
     /// [`PrefixMatch::holds`]. Empty when prefix caching is off.
     pub fn match_prefix_levels(&self, tokens: &[u32], max_blocks: usize) -> PrefixMatch {
+        self.match_prefix_levels_salted(tokens, 0, max_blocks)
+    }
+
+    /// [`Self::match_prefix_levels`] for a request whose cache salt is `salt` (0: none).
+    pub fn match_prefix_levels_salted(
+        &self,
+        tokens: &[u32],
+        salt: u64,
+        max_blocks: usize,
+    ) -> PrefixMatch {
         let mut m = PrefixMatch::default();
         if !self.prefix_caching {
             return m;
         }
-        for block_tokens in tokens.chunks_exact(self.block_size).take(max_blocks) {
-            match self.cache.lookup(m.links.last().copied(), block_tokens) {
+        let blocks = tokens.chunks_exact(self.block_size).take(max_blocks);
+        for (i, block_tokens) in blocks.enumerate() {
+            let key = salted(block_tokens, salt, i);
+            match self.cache.lookup(m.links.last().copied(), &key) {
                 Lookup::Hit { block, hash, entry } => {
                     let restore = block.is_none() && self.cache.is_tiered(entry);
                     if (block.is_some() || restore) && m.num_leading_held == m.blocks.len() {
@@ -160,7 +183,7 @@ impl BlockAllocator {
             let i = table.chain.num_blocks;
             let parent = table.chain.last;
             let block = table.blocks[i];
-            let block_tokens = &tokens[i * bs..(i + 1) * bs];
+            let block_tokens = &salted(&tokens[i * bs..(i + 1) * bs], table.salt, i);
             let free_of_entry = block.is_none_or(|b| !self.cache.is_cached(b));
             let link = match (self.cache.lookup(parent, block_tokens), block) {
                 (
@@ -219,4 +242,16 @@ impl BlockAllocator {
     pub fn num_ghost_entries(&self) -> usize {
         self.cache.num_ghosts()
     }
+}
+
+/// The key level `level` of a prompt is cached under: its tokens, and for the first level of a
+/// salted request (vLLM's `cache_salt`) a marker and the salt before them. The first block's
+/// hash and verified tokens then differ from every other salt's, and every later level hangs
+/// from that first entry, so requests share blocks only with requests of the same salt.
+fn salted(tokens: &[u32], salt: u64, level: usize) -> std::borrow::Cow<'_, [u32]> {
+    if salt == 0 || level > 0 {
+        return std::borrow::Cow::Borrowed(tokens);
+    }
+    let mark = [u32::MAX, salt as u32, (salt >> 32) as u32];
+    std::borrow::Cow::Owned(mark.iter().chain(tokens).copied().collect())
 }

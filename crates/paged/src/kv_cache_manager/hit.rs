@@ -37,14 +37,15 @@ pub struct PromptSlots {
 }
 
 impl KvCacheManager {
-    /// The longest prefix-cache hit of the prompt `tokens` that leaves a prefill of at most
-    /// `budget` tokens the pools can take; `None` when even no hit does not fit. The last
+    /// The longest prefix-cache hit of the prompt `tokens` (of a request salted `salt`, 0 for
+    /// none: it hits only blocks of the same salt) that leaves a prefill of at most `budget`
+    /// tokens the pools can take; `None` when even no hit does not fit. The last
     /// token is always computed (its logits are the step's output). With `chunked`, any hit
     /// fits the budget: the step computes only the first `budget` tokens after it (a chunk),
     /// and the pools need only take those.
     pub fn get_computed_blocks(
         &mut self,
-        tokens: &[u32],
+        (tokens, salt): (&[u32], u64),
         budget: usize,
         chunked: bool,
     ) -> Option<ComputedBlocks> {
@@ -64,8 +65,8 @@ impl KvCacheManager {
         let max_blocks = (len - 1) / bs;
         let mut matches: Vec<_> = (self.allocators.iter().zip(&self.kv_cache.groups))
             .map(|(alloc, group)| match group.sliding_window {
-                Some(_) => alloc.match_prefix_levels(tokens, max_blocks),
-                None => alloc.match_prefix(tokens, max_blocks),
+                Some(_) => alloc.match_prefix_levels_salted(tokens, salt, max_blocks),
+                None => alloc.match_prefix_salted(tokens, salt, max_blocks),
             })
             .collect();
         let declined = self.weigh_restores(&mut matches);

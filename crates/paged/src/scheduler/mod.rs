@@ -132,6 +132,30 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Salts waiting request `id`'s prefix-cache keys with `salt` (vLLM's `cache_salt`; 0
+    /// removes it): its prompt hits, and its blocks serve, only requests of the same salt.
+    ///
+    /// # Errors
+    /// [`PagedError::UnknownSequence`]; [`PagedError::WrongStatus`] once it was admitted (its
+    /// tables hold blocks).
+    pub fn set_cache_salt(&mut self, id: RequestId, salt: u64) -> Result<()> {
+        let seq = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(PagedError::UnknownSequence(id))?;
+        if seq.status != crate::SequenceStatus::Waiting || seq.num_preemptions > 0 {
+            return Err(PagedError::WrongStatus {
+                seq: id,
+                actual: seq.status.name(),
+                expected: "waiting, never admitted",
+            });
+        }
+        for t in &mut seq.block_tables {
+            t.salt = salt;
+        }
+        Ok(())
+    }
+
     /// The configuration.
     pub fn config(&self) -> &SchedulerConfig {
         &self.config

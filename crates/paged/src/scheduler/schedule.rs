@@ -159,7 +159,11 @@ impl Scheduler {
         let chunked = self.config.enable_chunked_prefill;
         let seq = seq_mut(&mut self.seqs, id)?;
         let len = seq.len();
-        let Some(hit) = self.kv.get_computed_blocks(&seq.token_ids, budget, chunked) else {
+        let salt = seq.block_tables.first().map_or(0, |t| t.salt());
+        let Some(hit) = self
+            .kv
+            .get_computed_blocks((&seq.token_ids, salt), budget, chunked)
+        else {
             return Ok(None);
         };
         let (cached, declined) = (
