@@ -89,13 +89,7 @@ async fn start_with(
 }
 
 async fn post(url: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{url}/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
+    common::post(url, &body).await
 }
 
 /// [`common::assert_pool_free`] for up to 4 s.
@@ -135,20 +129,9 @@ async fn completions_match_the_cpu_engine_stream_and_free_the_pool() {
     assert_eq!(v["choices"][0]["text"], expected.as_str());
 
     // Streaming: the chunks' text joined equals the whole, and the stream ends with [DONE].
-    let body = reqwest::Client::new()
-        .post(format!("{url}/v1/completions"))
-        .json(&json!({"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let data: Vec<&str> = body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
-    assert_eq!(data.last(), Some(&"[DONE]"));
+    let stream = json!({"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": true});
+    let data = common::sse_data(&url, &stream).await;
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
     let mut streamed = String::new();
     for d in &data[..data.len() - 1] {
         let c: Value = serde_json::from_str(d).unwrap();
@@ -643,8 +626,7 @@ async fn usage_reports_the_prompt_tokens_the_prefix_cache_served() {
         return;
     };
     let url = start(&model, &tok, 64).await;
-    let prompt = "Lily and Ben went to the park. They saw a big dog with a red ball and they \
-                  wanted to play with it. The dog ran to them and";
+    let prompt = LONG_PROMPT;
     let n = tok.encode(prompt, true, false).len();
     assert!(
         n > 33,
@@ -668,21 +650,7 @@ async fn usage_reports_the_prompt_tokens_the_prefix_cache_served() {
             body["stream_options"] = json!({"include_usage": true});
         }
         let url = url.clone();
-        async move {
-            let text = reqwest::Client::new()
-                .post(format!("{url}/v1/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            text.lines()
-                .filter_map(|l| l.strip_prefix("data: "))
-                .map(String::from)
-                .collect::<Vec<String>>()
-        }
+        async move { common::sse_data(&url, &body).await }
     };
     let data = stream(true).await;
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
@@ -702,7 +670,7 @@ async fn usage_reports_the_prompt_tokens_the_prefix_cache_served() {
     assert_pool_free(&url, 0).await;
 }
 
-/// The prompt of the isolation test: more than two blocks of 16 tokens.
+/// A prompt of more than two blocks of 16 tokens, for the cached-token counts.
 const LONG_PROMPT: &str = "Lily and Ben went to the park. They saw a big dog with a red ball and \
                            they wanted to play with it. The dog ran to them and";
 
@@ -755,7 +723,7 @@ async fn prefix_isolation_keeps_tenants_from_sharing_cached_blocks() {
 
     let (url, _) = run(PrefixIsolation::User).await;
     assert_eq!(cached(&url, json!({"user": "alice"})).await, 0);
-    let hits_before = prefix_hits(&url).await;
+    let hits_before = common::metric(&url, "vllm:prefix_cache_hits_total").await;
     assert_eq!(
         cached(&url, json!({"user": "bob"})).await,
         0,
@@ -766,7 +734,10 @@ async fn prefix_isolation_keeps_tenants_from_sharing_cached_blocks() {
         0,
         "nor does an anonymous request"
     );
-    assert_eq!(prefix_hits(&url).await, hits_before);
+    assert_eq!(
+        common::metric(&url, "vllm:prefix_cache_hits_total").await,
+        hits_before
+    );
     assert_eq!(
         cached(&url, json!({"user": "alice"})).await,
         full,
@@ -782,19 +753,4 @@ async fn prefix_isolation_keeps_tenants_from_sharing_cached_blocks() {
         (status, v["error"]["param"].clone()),
         (400, json!("cache_salt"))
     );
-}
-
-/// `vllm:prefix_cache_hits_total` from `/metrics`.
-async fn prefix_hits(url: &str) -> f64 {
-    let text = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("vllm:prefix_cache_hits_total"))
-        .unwrap();
-    line.rsplit(' ').next().unwrap().parse().unwrap()
 }

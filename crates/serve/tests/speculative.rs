@@ -17,7 +17,7 @@ use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::{DraftModel, Drafter, Model, NgramProposer, Proposer, Speculative, Tokenizer};
 use kvlab_paged::{KvCacheConfig, SchedulerConfig};
 use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, EngineParts, Executor, router, spawn_engine};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// Prompts that repeat themselves (prompt lookup finds guesses) and prompts that do not.
 const PROMPTS: [&str; 6] = [
@@ -87,30 +87,9 @@ async fn start(model: &Arc<Model>, tok: &Arc<Tokenizer>, make: MakeDrafter) -> S
 
 async fn complete(url: &str, prompt: &str, max_tokens: usize) -> String {
     let body = json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0});
-    let r = reqwest::Client::new()
-        .post(format!("{url}/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let v: Value = r.json().await.unwrap();
+    let (status, v) = common::post(url, &body).await;
+    assert_eq!(status, 200, "{v}");
     v["choices"][0]["text"].as_str().unwrap().to_string()
-}
-
-/// The value of counter `name` in `/metrics`.
-async fn counter(url: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(name))
-        .unwrap_or_else(|| panic!("no {name} in /metrics"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,8 +108,8 @@ async fn speculating_servers_answer_every_request_with_its_plain_greedy_text() {
         for ((p, n), text) in asks.iter().zip(&texts) {
             assert_eq!(text, &cpu_greedy(&model, &tok, p, *n), "{name}: {p:?}");
         }
-        let drafted = counter(&url, "vllm:spec_decode_num_draft_tokens_total").await;
-        let kept = counter(&url, "vllm:spec_decode_num_accepted_tokens_total").await;
+        let drafted = common::metric(&url, "vllm:spec_decode_num_draft_tokens_total").await;
+        let kept = common::metric(&url, "vllm:spec_decode_num_accepted_tokens_total").await;
         assert!(drafted > 0.0 && kept > 0.0, "{name}: {kept} of {drafted}");
         assert!(
             kept < drafted,

@@ -581,17 +581,7 @@ async fn stalled_and_trickling_uploads_hold_up_nobody() {
 /// The `vllm:prefix_cache_queries_total` counter of `/metrics`: prompt tokens the scheduler has
 /// looked up, so it moves once a request reached a step.
 async fn prefix_queries(url: &str) -> u64 {
-    let text = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with("vllm:prefix_cache_queries_total"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no prefix-cache counter in\n{text}")) as u64
+    common::metric(url, "vllm:prefix_cache_queries_total").await as u64
 }
 
 /// A client that leaves right after sending a non-streaming request: its sequence is aborted

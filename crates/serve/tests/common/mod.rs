@@ -77,3 +77,46 @@ pub async fn assert_pool_free(url: &str, aborted: u64, polls: usize) -> Value {
     }
     panic!("after {polls} polls the pool is not free, or not after {aborted} aborts: {h}");
 }
+
+/// The value of the metric line starting with `name` on `/metrics` (a counter or a gauge).
+pub async fn metric(url: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+/// POSTs `body` to `/v1/completions`; the status and the JSON answer.
+pub async fn post(url: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// POSTs a streamed `body` to `/v1/completions`; the `data:` payloads of its events, in order.
+pub async fn sse_data(url: &str, body: &Value) -> Vec<String> {
+    let text = reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(String::from)
+        .collect()
+}
