@@ -231,8 +231,8 @@ impl CudaEngine {
         with_runner!(&self.runner, f => f.weights.bytes)
     }
 
-    /// Runs a scheduled step and returns its greedy tokens, computed on the device (only
-    /// n_seqs ids come back to the host).
+    /// Runs a scheduled step and returns its greedy tokens, computed on the device (one id
+    /// per `logits_indices` row comes back to the host).
     ///
     /// # Errors
     /// As [`StepExecutor::execute`].
@@ -249,13 +249,21 @@ impl CudaEngine {
         Ok(with_runner!(&self.runner, f => f.dev.sync())?)
     }
 
+    /// Runs a step; returns its rows of logits (`logits_indices`).
     fn run(&mut self, input: &ModelInput) -> Result<usize> {
         let packed = with_runner!(&self.runner, f => pack_step(input, &f.geometry))?;
         with_runner!(&mut self.runner, f => f.step(&packed))?;
-        Ok(packed.n_seqs)
+        Ok(packed.logits_indices.len())
     }
 
-    fn run_unscheduled(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
+    /// One step of a sequence driven through the `Engine` API; the logits of its last token, or
+    /// with `all` of every token (a speculative check).
+    fn run_unscheduled(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        all: bool,
+    ) -> Result<Vec<Vec<f32>>, Error> {
         let (num_blocks, block_size) = self.pool();
         let st = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, st.len, st.max_seq_len, tokens)?;
@@ -266,14 +274,17 @@ impl CudaEngine {
             },
             e => CudaError::Paged(e),
         })?;
+        let mut input = input;
+        if all {
+            // Every row is a run of the sequence's rows ending at its last: a valid step.
+            input.logits_indices = (0..tokens.len()).collect();
+        }
         let n = self.run(&input)?;
-        let mut logits = with_runner!(&self.runner, f => f.logits(n))?;
+        let logits = with_runner!(&self.runner, f => f.logits(n))?;
         if let Ok(st) = self.seqs.get_mut(seq) {
             st.len += tokens.len();
         }
-        logits
-            .pop()
-            .ok_or_else(|| Error::from(CudaError::BadInput("a step returned no logits".into())))
+        Ok(logits)
     }
 }
 
@@ -302,7 +313,16 @@ impl Engine for CudaEngine {
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>, Error> {
-        self.run_unscheduled(seq, tokens)
+        let mut logits = self.run_unscheduled(seq, tokens, false)?;
+        logits
+            .pop()
+            .ok_or_else(|| Error::from(CudaError::BadInput("a step returned no logits".into())))
+    }
+
+    /// Every row's logits from one step on the device (the speculative check): the rows'
+    /// classifier products are one GEMM.
+    fn score(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<Vec<f32>>, Error> {
+        self.run_unscheduled(seq, tokens, true)
     }
 
     /// Cuts the sequence's block tables (kvlab-paged's `UnscheduledPools::truncate`, the

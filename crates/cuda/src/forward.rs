@@ -165,7 +165,8 @@ impl<A: DType, C: CacheElem> DeviceModel<A, C> {
         })
     }
 
-    /// Runs a packed step; leaves the logits (n_seqs, vocab) in `ws.logits`. Read it beside
+    /// Runs a packed step; leaves the logits (n_logits, vocab) in `ws.logits`, a row per
+    /// `logits_indices` entry. Read it beside
     /// kvlab-cpu's `forward` (crates/cpu/src/forward.rs): the same blocks in the same order, each
     /// over all the step's rows at once.
     ///
@@ -197,7 +198,7 @@ impl<A: DType, C: CacheElem> DeviceModel<A, C> {
     fn upload(&mut self, p: &PackedStep) -> Result<()> {
         let stream = self.dev.stream.clone();
         self.ws
-            .ensure(&stream, &self.config, p.n_tokens, p.n_seqs)?;
+            .ensure(&stream, &self.config, p.n_tokens, p.logits_indices.len())?;
         if self.meta.len() < p.ints.len() {
             self.meta = stream.alloc_zeros::<i32>(p.ints.len().next_power_of_two())?;
         }
@@ -472,14 +473,14 @@ impl<A: DType, C: CacheElem> DeviceModel<A, C> {
         ops.residual_add(x, o, t * d)
     }
 
-    /// Logits of each sequence's last token only: `ws.logits` (n_seqs, vocab) f32 =
-    /// rmsnorm(x[logits_indices]) Wclsᵀ.
+    /// Logits of the rows `logits_indices` names (each sequence's last token, and its draft
+    /// tokens before it): `ws.logits` (n_logits, vocab) f32 = rmsnorm(x[logits_indices]) Wclsᵀ.
     ///
     /// # Errors
     /// Launch and cuBLAS errors.
     fn last_token_logits(&self, p: &PackedStep) -> Result<()> {
         let (c, ops, ws, w) = (&self.config, &self.ops, &self.ws, &self.weights);
-        let (s, t, d) = (p.n_seqs, p.n_tokens, c.dim);
+        let (s, t, d) = (p.logits_indices.len(), p.n_tokens, c.dim);
         let (last, last_n) = (ops.dev(&ws.last), ops.dev(&ws.last_n));
         let rows = ops.dev(&self.meta).range(p.logits_indices.clone())?;
         ops.gather_rows(last, ops.dev(&ws.x), rows, s, t, d)?;
@@ -549,16 +550,17 @@ impl<A: DType, C: CacheElem> DeviceModel<A, C> {
         Ok(out)
     }
 
-    /// The last step's logits, one (vocab_size,) row per sequence.
+    /// The last step's logits, `n_logits` rows (vocab_size,): one per sequence, and one per
+    /// draft token.
     ///
     /// # Errors
     /// Driver errors (including a kernel fault of the step).
-    pub fn logits(&self, n_seqs: usize) -> Result<Vec<Vec<f32>>> {
+    pub fn logits(&self, n_logits: usize) -> Result<Vec<Vec<f32>>> {
         let vocab = self.config.vocab_size;
         let flat = self
             .dev
             .stream
-            .clone_dtoh(&self.ws.logits.slice(0..n_seqs * vocab))?;
+            .clone_dtoh(&self.ws.logits.slice(0..n_logits * vocab))?;
         self.dev.sync()?;
         Ok(flat.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }

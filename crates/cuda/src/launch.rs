@@ -310,7 +310,8 @@ pub struct PackedStep {
     pub context_lens: Range<usize>,
     /// (n_tokens,) sequence index of each token.
     pub token_seq: Range<usize>,
-    /// (n_seqs,) row of each sequence's last token: the rows whose logits are sampled.
+    /// (n_logits,) the rows whose logits the step returns: each sequence's last token's, and
+    /// with speculative decoding its draft tokens' before it (n_logits = n_seqs without).
     pub logits_indices: Range<usize>,
     /// (num_groups,)
     pub groups: Vec<GroupMeta>,

@@ -34,7 +34,8 @@ pub struct Workspace<A> {
     pub gate: CudaSlice<A>,
     /// (cap_tokens, hidden_dim) the up projection, multiplied into `gate` by the GLU.
     pub up: CudaSlice<A>,
-    /// (cap_seqs, dim) f32: each sequence's last residual row
+    /// (cap_seqs, dim) f32: the residual row of each row whose logits are computed (each
+    /// sequence's last token, and its draft tokens)
     pub last: CudaSlice<f32>,
     /// (cap_seqs, dim) its final norm
     pub last_n: CudaSlice<A>,
@@ -45,7 +46,8 @@ pub struct Workspace<A> {
 }
 
 impl<A: DType> Workspace<A> {
-    /// Buffers for up to `tokens` tokens and `seqs` sequences per step.
+    /// Buffers for up to `tokens` tokens and `seqs` rows of logits (a sequence's last token,
+    /// or a draft token's) per step.
     ///
     /// # Errors
     /// Driver errors (out of memory).

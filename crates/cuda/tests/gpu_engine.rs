@@ -15,7 +15,7 @@ use common::{
 };
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_cuda::{CudaEngine, CudaOptions, Precision};
-use kvlab_model::{KvDtype, Model, Tolerance, compare_logits, registry, teacher_force};
+use kvlab_model::{Engine, KvDtype, Model, Tolerance, compare_logits, registry, teacher_force};
 use kvlab_naive::NaiveEngine;
 use kvlab_paged::{KvCacheConfig, StepExecutor};
 
@@ -111,6 +111,56 @@ fn gpu_f32_batched_with_preemption_and_prefix_hits_matches_naive() {
         };
         batched_scenario(name, &mut cuda, &model);
     }
+}
+
+/// `Engine::score` on the device: one step of four tokens gives each row the logits four
+/// decodes give, and a speculative generation (prompt lookup, rolled back in the pool) is the
+/// naive engine's greedy text.
+#[test]
+fn gpu_f32_score_matches_decodes_and_speculation_matches_naive() {
+    let model = gemma_like();
+    let Some(mut cuda) = engine(&model, CudaOptions::default(), "gpu_f32_score") else {
+        return;
+    };
+    let vocab = model.config.vocab_size;
+    let (p, more) = (prompt(21, 5, vocab), prompt(5, 6, vocab)[1..].to_vec());
+    let a = cuda.new_sequence(64).unwrap();
+    cuda.prefill(a, &p).unwrap();
+    let rows = cuda.score(a, &more).unwrap();
+    let b = cuda.new_sequence(64).unwrap();
+    cuda.prefill(b, &p).unwrap();
+    for (i, &t) in more.iter().enumerate() {
+        let want = cuda.decode(b, t).unwrap();
+        common::check_within(&format!("score row {i}"), &rows[i], &want, 1e-3);
+    }
+    cuda.free(a);
+    cuda.free(b);
+    let mut naive = NaiveEngine::new(model.clone());
+    let looping = [p.clone(), p[1..].to_vec()].concat();
+    let (want, _) = greedy(&mut naive, &looping, 40);
+    let opts = kvlab_model::GenerateOptions {
+        ubatch: 0,
+        speculative: Some(kvlab_model::Speculative::ngram(
+            kvlab_model::NgramProposer::default(),
+            4,
+        )),
+        steps: looping.len() + 40 - 1,
+        max_seq_len: 0,
+        trace: false,
+        special: false,
+    };
+    let g = kvlab_model::generate_tokens(
+        &mut cuda,
+        &looping,
+        &opts,
+        &mut kvlab_model::Sampler::greedy(),
+        |_| {},
+    )
+    .unwrap();
+    let n = g.tokens.len();
+    assert!(n == 40 || g.stopped, "{n} tokens");
+    assert_eq!(g.tokens, want[..n], "speculative greedy tokens");
+    assert!(g.spec.num_draft_tokens > 0, "{:?}", g.spec);
 }
 
 /// Speculative decoding in the batch: a step of each decode's last token and its drafts, a row
