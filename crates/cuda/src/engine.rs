@@ -267,14 +267,13 @@ impl CudaEngine {
         let (num_blocks, block_size) = self.pool();
         let st = self.seqs.get_mut(seq)?;
         check_tokens(&self.model.config, seq, st.len, st.max_seq_len, tokens)?;
-        let input = self.unscheduled.step(st, tokens).map_err(|e| match e {
+        let mut input = self.unscheduled.step(st, tokens).map_err(|e| match e {
             PagedError::OutOfBlocks { .. } => CudaError::PoolFull {
                 num_blocks,
                 block_size,
             },
             e => CudaError::Paged(e),
         })?;
-        let mut input = input;
         if all {
             // Every row is a run of the sequence's rows ending at its last: a valid step.
             input.logits_indices = (0..tokens.len()).collect();

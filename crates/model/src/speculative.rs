@@ -363,7 +363,8 @@ impl Backoff {
             self.wait -= 1;
             return None;
         }
-        Some(self.limit.unwrap_or(k).clamp(1, k.max(1)).min(k))
+        // `record` never sets a limit below 1.
+        Some(self.limit.unwrap_or(k).min(k))
     }
 
     /// A step checked `drafted` guesses and kept `kept` of them.

@@ -187,16 +187,18 @@ where
     let engine_time = t.elapsed();
     let (mut sampled, mut refused) = (Vec::with_capacity(logits.len()), Vec::new());
     let mut rows = logits.into_iter();
-    let mut before = Vec::new(); // Outputs so far of the sequences sampled.
+    // Outputs so far of the sequences that checked drafts: only they can gain tokens past a
+    // stop, which `update` does not append.
+    let mut before = Vec::new();
     for s in &batch.seqs {
         let seq_rows: Vec<Vec<f32>> = rows.by_ref().take(s.num_logits()).collect();
         if !s.samples {
             continue;
         }
-        let outputs = scheduler
-            .sequence(s.seq_id)
-            .map_or(0, |q| q.output_token_ids().len());
-        before.push((s.seq_id, outputs));
+        if s.num_draft_tokens > 0 {
+            let outputs = (scheduler.sequence(s.seq_id)).map_or(0, |q| q.output_token_ids().len());
+            before.push((s.seq_id, outputs));
+        }
         match verify(sampler, s.seq_id, s.draft_token_ids(), seq_rows) {
             Ok(tokens) => sampled.extend(tokens.into_iter().map(|t| (s.seq_id, t))),
             Err(reason) => {
@@ -208,13 +210,12 @@ where
     }
     let finished = scheduler.update(&sampled)?;
     for f in &finished {
+        sampler.release(f.seq_id);
         // Tokens sampled past a stop among kept drafts were not appended.
-        let had = before
-            .iter()
-            .find(|(id, _)| *id == f.seq_id)
-            .map_or(0, |b| b.1);
-        let gained = f.output_token_ids.len().saturating_sub(had);
-        let mut left = gained;
+        let Some(&(_, had)) = before.iter().find(|(id, _)| *id == f.seq_id) else {
+            continue;
+        };
+        let mut left = f.output_token_ids.len().saturating_sub(had);
         sampled.retain(|(id, _)| {
             let keep = *id != f.seq_id || left > 0;
             if *id == f.seq_id {
@@ -222,7 +223,6 @@ where
             }
             keep
         });
-        sampler.release(f.seq_id);
     }
     Ok(Some(StepOutcome {
         batch,
