@@ -131,10 +131,16 @@ pub fn run(a: Args) -> Result<()> {
         kv_dtype: a.kv.kv_dtype,
     };
     let mut engine = build_paged(a.engine, model.clone(), pool)?;
+    let tiers = a.tiers.config(|| {
+        let (name, files) = (loaded.name.as_str(), loaded.files.as_slice());
+        let (weights, dtype) = (a.run.model.weights, a.kv.kv_dtype);
+        crate::tiers::remote_namespace((name, files), weights, a.engine.name(), dtype, a.block_size)
+    })?;
+    let show_tiers = tiers.is_some();
     let cfg = a.budget.apply(SchedulerConfig {
         eviction_policy: a.eviction,
         tenant_quota: a.tenant_quota,
-        tiers: a.tiers.config(),
+        tiers,
         enable_prefix_caching: !a.no_enable_prefix_caching,
         ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
     });
@@ -237,7 +243,7 @@ pub fn run(a: Args) -> Result<()> {
             m.prefix_cache_queries,
             m.num_recomputed_tokens
         );
-        if a.tiers.config().is_some() {
+        if show_tiers {
             eprintln!("{}", crate::tier_summary(m));
         }
         if let Some(d) = &sampler.drafter {

@@ -115,7 +115,12 @@ pub fn run(a: Args) -> Result<()> {
         noisy_sessions: a.noisy_sessions,
         ..Sessions::default()
     };
-    if a.offload_paused && a.tiers.config().is_none() {
+    if a.tiers.remote_tier.is_some() {
+        bail!(
+            "evict compares eviction policies, each run starting from empty caches; a remote tier shared by the runs would carry blocks from one to the next. Use --remote-tier with serve or batch"
+        );
+    }
+    if a.offload_paused && a.tiers.local().is_none() {
         bail!(
             "--offload-paused moves paused sessions to the tiers; give them with --host-tier-blocks N or --disk-tier DIR"
         );
@@ -164,10 +169,10 @@ pub fn run(a: Args) -> Result<()> {
     let mut reference: Option<Vec<Vec<u32>>> = None;
     for &num_blocks in &pools {
         let tiers: Vec<_> = std::iter::once(None)
-            .chain(a.tiers.config().map(Some))
+            .chain(a.tiers.local().map(Some))
             .chain(
                 a.tiers
-                    .config()
+                    .local()
                     .filter(|_| a.offload_paused)
                     .map(|t| Some(t.with_offload_paused(true))),
             )
@@ -255,7 +260,7 @@ pub fn run(a: Args) -> Result<()> {
 /// columns when tiers are given.
 fn print_table(a: &Args, rows: &[Row], noisy: bool) {
     let tenant_cols = noisy || !a.quotas.is_empty();
-    let tier_cols = a.tiers.config().is_some();
+    let tier_cols = a.tiers.local().is_some();
     print!(
         "{:>7} {:<11} {:>9} {:>15} {:>10} {:>12} {:>15} {:>14} {:>9}",
         "blocks",

@@ -11,11 +11,14 @@ mod mem;
 mod models;
 mod serve;
 mod speculative;
+mod tiers;
 mod waste;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+
+pub use tiers::{TierArgs, tier_summary};
 
 #[derive(Parser)]
 #[command(
@@ -138,90 +141,6 @@ impl BudgetArgs {
             ..config
         }
     }
-}
-
-/// Tiers below a paged engine's pool: evicted prefix-cache blocks are spilled to host memory,
-/// then to files, and restored on a later hit instead of recomputed.
-#[derive(clap::Args, Clone)]
-pub struct TierArgs {
-    /// Blocks per KV cache group kept in host memory below the pool (0: none).
-    #[arg(long, default_value_t = 0, value_parser = kvlab_cli::args::usize_in(0, kvlab_cli::args::MAX_NUM_BLOCKS))]
-    pub host_tier_blocks: usize,
-    /// Directory for a disk tier below host memory (a subdirectory per run, removed at the
-    /// end); blocks are written with a CRC-32 and a corrupt file is a miss.
-    #[arg(long)]
-    pub disk_tier: Option<std::path::PathBuf>,
-    /// Blocks per KV cache group the disk tier holds.
-    #[arg(long, default_value_t = 4096, value_parser = kvlab_cli::args::usize_in(1, kvlab_cli::args::MAX_NUM_BLOCKS))]
-    pub disk_tier_blocks: usize,
-    /// Scheduler steps a spilled block may stay below before it is dropped (default: until
-    /// the tiers are full and it is the oldest).
-    #[arg(long, value_parser = kvlab_cli::args::usize_in(1, 1 << 40))]
-    pub tier_ttl_steps: Option<usize>,
-    /// Restore a request's spilled levels only when faster than recomputing them, by the cost
-    /// model NS_PER_TOKEN,HOST_BYTES_PER_S,DISK_BYTES_PER_S (prefill nanoseconds per token;
-    /// bytes per second restored from memory and from files; `cargo xtask bench --tiers`
-    /// prints this machine's). Default: always restore.
-    #[arg(long, value_name = "NS,HOST_BPS,DISK_BPS", value_parser = parse_restore_cost)]
-    pub restore_cost: Option<kvlab_paged::RestoreCost>,
-}
-
-/// `--restore-cost NS_PER_TOKEN,HOST_BYTES_PER_S,DISK_BYTES_PER_S`.
-fn parse_restore_cost(s: &str) -> Result<kvlab_paged::RestoreCost, String> {
-    let v: Vec<u64> = s
-        .split(',')
-        .map(|x| x.trim().parse::<u64>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{s:?}: {e}; expected three whole numbers NS,HOST_BPS,DISK_BPS"))?;
-    match v[..] {
-        [ns, host, disk] if host > 0 && disk > 0 => Ok(kvlab_paged::RestoreCost {
-            prefill_ns_per_token: ns,
-            host_bytes_per_s: host,
-            disk_bytes_per_s: disk,
-        }),
-        _ => Err(format!(
-            "{s:?}: expected NS_PER_TOKEN,HOST_BYTES_PER_S,DISK_BYTES_PER_S with both rates above 0"
-        )),
-    }
-}
-
-impl TierArgs {
-    /// The tiers asked for, `None` when neither flag is given.
-    pub fn config(&self) -> Option<kvlab_paged::TierConfig> {
-        let host = kvlab_paged::TierConfig::host(self.host_tier_blocks)
-            .with_ttl_steps(self.tier_ttl_steps.map(|s| s as u64))
-            .with_restore_cost(self.restore_cost);
-        match &self.disk_tier {
-            Some(dir) => Some(host.with_disk(dir, self.disk_tier_blocks)),
-            None => (self.host_tier_blocks > 0).then_some(host),
-        }
-    }
-}
-
-/// One line on what the tiers did, from a run's metrics.
-pub fn tier_summary(m: &kvlab_paged::Metrics) -> String {
-    let t = &m.tier_store;
-    format!(
-        "tiers: {} blocks spilled, {} restored ({} read back from disk, {} declined by the cost model), {} dropped ({} full, {} expired, {} computed again, {} lost); now {} blocks ({}) in host memory and {} ({}) on disk; {} unreadable files, {} failed writes; prefix-cache hit tokens by tier: {} pool, {} host, {} disk",
-        m.num_spills,
-        m.num_restores,
-        bytes(t.bytes_read_from_disk as usize),
-        m.num_restores_declined,
-        m.tier_drops.total(),
-        m.tier_drops.full,
-        m.tier_drops.expired,
-        m.tier_drops.recomputed,
-        m.tier_drops.lost,
-        t.host_blocks,
-        bytes(t.host_bytes as usize),
-        t.disk_blocks,
-        bytes(t.disk_bytes as usize),
-        t.disk_read_errors,
-        t.disk_write_errors,
-        m.prefix_cache_hits_by_tier.pool,
-        m.prefix_cache_hits_by_tier.host,
-        m.prefix_cache_hits_by_tier.disk
-    )
 }
 
 #[derive(Subcommand)]

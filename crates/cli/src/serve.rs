@@ -138,7 +138,12 @@ pub fn run(a: Args) -> Result<()> {
     let stop_ids = model.config.stop_ids.clone();
     let chat = tokenizer.chat_template().is_some();
     let kind = a.engine;
-    let (eviction, tenant_quota, tiers) = (a.eviction, a.tenant_quota, a.tiers.config());
+    let tiers = a.tiers.config(|| {
+        let (name, files) = (loaded.name.as_str(), loaded.files.as_slice());
+        let (weights, dtype) = (a.run.model.weights, a.kv.kv_dtype);
+        crate::tiers::remote_namespace((name, files), weights, kind.name(), dtype, a.block_size)
+    })?;
+    let (eviction, tenant_quota) = (a.eviction, a.tenant_quota);
     let (enable_prefix_caching, budget) = (!a.no_enable_prefix_caching, a.budget);
     let step_delay = Duration::from_millis(a.step_delay_ms as u64);
     let spec = a.spec.plan(&a.run.model, &model.config)?;

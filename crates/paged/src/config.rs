@@ -182,6 +182,13 @@ impl SchedulerConfig {
             if t.capacity() == 0 {
                 return bad("tiers of 0 blocks; give host_blocks or disk_blocks a size".into());
             }
+            if t.remote.is_some() && t.host_blocks == 0 {
+                return bad(
+                    "the remote tier restores through host memory; give host_blocks a size \
+                     (--host-tier-blocks)"
+                        .into(),
+                );
+            }
         }
         let seq_blocks = self.max_model_len.div_ceil(*block_size);
         for (g, group) in groups.iter().enumerate() {

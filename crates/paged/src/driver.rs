@@ -177,6 +177,7 @@ where
     if sampler.speculates() {
         propose(scheduler, sampler)?;
     }
+    scheduler.kv_cache_manager_mut().learn_block_bytes(engine);
     let batch = scheduler.schedule()?;
     if batch.is_empty() {
         return Ok(None);

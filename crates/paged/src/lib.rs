@@ -52,8 +52,9 @@
 //!   `schedule.rs`: build a step; `update.rs`: take its sampled tokens back, fork, abort.
 //! * [`tier`]: tiers below the pool — evicted cached blocks spilled to host memory, then to files
 //!   with checksums, and restored on a later hit (`index.rs`: which entries, bounded by size and
-//!   time to live; `store.rs`: [`KvTierStore`], the bytes; [`RestoreCost`]: restore or
-//!   recompute, per request).
+//!   time to live; `store.rs`: [`KvTierStore`], the bytes; `remote.rs`: [`RemoteTier`], blocks
+//!   in Redis by content, shared across processes; [`RestoreCost`]: restore or recompute, per
+//!   request).
 //! * `scheduled_batch.rs`: [`ScheduledBatch`], what a step schedules; `model_input.rs`:
 //!   [`ModelInput`], the same flattened into the arrays every paged engine executes, and
 //!   `validate`, the checks every engine makes of them.
@@ -128,7 +129,8 @@ pub use scheduled_batch::{FinishedSeq, GroupStep, ScheduledBatch, ScheduledSeq, 
 pub use scheduler::Scheduler;
 pub use sequence::{FinishReason, RequestId, Sequence, SequenceStatus, StopConditions};
 pub use tier::{
-    KvTierStore, RestoreCost, TierConfig, TierDrops, TierKey, TierOp, TierStats, TierStoreStats,
+    KvTierStore, RemoteTier, RemoteTierConfig, RemoteTierStats, RestoreCost, TierConfig, TierDrops,
+    TierKey, TierOp, TierStats, TierStoreStats,
 };
 pub use unscheduled::{UnscheduledPools, UnscheduledSeq};
 pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::{BlockAllocator, TierDrops, TierStoreStats};
+use crate::{BlockAllocator, RemoteTierStats, TierDrops, TierStoreStats};
 
 /// A snapshot of the KV cache and scheduler. Block counts add up over all KV cache groups.
 ///
@@ -62,6 +62,8 @@ pub struct Metrics {
     pub num_restores_declined: u64,
     /// Bytes per tier now and moved so far (zeros without tiers).
     pub tier_store: TierStoreStats,
+    /// What the remote tier looked up, found, refused and wrote (zeros without one).
+    pub remote_tier: RemoteTierStats,
     /// Draft tokens checked by decode steps (speculative decoding; vLLM's
     /// `spec_decode_num_draft_tokens`).
     pub spec_decode_num_draft_tokens: u64,
@@ -81,15 +83,16 @@ pub struct HitsByTier {
     pub host: u64,
     /// Restored from files.
     pub disk: u64,
+    /// Fetched from the remote tier (another process computed them) and restored.
+    pub remote: u64,
 }
 
 impl std::ops::AddAssign for HitsByTier {
     fn add_assign(&mut self, other: HitsByTier) {
-        (self.pool, self.host, self.disk) = (
-            self.pool + other.pool,
-            self.host + other.host,
-            self.disk + other.disk,
-        );
+        self.pool += other.pool;
+        self.host += other.host;
+        self.disk += other.disk;
+        self.remote += other.remote;
     }
 }
 
@@ -130,6 +133,7 @@ impl Metrics {
             num_tiered_blocks: pools.iter().map(BlockAllocator::num_tiered_blocks).sum(),
             num_restores_declined: 0,
             tier_store: TierStoreStats::default(),
+            remote_tier: RemoteTierStats::default(),
             spec_decode_num_draft_tokens: 0,
             spec_decode_num_accepted_tokens: 0,
             spec_decode_num_drafts: 0,

@@ -227,6 +227,25 @@ impl PrefixCache {
         self.unpin(entry);
     }
 
+    /// The tiers hold `entry`'s bytes, fetched from the remote tier into the store (no spill
+    /// move): it becomes a tiered ghost like a spilled one. `false` without tiers, or if
+    /// `entry` is unknown, held in a block or tiered already.
+    pub(crate) fn hold_fetched(&mut self, entry: EntryId) -> bool {
+        let ghost = self.entries.get(&entry).is_some_and(|e| e.block.is_none());
+        if !ghost || self.is_tiered(entry) {
+            return false;
+        }
+        let Some(tier) = self.tier.as_mut() else {
+            return false;
+        };
+        let pushed_out = tier.hold(entry);
+        self.pin(entry);
+        for old in pushed_out {
+            self.unpin(old);
+        }
+        true
+    }
+
     /// Forgets `entry` below: its content was computed again (`lost` false), or the tiers lost
     /// its bytes (an unreadable file, a failed write: `lost` true), so the next lookup is a plain
     /// ghost hit (recompute).

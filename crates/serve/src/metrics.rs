@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use kvlab_paged::{FinishReason, Scheduler};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets of the time to first token, in seconds: vLLM's, with finer ones below 1 ms added
@@ -60,6 +60,10 @@ pub struct ServerMetrics {
     tier_drops: IntCounterVec,
     tier_file_errors: IntCounter,
     tier_bytes: IntGaugeVec,
+    tier_lookups: IntCounterVec,
+    tier_errors: IntCounterVec,
+    tier_bytes_moved: IntCounterVec,
+    tier_fetch_seconds: CounterVec,
     steps: IntCounter,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
@@ -163,7 +167,7 @@ impl ServerMetrics {
             hits_by_tier: counter_by(
                 r,
                 "kvlab:prefix_cache_hits_by_tier_total",
-                "Prompt tokens the prefix cache served, by where their KV came from: pool (blocks in the pool), host or disk (restored from a tier); each over vllm:prefix_cache_queries_total is that tier's hit rate.",
+                "Prompt tokens the prefix cache served, by where their KV came from: pool (blocks in the pool), host, disk or remote (restored from a tier; remote: fetched from the Redis tier another process wrote); each over vllm:prefix_cache_queries_total is that tier's hit rate.",
                 "tier",
             )?,
             tier_spills: counter(
@@ -197,6 +201,42 @@ impl ServerMetrics {
                 "kvlab:kv_tier_bytes",
                 "Bytes of KV blocks each tier holds now.",
                 "tier",
+            )?,
+            tier_lookups: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "kvlab:kv_tier_lookups_total",
+                        "Blocks looked up in a shared tier (--remote-tier: tier=\"remote\"), by result: hit (found and verified), miss (absent), rejected (corrupt, truncated, another model's or another prefix's; recomputed and deleted).",
+                    ),
+                    &["tier", "result"],
+                ),
+            )?,
+            tier_errors: counter_by(
+                r,
+                "kvlab:kv_tier_errors_total",
+                "Commands to a shared tier that failed (down, timed out, out of memory): each a miss or a skipped write, never a failed request.",
+                "tier",
+            )?,
+            tier_bytes_moved: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "kvlab:kv_tier_bytes_moved_total",
+                        "Bytes of KV blocks moved to and from a shared tier, by direction: read (fetched and verified) or written (first writer of a block's content).",
+                    ),
+                    &["tier", "direction"],
+                ),
+            )?,
+            tier_fetch_seconds: register(
+                r,
+                CounterVec::new(
+                    Opts::new(
+                        "kvlab:kv_tier_fetch_seconds_total",
+                        "Seconds spent looking blocks up in a shared tier (round trips and verification); over the hits, the restore latency per block.",
+                    ),
+                    &["tier"],
+                ),
             )?,
             steps: counter(r, "kvlab:steps_total", "Engine steps run.")?,
             prompt_tokens: counter(
@@ -260,10 +300,37 @@ impl ServerMetrics {
         let c = self.evictions.with_label_values(&[policy]);
         c.inc_by(m.num_evictions.saturating_sub(c.get()));
         let h = m.prefix_cache_hits_by_tier;
-        for (tier, total) in [("pool", h.pool), ("host", h.host), ("disk", h.disk)] {
+        let tiers = [
+            ("pool", h.pool),
+            ("host", h.host),
+            ("disk", h.disk),
+            ("remote", h.remote),
+        ];
+        for (tier, total) in tiers {
             let c = self.hits_by_tier.with_label_values(&[tier]);
             c.inc_by(total.saturating_sub(c.get()));
         }
+        let r = m.remote_tier;
+        let advance = |c: IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
+        for (result, total) in [
+            ("hit", r.hits),
+            ("miss", r.misses),
+            ("rejected", r.rejected),
+        ] {
+            advance(
+                self.tier_lookups.with_label_values(&["remote", result]),
+                total,
+            );
+        }
+        advance(self.tier_errors.with_label_values(&["remote"]), r.errors);
+        for (direction, total) in [("read", r.bytes_read), ("written", r.bytes_written)] {
+            let c = self
+                .tier_bytes_moved
+                .with_label_values(&["remote", direction]);
+            advance(c, total);
+        }
+        let c = self.tier_fetch_seconds.with_label_values(&["remote"]);
+        c.inc_by((r.fetch_ns as f64 * 1e-9 - c.get()).max(0.0));
         let d = m.tier_drops;
         for (reason, total) in [
             ("full", d.full),

@@ -16,7 +16,10 @@
 
 mod append;
 mod prefix;
+mod remote;
 mod window;
+
+pub(crate) use prefix::salted;
 
 pub use append::BlockCopy;
 pub use window::{max_window_blocks, window_start};
@@ -58,6 +61,9 @@ pub struct BlockAllocator {
     pub(crate) cache: PrefixCache,
     pub(crate) prefix_caching: bool,
     pub(crate) stats: AllocatorStats,
+    /// (level, block) of every content `register_full_blocks` stored in a block for the first
+    /// time since the last take, for a remote tier to write (`None`: nobody asks).
+    pub(crate) newly_cached: Option<Vec<(usize, BlockId)>>,
 }
 
 impl BlockAllocator {
@@ -89,6 +95,7 @@ impl BlockAllocator {
             cache: PrefixCache::new(num_blocks, fnv1a_block_hash, EvictionPolicy::Lru),
             prefix_caching: true,
             stats: AllocatorStats::default(),
+            newly_cached: None,
         })
     }
 

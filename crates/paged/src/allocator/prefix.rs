@@ -211,6 +211,9 @@ impl BlockAllocator {
                     Some(own),
                 ) if free_of_entry => {
                     self.cache.attach(entry, own, table.tenant);
+                    if let Some(new) = self.newly_cached.as_mut() {
+                        new.push((i, own));
+                    }
                     (hash, entry)
                 }
                 (Lookup::Hit { hash, entry, .. }, None) => (hash, entry),
@@ -219,6 +222,9 @@ impl BlockAllocator {
                     let entry = self
                         .cache
                         .insert(block, hash, parent, block_tokens, table.tenant);
+                    if let (Some(new), Some(own)) = (self.newly_cached.as_mut(), block) {
+                        new.push((i, own));
+                    }
                     (hash, entry)
                 }
                 _ => {
@@ -248,7 +254,7 @@ impl BlockAllocator {
 /// salted request (vLLM's `cache_salt`) a marker and the salt before them. The first block's
 /// hash and verified tokens then differ from every other salt's, and every later level hangs
 /// from that first entry, so requests share blocks only with requests of the same salt.
-fn salted(tokens: &[u32], salt: u64, level: usize) -> std::borrow::Cow<'_, [u32]> {
+pub(crate) fn salted(tokens: &[u32], salt: u64, level: usize) -> std::borrow::Cow<'_, [u32]> {
     if salt == 0 || level > 0 {
         return std::borrow::Cow::Borrowed(tokens);
     }

@@ -32,7 +32,8 @@ pub struct ComputedBlocks {
 pub struct PromptSlots {
     /// Per group, the copy-on-write copies the engine makes before it writes.
     pub copies: Vec<Vec<BlockCopy>>,
-    /// Tokens of the hit by where they came from: the pool, host memory, files.
+    /// Tokens of the hit by where they came from: the pool, host memory, files, the remote
+    /// tier.
     pub hits_by_tier: HitsByTier,
 }
 
@@ -63,6 +64,7 @@ impl KvCacheManager {
             }
         };
         let max_blocks = (len - 1) / bs;
+        self.fetch_remote(tokens, salt, max_blocks);
         let mut matches: Vec<_> = (self.allocators.iter().zip(&self.kv_cache.groups))
             .map(|(alloc, group)| match group.sliding_window {
                 Some(_) => alloc.match_prefix_levels_salted(tokens, salt, max_blocks),

@@ -16,14 +16,16 @@
 //! its chain of block hashes, live in its [`crate::Sequence`]; every method here takes them.
 
 mod hit;
+mod remote;
 mod tiers;
 
 pub use hit::{ComputedBlocks, PromptSlots};
 pub use tiers::TierMoveError;
 
+use crate::tier::remote::Publish;
 use crate::{
     BlockAllocator, BlockCopy, BlockId, BlockTable, EvictionPolicy, HashFn, KvCacheConfig,
-    KvTierStore, Metrics, Result, SchedulerConfig, Tenant, TierConfig, TierOp,
+    KvTierStore, Metrics, RemoteTier, Result, SchedulerConfig, Tenant, TierConfig, TierOp,
 };
 
 /// The pools of every KV cache group, their prefix caches and the tiers below them.
@@ -41,6 +43,13 @@ pub struct KvCacheManager {
     /// (group, blocks in logical order) of paused sessions that finished since the last step,
     /// offloaded to the tiers when the next step is built (`TierConfig::offload_paused`).
     pub(crate) paused_blocks: Vec<(usize, Vec<BlockId>)>,
+    /// The tier in Redis below the others, shared with other processes (`None`: none).
+    pub(crate) remote: Option<RemoteTier>,
+    /// Blocks computed for the first time since the last step was built, to write to the
+    /// remote tier (with what names them there).
+    pub(crate) unwritten: Vec<(Publish, BlockId)>,
+    /// The same, taken into the step last scheduled: its moves read and write them.
+    pub(crate) pending_writes: Vec<(Publish, BlockId)>,
 }
 
 impl KvCacheManager {
@@ -56,10 +65,18 @@ impl KvCacheManager {
             config.tenant_quota,
             config.tiers.as_ref().map(|t| (t.capacity(), t.ttl_steps)),
         )?;
+        let mut allocators = allocators;
         let tiers = match &config.tiers {
             Some(t) => Some(KvTierStore::new(t, allocators.len())?),
             None => None,
         };
+        let remote = match config.tiers.as_ref().and_then(|t| t.remote.as_ref()) {
+            Some(r) => Some(RemoteTier::new(r, allocators.len())?),
+            None => None,
+        };
+        for alloc in &mut allocators {
+            alloc.list_newly_cached(remote.is_some());
+        }
         Ok(Self {
             kv_cache: config.kv_cache.clone(),
             enable_prefix_caching: config.enable_prefix_caching,
@@ -68,6 +85,9 @@ impl KvCacheManager {
             tiers,
             pending_tier_ops: Vec::new(),
             paused_blocks: Vec::new(),
+            remote,
+            unwritten: Vec::new(),
+            pending_writes: Vec::new(),
         })
     }
 
@@ -86,6 +106,9 @@ impl KvCacheManager {
             tiers: None,
             pending_tier_ops: Vec::new(),
             paused_blocks: Vec::new(),
+            remote: None,
+            unwritten: Vec::new(),
+            pending_writes: Vec::new(),
         })
     }
 
@@ -119,6 +142,9 @@ impl KvCacheManager {
     /// their cached blocks (eviction by recency or time to live).
     pub(crate) fn begin_step(&mut self, step: u64) {
         self.forget_unmoved();
+        // Blocks the last step would have written to the remote tier: it never ran its moves,
+        // so they may have been written over since.
+        self.pending_writes.clear();
         for alloc in &mut self.allocators {
             alloc.tick(step);
         }
@@ -133,6 +159,7 @@ impl KvCacheManager {
             for (g, blocks) in std::mem::take(&mut self.paused_blocks) {
                 self.allocators[g].offload(&blocks);
             }
+            self.pending_writes.append(&mut self.unwritten);
         }
         self.collect_tier_ops();
     }
@@ -215,8 +242,9 @@ impl KvCacheManager {
         tokens: &[u32],
         num_computed_tokens: usize,
     ) -> Result<()> {
-        for (alloc, table) in self.allocators.iter_mut().zip(tables) {
-            alloc.register_full_blocks(table, tokens, num_computed_tokens)?;
+        for (g, table) in tables.iter_mut().enumerate() {
+            self.allocators[g].register_full_blocks(table, tokens, num_computed_tokens)?;
+            self.list_remote_writes(g, table.salt, tokens);
         }
         Ok(())
     }
@@ -255,6 +283,10 @@ impl KvCacheManager {
                 .tiers
                 .as_ref()
                 .map_or_else(Default::default, KvTierStore::stats),
+            remote_tier: self
+                .remote
+                .as_ref()
+                .map_or_else(Default::default, RemoteTier::stats),
             ..Metrics::of_pools(&self.allocators)
         }
     }

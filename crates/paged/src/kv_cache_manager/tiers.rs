@@ -63,8 +63,9 @@ impl KvCacheManager {
     }
 
     /// The first `levels` levels of an admission's matches, in tokens, by where they come
-    /// from: a level any group restores from a file counts for disk, else one any group
-    /// restores from host memory for host, else for the pool.
+    /// from: a level any group restores from the remote tier counts for remote, else one any
+    /// group restores from a file for disk, else one any group restores from host memory for
+    /// host, else for the pool.
     pub(crate) fn hits_by_tier(&self, matches: &[PrefixMatch], levels: usize) -> HitsByTier {
         let bs = self.kv_cache.block_size as u64;
         let mut h = HitsByTier::default();
@@ -73,17 +74,20 @@ impl KvCacheManager {
                 .iter()
                 .enumerate()
                 .filter(|(_, m)| m.restore.get(level) == Some(&true));
-            let mut from_disk = false;
+            let (mut from_disk, mut from_remote) = (false, false);
             let mut any = false;
             for (g, m) in restored {
                 any = true;
                 let key = TierKey::new(g, m.links[level].1);
-                from_disk |= self.tiers.as_ref().is_some_and(|s| s.came_from_disk(key));
+                let store = self.tiers.as_ref();
+                from_disk |= store.is_some_and(|s| s.came_from_disk(key));
+                from_remote |= store.is_some_and(|s| s.came_from_remote(key));
             }
-            match (any, from_disk) {
-                (_, true) => h.disk += bs,
-                (true, false) => h.host += bs,
-                (false, false) => h.pool += bs,
+            match (any, from_disk, from_remote) {
+                (_, _, true) => h.remote += bs,
+                (_, true, false) => h.disk += bs,
+                (true, false, false) => h.host += bs,
+                (false, _, _) => h.pool += bs,
             }
         }
         h
@@ -178,6 +182,9 @@ impl KvCacheManager {
     where
         E::Error: std::fmt::Display,
     {
+        let writes = self
+            .read_remote_writes(engine)
+            .map_err(TierMoveError::Engine)?;
         let ops = std::mem::take(&mut self.pending_tier_ops);
         let Some(store) = self.tiers.as_mut() else {
             return Ok(());
@@ -219,6 +226,7 @@ impl KvCacheManager {
             store.remove(key);
             self.allocators[key.group as usize].forget_tiered(key.entry);
         }
+        self.write_remote(writes);
         Ok(())
     }
 

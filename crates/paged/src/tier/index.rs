@@ -70,6 +70,13 @@ impl TierIndex {
     pub(crate) fn spill(&mut self, block: BlockId, entry: EntryId) -> Vec<EntryId> {
         self.ops.push(IndexOp::Spill { block, entry });
         self.stats.spills += 1;
+        self.hold(entry)
+    }
+
+    /// Records that the tiers hold `entry` as of the current step (spilled, or fetched from the
+    /// remote tier straight into the store); returns the entries pushed out to make room, each
+    /// with a `Drop` recorded, oldest first.
+    pub(crate) fn hold(&mut self, entry: EntryId) -> Vec<EntryId> {
         self.stamp.insert(entry, self.next);
         self.order.insert(self.next, (entry, self.now));
         self.next += 1;

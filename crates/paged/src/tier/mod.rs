@@ -1,5 +1,6 @@
 //! Tiers below the block pool: host memory, then files on disk (LMCache's CPU DRAM and
-//! local-disk tiers; vLLM's CPU swap space).
+//! local-disk tiers; vLLM's CPU swap space), and optionally Redis, shared by every process that
+//! names it (LMCache's remote backend).
 //!
 //! With tiers, a cached block that the prefix cache evicts is **spilled** (its bytes copied
 //! down) instead of dropped, and a later prompt that starts with the same tokens **restores** it
@@ -22,18 +23,24 @@
 //!   read every block to spill (a block evicted this step may be the target of a restore), then
 //!   write every restore, then hand the spilled bytes to the store.
 //!
+//! * `remote.rs` ([`RemoteTier`], owned by the manager beside the store): blocks in Redis by
+//!   content, written through as they are computed and fetched into host memory when a
+//!   prompt's prefix misses everything above; verified like files, never trusted.
+//!
 //! A level is restorable only once its bytes are in the store: one spilled in the step being
 //! built is a miss until the step has run. Before a restore is scheduled the store checks its
 //! bytes (a file is read and verified then, and kept in host memory), so the move itself cannot
 //! fail.
 
 pub(crate) mod index;
+pub(crate) mod remote;
 mod store;
 
 use std::path::PathBuf;
 
 use serde::Serialize;
 
+pub use remote::{RETRY_AFTER, RemoteTier, RemoteTierConfig, RemoteTierStats};
 pub use store::{KvTierStore, TierStoreStats};
 
 use crate::BlockId;
@@ -59,6 +66,10 @@ pub struct TierConfig {
     /// that nobody else holds leave the pool for the tiers at once, deepest first, instead of
     /// waiting as evictable blocks until the pool needs them. `false`: only eviction spills.
     pub offload_paused: bool,
+    /// A tier below host memory and files in Redis, shared with other processes
+    /// ([`RemoteTier`]); what it finds is restored through host memory, so `host_blocks` must
+    /// be above 0.
+    pub remote: Option<RemoteTierConfig>,
 }
 
 /// The cost model that chooses, per request, between restoring a prefix's levels from the
@@ -104,7 +115,14 @@ impl TierConfig {
             ttl_steps: None,
             restore_cost: None,
             offload_paused: false,
+            remote: None,
         }
+    }
+
+    /// The same tiers plus the remote tier `remote` (`None`: none).
+    pub fn with_remote(mut self, remote: Option<RemoteTierConfig>) -> Self {
+        self.remote = remote;
+        self
     }
 
     /// The same tiers, offloading paused sessions as they pause ([`TierConfig::offload_paused`]).

@@ -45,6 +45,8 @@ pub struct TierStoreStats {
     /// Blocks restored into the pools so far that were on disk when their request was admitted,
     /// and were read back from files for it.
     pub blocks_restored_from_disk: u64,
+    /// Blocks restored into the pools so far that the remote tier fetched for their request.
+    pub blocks_restored_from_remote: u64,
     /// Files that could not be written (disk full, read-only): those blocks were dropped.
     pub disk_write_errors: u64,
     /// Files missing, truncated or failing their checksum: those blocks were misses.
@@ -78,6 +80,8 @@ pub struct KvTierStore {
     disk: Option<DiskTier>,
     /// Keys in host memory because `ready` read them back from their files.
     from_disk: HashSet<TierKey>,
+    /// Keys whose bytes the remote tier fetched.
+    from_remote: HashSet<TierKey>,
     stats: TierStoreStats,
 }
 
@@ -111,6 +115,7 @@ impl KvTierStore {
             next: 0,
             disk,
             from_disk: HashSet::new(),
+            from_remote: HashSet::new(),
             stats: TierStoreStats::default(),
         })
     }
@@ -156,6 +161,12 @@ impl KvTierStore {
     /// way (a file that could not be written), which the caller forgets.
     pub fn put(&mut self, key: TierKey, bytes: Box<[u8]>) -> Vec<TierKey> {
         self.stats.bytes_spilled += bytes.len() as u64;
+        self.hold(key, bytes)
+    }
+
+    /// Keeps `key`'s bytes in host memory, moving the least recently stored down to files past
+    /// capacity; returns the keys lost on the way.
+    fn hold(&mut self, key: TierKey, bytes: Box<[u8]>) -> Vec<TierKey> {
         self.remove(key);
         self.insert_host(key, bytes);
         let mut lost = Vec::new();
@@ -185,6 +196,19 @@ impl KvTierStore {
             }
         }
         lost
+    }
+
+    /// Stores a block the remote tier fetched (verified), to be restored like a spilled one.
+    /// Returns the keys lost on the way, as [`Self::put`] does.
+    pub fn put_fetched(&mut self, key: TierKey, bytes: Box<[u8]>) -> Vec<TierKey> {
+        let lost = self.hold(key, bytes);
+        self.from_remote.insert(key);
+        lost
+    }
+
+    /// Whether `key`'s bytes came from the remote tier.
+    pub fn came_from_remote(&self, key: TierKey) -> bool {
+        self.from_remote.contains(&key)
     }
 
     /// Makes sure `key`'s bytes can be restored this step: held in host memory, or read from
@@ -233,7 +257,10 @@ impl KvTierStore {
         let (stamp, bytes) = self.host.remove(&key)?;
         self.host_order.remove(&stamp);
         self.stats.bytes_restored += bytes.len() as u64;
-        if self.from_disk.remove(&key) {
+        if self.from_remote.remove(&key) {
+            self.stats.blocks_restored_from_remote += 1;
+            self.from_disk.remove(&key);
+        } else if self.from_disk.remove(&key) {
             self.stats.blocks_restored_from_disk += 1;
         } else {
             self.stats.blocks_restored_from_host += 1;
@@ -250,6 +277,7 @@ impl KvTierStore {
     /// Forgets `key` wherever it is (nothing if it is nowhere).
     pub fn remove(&mut self, key: TierKey) {
         self.from_disk.remove(&key);
+        self.from_remote.remove(&key);
         if let Some((stamp, _)) = self.host.remove(&key) {
             self.host_order.remove(&stamp);
         }
