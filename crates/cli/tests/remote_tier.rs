@@ -1,0 +1,282 @@
+//! `--remote-tier`: several `kvlab serve` processes share one prefix cache through a real Redis
+//! (Debian's `redis-server`), and nothing Redis does — holding another process's blocks,
+//! corrupt, truncated, misplaced or foreign ones, or going away — changes a token or fails a
+//! request.
+//!
+//! Without `redis-server` on PATH these tests say so and pass; with `KVLAB_REQUIRE_MODELS=1`
+//! (CI, whose `.ci/run` installs it) they fail instead.
+
+// Test code may unwrap: a failed unwrap is a failed test (clippy.toml allows it in #[test]
+// functions; this covers the helpers too).
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A `redis-server` of its own on a free loopback port, without persistence, killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    /// Starts one; `None` (after saying so) when `redis-server` is not installed, unless
+    /// `KVLAB_REQUIRE_MODELS=1`, which makes that a failure.
+    fn start() -> Option<Redis> {
+        let port = free_port();
+        let spawned = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn();
+        let child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                let msg = format!(
+                    "redis-server cannot be started ({e}); install it (apt-get install redis-server) to run the remote-tier tests"
+                );
+                assert!(
+                    std::env::var("KVLAB_REQUIRE_MODELS").as_deref() != Ok("1"),
+                    "{msg} (KVLAB_REQUIRE_MODELS=1)"
+                );
+                eprintln!("SKIPPED: {msg}");
+                return None;
+            }
+        };
+        let redis = Redis { child, port };
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "redis-server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(redis)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// The keys the remote tier wrote, sorted.
+    fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("kvlab:*")
+            .query(&mut self.connection())
+            .unwrap();
+        keys.sort();
+        keys
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `kvlab serve` process on a free port, killed on drop.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    /// `kvlab serve -m <model> --port 0 <args>`, once it listens.
+    fn start(model: &str, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+            .args(["serve", "-m", model, "--port", "0", "-t", "1"])
+            .args(args)
+            .env_remove("KVLAB_REMOTE_TIER")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = String::new();
+        let base = loop {
+            let Some(Ok(line)) = lines.next() else {
+                panic!("kvlab serve {model} {args:?} exited before listening:\n{seen}");
+            };
+            if let Some(at) = line.find(" at http://") {
+                break line[at + 4..].trim().to_string();
+            }
+            seen.push_str(&line);
+            seen.push('\n');
+        };
+        // Keep draining stderr (warnings), so that the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child, base }
+    }
+
+    /// The greedy completion of `prompt`: its text and the prompt tokens served from cache.
+    fn complete(&self, prompt: &str) -> (String, u64) {
+        let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0});
+        let reply: Value = serde_json::from_str(
+            &ureq::post(&format!("{}/v1/completions", self.base))
+                .send_string(&body.to_string())
+                .unwrap()
+                .into_string()
+                .unwrap(),
+        )
+        .unwrap();
+        let text = reply["choices"][0]["text"].as_str().unwrap().to_string();
+        let cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        (text, cached)
+    }
+
+    /// The value of the metric line starting with `name{labels` (summed over the rest).
+    fn metric(&self, prefix: &str) -> f64 {
+        let text = ureq::get(&format!("{}/metrics", self.base))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const REMOTE_HITS: &str = "kvlab:prefix_cache_hits_by_tier_total{tier=\"remote\"";
+const REJECTED: &str = "kvlab:kv_tier_lookups_total{result=\"rejected\",tier=\"remote\"";
+const ERRORS: &str = "kvlab:kv_tier_errors_total{tier=\"remote\"";
+
+/// Where the tiny Gemma 3 checkpoint lives (sliding-window layers of 16 and a global one).
+fn tiny_gemma3() -> String {
+    let p =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/tiny-gemma3");
+    p.display().to_string()
+}
+
+const PROMPT: &str = "Once upon a time there was a little girl named Lily. She loved to play outside in the park with her friends and her dog, who was called Max.";
+
+/// A prompt served by instance A and then by instance B: B fetches A's blocks from Redis
+/// instead of computing them, says so in its usage and metrics, and gives the tokens of a
+/// server without the remote tier. On a model of full-attention layers (stories260K) and on
+/// one with sliding-window layers (tiny Gemma 3, whose window groups fetch only the blocks the
+/// window needs).
+#[test]
+fn a_prompt_served_by_one_instance_is_restored_by_another_with_the_same_tokens() {
+    let Some(redis) = Redis::start() else { return };
+    let url = redis.url();
+    for model in ["stories260K".to_string(), tiny_gemma3()] {
+        let remote = ["--remote-tier", url.as_str()];
+        let (a, b, solo) = (
+            Server::start(&model, &remote),
+            Server::start(&model, &remote),
+            Server::start(&model, &[]),
+        );
+        let (want, _) = solo.complete(PROMPT);
+        let (text_a, cached_a) = a.complete(PROMPT);
+        assert_eq!(text_a, want, "{model}: A");
+        assert_eq!(cached_a, 0, "{model}: A computes everything");
+        assert!(!redis.keys().is_empty(), "{model}: A wrote its blocks");
+        let (text_b, cached_b) = b.complete(PROMPT);
+        assert_eq!(text_b, want, "{model}: B, restored from A's blocks");
+        assert!(
+            cached_b >= 16,
+            "{model}: B's usage counts the restored tokens"
+        );
+        let hits = b.metric(REMOTE_HITS);
+        assert_eq!(
+            hits, cached_b as f64,
+            "{model}: every cached token came from Redis"
+        );
+        assert_eq!(a.metric(REMOTE_HITS), 0.0, "{model}");
+    }
+}
+
+/// Redis holding corrupt, truncated and misplaced values is recomputed around (the values are
+/// refused and counted, the tokens are a solo run's); an instance of another KV layout finds
+/// nothing; and with Redis gone every request still succeeds with the same tokens, the failures
+/// counted.
+#[test]
+fn a_poisoned_or_missing_redis_changes_no_token_and_fails_no_request() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let url = redis.url();
+    let remote = ["--remote-tier", url.as_str()];
+    let solo = Server::start("stories260K", &[]);
+    let (want, _) = solo.complete(PROMPT);
+    let writer = Server::start("stories260K", &remote);
+    assert_eq!(writer.complete(PROMPT).0, want);
+    let keys = redis.keys();
+    assert!(keys.len() >= 3, "{keys:?}");
+    let mut conn = redis.connection();
+    let get = |conn: &mut redis::Connection, k: &str| -> Vec<u8> {
+        redis::cmd("GET").arg(k).query(conn).unwrap()
+    };
+    let set = |conn: &mut redis::Connection, k: &str, v: &[u8]| {
+        redis::cmd("SET").arg(k).arg(v).query::<()>(conn).unwrap();
+    };
+    let first = get(&mut conn, &keys[0]);
+    for (i, key) in keys.iter().enumerate() {
+        let mut v = get(&mut conn, key);
+        match i % 3 {
+            // A flipped bit in the KV payload.
+            0 => {
+                let mid = v.len() / 2;
+                v[mid] ^= 0x04;
+            }
+            // Truncated.
+            1 => v.truncate(v.len() - 7),
+            // Another block's value under this key (well formed, checksum right).
+            _ => v = first.clone(),
+        }
+        set(&mut conn, key, &v);
+    }
+    let reader = Server::start("stories260K", &remote);
+    assert_eq!(reader.complete(PROMPT).0, want, "poisoned Redis");
+    assert!(
+        reader.metric(REJECTED) >= 1.0,
+        "the poisoned values were refused"
+    );
+    assert_eq!(reader.metric(REMOTE_HITS), 0.0);
+    // Another weight format is another namespace: nothing to find, nothing refused.
+    let other = Server::start("stories260K", &["--remote-tier", &url, "--weights", "f16"]);
+    other.complete(PROMPT);
+    assert_eq!(other.metric(REMOTE_HITS) + other.metric(REJECTED), 0.0);
+    redis.stop();
+    let prompt = "The cat sat on the mat and looked at the moon. It was big and round and bright.";
+    let (want, _) = solo.complete(prompt);
+    assert_eq!(reader.complete(prompt).0, want, "Redis gone");
+    assert!(reader.metric(ERRORS) >= 1.0, "the failures are counted");
+}
