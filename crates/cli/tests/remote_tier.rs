@@ -137,7 +137,17 @@ impl Server {
 
     /// The greedy completion of `prompt`: its text and the prompt tokens served from cache.
     fn complete(&self, prompt: &str) -> (String, u64) {
-        let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0});
+        self.send(json!({"prompt": prompt, "max_tokens": 16, "temperature": 0}))
+    }
+
+    /// [`Self::complete`] with vLLM's `cache_salt`.
+    fn complete_salted(&self, prompt: &str, salt: &str) -> (String, u64) {
+        let body =
+            json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "cache_salt": salt});
+        self.send(body)
+    }
+
+    fn send(&self, body: Value) -> (String, u64) {
         let reply: Value = serde_json::from_str(
             &ureq::post(&format!("{}/v1/completions", self.base))
                 .send_string(&body.to_string())
@@ -279,4 +289,25 @@ fn a_poisoned_or_missing_redis_changes_no_token_and_fails_no_request() {
     let (want, _) = solo.complete(prompt);
     assert_eq!(reader.complete(prompt).0, want, "Redis gone");
     assert!(reader.metric(ERRORS) >= 1.0, "the failures are counted");
+}
+
+/// A salted request (vLLM's `cache_salt`) shares blocks across instances only with requests
+/// of the same salt: the salt is part of every block's name in Redis too.
+#[test]
+fn across_instances_blocks_are_shared_only_under_the_same_cache_salt() {
+    let Some(redis) = Redis::start() else { return };
+    let url = redis.url();
+    let remote = ["--remote-tier", url.as_str()];
+    let (a, b) = (
+        Server::start("stories260K", &remote),
+        Server::start("stories260K", &remote),
+    );
+    let (want, _) = a.complete_salted(PROMPT, "tenant-a");
+    let (text, cached) = b.complete_salted(PROMPT, "tenant-b");
+    assert_eq!((text.as_str(), cached), (want.as_str(), 0), "another salt");
+    assert_eq!(b.complete(PROMPT).1, 0, "no salt");
+    let (text, cached) = b.complete_salted(PROMPT, "tenant-a");
+    assert_eq!(text, want);
+    assert!(cached >= 16, "the same salt restores A's blocks");
+    assert_eq!(b.metric(REMOTE_HITS), cached as f64);
 }

@@ -69,11 +69,11 @@
 //!
 //! **Size against the references.** nano-vllm does the same two jobs in `block_manager.py` (120
 //! lines) and `scheduler.py` (92). Here the scheduler is under 550 lines of code and the
-//! allocator with its prefix cache under 1,000 (`tests/sizes.rs` holds both claims). The difference
+//! allocator with its prefix cache under 1,100 (`tests/sizes.rs` holds both claims). The difference
 //! is what nano-vllm leaves out: its prefix hit compares a block's own tokens but not its
 //! parent, so a hash collision one level up goes unnoticed (here each level must follow the very
 //! entry matched before it); it has no copy-on-write fork, no sliding-window groups (ghost
-//! entries, holes, hybrid hits), no tiers, no abort, no typed errors, no draft tokens checked
+//! entries, holes, hybrid hits), no tiers (nor blocks shared across processes), no abort, no typed errors, no draft tokens checked
 //! and rolled back (speculative decoding), no cache salts, and steps that either prefill or
 //! decode. vLLM v1 splits the work as this crate does: `block_pool.py` (free queue,
 //! hash → block, eviction: `prefix_cache.rs` and `allocator/mod.rs` here), `kv_cache_manager.py`

@@ -36,11 +36,11 @@ fn the_scheduler_stays_under_550_lines_of_code() {
 }
 
 #[test]
-fn the_allocator_and_prefix_cache_stay_under_1000_lines_of_code() {
+fn the_allocator_and_prefix_cache_stay_under_1100_lines_of_code() {
     let n = code_lines(&["src/allocator", "src/prefix_cache.rs"]);
     assert!(n > 300, "{n}: the files moved? update this test and lib.rs");
     assert!(
-        n < 1000,
-        "allocator/ and prefix_cache.rs have {n}; lib.rs says under 1,000"
+        n < 1100,
+        "allocator/ and prefix_cache.rs have {n}; lib.rs says under 1,100"
     );
 }
