@@ -358,13 +358,22 @@ enum StopField {
     Many(Vec<String>),
 }
 
+/// A completion's `prompt`: text, or token ids as OpenAI's API and vLLM also take them (sent to
+/// the model as they are, no BOS added).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptField {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
 /// The fields of OpenAI's completion and chat completion requests kvlab implements; any other
 /// field is refused. A completion has `prompt`, a chat completion `messages`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CompletionRequest {
     model: Option<String>,
-    prompt: Option<String>,
+    prompt: Option<PromptField>,
     messages: Option<Vec<kvlab_model::chat::Message>>,
     max_tokens: Option<usize>,
     temperature: Option<f32>,
@@ -431,19 +440,32 @@ enum Api {
     Chat,
 }
 
-/// The prompt text of a request: its `prompt`, or its `messages` rendered by the model's chat
-/// template (which writes its own BOS, so `bos` is false then).
-fn prompt_text(
+/// The prompt tokens of a request: its `prompt` (token ids as they are; text encoded with a
+/// BOS), or its `messages` rendered by the model's chat template (which writes its own BOS).
+fn prompt_tokens(
     s: &AppState,
     req: &CompletionRequest,
     api: Api,
-) -> Result<(String, bool), ApiError> {
-    match (api, &req.prompt, &req.messages) {
-        (Api::Completions, Some(p), None) => Ok((p.clone(), true)),
-        (Api::Completions, _, _) => Err(ApiError::invalid(
-            "a completion takes a prompt (and no messages; those go to /v1/chat/completions)",
-            Some("prompt"),
-        )),
+    max_model_len: usize,
+) -> Result<Vec<u32>, ApiError> {
+    let (text, bos) = match (api, &req.prompt, &req.messages) {
+        (Api::Completions, Some(PromptField::Tokens(ids)), None) => {
+            let vocab = s.tokenizer.vocab_size();
+            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
+                    Some("prompt"),
+                ));
+            }
+            return Ok(ids.clone());
+        }
+        (Api::Completions, Some(PromptField::Text(p)), None) => (p.clone(), true),
+        (Api::Completions, _, _) => {
+            return Err(ApiError::invalid(
+                "a completion takes a prompt (and no messages; those go to /v1/chat/completions)",
+                Some("prompt"),
+            ));
+        }
         (Api::Chat, None, Some(messages)) => {
             let Some(template) = s.tokenizer.chat_template() else {
                 return Err(ApiError::invalid(
@@ -460,13 +482,23 @@ fn prompt_text(
             let text = template
                 .render(messages, true)
                 .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-            Ok((text, false))
+            (text, false)
         }
-        (Api::Chat, _, _) => Err(ApiError::invalid(
-            "a chat completion takes messages (and no prompt; that goes to /v1/completions)",
-            Some("messages"),
-        )),
+        (Api::Chat, _, _) => {
+            return Err(ApiError::invalid(
+                "a chat completion takes messages (and no prompt; that goes to /v1/completions)",
+                Some("messages"),
+            ));
+        }
+    };
+    // A cheap lower bound first, so a huge prompt is refused before it is encoded.
+    if s.tokenizer.min_tokens(&text) + 1 > max_model_len {
+        return Err(ApiError::invalid(
+            format!("the prompt is longer than the context of {max_model_len} tokens"),
+            Some("prompt"),
+        ));
     }
+    Ok(s.tokenizer.encode_special(&text, bos, false))
 }
 
 fn prepare(
@@ -504,18 +536,10 @@ fn prepare(
             Some("max_tokens"),
         ));
     }
-    let (text, bos) = prompt_text(s, &req, api)?;
-    // A cheap lower bound first, so a huge prompt is refused before it is encoded.
-    if s.tokenizer.min_tokens(&text) + 1 > max_model_len {
-        return Err(ApiError::invalid(
-            format!("the prompt is longer than the context of {max_model_len} tokens"),
-            Some("prompt"),
-        ));
-    }
-    let prompt = s.tokenizer.encode_special(&text, bos, false);
+    let prompt = prompt_tokens(s, &req, api, max_model_len)?;
     if prompt.is_empty() {
         return Err(ApiError::invalid(
-            "the prompt encodes to no tokens, and this vocabulary has no BOS to start from",
+            "the prompt has no tokens (an empty list of token ids, or text that encodes to none in a vocabulary without BOS)",
             Some("prompt"),
         ));
     }

@@ -215,6 +215,24 @@ async fn completions_match_the_cpu_engine_stream_and_free_the_pool() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_of_token_ids_is_the_same_prompt_as_its_text() {
+    let Some((model, tok)) = stories260k() else {
+        return;
+    };
+    let url = start(&model, &tok, 64).await;
+    let text = "Once upon a time, there was a cat";
+    let ids = tok.encode_special(text, true, false);
+    let greedy = |prompt: Value| json!({"prompt": prompt, "max_tokens": 12, "temperature": 0});
+    let (s, by_text) = post(&url, greedy(json!(text))).await;
+    assert_eq!(s, 200, "{by_text}");
+    let (s, by_ids) = post(&url, greedy(json!(ids))).await;
+    assert_eq!(s, 200, "{by_ids}");
+    assert_eq!(by_ids["choices"][0]["text"], by_text["choices"][0]["text"]);
+    assert_eq!(by_ids["usage"]["prompt_tokens"], ids.len());
+    assert_pool_free(&url, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_openai_errors() {
     let Some((model, tok)) = stories260k() else {
         return;
@@ -247,6 +265,18 @@ async fn bad_input_gets_openai_errors() {
     let (s, v) = post(&url, json!({"prompt": "x", "n": 2})).await;
     check(s, &v, 400);
     let (s, v) = post(&url, json!({"prompt": "x", "temperature": -1})).await;
+    check(s, &v, 400);
+    let (s, v) = post(&url, json!({"prompt": [1, 512]})).await;
+    check(s, &v, 400);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("token id 512")
+    );
+    let (s, v) = post(&url, json!({"prompt": []})).await;
+    check(s, &v, 400);
+    let (s, v) = post(&url, json!({"prompt": [1, -2]})).await;
     check(s, &v, 400);
     let r = client.get(format!("{url}/nope")).send().await.unwrap();
     let s = r.status().as_u16();
