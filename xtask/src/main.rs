@@ -28,8 +28,9 @@ enum Command {
     /// Build the mdBook in docs/ and run every Reproduce-it command in it
     Book(book::Opts),
     /// Latency, throughput, memory and roofline of every engine; JSON, table and plots under
-    /// target/kvlab-bench/ (--serve, --peers, --tiers, --eviction: the side benches)
-    Bench(bench::Opts),
+    /// target/kvlab-bench/ (--serve, --peers, --tiers, --eviction, --chunked-prefill,
+    /// --speculative, --cluster: the side benches). Boxed: its options are most of the enum.
+    Bench(Box<bench::Opts>),
     /// Load-test `kvlab serve` over HTTP against `kvlab batch` on the same prompts; writes
     /// serve.json and serve_load.svg/.png (also `bench --serve`)
     Load(bench::serve::LoadArgs),
@@ -59,7 +60,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Bench(o)) => {
             // bench.json records the words bench was given.
             let args: Vec<String> = std::env::args().skip(2).collect();
-            bench::run(o, &args)
+            bench::run(*o, &args)
         }
         Some(Command::Load(a)) => bench::serve::command(&a),
         Some(Command::Peers(a)) => bench::peers::command(&a),

@@ -16,6 +16,7 @@ mod bandwidth;
 mod baseline;
 mod batch;
 mod chunked;
+mod cluster;
 mod decode;
 mod eviction;
 pub mod machine;
@@ -157,6 +158,16 @@ pub struct Opts {
     /// --speculative: guesses per step to measure (repeatable) [default: 1 2 3 4 8, --quick 2 4]
     #[arg(long = "k", value_name = "N", value_parser = usize_in(1, 63))]
     ks: Vec<usize>,
+    /// Instead: N `kvlab serve` instances behind HAProxy on multi-turn chat sessions, round
+    /// robin against session affinity, each with and without a shared Redis tier: prefix hit
+    /// rate, prefill tokens, TTFT p50/p99, throughput, every text checked against its solo run
+    /// (default Gemma 3 270M, --quick: stories260K; needs Debian's haproxy and redis-server);
+    /// writes cluster.json and cluster.svg/.png
+    #[arg(long, conflicts_with_all = ["peers", "serve", "tiers", "eviction", "chunked_prefill", "speculative"])]
+    cluster: bool,
+    /// --cluster: instance counts to run (repeatable) [default: 1 2 4, --quick 1 2]
+    #[arg(long = "instances", value_name = "N", value_parser = usize_in(1, 16))]
+    instances: Vec<usize>,
 }
 
 impl Opts {
@@ -369,6 +380,29 @@ fn run_speculative(o: &Opts) -> Result<()> {
     )
 }
 
+/// `--cluster`: instances behind HAProxy with and without Redis (cluster/), table,
+/// cluster.json and the plot.
+fn run_cluster(o: &Opts) -> Result<()> {
+    let Side {
+        out,
+        machine,
+        quick,
+    } = side(o, "--cluster", false)?;
+    let c = cluster::ClusterOpts {
+        quick,
+        model: o.models.first().cloned(),
+        instances: o.instances.clone(),
+        seed: o.seed,
+        out: out.clone(),
+        plots: !o.no_plots,
+        machine,
+    };
+    let report = cluster::run(&c)?;
+    cluster::print(&report);
+    let plots = report.plots.len();
+    write_json(&out, "cluster.json", &report, plots, report.wall_seconds)
+}
+
 /// The peak-RSS child process (memory.rs), `cargo xtask __rss MODEL ENGINE CONTEXT POSITIONS`.
 ///
 /// # Errors
@@ -401,6 +435,9 @@ pub fn run(o: Opts, args: &[String]) -> Result<()> {
     }
     if o.speculative {
         return run_speculative(&o);
+    }
+    if o.cluster {
+        return run_cluster(&o);
     }
     let started = Instant::now();
     plot::register_font();

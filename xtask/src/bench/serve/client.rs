@@ -12,13 +12,13 @@ use serde_json::{Value, json};
 use super::{Plan, PromptRef, RateRow, rate_name};
 use crate::bench::stats::Summary;
 
-pub(super) struct Client {
-    pub(super) http: reqwest::Client,
-    pub(super) base: String,
+pub(in crate::bench) struct Client {
+    pub(in crate::bench) http: reqwest::Client,
+    pub(in crate::bench) base: String,
 }
 
 /// How one streamed request ended.
-pub(super) enum Outcome {
+pub(in crate::bench) enum Outcome {
     Done(Timing),
     /// 429 or 503.
     Refused,
@@ -26,17 +26,17 @@ pub(super) enum Outcome {
 }
 
 /// A completed streamed request: times from its send, in ms.
-pub(super) struct Timing {
-    pub(super) ttft_ms: f64,
-    pub(super) e2e_ms: f64,
-    pub(super) text: String,
+pub(in crate::bench) struct Timing {
+    pub(in crate::bench) ttft_ms: f64,
+    pub(in crate::bench) e2e_ms: f64,
+    pub(in crate::bench) text: String,
     /// Since the rate's start, seconds.
     pub(super) end_s: f64,
 }
 
 impl Client {
     /// A client of the server at `base`, once its `/health` answers 200.
-    pub(super) async fn connect(base: &str) -> Result<Client> {
+    pub(in crate::bench) async fn connect(base: &str) -> Result<Client> {
         let c = Client {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(900))
@@ -116,7 +116,7 @@ impl Client {
     }
 
     /// `/metrics`, as Prometheus text.
-    pub(super) async fn metrics(&self) -> Result<String> {
+    pub(in crate::bench) async fn metrics(&self) -> Result<String> {
         Ok(self
             .http
             .get(format!("{}/metrics", self.base))
@@ -188,7 +188,7 @@ pub(super) fn arrival_times(n: usize, rate: f64, seed: u64) -> Vec<f64> {
 }
 
 /// Sends one streamed request and reads its server-sent events to `data: [DONE]`.
-pub(super) async fn stream_one(req: reqwest::RequestBuilder, t0: Instant) -> Outcome {
+pub(in crate::bench) async fn stream_one(req: reqwest::RequestBuilder, t0: Instant) -> Outcome {
     let sent = Instant::now();
     let mut resp = match req.send().await {
         Ok(r) => r,
@@ -275,7 +275,7 @@ impl Sse {
 }
 
 /// Prometheus text: the sum of `name`'s samples (any labels).
-pub(super) fn metric(text: &str, name: &str) -> f64 {
+pub(in crate::bench) fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {

@@ -46,11 +46,11 @@
 //! [`batch`] (the `kvlab batch` reference), [`print`] (the table), [`plot`] (the figure).
 
 mod batch;
-mod client;
+pub(super) mod client;
 mod plot;
 mod print;
 mod prompts;
-mod server;
+pub(super) mod server;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -371,7 +371,7 @@ pub fn run(o: &ServeOpts) -> Result<ServeReport> {
     // The references on a server of their own; then a fresh server per rate, so every rate (and
     // `kvlab batch`) starts from a cold prefix cache and a new process.
     bar.set_message("solo runs (reference texts)");
-    let server = Server::start(&kvlab, &plan.model, num_blocks, true)?;
+    let server = Server::start(&kvlab, &plan.model, num_blocks, true, &[])?;
     let server_line = server.banner.clone();
     let refs = rt.block_on(async {
         let c = Client::connect(&server.base).await?;
@@ -459,6 +459,7 @@ impl Fresh<'_> {
             &self.plan.model,
             self.num_blocks,
             prefix_caching,
+            &[],
         )?;
         self.rt.block_on(async {
             let c = Client::connect(&server.base).await?;

@@ -12,25 +12,28 @@ use super::BLOCK_SIZE;
 use crate::paths::workspace_root;
 
 /// A running `kvlab serve`, killed when dropped.
-pub(super) struct Server {
-    pub(super) child: Child,
-    pub(super) base: String,
-    pub(super) banner: String,
+pub(in crate::bench) struct Server {
+    pub(in crate::bench) child: Child,
+    pub(in crate::bench) base: String,
+    pub(in crate::bench) banner: String,
 }
 
 impl Server {
-    /// Starts `kvlab serve` on a free port and reads its address from the banner on stderr.
-    pub(super) fn start(
+    /// Starts `kvlab serve` on a free port, with `extra` flags, and reads its address from the
+    /// banner on stderr.
+    pub(in crate::bench) fn start(
         kvlab: &Path,
         model: &str,
         num_blocks: usize,
         prefix_caching: bool,
+        extra: &[String],
     ) -> Result<Server> {
         let mut child = Command::new(kvlab)
             .args(["serve", "-m", model, "--port", "0"])
             .args(["--num-blocks", &num_blocks.to_string()])
             .args(["--block-size", &BLOCK_SIZE.to_string()])
             .args((!prefix_caching).then_some("--no-enable-prefix-caching"))
+            .args(extra)
             .current_dir(workspace_root())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,0 +1,76 @@
+//! `bench --cluster`'s figure: the prefix-cache hit rate (left) and the median time to first
+//! token (right) against the number of instances, per routing, with and without the Redis tier.
+
+use std::path::Path;
+
+use anyhow::Result;
+use plotters::prelude::*;
+
+use super::{ClusterReport, ClusterRow, Routing};
+use crate::bench::plot::{Line, Panel, Series, axis, write_pair};
+
+/// Writes `cluster.svg` and `.png`; returns their names.
+pub fn figure(dir: &Path, r: &ClusterReport) -> Result<Vec<String>> {
+    let configs = [
+        (
+            Routing::RoundRobin,
+            false,
+            RGBColor(214, 39, 40),
+            Line::Circles,
+        ),
+        (
+            Routing::RoundRobin,
+            true,
+            RGBColor(214, 39, 40),
+            Line::Dashed(6, 4),
+        ),
+        (
+            Routing::Affinity,
+            false,
+            RGBColor(31, 119, 180),
+            Line::Circles,
+        ),
+        (
+            Routing::Affinity,
+            true,
+            RGBColor(31, 119, 180),
+            Line::Dashed(6, 4),
+        ),
+    ];
+    let most = r.rows.iter().map(|x| x.instances).max().unwrap_or(1) as f64;
+    let series = |value: &dyn Fn(&ClusterRow) -> f64| -> Vec<Series> {
+        configs
+            .iter()
+            .map(|&(routing, remote, color, line)| {
+                let pts = (r.rows.iter())
+                    .filter(|x| x.routing == routing && x.remote_tier == remote)
+                    .map(|x| (x.instances as f64, value(x)))
+                    .collect();
+                let label = format!(
+                    "{}, {}",
+                    routing.name(),
+                    if remote { "Redis tier" } else { "no Redis" }
+                );
+                Series::new(pts, color.stroke_width(2), line).key(label, color.stroke_width(3))
+            })
+            .collect()
+    };
+    let ttft_top = (r.rows.iter())
+        .map(|x| x.ttft_ms.median)
+        .fold(1.0f64, f64::max);
+    let hit = Panel {
+        title: format!("prefix-cache hit rate — {}", r.model),
+        x: axis(0.5..most + 0.5, None, "instances behind HAProxy"),
+        y: axis(0.0..100.0, None, "hit rate, % of prompt tokens"),
+        legend: SeriesLabelPosition::LowerLeft,
+        series: series(&|x| 100.0 * x.hit_rate),
+    };
+    let ttft = Panel {
+        title: "time to first token, median".into(),
+        x: axis(0.5..most + 0.5, None, "instances behind HAProxy"),
+        y: axis(0.0..ttft_top * 1.2, None, "TTFT p50, ms"),
+        legend: SeriesLabelPosition::UpperLeft,
+        series: series(&|x| x.ttft_ms.median),
+    };
+    write_pair(dir, "cluster", &[hit, ttft])
+}
