@@ -62,8 +62,14 @@ pub struct ClusterRow {
     pub prompt_tokens: u64,
     /// Of those, served from cache (pool, host memory or Redis).
     pub cached_tokens: u64,
-    /// Of the cached ones, restored from Redis (computed by another instance).
+    /// Of the cached ones, restored from Redis (computed by another instance, or by this one
+    /// and evicted since).
     pub remote_tokens: u64,
+    /// Blocks fetched from Redis and verified (every KV cache group's), and their bytes.
+    pub remote_blocks: u64,
+    pub remote_bytes: u64,
+    /// Time the instances spent fetching from Redis (round trips and checks), ms in all.
+    pub remote_fetch_ms: f64,
     /// prompt_tokens − cached_tokens: what was prefilled.
     pub prefill_tokens: u64,
     /// cached_tokens / prompt_tokens.
@@ -94,11 +100,13 @@ pub struct ClusterReport {
     pub wall_seconds: f64,
 }
 
-/// The sessions' turns (with BOS when the model has one) and their solo texts.
+/// The sessions' turns (with BOS when the model has one), their solo texts, and the context
+/// every instance is given (`-c`: the longest turn and its output, in whole blocks).
 struct Workload {
     turns: Vec<SessionTurn>,
     prompts: Vec<Vec<u32>>,
     solo: Vec<String>,
+    ctx: usize,
 }
 
 /// Runs the bench.
@@ -150,14 +158,18 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
             .join(", "),
         o.machine
     );
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + MAX_TOKENS;
+    let ctx = longest.next_multiple_of(16);
     let solo = {
-        let server = Server::start(&kvlab, &model, POOL_BLOCKS, true, &instance_flags(None))?;
+        let flags = instance_flags(ctx, None);
+        let server = Server::start(&kvlab, &model, POOL_BLOCKS, true, &flags)?;
         rt.block_on(solo_texts(&server.base, &prompts))?
     };
     let work = Workload {
         turns,
         prompts,
         solo,
+        ctx,
     };
     let mut rows = Vec::new();
     for &n in &instances {
@@ -202,14 +214,11 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
     Ok(report)
 }
 
-/// The flags every instance runs with: one thread (N instances share the machine), the same
-/// host tier, and the remote tier when one is given.
-fn instance_flags(remote: Option<&str>) -> Vec<String> {
-    let mut flags: Vec<String> = ["-t", "1", "--host-tier-blocks"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    flags.push(HOST_TIER_BLOCKS.to_string());
+/// The flags every instance runs with: a context of `ctx` positions, one thread (N instances
+/// share the machine), the same host tier, and the remote tier when one is given.
+fn instance_flags(ctx: usize, remote: Option<&str>) -> Vec<String> {
+    let mut flags: Vec<String> = vec!["-c".into(), ctx.to_string(), "-t".into(), "1".into()];
+    flags.extend(["--host-tier-blocks".into(), HOST_TIER_BLOCKS.to_string()]);
     if let Some(url) = remote {
         flags.extend(["--remote-tier".to_string(), url.to_string()]);
     }
@@ -267,7 +276,7 @@ fn run_one(
     (n, routing, remote): (usize, Routing, bool),
 ) -> Result<ClusterRow> {
     let redis = if remote { Some(Redis::start()?) } else { None };
-    let flags = instance_flags(redis.as_ref().map(|r| r.url.as_str()));
+    let flags = instance_flags(work.ctx, redis.as_ref().map(|r| r.url.as_str()));
     let servers = (0..n)
         .map(|_| Server::start(kvlab, model, POOL_BLOCKS, true, &flags))
         .collect::<Result<Vec<_>>>()?;
@@ -297,6 +306,7 @@ fn run_one(
         }
     }
     let (mut queries, mut hits, mut from_remote) = (0.0, 0.0, 0.0);
+    let (mut remote_blocks, mut remote_bytes, mut fetch_s) = (0.0, 0.0, 0.0);
     for base in &bases {
         let text = rt.block_on(async {
             let c = Client::connect(base).await?;
@@ -305,11 +315,19 @@ fn run_one(
         queries += metric(&text, "vllm:prefix_cache_queries_total");
         hits += metric(&text, "vllm:prefix_cache_hits_total");
         output_tokens += metric(&text, "vllm:generation_tokens_total") as u64;
-        from_remote += text
-            .lines()
-            .filter(|l| l.starts_with("kvlab:prefix_cache_hits_by_tier_total{tier=\"remote\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
+        from_remote += labelled(
+            &text,
+            "kvlab:prefix_cache_hits_by_tier_total{tier=\"remote\"",
+        );
+        remote_blocks += labelled(
+            &text,
+            "kvlab:kv_tier_lookups_total{result=\"hit\",tier=\"remote\"",
+        );
+        remote_bytes += labelled(
+            &text,
+            "kvlab:kv_tier_bytes_moved_total{direction=\"read\",tier=\"remote\"",
+        );
+        fetch_s += labelled(&text, "kvlab:kv_tier_fetch_seconds_total{tier=\"remote\"");
     }
     drop(lb);
     drop(servers);
@@ -321,12 +339,23 @@ fn run_one(
         prompt_tokens: queries as u64,
         cached_tokens: hits as u64,
         remote_tokens: from_remote as u64,
+        remote_blocks: remote_blocks as u64,
+        remote_bytes: remote_bytes as u64,
+        remote_fetch_ms: fetch_s * 1e3,
         prefill_tokens: (queries - hits) as u64,
         hit_rate: if queries > 0.0 { hits / queries } else { 0.0 },
         ttft_ms: Summary::of(&ttft),
         output_tok_per_s: output_tokens as f64 / wall.max(1e-9),
         wall_s: wall,
     })
+}
+
+/// The sum of the Prometheus lines that start with `prefix` (a metric and its first labels).
+fn labelled(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Every session at once (each starting `SESSION_GAP` after the last), each sending its turns

@@ -1,5 +1,5 @@
-//! `bench --cluster`'s figure: the prefix-cache hit rate (left) and the median time to first
-//! token (right) against the number of instances, per routing, with and without the Redis tier.
+//! `bench --cluster`'s figure: the prefix-cache hit rate (left) and the 99th percentile of the
+//! time to first token (right) against the number of instances, per routing, with and without the Redis tier.
 
 use std::path::Path;
 
@@ -49,14 +49,18 @@ pub fn figure(dir: &Path, r: &ClusterReport) -> Result<Vec<String>> {
                 let label = format!(
                     "{}, {}",
                     routing.name(),
-                    if remote { "Redis tier" } else { "no Redis" }
+                    if remote {
+                        "Redis tier (dashed)"
+                    } else {
+                        "no Redis"
+                    }
                 );
                 Series::new(pts, color.stroke_width(2), line).key(label, color.stroke_width(3))
             })
             .collect()
     };
     let ttft_top = (r.rows.iter())
-        .map(|x| x.ttft_ms.median)
+        .map(|x| x.ttft_ms.p99)
         .fold(1.0f64, f64::max);
     let hit = Panel {
         title: format!("prefix-cache hit rate — {}", r.model),
@@ -66,11 +70,11 @@ pub fn figure(dir: &Path, r: &ClusterReport) -> Result<Vec<String>> {
         series: series(&|x| 100.0 * x.hit_rate),
     };
     let ttft = Panel {
-        title: "time to first token, median".into(),
+        title: "time to first token, 99th percentile".into(),
         x: axis(0.5..most + 0.5, None, "instances behind HAProxy"),
-        y: axis(0.0..ttft_top * 1.2, None, "TTFT p50, ms"),
-        legend: SeriesLabelPosition::UpperLeft,
-        series: series(&|x| x.ttft_ms.median),
+        y: axis(0.0..ttft_top * 1.1, None, "TTFT p99, ms"),
+        legend: SeriesLabelPosition::UpperRight,
+        series: series(&|x| x.ttft_ms.p99),
     };
     write_pair(dir, "cluster", &[hit, ttft])
 }
