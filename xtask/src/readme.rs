@@ -331,6 +331,7 @@ fn benches_readme(root: &Path) -> Result<String> {
     md += &eviction_section(&record(root, "eviction.json")?);
     md += &chunked_section(&record(root, "chunked_prefill.json")?);
     md += &speculative_section(&record(root, "speculative.json")?);
+    md += &cluster_section(&record(root, "cluster.json")?);
     md += &kv_quality_section(&record(root, "kv_quality.json")?);
     Ok(md)
 }
@@ -453,6 +454,65 @@ fn tiers_section(v: &Value) -> String {
                 "recompute: TTFT, ms",
                 "restored from host memory",
                 "restored from disk",
+            ],
+            &out,
+        )
+    )
+}
+
+fn cluster_section(v: &Value) -> String {
+    let out: Vec<Vec<String>> = v["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            vec![
+                r["instances"].to_string(),
+                s(&r["routing"]).replace('_', " "),
+                if r["remote_tier"].as_bool() == Some(true) {
+                    "Redis".into()
+                } else {
+                    "none".into()
+                },
+                format!("{:.1}%", 100.0 * f(&r["hit_rate"])),
+                r["prefill_tokens"].to_string(),
+                r["remote_tokens"].to_string(),
+                num(f(&r["ttft_ms"]["median"])),
+                num(f(&r["ttft_ms"]["p99"])),
+                num(f(&r["output_tok_per_s"])),
+            ]
+        })
+        .collect();
+    format!(
+        "## Several servers, one cache: `cluster.json`\n\n`cargo xtask bench --cluster` on {}: {} instances of `kvlab serve` ({}, one thread each, a pool of {} blocks and {} host-tier blocks per KV cache group) behind {}, with and without a shared tier in {}, on {} chat sessions of {} turns ({} tokens generated per turn); every streamed text equal to its solo run.\n\n{}\n",
+        s(&v["machine"]),
+        v["rows"]
+            .as_array()
+            .map(|rows| {
+                let mut n: Vec<String> = rows.iter().map(|r| r["instances"].to_string()).collect();
+                n.dedup();
+                n.join(", ")
+            })
+            .unwrap_or_default(),
+        s(&v["model"]),
+        v["pool_blocks"],
+        v["host_tier_blocks"],
+        s(&v["load_balancer"]).split(" - ").next().unwrap_or(""),
+        s(&v["redis"]).split(" sha=").next().unwrap_or(""),
+        v["sessions"],
+        v["turns_per_session"],
+        v["max_tokens"],
+        table(
+            &[
+                "instances",
+                "routing",
+                "shared tier",
+                "hit rate",
+                "prompt tokens prefilled",
+                "restored from Redis",
+                "TTFT p50, ms",
+                "TTFT p99, ms",
+                "output tok/s",
             ],
             &out,
         )

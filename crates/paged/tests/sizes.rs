@@ -1,5 +1,6 @@
 //! The size claims of the crate's documentation (`src/lib.rs`, "Size against the references"),
-//! held: lines of code, neither blank nor comment, of the files each claim names.
+//! held: lines of code, neither blank nor comment, of the files each claim names, unit tests
+//! (a file's `#[cfg(test)]` module, last by convention) left out.
 
 use std::path::Path;
 
@@ -20,7 +21,8 @@ fn code_lines(paths: &[&str]) -> usize {
         .map(|f| {
             let text = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{f:?}: {e}"));
             let code = |l: &&str| !l.trim().is_empty() && !l.trim_start().starts_with("//");
-            text.lines().filter(code).count()
+            let body = text.split("\n#[cfg(test)]").next().unwrap_or("");
+            body.lines().filter(code).count()
         })
         .sum()
 }
