@@ -131,7 +131,7 @@ pub fn run(a: Args) -> Result<()> {
         kv_dtype: a.kv.kv_dtype,
     };
     let mut engine = build_paged(a.engine, model.clone(), pool)?;
-    let tiers = a.tiers.config(|| {
+    let tiers = a.tiers.config(false, || {
         let (name, files) = (loaded.name.as_str(), loaded.files.as_slice());
         let (weights, dtype) = (a.run.model.weights, a.kv.kv_dtype);
         crate::tiers::remote_namespace((name, files), weights, a.engine.name(), dtype, a.block_size)

@@ -66,6 +66,11 @@ pub struct Args {
     /// tenant can time another's cached prompts), `none` (all; `cache_salt` refused).
     #[arg(long, default_value = "salt", value_parser = ["salt", "user", "none"])]
     prefix_isolation: String,
+    /// Directory for saved sessions: `POST /slots/{id}?action=save|restore` writes and reads a
+    /// conversation's cached blocks there (llama.cpp's flag), so that it survives a restart;
+    /// restored blocks come back through host memory (--host-tier-blocks, 1024 unless given).
+    #[arg(long, value_name = "DIR")]
+    slot_save_path: Option<std::path::PathBuf>,
     /// Require `Authorization: Bearer KEY` on every route (401 otherwise).
     #[arg(long, env = "KVLAB_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -138,11 +143,25 @@ pub fn run(a: Args) -> Result<()> {
     let stop_ids = model.config.stop_ids.clone();
     let chat = tokenizer.chat_template().is_some();
     let kind = a.engine;
-    let tiers = a.tiers.config(|| {
+    let namespace = || {
         let (name, files) = (loaded.name.as_str(), loaded.files.as_slice());
         let (weights, dtype) = (a.run.model.weights, a.kv.kv_dtype);
         crate::tiers::remote_namespace((name, files), weights, kind.name(), dtype, a.block_size)
+    };
+    // Computed once (it hashes the model files), and only when something shares blocks.
+    let shared = a.tiers.remote_tier.is_some() || a.slot_save_path.is_some();
+    let ns = shared.then(namespace).transpose()?;
+    let tiers = a.tiers.config(a.slot_save_path.is_some(), || {
+        ns.clone().context("the model's namespace")
     })?;
+    let slots = match (&a.slot_save_path, ns) {
+        (Some(dir), Some(ns)) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("--slot-save-path {}: cannot create it", dir.display()))?;
+            Some((dir.clone(), ns))
+        }
+        _ => None,
+    };
     let (eviction, tenant_quota) = (a.eviction, a.tenant_quota);
     let (enable_prefix_caching, budget) = (!a.no_enable_prefix_caching, a.budget);
     let step_delay = Duration::from_millis(a.step_delay_ms as u64);
@@ -188,6 +207,7 @@ pub fn run(a: Args) -> Result<()> {
             a.max_waiting,
         )
         .with_api_key(a.api_key.clone())
+        .with_slots(slots)
         .with_prefix_isolation(a.prefix_isolation.parse().map_err(anyhow::Error::msg)?),
     );
     // One HTTP worker thread: the cores belong to the engine thread and its helpers, and the

@@ -5,8 +5,8 @@ use anyhow::{Context, Result};
 
 use crate::bytes;
 
-/// Host-memory blocks per group when `--remote-tier` is given without `--host-tier-blocks`:
-/// fetched blocks come back through host memory.
+/// Host-memory blocks per group when `--remote-tier` or `--slot-save-path` is given without
+/// `--host-tier-blocks`: fetched and restored blocks come back through host memory.
 const REMOTE_HOST_BLOCKS: usize = 1024;
 
 /// Tiers below a paged engine's pool: evicted prefix-cache blocks are spilled to host memory,
@@ -69,16 +69,22 @@ fn parse_restore_cost(s: &str) -> Result<kvlab_paged::RestoreCost, String> {
 impl TierArgs {
     /// The tiers asked for, `None` when no tier flag is given. The remote tier's blocks are
     /// shared only with processes of the same `namespace` ([`remote_namespace`]), which is
-    /// called only when `--remote-tier` is given.
+    /// called only when `--remote-tier` is given. With `restores` (saved sessions restore
+    /// through host memory) host memory is on even without a tier flag.
     ///
     /// # Errors
     /// Whatever `namespace` fails with (a model file that cannot be read for its digest).
     pub fn config(
         &self,
+        restores: bool,
         namespace: impl FnOnce() -> Result<String>,
     ) -> Result<Option<kvlab_paged::TierConfig>> {
+        let host = match self.host_tier_blocks {
+            0 if restores || self.remote_tier.is_some() => REMOTE_HOST_BLOCKS,
+            n => n,
+        };
         let Some(url) = &self.remote_tier else {
-            return Ok(self.local());
+            return Ok(self.local_config(host));
         };
         let remote = kvlab_paged::RemoteTierConfig {
             url: url.clone(),

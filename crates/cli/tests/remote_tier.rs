@@ -10,12 +10,13 @@
 // functions; this covers the helpers too).
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, TcpStream};
+mod common;
+
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use common::{Server, free_port};
 
 /// A `redis-server` of its own on a free loopback port, without persistence, killed on drop.
 struct Redis {
@@ -89,98 +90,6 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `kvlab serve` process on a free port, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    /// `kvlab serve -m <model> --port 0 <args>`, once it listens.
-    fn start(model: &str, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
-            .args(["serve", "-m", model, "--port", "0", "-t", "1"])
-            .args(args)
-            .env_remove("KVLAB_REMOTE_TIER")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut seen = String::new();
-        let base = loop {
-            let Some(Ok(line)) = lines.next() else {
-                panic!("kvlab serve {model} {args:?} exited before listening:\n{seen}");
-            };
-            if let Some(at) = line.find(" at http://") {
-                break line[at + 4..].trim().to_string();
-            }
-            seen.push_str(&line);
-            seen.push('\n');
-        };
-        // Keep draining stderr (warnings), so that the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Server { child, base }
-    }
-
-    /// The greedy completion of `prompt`: its text and the prompt tokens served from cache.
-    fn complete(&self, prompt: &str) -> (String, u64) {
-        self.send(json!({"prompt": prompt, "max_tokens": 16, "temperature": 0}))
-    }
-
-    /// [`Self::complete`] with vLLM's `cache_salt`.
-    fn complete_salted(&self, prompt: &str, salt: &str) -> (String, u64) {
-        let body =
-            json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "cache_salt": salt});
-        self.send(body)
-    }
-
-    fn send(&self, body: Value) -> (String, u64) {
-        let reply: Value = serde_json::from_str(
-            &ureq::post(&format!("{}/v1/completions", self.base))
-                .send_string(&body.to_string())
-                .unwrap()
-                .into_string()
-                .unwrap(),
-        )
-        .unwrap();
-        let text = reply["choices"][0]["text"].as_str().unwrap().to_string();
-        let cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap();
-        (text, cached)
-    }
-
-    /// The value of the metric line starting with `name{labels` (summed over the rest).
-    fn metric(&self, prefix: &str) -> f64 {
-        let text = ureq::get(&format!("{}/metrics", self.base))
-            .call()
-            .unwrap()
-            .into_string()
-            .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -78,6 +78,16 @@ pub enum PagedError {
         reason: String,
     },
 
+    /// A saved session cannot be written, read or restored here: an I/O error, a truncated or
+    /// corrupt file, or one saved by a server of another model or KV layout.
+    #[error("saved session {path}: {reason}")]
+    Session {
+        /// The session's file.
+        path: String,
+        /// What is wrong, with what to do.
+        reason: String,
+    },
+
     /// A sliding window of zero tokens would attend to nothing.
     #[error("sliding window must be at least 1 token, got {window}")]
     InvalidWindow {

@@ -129,8 +129,8 @@ pub use scheduled_batch::{FinishedSeq, GroupStep, ScheduledBatch, ScheduledSeq, 
 pub use scheduler::Scheduler;
 pub use sequence::{FinishReason, RequestId, Sequence, SequenceStatus, StopConditions};
 pub use tier::{
-    KvTierStore, RemoteTier, RemoteTierConfig, RemoteTierStats, RestoreCost, TierConfig, TierDrops,
-    TierKey, TierOp, TierStats, TierStoreStats,
+    KvTierStore, RemoteTier, RemoteTierConfig, RemoteTierStats, RestoreCost, SavedBlock,
+    SavedSession, TierConfig, TierDrops, TierKey, TierOp, TierStats, TierStoreStats,
 };
 pub use unscheduled::{UnscheduledPools, UnscheduledSeq};
 pub use waste::{RequestLen, Reservation, Waste, WasteRow, compute_waste, waste_table};

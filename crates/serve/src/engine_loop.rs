@@ -3,8 +3,9 @@
 //!
 //! Handlers talk to it through two kinds of channel:
 //!
-//! * one `std::sync::mpsc` channel of [`GenerationRequest`]s into the thread (the thread blocks
-//!   on it when idle, and drains it without blocking before every step);
+//! * one `std::sync::mpsc` channel of [`Job`]s into the thread — completions to schedule, and
+//!   saved-session saves and restores, run between two steps (the thread blocks on it when
+//!   idle, and drains it without blocking before every step);
 //! * one `tokio::sync::mpsc` unbounded channel per request back out, carrying
 //!   [`TokenEvent`]s: one `Token` per sampled token, then `Finished` (or `Failed`).
 //!
@@ -73,6 +74,55 @@ pub struct GenerationRequest {
     /// Its prefix-cache salt (0: none): it shares cached blocks only with requests of the same
     /// salt (`Scheduler::set_cache_salt`).
     pub cache_salt: u64,
+}
+
+/// What the engine thread is asked to do.
+pub enum Job {
+    /// Schedule a completion (boxed: a request is most of the enum's size).
+    Generate(Box<GenerationRequest>),
+    /// Save or restore a conversation's cached blocks, between two steps.
+    Session(SessionJob),
+}
+
+/// A saved-session job (`POST /slots/{id}?action=save|restore`) and where its answer goes.
+pub struct SessionJob {
+    /// What to do.
+    pub action: SessionAction,
+    /// What the blocks are reusable under (model, weights, engine, KV dtype, block size):
+    /// written into a saved file, and checked against a restored one.
+    pub namespace: String,
+    /// The answer: what was done, or why not.
+    pub reply: tokio::sync::oneshot::Sender<Result<SessionDone, String>>,
+}
+
+/// Save or restore.
+pub enum SessionAction {
+    /// Write the cached blocks of `tokens` (salted `salt`) to `path`.
+    Save {
+        /// The conversation so far (its last prompt and reply), BOS included.
+        tokens: Vec<u32>,
+        /// Its prefix-cache salt (0: none).
+        salt: u64,
+        /// The file to write.
+        path: std::path::PathBuf,
+    },
+    /// Make the blocks saved in `path` restorable by the next request that starts with them.
+    Restore {
+        /// The file to read.
+        path: std::path::PathBuf,
+    },
+}
+
+/// What a saved-session job did (llama.cpp's `n_saved`/`n_restored`, `n_written`/`n_read`,
+/// `timings`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionDone {
+    /// Tokens the saved (or restored) blocks cover.
+    pub tokens: usize,
+    /// Bytes of the file written (or read).
+    pub bytes: u64,
+    /// Milliseconds the job took on the engine thread.
+    pub ms: f64,
 }
 
 /// What the engine thread sends back for one request.
@@ -156,7 +206,7 @@ impl SharedState {
 /// The handlers' end of the engine thread.
 #[derive(Clone)]
 pub struct EngineHandle {
-    requests: Sender<GenerationRequest>,
+    requests: Sender<Job>,
     shared: Arc<SharedState>,
     /// Most positions of one sequence (prompt plus generated tokens).
     max_model_len: usize,
@@ -216,10 +266,18 @@ impl EngineHandle {
                 max_waiting,
             });
         }
-        self.requests.send(request).map_err(|_| {
+        self.requests.send(Job::Generate(Box::new(request))).map_err(|_| {
             self.shared.pending.fetch_sub(1, Ordering::AcqRel);
             SubmitError::EngineGone
         })
+    }
+
+    /// Queues a saved-session job; it runs between two steps.
+    ///
+    /// # Errors
+    /// [`SubmitError::EngineGone`] if the engine thread has exited.
+    pub fn submit_session(&self, job: SessionJob) -> Result<(), SubmitError> {
+        (self.requests.send(Job::Session(job))).map_err(|_| SubmitError::EngineGone)
     }
 }
 
@@ -328,17 +386,17 @@ struct EngineLoop {
 
 impl EngineLoop {
     /// Steps until every handle is dropped and no request is live.
-    fn run(mut self, receiver: &Receiver<GenerationRequest>) {
+    fn run(mut self, receiver: &Receiver<Job>) {
         loop {
             if self.live.is_empty() {
                 self.publish(true);
                 match receiver.recv() {
-                    Ok(r) => self.admit(r),
+                    Ok(job) => self.take(job),
                     Err(_) => return,
                 }
             }
-            while let Ok(r) = receiver.try_recv() {
-                self.admit(r);
+            while let Ok(job) = receiver.try_recv() {
+                self.take(job);
             }
             self.abort_disconnected();
             if self.live.is_empty() {
@@ -346,6 +404,45 @@ impl EngineLoop {
             }
             self.step();
             self.publish(false);
+        }
+    }
+
+    fn take(&mut self, job: Job) {
+        match job {
+            Job::Generate(r) => self.admit(*r),
+            Job::Session(j) => {
+                let t = Instant::now();
+                let done = self.session(j.action, &j.namespace).map(|(tokens, bytes)| {
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    SessionDone { tokens, bytes, ms }
+                });
+                let _ = j.reply.send(done);
+            }
+        }
+    }
+
+    /// Saves or restores a session: (tokens covered, file bytes), or why not.
+    fn session(&mut self, action: SessionAction, namespace: &str) -> Result<(usize, u64), String> {
+        let kv = self.sched.kv_cache_manager_mut();
+        match action {
+            SessionAction::Save { tokens, salt, path } => {
+                let saved = (kv.save_session(&mut *self.engine, (&tokens, salt), namespace))
+                    .map_err(|e| format!("reading the session's blocks: {e}"))?;
+                let bs = saved.block_size;
+                let covered = (saved.blocks.iter())
+                    .map(|b| (b.level as usize + 1) * bs)
+                    .max()
+                    .unwrap_or(0);
+                let bytes = saved.write(&path).map_err(|e| e.to_string())?;
+                Ok((covered, bytes))
+            }
+            SessionAction::Restore { path } => {
+                let saved = kvlab_paged::SavedSession::read(&path).map_err(|e| e.to_string())?;
+                let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+                let covered = (kv.restore_session(&mut *self.engine, saved, namespace, &path))
+                    .map_err(|e| e.to_string())?;
+                Ok((covered, bytes))
+            }
         }
     }
 

@@ -52,7 +52,10 @@ pub struct AppState {
     /// When set, every route wants `Authorization: Bearer <key>` (OpenAI's scheme).
     api_key: Option<String>,
     /// Which requests may share prefix-cache blocks (`--prefix-isolation`).
-    prefix_isolation: PrefixIsolation,
+    pub(crate) prefix_isolation: PrefixIsolation,
+    /// Where `POST /slots/{id}?action=save|restore` keeps saved sessions (`--slot-save-path`),
+    /// and the namespace they are written under and checked against (`None`: refused).
+    pub(crate) slots: Option<(std::path::PathBuf, String)>,
 }
 
 /// Which requests share prefix-cache blocks (`kvlab serve --prefix-isolation`). A shared prefix
@@ -101,7 +104,15 @@ impl AppState {
             next_id: AtomicU64::new(0),
             api_key: None,
             prefix_isolation: PrefixIsolation::default(),
+            slots: None,
         }
+    }
+
+    /// Saves and restores sessions in a directory, under a namespace (what makes the blocks
+    /// reusable: model files, weights, engine, KV dtype, block size); `None`: refused.
+    pub fn with_slots(mut self, slots: Option<(std::path::PathBuf, String)>) -> AppState {
+        self.slots = slots;
+        self
     }
 
     /// Requires `Authorization: Bearer <key>` on every route (401 otherwise).
@@ -125,6 +136,7 @@ pub fn router(state: Arc<AppState>, body_limit: usize) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/metrics", get(metrics))
+        .route("/slots/{id}", post(crate::slots::slots))
         .route("/", get(crate::page::index))
         .route("/pool", get(crate::page::pool))
         .fallback(|| async {
@@ -273,7 +285,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             kind,
@@ -283,7 +299,7 @@ impl ApiError {
         }
     }
 
-    fn invalid(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
+    pub(crate) fn invalid(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
         ApiError {
             param,
             ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -362,7 +378,7 @@ enum StopField {
 /// the model as they are, no BOS added).
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum PromptField {
+pub(crate) enum PromptField {
     Text(String),
     Tokens(Vec<u32>),
 }
@@ -440,16 +456,15 @@ enum Api {
     Chat,
 }
 
-/// The prompt tokens of a request: its `prompt` (token ids as they are; text encoded with a
-/// BOS), or its `messages` rendered by the model's chat template (which writes its own BOS).
-fn prompt_tokens(
+/// The tokens of a `prompt`: token ids as they are (each checked against the vocabulary), text
+/// encoded with a BOS (refused unencoded when even its lower bound exceeds `max_model_len`).
+pub(crate) fn tokens_of(
     s: &AppState,
-    req: &CompletionRequest,
-    api: Api,
+    prompt: &PromptField,
     max_model_len: usize,
 ) -> Result<Vec<u32>, ApiError> {
-    let (text, bos) = match (api, &req.prompt, &req.messages) {
-        (Api::Completions, Some(PromptField::Tokens(ids)), None) => {
+    match prompt {
+        PromptField::Tokens(ids) => {
             let vocab = s.tokenizer.vocab_size();
             if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(ApiError::invalid(
@@ -457,9 +472,29 @@ fn prompt_tokens(
                     Some("prompt"),
                 ));
             }
-            return Ok(ids.clone());
+            Ok(ids.clone())
         }
-        (Api::Completions, Some(PromptField::Text(p)), None) => (p.clone(), true),
+        PromptField::Text(text) => {
+            if s.tokenizer.min_tokens(text) + 1 > max_model_len {
+                return Err(ApiError::invalid(
+                    format!("the prompt is longer than the context of {max_model_len} tokens"),
+                    Some("prompt"),
+                ));
+            }
+            Ok(s.tokenizer.encode_special(text, true, false))
+        }
+    }
+}
+
+/// The prompt tokens of a request: its `prompt` ([`tokens_of`]), or its `messages` rendered by the model's chat template (which writes its own BOS).
+fn prompt_tokens(
+    s: &AppState,
+    req: &CompletionRequest,
+    api: Api,
+    max_model_len: usize,
+) -> Result<Vec<u32>, ApiError> {
+    let (text, bos) = match (api, &req.prompt, &req.messages) {
+        (Api::Completions, Some(p), None) => return tokens_of(s, p, max_model_len),
         (Api::Completions, _, _) => {
             return Err(ApiError::invalid(
                 "a completion takes a prompt (and no messages; those go to /v1/chat/completions)",
@@ -581,7 +616,11 @@ fn prepare(
         };
         ApiError::invalid(e.to_string(), Some(param))
     })?;
-    let cache_salt = cache_salt(s.prefix_isolation, &req)?;
+    let cache_salt = cache_salt(
+        s.prefix_isolation,
+        req.cache_salt.as_deref(),
+        req.user.as_deref(),
+    )?;
     let stop = match req.stop {
         None => Vec::new(),
         Some(StopField::One(s)) => vec![s],
@@ -603,13 +642,17 @@ fn prepare(
     })
 }
 
-/// The prefix-cache salt of `req` under `isolation` (0: none): FNV-1a of its `cache_salt`, and
-/// in `user` mode of its `user` too, never 0.
+/// The prefix-cache salt of a request whose `cache_salt` is `given` and whose OpenAI `user` is
+/// `user`, under `isolation` (0: none): FNV-1a of its `cache_salt`, and in `user` mode of its
+/// `user` too, never 0.
 ///
 /// # Errors
 /// An empty `cache_salt`, or any `cache_salt` when the server shares everything.
-fn cache_salt(isolation: PrefixIsolation, req: &CompletionRequest) -> Result<u64, ApiError> {
-    let given = req.cache_salt.as_deref();
+pub(crate) fn cache_salt(
+    isolation: PrefixIsolation,
+    given: Option<&str>,
+    user: Option<&str>,
+) -> Result<u64, ApiError> {
     if given == Some("") {
         return Err(ApiError::invalid(
             "cache_salt is empty; leave it out or give a non-empty string",
@@ -628,11 +671,9 @@ fn cache_salt(isolation: PrefixIsolation, req: &CompletionRequest) -> Result<u64
             Some(salt) => format!("salt\0{salt}"),
             None => return Ok(0),
         },
-        PrefixIsolation::User => format!(
-            "user\0{}\0{}",
-            req.user.as_deref().unwrap_or(""),
-            given.unwrap_or("")
-        ),
+        PrefixIsolation::User => {
+            format!("user\0{}\0{}", user.unwrap_or(""), given.unwrap_or(""))
+        }
     };
     Ok(kvlab_paged::fnv1a(key.as_bytes()).max(1))
 }

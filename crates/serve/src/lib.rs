@@ -18,10 +18,12 @@ pub mod http;
 mod listen;
 pub mod metrics;
 mod page;
+mod slots;
 
 pub use detokenize::Detokenizer;
 pub use engine_loop::{
-    EngineHandle, EngineParts, Executor, GenerationRequest, SubmitError, TokenEvent, spawn_engine,
+    EngineHandle, EngineParts, Executor, GenerationRequest, Job, SessionAction, SessionDone,
+    SessionJob, SubmitError, TokenEvent, spawn_engine,
 };
 pub use http::{AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, PrefixIsolation, router};
 pub use listen::{HEADER_READ_TIMEOUT, serve};

@@ -17,6 +17,7 @@
 
 mod hit;
 mod remote;
+mod session;
 mod tiers;
 
 pub use hit::{ComputedBlocks, PromptSlots};

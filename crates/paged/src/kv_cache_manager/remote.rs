@@ -85,7 +85,7 @@ impl KvCacheManager {
             };
             let mut lost = Vec::new();
             for (entry, bytes) in adopted {
-                lost.extend(store.put_fetched(TierKey::new(g, entry), bytes));
+                lost.extend(store.put_fetched(TierKey::new(g, entry), bytes, true));
             }
             for key in lost {
                 store.remove(key);

@@ -27,6 +27,10 @@
 //!   content, written through as they are computed and fetched into host memory when a
 //!   prompt's prefix misses everything above; verified like files, never trusted.
 //!
+//! * `session.rs` ([`SavedSession`]): a conversation's cached blocks in a file, checksummed, to
+//!   restore in this process or a restarted one (`KvCacheManager::save_session`/
+//!   `restore_session`); restored levels enter host memory like fetched ones.
+//!
 //! A level is restorable only once its bytes are in the store: one spilled in the step being
 //! built is a miss until the step has run. Before a restore is scheduled the store checks its
 //! bytes (a file is read and verified then, and kept in host memory), so the move itself cannot
@@ -34,6 +38,7 @@
 
 pub(crate) mod index;
 pub(crate) mod remote;
+mod session;
 mod store;
 
 use std::path::PathBuf;
@@ -41,6 +46,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 pub use remote::{RETRY_AFTER, RemoteTier, RemoteTierConfig, RemoteTierStats};
+pub use session::{SavedBlock, SavedSession};
 pub use store::{KvTierStore, TierStoreStats};
 
 use crate::BlockId;

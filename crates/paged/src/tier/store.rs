@@ -198,12 +198,26 @@ impl KvTierStore {
         lost
     }
 
-    /// Stores a block the remote tier fetched (verified), to be restored like a spilled one.
+    /// Stores a block that came from outside this run's pools (verified): fetched from the
+    /// remote tier (`remote`), or read from a saved session. It is restored like a spilled one.
     /// Returns the keys lost on the way, as [`Self::put`] does.
-    pub fn put_fetched(&mut self, key: TierKey, bytes: Box<[u8]>) -> Vec<TierKey> {
+    pub fn put_fetched(&mut self, key: TierKey, bytes: Box<[u8]>, remote: bool) -> Vec<TierKey> {
         let lost = self.hold(key, bytes);
-        self.from_remote.insert(key);
+        if remote {
+            self.from_remote.insert(key);
+        }
         lost
+    }
+
+    /// A copy of `key`'s bytes (host memory, or its file read and verified), leaving them where
+    /// they are; `None` if not held or the file fails its checks.
+    pub fn peek(&self, key: TierKey) -> Option<Vec<u8>> {
+        if let Some((_, b)) = self.host.get(&key) {
+            return Some(b.to_vec());
+        }
+        let d = self.disk.as_ref()?;
+        let len = *d.files.get(&key)?;
+        read_block(&file_path(&d.dir, key), key, len).map(Vec::from)
     }
 
     /// Whether `key`'s bytes came from the remote tier.
