@@ -706,10 +706,13 @@ async fn bad_bodies_get_clear_errors_and_leave_nothing_behind() {
     );
     bad("/v1/completions", deep.into_bytes(), 400, None).await;
 
-    // A prompt that is not a string (kvlab takes text only), or none.
+    // A prompt that is neither text nor token ids (a list of strings: a batch, which kvlab does
+    // not take), token ids outside the vocabulary or negative, or none.
     for prompt in [
         json!(42),
-        json!([1, 2, 3]),
+        json!([1, 2, 1_000_000]),
+        json!([1, -2]),
+        json!([]),
         json!(["a", "b"]),
         json!(null),
         json!({"text": "x"}),
