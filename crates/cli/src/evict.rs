@@ -80,6 +80,10 @@ struct Row {
     tier_blocks: Option<usize>,
     /// Whether paused sessions were offloaded on purpose.
     offload_paused: bool,
+    /// Whether a remote tier in Redis (`--remote-tier`) was below the others, and the blocks
+    /// restored from it.
+    remote_tier: bool,
+    remote_restores: u64,
     /// Evicted blocks spilled to the tiers (offloaded ones included), the blocks of paused
     /// sessions offloaded on purpose, and levels restored from the tiers.
     spills: u64,
@@ -115,11 +119,31 @@ pub fn run(a: Args) -> Result<()> {
         noisy_sessions: a.noisy_sessions,
         ..Sessions::default()
     };
-    if a.tiers.remote_tier.is_some() {
-        bail!(
-            "evict compares eviction policies, each run starting from empty caches; a remote tier shared by the runs would carry blocks from one to the next. Use --remote-tier with serve or batch"
-        );
-    }
+    // With --remote-tier, one more run per pool and policy: the tiers plus Redis, under a
+    // namespace of the run's own, so that every run starts from an empty store (a store shared
+    // by the runs would carry blocks from one to the next).
+    let remote_tiers = match a.tiers.remote_tier {
+        Some(_) => a.tiers.config(false, || {
+            let (name, files) = (loaded.name.as_str(), loaded.files.as_slice());
+            let dtype = kvlab_model::KvDtype::F32;
+            let engine = EngineKind::CpuPaged.name();
+            crate::tiers::remote_namespace(
+                (name, files),
+                a.run.model.weights,
+                engine,
+                dtype,
+                a.block_size,
+            )
+        })?,
+        None => None,
+    };
+    let run_id = format!(
+        "evict-run={}.{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
     if a.offload_paused && a.tiers.local().is_none() {
         bail!(
             "--offload-paused moves paused sessions to the tiers; give them with --host-tier-blocks N or --disk-tier DIR"
@@ -176,6 +200,7 @@ pub fn run(a: Args) -> Result<()> {
                     .filter(|_| a.offload_paused)
                     .map(|t| Some(t.with_offload_paused(true))),
             )
+            .chain(remote_tiers.clone().map(Some))
             .collect();
         for ((&policy, &tenant_quota), tiers) in policies
             .iter()
@@ -188,6 +213,12 @@ pub fn run(a: Args) -> Result<()> {
                 kv_dtype: kvlab_model::KvDtype::F32,
             };
             let mut engine = build_paged(EngineKind::CpuPaged, model.clone(), pool)?;
+            let mut tiers = tiers.clone();
+            if let Some(r) = tiers.as_mut().and_then(|t| t.remote.as_mut()) {
+                r.namespace = format!("{} {run_id}.{}", r.namespace, rows.len());
+                // Each run's blocks are of no use after it: let Redis drop them.
+                r.ttl_secs = r.ttl_secs.or(Some(3600));
+            }
             let config = SchedulerConfig {
                 eviction_policy: policy,
                 tenant_quota,
@@ -212,6 +243,8 @@ pub fn run(a: Args) -> Result<()> {
             r.tenant_quota = tenant_quota;
             r.tier_blocks = tiers.as_ref().map(|t| t.capacity());
             r.offload_paused = tiers.as_ref().is_some_and(|t| t.offload_paused);
+            r.remote_tier = tiers.as_ref().is_some_and(|t| t.remote.is_some());
+            r.remote_restores = report.metrics.tier_store.blocks_restored_from_remote;
             if let Some(noisy) = noisy {
                 let rate = |(q, h): (u64, u64)| h as f64 / q.max(1) as f64;
                 let hits = sched.tenant_prefix_hits();
@@ -260,7 +293,7 @@ pub fn run(a: Args) -> Result<()> {
 /// columns when tiers are given.
 fn print_table(a: &Args, rows: &[Row], noisy: bool) {
     let tenant_cols = noisy || !a.quotas.is_empty();
-    let tier_cols = a.tiers.local().is_some();
+    let tier_cols = a.tiers.local().is_some() || a.tiers.remote_tier.is_some();
     print!(
         "{:>7} {:<11} {:>9} {:>15} {:>10} {:>12} {:>15} {:>14} {:>9}",
         "blocks",
@@ -306,7 +339,11 @@ fn print_table(a: &Args, rows: &[Row], noisy: bool) {
             );
         }
         if tier_cols {
-            let blocks = r.tier_blocks.map_or("none".into(), |b| b.to_string());
+            let blocks = match (r.tier_blocks, r.remote_tier) {
+                (Some(b), true) => format!("{b}+Redis"),
+                (Some(b), false) => b.to_string(),
+                (None, _) => "none".into(),
+            };
             print!(" {blocks:>11} {:>7} {:>9}", r.spills, r.restores);
             if a.offload_paused {
                 let offloaded = if r.offload_paused {
@@ -360,6 +397,8 @@ fn row(num_blocks: usize, policy: EvictionPolicy, requests: &[Request], r: &Driv
         tenant_quota: None,
         tier_blocks: None,
         offload_paused: false,
+        remote_tier: false,
+        remote_restores: 0,
         spills: m.num_spills,
         offloaded: m.num_offloaded_blocks,
         restores: m.num_restores,

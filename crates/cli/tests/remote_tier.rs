@@ -28,10 +28,16 @@ impl Redis {
     /// Starts one; `None` (after saying so) when `redis-server` is not installed, unless
     /// `KVLAB_REQUIRE_MODELS=1`, which makes that a failure.
     fn start() -> Option<Redis> {
+        Self::start_with(&[])
+    }
+
+    /// [`Self::start`] with more `redis-server` flags.
+    fn start_with(flags: &[&str]) -> Option<Redis> {
         let port = free_port();
         let spawned = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(flags)
             .stdout(Stdio::null())
             .spawn();
         let child = match spawned {
@@ -219,4 +225,32 @@ fn across_instances_blocks_are_shared_only_under_the_same_cache_salt() {
     assert_eq!(text, want);
     assert!(cached >= 16, "the same salt restores A's blocks");
     assert_eq!(b.metric(REMOTE_HITS), cached as f64);
+}
+
+/// A Redis that is full (`maxmemory` reached under `noeviction`) refuses every write: each is
+/// counted, no request fails, and the tokens are a solo run's.
+#[test]
+fn a_full_redis_refuses_writes_and_fails_no_request() {
+    let flags = ["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"];
+    let Some(redis) = Redis::start_with(&flags) else {
+        return;
+    };
+    // Fill it past its limit with something else's data.
+    let mut conn = redis.connection();
+    for i in 0..64 {
+        let _: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("other:{i}"))
+            .arg(vec![0u8; 64 * 1024])
+            .query(&mut conn);
+    }
+    let url = redis.url();
+    let (solo, full) = (
+        Server::start("stories260K", &[]),
+        Server::start("stories260K", &["--remote-tier", &url]),
+    );
+    for prompt in [PROMPT, "The cat sat on the mat and looked at the moon."] {
+        assert_eq!(full.complete(prompt).0, solo.complete(prompt).0);
+    }
+    assert!(full.metric(ERRORS) >= 1.0, "the refused writes are counted");
+    assert!(redis.keys().is_empty(), "nothing was written");
 }

@@ -266,10 +266,12 @@ impl EngineHandle {
                 max_waiting,
             });
         }
-        self.requests.send(Job::Generate(Box::new(request))).map_err(|_| {
-            self.shared.pending.fetch_sub(1, Ordering::AcqRel);
-            SubmitError::EngineGone
-        })
+        self.requests
+            .send(Job::Generate(Box::new(request)))
+            .map_err(|_| {
+                self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+                SubmitError::EngineGone
+            })
     }
 
     /// Queues a saved-session job; it runs between two steps.

@@ -39,8 +39,9 @@ impl KvCacheManager {
             return;
         }
         let bs = self.kv_cache.block_size;
-        // Fetches land in host memory: never more than it holds, or they would push out each
-        // other.
+        // Fetches land in host memory: never more than a pool's share, or they would push out
+        // each other (what they push out is never a level an earlier admission of this step
+        // will restore: the store keeps those, `KvTierStore::ready`).
         let room = self.tier_config.as_ref().map_or(0, |t| t.host_blocks);
         let mut groups: Vec<usize> = (0..self.allocators.len()).collect();
         groups.sort_by_key(|&g| self.kv_cache.groups[g].sliding_window.is_some());

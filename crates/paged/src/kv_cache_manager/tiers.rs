@@ -154,6 +154,9 @@ impl KvCacheManager {
     /// the step without [`crate::driver::execute_step`]): those spills never reached the store,
     /// so the pools forget them. Keeps the list bounded and every tiered level readable.
     pub(crate) fn forget_unmoved(&mut self) {
+        if let Some(store) = self.tiers.as_mut() {
+            store.unpin_all();
+        }
         for op in std::mem::take(&mut self.pending_tier_ops) {
             if let TierOp::Spill { key, .. } = op {
                 if let Some(store) = self.tiers.as_mut() {
@@ -222,6 +225,7 @@ impl KvCacheManager {
                 TierOp::Restore { .. } => {}
             }
         }
+        store.unpin_all();
         for key in lost {
             store.remove(key);
             self.allocators[key.group as usize].forget_tiered(key.entry);

@@ -30,9 +30,10 @@
 //! forges a well-formed value: keep Redis behind AUTH/ACLs, as the `--remote-tier` URL allows.)
 //!
 //! **Redis down, slow or full never fails a request**: every command runs with short timeouts;
-//! a failure is counted, logged once per outage, and the tier stays off for
-//! [`RETRY_AFTER`] before the next try. Lookups then miss (the prefix is recomputed) and
-//! writes are skipped.
+//! a failed connection is counted, logged once per outage, and the tier stays off for
+//! [`RETRY_AFTER`] before the next try: lookups then miss (the prefix is recomputed) and writes
+//! are skipped. An error reply (Redis out of memory under `noeviction`) is counted and logged
+//! once, and what failed is skipped.
 //!
 //! Writes are **write-through**: each full block a request computes is stored once, when the
 //! step after it starts (before anything can overwrite it), with `SET … NX` so that the first
@@ -164,6 +165,8 @@ pub struct RemoteTier {
     block_bytes: Vec<Option<usize>>,
     /// Digests written by this process (or found there), so each is written once.
     written: HashSet<[u8; 32]>,
+    /// Whether an error reply (not a connection failure) was logged already.
+    warned_reply: bool,
     stats: RemoteTierStats,
 }
 
@@ -214,6 +217,7 @@ impl RemoteTier {
             ns,
             block_bytes: vec![None; num_groups],
             written: HashSet::new(),
+            warned_reply: false,
             stats: RemoteTierStats::default(),
         })
     }
@@ -298,9 +302,26 @@ impl RemoteTier {
         self.conn.as_mut()
     }
 
-    /// A command failed: counted, logged once per outage, the tier off for a while.
+    /// A command failed: counted and logged. A connection that failed (refused, timed out,
+    /// dropped) turns the tier off for [`RETRY_AFTER`], logged once per outage; an error reply
+    /// (Redis full under `noeviction`, a command refused by an ACL) is logged once and the
+    /// connection kept, so that lookups go on while writes fail.
     fn failed(&mut self, e: &redis::RedisError) {
         self.stats.errors += 1;
+        let connection = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal();
+        if !connection {
+            if !self.warned_reply {
+                self.warned_reply = true;
+                tracing::warn!(
+                    "remote KV tier {}: {e}; carrying on without what failed (counted in kvlab:kv_tier_errors_total)",
+                    self.config.redacted_url()
+                );
+            }
+            return;
+        }
         self.conn = None;
         if self.down_until.is_none() {
             tracing::warn!(

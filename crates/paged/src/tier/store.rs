@@ -82,6 +82,10 @@ pub struct KvTierStore {
     from_disk: HashSet<TierKey>,
     /// Keys whose bytes the remote tier fetched.
     from_remote: HashSet<TierKey>,
+    /// Keys [`Self::ready`] said yes to since [`Self::unpin_all`]: restores the step being
+    /// built relies on, never moved out of host memory to make room for a block stored meanwhile
+    /// (one the remote tier fetched for a later admission).
+    pinned: HashSet<TierKey>,
     stats: TierStoreStats,
 }
 
@@ -116,6 +120,7 @@ impl KvTierStore {
             disk,
             from_disk: HashSet::new(),
             from_remote: HashSet::new(),
+            pinned: HashSet::new(),
             stats: TierStoreStats::default(),
         })
     }
@@ -135,6 +140,12 @@ impl KvTierStore {
             disk_bytes: disk.map_or(0, |d| d.files.values().map(|&n| n as u64).sum()),
             ..self.stats
         }
+    }
+
+    /// Forgets which keys the step being built relies on ([`Self::ready`]): its moves are made,
+    /// or it never ran.
+    pub fn unpin_all(&mut self) {
+        self.pinned.clear();
     }
 
     /// Whether `key` is held (host or disk; a file is not checked here).
@@ -171,9 +182,12 @@ impl KvTierStore {
         self.insert_host(key, bytes);
         let mut lost = Vec::new();
         while self.host.len() > self.host_capacity {
-            let Some((_, old)) = self.host_order.pop_first() else {
+            let pinned = &self.pinned;
+            let Some((&stamp, &old)) = self.host_order.iter().find(|(_, k)| !pinned.contains(k))
+            else {
                 break;
             };
+            self.host_order.remove(&stamp);
             let Some((_, bytes)) = self.host.remove(&old) else {
                 continue;
             };
@@ -230,6 +244,14 @@ impl KvTierStore {
     /// are not held or the file is missing, truncated or corrupt (counted; the file is
     /// removed): the caller treats the level as a miss and forgets it.
     pub fn ready(&mut self, key: TierKey) -> bool {
+        let ready = self.make_ready(key);
+        if ready {
+            self.pinned.insert(key);
+        }
+        ready
+    }
+
+    fn make_ready(&mut self, key: TierKey) -> bool {
         if let Some((stamp, _)) = self.host.get(&key) {
             let stamp = *stamp;
             self.host_order.remove(&stamp);
@@ -270,6 +292,7 @@ impl KvTierStore {
         }
         let (stamp, bytes) = self.host.remove(&key)?;
         self.host_order.remove(&stamp);
+        self.pinned.remove(&key);
         self.stats.bytes_restored += bytes.len() as u64;
         if self.from_remote.remove(&key) {
             self.stats.blocks_restored_from_remote += 1;
@@ -292,6 +315,7 @@ impl KvTierStore {
     pub fn remove(&mut self, key: TierKey) {
         self.from_disk.remove(&key);
         self.from_remote.remove(&key);
+        self.pinned.remove(&key);
         if let Some((stamp, _)) = self.host.remove(&key) {
             self.host_order.remove(&stamp);
         }
@@ -376,6 +400,29 @@ mod tests {
         (0..n)
             .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
             .collect()
+    }
+
+    #[test]
+    fn a_block_checked_for_a_restore_is_never_pushed_out_before_it() {
+        let config = TierConfig::host(2);
+        let mut s = KvTierStore::new(&config, 1).unwrap();
+        assert!(s.put(key(1), block(1, 8)).is_empty());
+        assert!(s.put(key(2), block(2, 8)).is_empty());
+        // An admission checks entry 1 (the oldest) for a restore; a later admission of the same
+        // step stores a fetched block: entry 2 makes room, entry 1 stays for its restore.
+        assert!(s.ready(key(1)));
+        assert!(s.ready(key(1)));
+        assert_eq!(s.put_fetched(key(3), block(3, 8), true), vec![key(2)]);
+        assert_eq!(s.take(key(1)), Some(block(1, 8)));
+        // Once the step's moves are made nothing is pinned: the oldest goes first again.
+        assert!(s.ready(key(3)));
+        s.unpin_all();
+        assert!(s.put(key(4), block(4, 8)).is_empty());
+        assert_eq!(s.put(key(5), block(5, 8)), vec![key(3)]);
+        assert!(
+            !s.contains(key(3)),
+            "lost (no disk tier): the caller forgets it"
+        );
     }
 
     #[test]
