@@ -254,3 +254,38 @@ fn a_full_redis_refuses_writes_and_fails_no_request() {
     assert!(full.metric(ERRORS) >= 1.0, "the refused writes are counted");
     assert!(redis.keys().is_empty(), "nothing was written");
 }
+
+/// `kvlab evict --remote-tier`: a run per pool and policy with Redis below a small host tier,
+/// each under a namespace of its own, restoring what the pool evicted with the same tokens as
+/// every other run (evict fails otherwise) — many admissions of one step fetching into a full
+/// host memory.
+#[test]
+fn evict_with_a_remote_tier_restores_evicted_blocks_with_the_same_tokens() {
+    let Some(redis) = Redis::start() else { return };
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args(["evict", "--num-blocks", "40", "--eviction", "lru"])
+        .args([
+            "--host-tier-blocks",
+            "8",
+            "--remote-tier",
+            &redis.url(),
+            "--json",
+        ])
+        .env_remove("KVLAB_REMOTE_TIER")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(
+        rows.len(),
+        3,
+        "no tiers, the host tier, the host tier and Redis"
+    );
+    let (host, remote) = (&rows[1], &rows[2]);
+    assert_eq!(remote["remote_tier"], true);
+    assert!(remote["remote_restores"].as_u64().unwrap() > 0, "{remote}");
+    let rate = |r: &serde_json::Value| r["prefix_hit_rate"].as_f64().unwrap();
+    assert!(rate(remote) > rate(host), "{host} {remote}");
+}
