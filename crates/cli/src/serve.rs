@@ -141,6 +141,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     };
     let stop_ids = model.config.stop_ids.clone();
+    let vocab_size = model.config.vocab_size;
     let chat = tokenizer.chat_template().is_some();
     let kind = a.engine;
     let namespace = || {
@@ -148,6 +149,11 @@ pub fn run(a: Args) -> Result<()> {
         let (weights, dtype) = (a.run.model.weights, a.kv.kv_dtype);
         crate::tiers::remote_namespace((name, files), weights, kind.name(), dtype, a.block_size)
     };
+    if a.slot_save_path.is_some() && a.no_enable_prefix_caching {
+        bail!(
+            "--slot-save-path restores a conversation's blocks through the prefix cache; drop --no-enable-prefix-caching"
+        );
+    }
     // Computed once (it hashes the model files), and only when something shares blocks.
     let shared = a.tiers.remote_tier.is_some() || a.slot_save_path.is_some();
     let ns = shared.then(namespace).transpose()?;
@@ -207,6 +213,7 @@ pub fn run(a: Args) -> Result<()> {
             a.max_waiting,
         )
         .with_api_key(a.api_key.clone())
+        .with_model_vocab(vocab_size)
         .with_slots(slots)
         .with_prefix_isolation(a.prefix_isolation.parse().map_err(anyhow::Error::msg)?),
     );

@@ -87,6 +87,21 @@ impl Redis {
         keys
     }
 
+    /// The keys once the writers are done: polled until they stop changing (writes go to Redis
+    /// from each server's writer thread, after the request that computed them has answered).
+    fn settled_keys(&self) -> Vec<String> {
+        let t = Instant::now();
+        let mut last = self.keys();
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = self.keys();
+            if (now == last && !now.is_empty()) || t.elapsed() > Duration::from_secs(10) {
+                return now;
+            }
+            last = now;
+        }
+    }
+
     fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -132,7 +147,10 @@ fn a_prompt_served_by_one_instance_is_restored_by_another_with_the_same_tokens()
         let (text_a, cached_a) = a.complete(PROMPT);
         assert_eq!(text_a, want, "{model}: A");
         assert_eq!(cached_a, 0, "{model}: A computes everything");
-        assert!(!redis.keys().is_empty(), "{model}: A wrote its blocks");
+        assert!(
+            !redis.settled_keys().is_empty(),
+            "{model}: A wrote its blocks"
+        );
         let (text_b, cached_b) = b.complete(PROMPT);
         assert_eq!(text_b, want, "{model}: B, restored from A's blocks");
         assert!(
@@ -163,7 +181,7 @@ fn a_poisoned_or_missing_redis_changes_no_token_and_fails_no_request() {
     let (want, _) = solo.complete(PROMPT);
     let writer = Server::start("stories260K", &remote);
     assert_eq!(writer.complete(PROMPT).0, want);
-    let keys = redis.keys();
+    let keys = redis.settled_keys();
     assert!(keys.len() >= 3, "{keys:?}");
     let mut conn = redis.connection();
     let get = |conn: &mut redis::Connection, k: &str| -> Vec<u8> {
@@ -218,6 +236,7 @@ fn across_instances_blocks_are_shared_only_under_the_same_cache_salt() {
         Server::start("stories260K", &remote),
     );
     let (want, _) = a.complete_salted(PROMPT, "tenant-a");
+    redis.settled_keys();
     let (text, cached) = b.complete_salted(PROMPT, "tenant-b");
     assert_eq!((text.as_str(), cached), (want.as_str(), 0), "another salt");
     assert_eq!(b.complete(PROMPT).1, 0, "no salt");
@@ -250,6 +269,11 @@ fn a_full_redis_refuses_writes_and_fails_no_request() {
     );
     for prompt in [PROMPT, "The cat sat on the mat and looked at the moon."] {
         assert_eq!(full.complete(prompt).0, solo.complete(prompt).0);
+    }
+    // The writes fail on the writer thread, after the requests answered.
+    let t = Instant::now();
+    while full.metric(ERRORS) < 1.0 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
     }
     assert!(full.metric(ERRORS) >= 1.0, "the refused writes are counted");
     assert!(redis.keys().is_empty(), "nothing was written");

@@ -453,6 +453,7 @@ where
         });
         step += 1;
     }
+    scheduler.kv_cache_manager_mut().flush_remote_writes(engine);
     Ok(DriveReport {
         outputs: outputs
             .into_iter()

@@ -392,6 +392,10 @@ impl EngineLoop {
         loop {
             if self.live.is_empty() {
                 self.publish(true);
+                // Idle: the last blocks computed reach the remote tier now, not with the next
+                // request's step.
+                let kv = self.sched.kv_cache_manager_mut();
+                kv.flush_remote_writes(&mut *self.engine);
                 match receiver.recv() {
                     Ok(job) => self.take(job),
                     Err(_) => return,
@@ -430,11 +434,7 @@ impl EngineLoop {
             SessionAction::Save { tokens, salt, path } => {
                 let saved = (kv.save_session(&mut *self.engine, (&tokens, salt), namespace))
                     .map_err(|e| format!("reading the session's blocks: {e}"))?;
-                let bs = saved.block_size;
-                let covered = (saved.blocks.iter())
-                    .map(|b| (b.level as usize + 1) * bs)
-                    .max()
-                    .unwrap_or(0);
+                let covered = kvlab_paged::KvCacheManager::session_tokens(&saved);
                 let bytes = saved.write(&path).map_err(|e| e.to_string())?;
                 Ok((covered, bytes))
             }

@@ -53,6 +53,9 @@ pub struct AppState {
     api_key: Option<String>,
     /// Which requests may share prefix-cache blocks (`--prefix-isolation`).
     pub(crate) prefix_isolation: PrefixIsolation,
+    /// Token ids a prompt may hold: below both the tokenizer's and the model's vocabulary
+    /// (an id the model has no embedding for would fail the whole step it is in).
+    pub(crate) vocab_size: usize,
     /// Where `POST /slots/{id}?action=save|restore` keeps saved sessions (`--slot-save-path`),
     /// and the namespace they are written under and checked against (`None`: refused).
     pub(crate) slots: Option<(std::path::PathBuf, String)>,
@@ -96,6 +99,7 @@ impl AppState {
         model_name: String,
         max_waiting: usize,
     ) -> AppState {
+        let tokenizer_vocab = tokenizer.vocab_size();
         AppState {
             engine,
             tokenizer,
@@ -104,8 +108,15 @@ impl AppState {
             next_id: AtomicU64::new(0),
             api_key: None,
             prefix_isolation: PrefixIsolation::default(),
+            vocab_size: tokenizer_vocab,
             slots: None,
         }
+    }
+
+    /// Token-id prompts must also be below the model's vocabulary of `vocab_size` tokens.
+    pub fn with_model_vocab(mut self, vocab_size: usize) -> AppState {
+        self.vocab_size = self.vocab_size.min(vocab_size);
+        self
     }
 
     /// Saves and restores sessions in a directory, under a namespace (what makes the blocks
@@ -465,7 +476,7 @@ pub(crate) fn tokens_of(
 ) -> Result<Vec<u32>, ApiError> {
     match prompt {
         PromptField::Tokens(ids) => {
-            let vocab = s.tokenizer.vocab_size();
+            let vocab = s.vocab_size;
             if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(ApiError::invalid(
                     format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
@@ -486,6 +497,37 @@ pub(crate) fn tokens_of(
     }
 }
 
+/// The tokens of chat `messages` rendered by the model's chat template, which writes its own
+/// BOS, with the generation prompt (an assistant turn begun) at the end.
+pub(crate) fn chat_tokens(
+    s: &AppState,
+    messages: &[kvlab_model::chat::Message],
+    max_model_len: usize,
+) -> Result<Vec<u32>, ApiError> {
+    let Some(template) = s.tokenizer.chat_template() else {
+        return Err(ApiError::invalid(
+            format!(
+                "model {:?} has no chat template, so chat messages cannot be turned into a prompt; send a prompt to /v1/completions",
+                s.model_name
+            ),
+            Some("messages"),
+        ));
+    };
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages is empty", Some("messages")));
+    }
+    let text = template
+        .render(messages, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    if s.tokenizer.min_tokens(&text) + 1 > max_model_len {
+        return Err(ApiError::invalid(
+            format!("the prompt is longer than the context of {max_model_len} tokens"),
+            Some("messages"),
+        ));
+    }
+    Ok(s.tokenizer.encode_special(&text, false, false))
+}
+
 /// The prompt tokens of a request: its `prompt` ([`tokens_of`]), or its `messages` rendered by the model's chat template (which writes its own BOS).
 fn prompt_tokens(
     s: &AppState,
@@ -493,47 +535,18 @@ fn prompt_tokens(
     api: Api,
     max_model_len: usize,
 ) -> Result<Vec<u32>, ApiError> {
-    let (text, bos) = match (api, &req.prompt, &req.messages) {
-        (Api::Completions, Some(p), None) => return tokens_of(s, p, max_model_len),
-        (Api::Completions, _, _) => {
-            return Err(ApiError::invalid(
-                "a completion takes a prompt (and no messages; those go to /v1/chat/completions)",
-                Some("prompt"),
-            ));
-        }
-        (Api::Chat, None, Some(messages)) => {
-            let Some(template) = s.tokenizer.chat_template() else {
-                return Err(ApiError::invalid(
-                    format!(
-                        "model {:?} has no chat template, so chat messages cannot be turned into a prompt; send a prompt to /v1/completions",
-                        s.model_name
-                    ),
-                    Some("messages"),
-                ));
-            };
-            if messages.is_empty() {
-                return Err(ApiError::invalid("messages is empty", Some("messages")));
-            }
-            let text = template
-                .render(messages, true)
-                .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-            (text, false)
-        }
-        (Api::Chat, _, _) => {
-            return Err(ApiError::invalid(
-                "a chat completion takes messages (and no prompt; that goes to /v1/completions)",
-                Some("messages"),
-            ));
-        }
-    };
-    // A cheap lower bound first, so a huge prompt is refused before it is encoded.
-    if s.tokenizer.min_tokens(&text) + 1 > max_model_len {
-        return Err(ApiError::invalid(
-            format!("the prompt is longer than the context of {max_model_len} tokens"),
+    match (api, &req.prompt, &req.messages) {
+        (Api::Completions, Some(p), None) => tokens_of(s, p, max_model_len),
+        (Api::Completions, _, _) => Err(ApiError::invalid(
+            "a completion takes a prompt (and no messages; those go to /v1/chat/completions)",
             Some("prompt"),
-        ));
+        )),
+        (Api::Chat, None, Some(messages)) => chat_tokens(s, messages, max_model_len),
+        (Api::Chat, _, _) => Err(ApiError::invalid(
+            "a chat completion takes messages (and no prompt; that goes to /v1/completions)",
+            Some("messages"),
+        )),
     }
-    Ok(s.tokenizer.encode_special(&text, bos, false))
 }
 
 fn prepare(

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! The id is accepted for llama.cpp's clients and ignored. `prompt` is the last turn's prompt
-//! and its reply (text, encoded with BOS as a completion's is, or token ids), with the
+//! and its reply (text, encoded with BOS as a completion's is, or token ids) — or, for a chat,
+//! `messages`, rendered by the chat template as a chat completion's are — with the
 //! `cache_salt` / `user` the conversation's requests carry; the blocks of it that are cached
 //! are written (`kvlab_paged::SavedSession`, checksummed). A restore reads them back into host
 //! memory below the pool, and the conversation's next request, whose prompt starts with those
@@ -27,7 +28,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::engine_loop::{SessionAction, SessionJob};
-use crate::http::{ApiError, AppState, PromptField, cache_salt, tokens_of};
+use crate::http::{ApiError, AppState, PromptField, cache_salt, chat_tokens, tokens_of};
 
 /// `?action=`.
 #[derive(Deserialize)]
@@ -41,8 +42,10 @@ pub(crate) struct SlotQuery {
 struct SlotRequest {
     /// The file's name under `--slot-save-path` (a plain name: no directories).
     filename: String,
-    /// Save: the conversation whose cached blocks to write.
+    /// Save: the conversation whose cached blocks to write, as a completion's prompt...
     prompt: Option<PromptField>,
+    /// ... or as a chat completion's messages (rendered by the model's chat template).
+    messages: Option<Vec<kvlab_model::chat::Message>>,
     /// Save: the conversation's `cache_salt`, as its requests send it.
     cache_salt: Option<String>,
     /// Save: the conversation's OpenAI `user`, as its requests send it.
@@ -70,13 +73,17 @@ pub(crate) async fn slots(
     let path = dir.join(&req.filename);
     let action = match q.action.as_deref() {
         Some("save") => {
-            let Some(prompt) = &req.prompt else {
-                return Err(ApiError::invalid(
-                    "a save names the conversation: give its prompt (the last prompt and its reply)",
-                    Some("prompt"),
-                ));
+            let max_model_len = s.engine.max_model_len();
+            let tokens = match (&req.prompt, &req.messages) {
+                (Some(prompt), None) => tokens_of(&s, prompt, max_model_len)?,
+                (None, Some(messages)) => chat_tokens(&s, messages, max_model_len)?,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "a save names the conversation: give its prompt (the last prompt and its reply) or its messages, not both",
+                        Some("prompt"),
+                    ));
+                }
             };
-            let tokens = tokens_of(&s, prompt, s.engine.max_model_len())?;
             let salt = cache_salt(
                 s.prefix_isolation,
                 req.cache_salt.as_deref(),
@@ -85,7 +92,8 @@ pub(crate) async fn slots(
             SessionAction::Save { tokens, salt, path }
         }
         Some("restore") => {
-            if req.prompt.is_some() || req.cache_salt.is_some() || req.user.is_some() {
+            let named = req.prompt.is_some() || req.messages.is_some();
+            if named || req.cache_salt.is_some() || req.user.is_some() {
                 return Err(ApiError::invalid(
                     "a restore takes only a filename: the file holds the conversation",
                     None,

@@ -62,7 +62,8 @@ impl KvCacheManager {
             let served = |l: usize| {
                 m.blocks().get(l).is_some_and(Option::is_some) || m.restore.get(l) == Some(&true)
             };
-            let wanted: Vec<usize> = (from..hit).filter(|&l| !served(l)).take(room).collect();
+            let missing: Vec<usize> = (from..hit).filter(|&l| !served(l)).collect();
+            let wanted: Vec<usize> = missing.iter().copied().take(room).collect();
             if wanted.is_empty() {
                 continue;
             }
@@ -76,7 +77,9 @@ impl KvCacheManager {
                 .map(|&l| (l, digests[l], &tokens[l * bs..(l + 1) * bs]))
                 .collect();
             let fetched = remote.fetch(g, &asks);
-            if !sliding && let Some(&miss) = wanted.get(fetched.len()) {
+            // A full-attention hit ends at the first level still missing: one not found, or
+            // one past what host memory had room to fetch.
+            if !sliding && let Some(&miss) = missing.get(fetched.len()) {
                 hit = miss;
             }
             let levels = wanted.into_iter().zip(fetched).collect();
@@ -124,27 +127,48 @@ impl KvCacheManager {
     }
 
     /// Reads the blocks the step's moves write to the remote tier (call before anything
-    /// writes a block). Returns them with their bytes for [`Self::write_remote`].
-    ///
-    /// # Errors
-    /// Whatever the engine fails with reading its pool.
+    /// writes a block). Returns them with their bytes for [`Self::write_remote`]. A block the
+    /// engine fails to read is skipped (writing through is never worth failing a step for).
     pub(crate) fn read_remote_writes<E: StepExecutor + ?Sized>(
         &mut self,
         engine: &mut E,
-    ) -> Result<Vec<(Publish, Vec<u8>)>, E::Error> {
-        let mut out = Vec::new();
-        for (p, block) in std::mem::take(&mut self.pending_writes) {
-            if let Some(bytes) = engine.read_block(p.group, block)? {
-                out.push((p, bytes));
-            }
-        }
-        Ok(out)
+    ) -> Vec<(Publish, Vec<u8>)> {
+        let pending = std::mem::take(&mut self.pending_writes);
+        read_blocks(engine, pending)
     }
 
-    /// Writes blocks read by [`Self::read_remote_writes`] to the remote tier.
+    /// Writes to the remote tier the blocks computed since the last step was built, without
+    /// waiting for a next step: call it when no step is being built or run (an idle server,
+    /// the end of a batch), so that the last blocks of a conversation reach other processes
+    /// now. A no-op without a remote tier.
+    pub fn flush_remote_writes<E: StepExecutor + ?Sized>(&mut self, engine: &mut E) {
+        if self.remote.is_none() {
+            return;
+        }
+        let mut blocks = std::mem::take(&mut self.pending_writes);
+        blocks.append(&mut self.unwritten);
+        let written = read_blocks(engine, blocks);
+        self.write_remote(written);
+    }
+
+    /// Hands blocks read by [`Self::read_remote_writes`] to the remote tier's writer.
     pub(crate) fn write_remote(&mut self, blocks: Vec<(Publish, Vec<u8>)>) {
         if let Some(remote) = self.remote.as_mut() {
             remote.publish(blocks);
         }
     }
+}
+
+/// The bytes of each listed block; a block the engine cannot or fails to read is left out.
+fn read_blocks<E: StepExecutor + ?Sized>(
+    engine: &mut E,
+    blocks: Vec<(Publish, crate::BlockId)>,
+) -> Vec<(Publish, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (p, block) in blocks {
+        if let Ok(Some(bytes)) = engine.read_block(p.group, block) {
+            out.push((p, bytes));
+        }
+    }
+    out
 }

@@ -56,6 +56,18 @@ impl KvCacheManager {
         })
     }
 
+    /// Tokens the blocks of a saved session cover: up to the end of the shortest group's last
+    /// block (every group must serve a hit), 0 without blocks.
+    pub fn session_tokens(session: &SavedSession) -> usize {
+        let last = |g: usize| {
+            (session.blocks.iter())
+                .filter(|b| b.group as usize == g)
+                .map(|b| b.level as usize)
+                .max()
+        };
+        covered_tokens((0..session.num_groups).map(last), session.block_size)
+    }
+
     /// Makes the blocks of `session` (read from `path`) restorable: each becomes a level held
     /// in host memory, which a request starting with the session's tokens (and salt) restores
     /// into the pool. Returns the tokens the restored blocks cover.
@@ -91,6 +103,9 @@ impl KvCacheManager {
         }
         let room = self.tier_config.as_ref().map_or(0, |t| t.host_blocks);
         let max_level = session.tokens.len() / bs;
+        let block_bytes: Vec<Option<usize>> = (0..groups)
+            .map(|g| engine.read_block(g, 0).ok().flatten().map(|b| b.len()))
+            .collect();
         let mut by_group: Vec<Vec<(usize, Box<[u8]>)>> = vec![Vec::new(); groups];
         for b in session.blocks {
             let (g, level) = (b.group as usize, b.level as usize);
@@ -104,7 +119,7 @@ impl KvCacheManager {
                     "group {g}'s block {level} is out of order or past its {max_level} full blocks"
                 )));
             }
-            let want = engine.read_block(g, 0).ok().flatten().map(|b| b.len());
+            let want = block_bytes[g];
             if want != Some(b.bytes.len()) {
                 return Err(refuse(format!(
                     "group {g}'s block {level} has {} bytes; this engine's blocks have {want:?}",
@@ -120,10 +135,7 @@ impl KvCacheManager {
                 "it has {n} blocks in one KV cache group and host memory below the pool holds {room}: give --host-tier-blocks at least {n}"
             )));
         }
-        let covered = (by_group.iter())
-            .filter_map(|levels| levels.last().map(|&(l, _)| (l + 1) * bs))
-            .max()
-            .unwrap_or(0);
+        let covered = covered_tokens(by_group.iter().map(|l| l.last().map(|&(l, _)| l)), bs);
         for (g, levels) in by_group.into_iter().enumerate() {
             let adopted =
                 self.allocators[g].adopt_fetched(&session.tokens, session.salt, levels, 0);
@@ -141,4 +153,15 @@ impl KvCacheManager {
         }
         Ok(covered)
     }
+}
+
+/// Tokens covered when each group's last block is the given level (`None`: the group has
+/// none): up to the end of the shortest, 0 if any group has none.
+fn covered_tokens(last_levels: impl Iterator<Item = Option<usize>>, block_size: usize) -> usize {
+    let mut min: Option<usize> = None;
+    for last in last_levels {
+        let Some(l) = last else { return 0 };
+        min = Some(min.map_or(l, |m| m.min(l)));
+    }
+    min.map_or(0, |l| (l + 1) * block_size)
 }

@@ -185,9 +185,7 @@ impl KvCacheManager {
     where
         E::Error: std::fmt::Display,
     {
-        let writes = self
-            .read_remote_writes(engine)
-            .map_err(TierMoveError::Engine)?;
+        let writes = self.read_remote_writes(engine);
         let ops = std::mem::take(&mut self.pending_tier_ops);
         let Some(store) = self.tiers.as_mut() else {
             return Ok(());

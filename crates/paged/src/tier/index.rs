@@ -75,8 +75,11 @@ impl TierIndex {
 
     /// Records that the tiers hold `entry` as of the current step (spilled, or fetched from the
     /// remote tier straight into the store); returns the entries pushed out to make room, each
-    /// with a `Drop` recorded, oldest first.
+    /// with a `Drop` recorded, oldest first. A `Drop` of `entry` itself still waiting for the
+    /// step's moves is withdrawn: it would delete the bytes just stored.
     pub(crate) fn hold(&mut self, entry: EntryId) -> Vec<EntryId> {
+        self.ops
+            .retain(|op| !matches!(op, IndexOp::Drop { entry: e } if *e == entry));
         self.stamp.insert(entry, self.next);
         self.order.insert(self.next, (entry, self.now));
         self.next += 1;

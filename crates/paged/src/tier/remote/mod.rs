@@ -29,37 +29,49 @@
 //! level recomputed. (A CRC stops corruption, not a writer with the store's credentials who
 //! forges a well-formed value: keep Redis behind AUTH/ACLs, as the `--remote-tier` URL allows.)
 //!
-//! **Redis down, slow or full never fails a request**: every command runs with short timeouts;
-//! a failed connection is counted, logged once per outage, and the tier stays off for
-//! [`RETRY_AFTER`] before the next try: lookups then miss (the prefix is recomputed) and writes
-//! are skipped. An error reply (Redis out of memory under `noeviction`) is counted and logged
-//! once, and what failed is skipped.
+//! **Redis down, slow or full never fails a request** (`conn.rs`): every command runs with
+//! short timeouts; a failed connection is counted, logged once per outage, and the tier stays
+//! off for [`RETRY_AFTER`] before the next try: lookups then miss (the prefix is recomputed).
+//! An error reply (Redis out of memory under `noeviction`) is counted and logged once, and what
+//! failed is skipped. A value is read only up to the length a valid one has (`GETRANGE`), so a
+//! planted huge value costs nothing.
 //!
-//! Writes are **write-through**: each full block a request computes is stored once, when the
-//! step after it starts (before anything can overwrite it), with `SET … NX` so that the first
-//! writer of a content wins and later ones cost one round trip. A fetched block enters host
+//! Writes are **write-through** and off the engine thread (`writer.rs`): each full block a
+//! request computes is read when the step after it starts (before anything can overwrite it)
+//! and handed to a writer thread, which stores it with `SET … NX` (the first writer of a
+//! content wins); when the writer falls behind, writes are dropped and counted, never waited
+//! for. A fetched block enters host
 //! memory ([`super::KvTierStore`]) as if it had been spilled there, and is restored into the
 //! pool the same way.
 
-use std::collections::HashSet;
+mod conn;
+mod value;
+mod writer;
+
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use conn::Conn;
+pub use conn::RETRY_AFTER;
+use value::{Header, hex};
+use writer::{Write, Writer};
+
 use crate::{PagedError, Result};
 
 const MAGIC: &[u8; 8] = b"KVLABRT1";
-/// How long a connection attempt may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
-/// How long one command may wait for its reply or to send.
-const IO_TIMEOUT: Duration = Duration::from_millis(500);
-/// How long the tier stays off after a failure before it tries the store again.
-pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 /// Contents remembered as already written, before the memory is cleared (a write after that
 /// costs one `SET … NX` round trip, nothing else).
 const MAX_REMEMBERED: usize = 1 << 20;
+/// How long a lookup that found nothing is not repeated for the same first level.
+const MISS_MEMORY: Duration = Duration::from_secs(1);
+/// Misses remembered before the expired ones are forgotten.
+const MAX_REMEMBERED_MISSES: usize = 4096;
 
 /// Where the remote tier is and what its blocks belong to.
 #[derive(Clone, PartialEq, Eq)]
@@ -132,6 +144,8 @@ pub struct RemoteTierStats {
     /// Commands that failed (connection refused, timeout, out of memory): each a miss or a
     /// skipped write.
     pub errors: u64,
+    /// Blocks never sent to Redis because the writer thread was behind (its queue full).
+    pub writes_dropped: u64,
     /// Payload bytes fetched and verified.
     pub bytes_read: u64,
     /// Blocks written (first writer of their content).
@@ -142,7 +156,7 @@ pub struct RemoteTierStats {
     pub fetch_ns: u64,
 }
 
-/// One block to write: its group, level, prefix digest, tokens and bytes.
+/// One block to write: its group, level, prefix digest and tokens (its bytes come with it).
 #[derive(Debug, Clone)]
 pub(crate) struct Publish {
     pub(crate) group: usize,
@@ -151,22 +165,22 @@ pub(crate) struct Publish {
     pub(crate) tokens: Box<[u32]>,
 }
 
-/// A connection to the store, the namespace, and what it did.
+/// A connection to the store for lookups, a writer thread for writes, the namespace, and what
+/// they did.
 pub struct RemoteTier {
     config: RemoteTierConfig,
-    client: redis::Client,
-    conn: Option<redis::Connection>,
-    /// When the tier may try the store again after a failure (`None`: it is up).
-    down_until: Option<Instant>,
+    conn: Conn,
+    writer: Writer,
     ns: [u8; 32],
     ns_hex: String,
     /// (num_groups,) bytes of one block of each group in the engine's pool, once known: a value
-    /// of any other length is refused.
+    /// of any other length is refused, and longer ones are never read whole.
     block_bytes: Vec<Option<usize>>,
     /// Digests written by this process (or found there), so each is written once.
     written: HashSet<[u8; 32]>,
-    /// Whether an error reply (not a connection failure) was logged already.
-    warned_reply: bool,
+    /// The first missing level of lookups that found nothing, and when: a prompt waiting to be
+    /// admitted is not looked up again every step for [`MISS_MEMORY`].
+    recent_misses: HashMap<(usize, [u8; 32]), Instant>,
     stats: RemoteTierStats,
 }
 
@@ -174,8 +188,8 @@ impl fmt::Debug for RemoteTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RemoteTier")
             .field("config", &self.config)
-            .field("up", &self.down_until.is_none())
-            .field("stats", &self.stats)
+            .field("up", &self.conn.up())
+            .field("stats", &self.stats())
             .finish()
     }
 }
@@ -208,23 +222,32 @@ impl RemoteTier {
             ));
         }
         let ns: [u8; 32] = Sha256::digest(config.namespace.as_bytes()).into();
+        let errors = Arc::new(AtomicU64::new(0));
+        let shown = config.redacted_url();
+        let writer_conn = Conn::new(client.clone(), shown.clone(), errors.clone());
         Ok(Self {
             config: config.clone(),
-            client,
-            conn: None,
-            down_until: None,
+            conn: Conn::new(client, shown, errors),
+            writer: Writer::start(writer_conn, config.ttl_secs),
             ns_hex: hex(&ns[..8]),
             ns,
             block_bytes: vec![None; num_groups],
             written: HashSet::new(),
-            warned_reply: false,
+            recent_misses: HashMap::new(),
             stats: RemoteTierStats::default(),
         })
     }
 
-    /// What it did so far.
+    /// What it did so far (writes as far as the writer thread has sent them).
     pub fn stats(&self) -> RemoteTierStats {
-        self.stats
+        let w = &self.writer.counts;
+        RemoteTierStats {
+            errors: self.conn.errors.load(Ordering::Relaxed),
+            blocks_written: w.blocks.load(Ordering::Relaxed),
+            bytes_written: w.bytes.load(Ordering::Relaxed),
+            writes_dropped: w.dropped.load(Ordering::Relaxed),
+            ..self.stats
+        }
     }
 
     /// The configuration, password included (print [`RemoteTierConfig::redacted_url`]).
@@ -274,67 +297,11 @@ impl RemoteTier {
         format!("kvlab:{}:g{group}:{}", self.ns_hex, hex(digest))
     }
 
-    /// Whether the store may be tried now; connects if needed.
-    fn connection(&mut self) -> Option<&mut redis::Connection> {
-        if let Some(t) = self.down_until {
-            if Instant::now() < t {
-                return None;
-            }
-            self.down_until = None;
-        }
-        if self.conn.is_none() {
-            let conn = self
-                .client
-                .get_connection_with_timeout(CONNECT_TIMEOUT)
-                .and_then(|c| {
-                    c.set_read_timeout(Some(IO_TIMEOUT))?;
-                    c.set_write_timeout(Some(IO_TIMEOUT))?;
-                    Ok(c)
-                });
-            match conn {
-                Ok(c) => self.conn = Some(c),
-                Err(e) => {
-                    self.failed(&e);
-                    return None;
-                }
-            }
-        }
-        self.conn.as_mut()
-    }
-
-    /// A command failed: counted and logged. A connection that failed (refused, timed out,
-    /// dropped) turns the tier off for [`RETRY_AFTER`], logged once per outage; an error reply
-    /// (Redis full under `noeviction`, a command refused by an ACL) is logged once and the
-    /// connection kept, so that lookups go on while writes fail.
-    fn failed(&mut self, e: &redis::RedisError) {
-        self.stats.errors += 1;
-        let connection = e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal();
-        if !connection {
-            if !self.warned_reply {
-                self.warned_reply = true;
-                tracing::warn!(
-                    "remote KV tier {}: {e}; carrying on without what failed (counted in kvlab:kv_tier_errors_total)",
-                    self.config.redacted_url()
-                );
-            }
-            return;
-        }
-        self.conn = None;
-        if self.down_until.is_none() {
-            tracing::warn!(
-                "remote KV tier {}: {e}; recomputing instead of restoring, retrying in {:?}",
-                self.config.redacted_url(),
-                RETRY_AFTER
-            );
-        }
-        self.down_until = Some(Instant::now() + RETRY_AFTER);
-    }
-
     /// Fetches the levels `wanted` of group `group` (level, digest, the level's raw tokens), in
-    /// order, stopping at the first that is missing or refused: their verified payloads.
+    /// order, stopping at the first that is missing or refused: their verified payloads. Each
+    /// value is read only up to the length a valid one has (`GETRANGE`), so a planted huge value
+    /// costs no memory; a level that was missing less than [`MISS_MEMORY`] ago is not asked
+    /// for again.
     pub(crate) fn fetch(
         &mut self,
         group: usize,
@@ -343,20 +310,42 @@ impl RemoteTier {
         let Some(Some(block_bytes)) = self.block_bytes.get(group).copied() else {
             return Vec::new();
         };
-        if wanted.is_empty() {
-            return Vec::new();
-        }
-        let t = Instant::now();
-        let keys: Vec<String> = wanted.iter().map(|(_, d, _)| self.key(group, d)).collect();
-        let Some(conn) = self.connection() else {
+        let Some(&(_, first, _)) = wanted.first() else {
             return Vec::new();
         };
-        let values: redis::RedisResult<Vec<Option<Vec<u8>>>> =
-            redis::cmd("MGET").arg(&keys).query(conn);
+        let now = Instant::now();
+        if self.recent_misses.len() > MAX_REMEMBERED_MISSES {
+            self.recent_misses
+                .retain(|_, at| now.duration_since(*at) < MISS_MEMORY);
+        }
+        if let Some(at) = self.recent_misses.get(&(group, first))
+            && now.duration_since(*at) < MISS_MEMORY
+        {
+            return Vec::new();
+        }
+        let mut pipe = redis::pipe();
+        for &(level, digest, tokens) in wanted {
+            let head = Header {
+                ns: &self.ns,
+                group,
+                level,
+                digest: &digest,
+                tokens,
+            };
+            let whole = head.len() + block_bytes + 4;
+            pipe.cmd("GETRANGE")
+                .arg(self.key(group, &digest))
+                .arg(0)
+                .arg(whole - 1);
+        }
+        let Some(conn) = self.conn.get() else {
+            return Vec::new();
+        };
+        let values: redis::RedisResult<Vec<Vec<u8>>> = pipe.query(conn);
         let values = match values {
             Ok(v) => v,
             Err(e) => {
-                self.failed(&e);
+                self.conn.failed(&e);
                 return Vec::new();
             }
         };
@@ -364,10 +353,14 @@ impl RemoteTier {
         let mut bad = Vec::new();
         for ((level, digest, tokens), value) in wanted.iter().zip(values) {
             self.stats.lookups += 1;
-            let Some(value) = value else {
+            // GETRANGE answers an empty string for a missing key.
+            if value.is_empty() {
                 self.stats.misses += 1;
+                if out.is_empty() {
+                    self.recent_misses.insert((group, *digest), now);
+                }
                 break;
-            };
+            }
             let head = Header {
                 ns: &self.ns,
                 group,
@@ -391,15 +384,15 @@ impl RemoteTier {
         }
         if !bad.is_empty() {
             // A refused value is deleted, so that the next writer of the content replaces it.
-            let deleted: redis::RedisResult<()> = match self.connection() {
+            let deleted: redis::RedisResult<()> = match self.conn.get() {
                 Some(conn) => redis::cmd("DEL").arg(&bad).query(conn),
                 None => Ok(()),
             };
             if let Err(e) = deleted {
-                self.failed(&e);
+                self.conn.failed(&e);
             }
         }
-        self.stats.fetch_ns += t.elapsed().as_nanos() as u64;
+        self.stats.fetch_ns += now.elapsed().as_nanos() as u64;
         out
     }
 
@@ -408,18 +401,14 @@ impl RemoteTier {
         !self.written.contains(digest)
     }
 
-    /// Writes each block once (`SET … NX`, with the configured time to live), in one pipeline.
-    /// A block whose bytes are `None` (the engine cannot read blocks) is skipped.
+    /// Hands one step's new blocks to the writer thread, each sealed and written once
+    /// (`SET … NX`, with the configured time to live); never waits for Redis.
     pub(crate) fn publish(&mut self, blocks: Vec<(Publish, Vec<u8>)>) {
-        if blocks.is_empty() {
-            return;
-        }
         if self.written.len() > MAX_REMEMBERED {
             self.written.clear();
         }
-        let mut pipe = redis::pipe();
-        let mut sizes = Vec::new();
-        for (p, payload) in &blocks {
+        let mut batch = Vec::new();
+        for (p, payload) in blocks {
             if !self.needs_write(&p.digest) {
                 continue;
             }
@@ -431,134 +420,22 @@ impl RemoteTier {
                 digest: &p.digest,
                 tokens: &p.tokens,
             };
-            let value = head.seal(payload);
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(self.key(p.group, &p.digest)).arg(value).arg("NX");
-            if let Some(ttl) = self.config.ttl_secs {
-                cmd.arg("EX").arg(ttl);
-            }
-            pipe.add_command(cmd);
-            sizes.push((p.digest, payload.len()));
+            batch.push(Write {
+                key: self.key(p.group, &p.digest),
+                value: head.seal(&payload),
+                payload: payload.len(),
+            });
+            self.written.insert(p.digest);
         }
-        if sizes.is_empty() {
-            return;
-        }
-        let Some(conn) = self.connection() else {
-            return;
-        };
-        let replies: redis::RedisResult<Vec<Option<String>>> = pipe.query(conn);
-        match replies {
-            Ok(replies) => {
-                for ((digest, n), reply) in sizes.into_iter().zip(replies) {
-                    self.written.insert(digest);
-                    if reply.is_some() {
-                        self.stats.blocks_written += 1;
-                        self.stats.bytes_written += n as u64;
-                    }
-                }
-            }
-            Err(e) => self.failed(&e),
+        if !batch.is_empty() {
+            self.writer.send(batch);
         }
     }
-}
-
-/// What a value must say about itself: the namespace, group, level, prefix digest and tokens
-/// of the block asked for.
-struct Header<'a> {
-    ns: &'a [u8; 32],
-    group: usize,
-    level: usize,
-    digest: &'a [u8; 32],
-    tokens: &'a [u32],
-}
-
-impl Header<'_> {
-    /// Bytes before the payload.
-    fn len(&self) -> usize {
-        8 + 32 + 4 + 4 + 32 + 4 + 4 * self.tokens.len() + 8
-    }
-
-    fn write(&self, out: &mut Vec<u8>, payload_len: usize) {
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(self.ns);
-        out.extend_from_slice(&(self.group as u32).to_le_bytes());
-        out.extend_from_slice(&(self.level as u32).to_le_bytes());
-        out.extend_from_slice(self.digest);
-        out.extend_from_slice(&(self.tokens.len() as u32).to_le_bytes());
-        for t in self.tokens {
-            out.extend_from_slice(&t.to_le_bytes());
-        }
-        out.extend_from_slice(&(payload_len as u64).to_le_bytes());
-    }
-
-    /// The value stored for `payload`.
-    fn seal(&self, payload: &[u8]) -> Vec<u8> {
-        let mut v = Vec::with_capacity(self.len() + payload.len() + 4);
-        self.write(&mut v, payload.len());
-        v.extend_from_slice(payload);
-        let crc = crc32fast::hash(&v);
-        v.extend_from_slice(&crc.to_le_bytes());
-        v
-    }
-
-    /// The payload of `value` if it is exactly what [`Self::seal`] writes for this header and a
-    /// payload of `payload_len` bytes; `None` for anything else.
-    fn open<'v>(&self, value: &'v [u8], payload_len: usize) -> Option<&'v [u8]> {
-        let head = self.len();
-        if value.len() != head + payload_len + 4 {
-            return None;
-        }
-        let (body, crc) = value.split_at(head + payload_len);
-        if u32::from_le_bytes(crc.try_into().ok()?) != crc32fast::hash(body) {
-            return None;
-        }
-        let mut expected = Vec::with_capacity(head);
-        self.write(&mut expected, payload_len);
-        (body[..head] == expected[..]).then(|| &body[head..])
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn header<'a>(ns: &'a [u8; 32], digest: &'a [u8; 32], tokens: &'a [u32]) -> Header<'a> {
-        Header {
-            ns,
-            group: 1,
-            level: 3,
-            digest,
-            tokens,
-        }
-    }
-
-    #[test]
-    fn a_value_opens_only_for_the_block_it_was_sealed_for() {
-        let (ns, digest, tokens) = ([7u8; 32], [9u8; 32], [1u32, 2, 3, 4]);
-        let payload: Vec<u8> = (0..64).collect();
-        let h = header(&ns, &digest, &tokens);
-        let value = h.seal(&payload);
-        assert_eq!(h.open(&value, 64), Some(&payload[..]));
-        assert_eq!(h.open(&value, 63), None, "another block size");
-        assert_eq!(h.open(&value[..value.len() - 1], 64), None, "truncated");
-        for i in [0, 9, 45, 60, value.len() - 10, value.len() - 1] {
-            let mut bad = value.clone();
-            bad[i] ^= 0x10;
-            assert_eq!(h.open(&bad, 64), None, "byte {i} flipped");
-        }
-        let other_ns = [8u8; 32];
-        assert_eq!(header(&other_ns, &digest, &tokens).open(&value, 64), None);
-        let other_prefix = [10u8; 32];
-        assert_eq!(header(&ns, &other_prefix, &tokens).open(&value, 64), None);
-        assert_eq!(header(&ns, &digest, &[1, 2, 3, 5]).open(&value, 64), None);
-        let mut other_level = header(&ns, &digest, &tokens);
-        other_level.level = 4;
-        assert_eq!(other_level.open(&value, 64), None);
-    }
 
     #[test]
     fn digests_name_the_whole_prefix_the_group_and_the_namespace() {
