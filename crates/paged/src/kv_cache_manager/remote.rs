@@ -83,18 +83,32 @@ impl KvCacheManager {
                 hit = miss;
             }
             let levels = wanted.into_iter().zip(fetched).collect();
-            let adopted = self.allocators[g].adopt_fetched(tokens, salt, levels, 0);
-            let Some(store) = self.tiers.as_mut() else {
-                return;
-            };
-            let mut lost = Vec::new();
-            for (entry, bytes) in adopted {
-                lost.extend(store.put_fetched(TierKey::new(g, entry), bytes, true));
-            }
-            for key in lost {
-                store.remove(key);
-                self.allocators[key.group as usize].forget_tiered(key.entry);
-            }
+            self.adopt_from_outside(g, (tokens, salt), levels, true);
+        }
+    }
+
+    /// Makes levels of the prompt `tokens` (salted `salt`) whose bytes came from outside this
+    /// run's pools — fetched from the remote tier (`remote`) or read from a saved session —
+    /// tiered levels of group `g` held in host memory: (level, bytes) in increasing level
+    /// order. What host memory loses on the way to make room is forgotten.
+    pub(crate) fn adopt_from_outside(
+        &mut self,
+        g: usize,
+        (tokens, salt): (&[u32], u64),
+        levels: Vec<(usize, Box<[u8]>)>,
+        remote: bool,
+    ) {
+        let adopted = self.allocators[g].adopt_fetched(tokens, salt, levels, 0);
+        let Some(store) = self.tiers.as_mut() else {
+            return;
+        };
+        let mut lost = Vec::new();
+        for (entry, bytes) in adopted {
+            lost.extend(store.put_fetched(TierKey::new(g, entry), bytes, remote));
+        }
+        for key in lost {
+            store.remove(key);
+            self.allocators[key.group as usize].forget_tiered(key.entry);
         }
     }
 

@@ -137,19 +137,7 @@ impl KvCacheManager {
         }
         let covered = covered_tokens(by_group.iter().map(|l| l.last().map(|&(l, _)| l)), bs);
         for (g, levels) in by_group.into_iter().enumerate() {
-            let adopted =
-                self.allocators[g].adopt_fetched(&session.tokens, session.salt, levels, 0);
-            let Some(store) = self.tiers.as_mut() else {
-                break;
-            };
-            let mut lost = Vec::new();
-            for (entry, bytes) in adopted {
-                lost.extend(store.put_fetched(TierKey::new(g, entry), bytes, false));
-            }
-            for key in lost {
-                store.remove(key);
-                self.allocators[key.group as usize].forget_tiered(key.entry);
-            }
+            self.adopt_from_outside(g, (&session.tokens, session.salt), levels, false);
         }
         Ok(covered)
     }
