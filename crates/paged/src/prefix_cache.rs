@@ -239,11 +239,18 @@ impl PrefixCache {
             return false;
         };
         let pushed_out = tier.hold(entry);
+        self.held_below(entry, pushed_out);
+        true
+    }
+
+    /// The tiers now hold `entry` (spilled or fetched), having pushed out `pushed_out` to make
+    /// room: their hold keeps the ghost (and so its chain) alive while they keep it, and the
+    /// entries pushed out lose theirs.
+    fn held_below(&mut self, entry: EntryId, pushed_out: Vec<EntryId>) {
         self.pin(entry);
         for old in pushed_out {
             self.unpin(old);
         }
-        true
     }
 
     /// Forgets `entry` below: its content was computed again (`lost` false), or the tiers lost
@@ -507,13 +514,7 @@ impl PrefixCache {
             }
             if let Some(tier) = self.tier.as_mut() {
                 let pushed_out = tier.spill(block, entry);
-                // The tiers' hold keeps the ghost (and so its chain) alive while they keep it.
-                if let Some(e) = self.entries.get_mut(&entry) {
-                    e.refs += 1;
-                }
-                for old in pushed_out {
-                    self.unpin(old);
-                }
+                self.held_below(entry, pushed_out);
             }
             self.drop_unused_ghosts(entry);
         }
@@ -578,6 +579,12 @@ impl PrefixMatch {
         self.restore.iter().filter(|&&r| r).count()
     }
 
+    /// Whether level `level` is matched and held, in the pool or in a tier below.
+    pub(crate) fn serves(&self, level: usize) -> bool {
+        self.blocks.get(level).is_some_and(Option::is_some)
+            || self.restore.get(level) == Some(&true)
+    }
+
     /// Whether a hit of `num_blocks` levels is usable by a table that needs the blocks from
     /// logical block `first_needed` on (0 for full attention): all those levels are matched and
     /// held, in the pool or in a tier below.
@@ -585,7 +592,7 @@ impl PrefixMatch {
         match first_needed.min(num_blocks) {
             _ if num_blocks > self.blocks.len() => false,
             0 => num_blocks <= self.num_leading_held,
-            first => (first..num_blocks).all(|i| self.blocks[i].is_some() || self.restore[i]),
+            first => (first..num_blocks).all(|i| self.serves(i)),
         }
     }
 

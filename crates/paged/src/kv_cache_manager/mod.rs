@@ -60,13 +60,12 @@ impl KvCacheManager {
     /// [`crate::PagedError::InvalidConfig`] from the pool sizes; [`crate::PagedError::Tier`] if
     /// the disk tier's directory cannot be created or written.
     pub fn new(config: &SchedulerConfig) -> Result<Self> {
-        let allocators = config.kv_cache.allocators(
+        let mut allocators = config.kv_cache.allocators(
             config.enable_prefix_caching,
             config.eviction_policy,
             config.tenant_quota,
             config.tiers.as_ref().map(|t| (t.capacity(), t.ttl_steps)),
         )?;
-        let mut allocators = allocators;
         let tiers = match &config.tiers {
             Some(t) => Some(KvTierStore::new(t, allocators.len())?),
             None => None,

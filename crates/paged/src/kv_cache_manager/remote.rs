@@ -4,7 +4,6 @@
 //! through when the next step starts (before anything can overwrite them).
 
 use super::KvCacheManager;
-use crate::allocator::salted;
 use crate::tier::remote::Publish;
 use crate::{StepExecutor, TierKey};
 
@@ -19,9 +18,9 @@ impl KvCacheManager {
         if remote.knows_block_bytes() {
             return;
         }
-        for g in 0..self.allocators.len() {
-            if let Ok(Some(bytes)) = engine.read_block(g, 0) {
-                remote.set_block_bytes(g, bytes.len());
+        for (g, bytes) in engine_block_bytes(engine, self.allocators.len()).enumerate() {
+            if let Some(bytes) = bytes {
+                remote.set_block_bytes(g, bytes);
             }
         }
     }
@@ -59,10 +58,7 @@ impl KvCacheManager {
                 hit = hit.min(m.num_blocks());
                 continue;
             }
-            let served = |l: usize| {
-                m.blocks().get(l).is_some_and(Option::is_some) || m.restore.get(l) == Some(&true)
-            };
-            let missing: Vec<usize> = (from..hit).filter(|&l| !served(l)).collect();
+            let missing: Vec<usize> = (from..hit).filter(|&l| !m.serves(l)).collect();
             let wanted: Vec<usize> = missing.iter().copied().take(room).collect();
             if wanted.is_empty() {
                 continue;
@@ -71,8 +67,7 @@ impl KvCacheManager {
                 return;
             };
             let last = wanted[wanted.len() - 1];
-            let keys = tokens.chunks_exact(bs).take(last + 1).enumerate();
-            let digests = remote.digests(g, keys.map(|(i, b)| salted(b, salt, i)));
+            let digests = remote.digests(g, (tokens, salt), bs, last + 1);
             let asks: Vec<_> = (wanted.iter())
                 .map(|&l| (l, digests[l], &tokens[l * bs..(l + 1) * bs]))
                 .collect();
@@ -124,8 +119,7 @@ impl KvCacheManager {
             return;
         };
         let bs = self.kv_cache.block_size;
-        let keys = tokens.chunks_exact(bs).take(last + 1).enumerate();
-        let digests = remote.digests(g, keys.map(|(i, b)| salted(b, salt, i)));
+        let digests = remote.digests(g, (tokens, salt), bs, last + 1);
         for (level, block) in new {
             if !remote.needs_write(&digests[level]) {
                 continue;
@@ -185,4 +179,13 @@ fn read_blocks<E: StepExecutor + ?Sized>(
         }
     }
     out
+}
+
+/// Bytes of one block of each of `groups` KV cache groups in the engine's pool (block 0 read
+/// to see); `None` for a group whose blocks the engine cannot read.
+pub(super) fn engine_block_bytes<E: StepExecutor + ?Sized>(
+    engine: &mut E,
+    groups: usize,
+) -> impl Iterator<Item = Option<usize>> + '_ {
+    (0..groups).map(|g| engine.read_block(g, 0).ok().flatten().map(|b| b.len()))
 }

@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use super::KvCacheManager;
+use super::remote::engine_block_bytes;
 use crate::tier::{SavedBlock, SavedSession};
 use crate::{PagedError, StepExecutor, TierKey};
 
@@ -65,7 +66,10 @@ impl KvCacheManager {
                 .map(|b| b.level as usize)
                 .max()
         };
-        covered_tokens((0..session.num_groups).map(last), session.block_size)
+        let shortest: Option<Option<usize>> = (0..session.num_groups).map(last).min();
+        shortest
+            .flatten()
+            .map_or(0, |l| (l + 1) * session.block_size)
     }
 
     /// Makes the blocks of `session` (read from `path`) restorable: each becomes a level held
@@ -101,11 +105,10 @@ impl KvCacheManager {
                 session.num_groups, session.block_size
             )));
         }
+        let covered = Self::session_tokens(&session);
         let room = self.tier_config.as_ref().map_or(0, |t| t.host_blocks);
         let max_level = session.tokens.len() / bs;
-        let block_bytes: Vec<Option<usize>> = (0..groups)
-            .map(|g| engine.read_block(g, 0).ok().flatten().map(|b| b.len()))
-            .collect();
+        let block_bytes: Vec<Option<usize>> = engine_block_bytes(engine, groups).collect();
         let mut by_group: Vec<Vec<(usize, Box<[u8]>)>> = vec![Vec::new(); groups];
         for b in session.blocks {
             let (g, level) = (b.group as usize, b.level as usize);
@@ -135,21 +138,9 @@ impl KvCacheManager {
                 "it has {n} blocks in one KV cache group and host memory below the pool holds {room}: give --host-tier-blocks at least {n}"
             )));
         }
-        let covered = covered_tokens(by_group.iter().map(|l| l.last().map(|&(l, _)| l)), bs);
         for (g, levels) in by_group.into_iter().enumerate() {
             self.adopt_from_outside(g, (&session.tokens, session.salt), levels, false);
         }
         Ok(covered)
     }
-}
-
-/// Tokens covered when each group's last block is the given level (`None`: the group has
-/// none): up to the end of the shortest, 0 if any group has none.
-fn covered_tokens(last_levels: impl Iterator<Item = Option<usize>>, block_size: usize) -> usize {
-    let mut min: Option<usize> = None;
-    for last in last_levels {
-        let Some(l) = last else { return 0 };
-        min = Some(min.map_or(l, |m| m.min(l)));
-    }
-    min.map_or(0, |l| (l + 1) * block_size)
 }

@@ -62,6 +62,7 @@ pub use conn::RETRY_AFTER;
 use value::{Header, hex};
 use writer::{Write, Writer};
 
+use crate::allocator::salted;
 use crate::{PagedError, Result};
 
 const MAGIC: &[u8; 8] = b"KVLABRT1";
@@ -267,12 +268,15 @@ impl RemoteTier {
         }
     }
 
-    /// The prefix digests `d(0..n)` of group `group` for a prompt whose level keys (tokens,
-    /// the salt mixed into level 0) are `levels`.
-    pub(crate) fn digests<'a>(
+    /// The prefix digests `d(0..levels)` of group `group` for the prompt `tokens` of a request
+    /// salted `salt`, in blocks of `block_size` tokens (each level's key is its tokens, the salt
+    /// mixed into level 0's as the prefix cache mixes it).
+    pub(crate) fn digests(
         &self,
         group: usize,
-        levels: impl IntoIterator<Item = std::borrow::Cow<'a, [u32]>>,
+        (tokens, salt): (&[u32], u64),
+        block_size: usize,
+        levels: usize,
     ) -> Vec<[u8; 32]> {
         let mut d: [u8; 32] = Sha256::new()
             .chain_update(b"kvlab remote tier v1")
@@ -280,9 +284,10 @@ impl RemoteTier {
             .chain_update((group as u32).to_le_bytes())
             .finalize()
             .into();
-        levels
-            .into_iter()
-            .map(|key| {
+        let blocks = tokens.chunks_exact(block_size).take(levels).enumerate();
+        blocks
+            .map(|(level, block)| {
+                let key = salted(block, salt, level);
                 let mut h = Sha256::new().chain_update(d);
                 for t in key.iter() {
                     h.update(t.to_le_bytes());
@@ -291,6 +296,24 @@ impl RemoteTier {
                 d
             })
             .collect()
+    }
+
+    /// What the value of `group`'s level `level` (prefix digest `digest`, tokens `tokens`) must
+    /// say about itself.
+    fn header<'a>(
+        &'a self,
+        group: usize,
+        level: usize,
+        digest: &'a [u8; 32],
+        tokens: &'a [u32],
+    ) -> Header<'a> {
+        Header {
+            ns: &self.ns,
+            group,
+            level,
+            digest,
+            tokens,
+        }
     }
 
     fn key(&self, group: usize, digest: &[u8; 32]) -> String {
@@ -325,14 +348,7 @@ impl RemoteTier {
         }
         let mut pipe = redis::pipe();
         for &(level, digest, tokens) in wanted {
-            let head = Header {
-                ns: &self.ns,
-                group,
-                level,
-                digest: &digest,
-                tokens,
-            };
-            let whole = head.len() + block_bytes + 4;
+            let whole = self.header(group, level, &digest, tokens).len() + block_bytes + 4;
             pipe.cmd("GETRANGE")
                 .arg(self.key(group, &digest))
                 .arg(0)
@@ -361,19 +377,15 @@ impl RemoteTier {
                 }
                 break;
             }
-            let head = Header {
-                ns: &self.ns,
-                group,
-                level: *level,
-                digest,
-                tokens,
-            };
-            match head.open(&value, block_bytes) {
+            let opened = (self.header(group, *level, digest, tokens))
+                .open(&value, block_bytes)
+                .map(Box::<[u8]>::from);
+            match opened {
                 Some(payload) => {
                     self.stats.hits += 1;
                     self.stats.bytes_read += payload.len() as u64;
                     self.written.insert(*digest);
-                    out.push(payload.into());
+                    out.push(payload);
                 }
                 None => {
                     self.stats.rejected += 1;
@@ -413,16 +425,12 @@ impl RemoteTier {
                 continue;
             }
             self.set_block_bytes(p.group, payload.len());
-            let head = Header {
-                ns: &self.ns,
-                group: p.group,
-                level: p.level,
-                digest: &p.digest,
-                tokens: &p.tokens,
-            };
+            let value = self
+                .header(p.group, p.level, &p.digest, &p.tokens)
+                .seal(&payload);
             batch.push(Write {
                 key: self.key(p.group, &p.digest),
-                value: head.seal(&payload),
+                value,
                 payload: payload.len(),
             });
             self.written.insert(p.digest);
@@ -447,25 +455,19 @@ mod tests {
         };
         let t = RemoteTier::new(&config("model a"), 2).unwrap();
         let u = RemoteTier::new(&config("model b"), 2).unwrap();
-        let levels = |a: &[u32], b: &[u32]| -> Vec<std::borrow::Cow<'static, [u32]>> {
-            vec![a.to_vec().into(), b.to_vec().into()]
+        // Two levels of blocks of 2 tokens.
+        let levels = |tier: &RemoteTier, group: usize, tokens: &[u32]| {
+            tier.digests(group, (tokens, 0), 2, 2)
         };
-        let d = t.digests(0, levels(&[1, 2], &[3, 4]));
-        assert_eq!(d, t.digests(0, levels(&[1, 2], &[3, 4])), "deterministic");
-        assert_ne!(
-            d[1],
-            t.digests(0, levels(&[1, 9], &[3, 4]))[1],
-            "an earlier level"
-        );
+        let d = levels(&t, 0, &[1, 2, 3, 4]);
+        assert_eq!(d, levels(&t, 0, &[1, 2, 3, 4]), "deterministic");
+        assert_ne!(d[1], levels(&t, 0, &[1, 9, 3, 4])[1], "an earlier level");
+        assert_ne!(d[0], levels(&t, 1, &[1, 2, 3, 4])[0], "another group");
+        assert_ne!(d[0], levels(&u, 0, &[1, 2, 3, 4])[0], "another model");
         assert_ne!(
             d[0],
-            t.digests(1, levels(&[1, 2], &[3, 4]))[0],
-            "another group"
-        );
-        assert_ne!(
-            d[0],
-            u.digests(0, levels(&[1, 2], &[3, 4]))[0],
-            "another model"
+            t.digests(0, (&[1, 2, 3, 4], 7), 2, 2)[0],
+            "another salt"
         );
         assert_eq!(
             t.key(0, &d[0]).len(),
@@ -502,7 +504,7 @@ mod tests {
         };
         let mut t = RemoteTier::new(&c, 1).unwrap();
         t.set_block_bytes(0, 8);
-        let d = t.digests(0, [std::borrow::Cow::Owned(vec![1u32, 2])]);
+        let d = t.digests(0, (&[1, 2], 0), 2, 1);
         assert!(t.fetch(0, &[(0, d[0], &[1, 2])]).is_empty());
         assert_eq!(t.stats().errors, 1);
         // Off for a while: no second attempt, no second error.
