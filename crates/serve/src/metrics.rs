@@ -162,13 +162,13 @@ impl ServerMetrics {
                 r,
                 "kvlab:evictions_total",
                 "Cached blocks whose content was dropped (or spilled) to make room, by the eviction policy that chose them (--eviction).",
-                "policy",
+                &["policy"],
             )?,
             hits_by_tier: counter_by(
                 r,
                 "kvlab:prefix_cache_hits_by_tier_total",
                 "Prompt tokens the prefix cache served, by where their KV came from: pool (blocks in the pool), host, disk or remote (restored from a tier; remote: fetched from the Redis tier another process wrote); each over vllm:prefix_cache_queries_total is that tier's hit rate.",
-                "tier",
+                &["tier"],
             )?,
             tier_spills: counter(
                 r,
@@ -189,7 +189,7 @@ impl ServerMetrics {
                 r,
                 "kvlab:kv_tier_drops_total",
                 "Blocks the tiers let go, by reason: full (oldest spill pushed out), expired (--tier-ttl-steps), recomputed (the content computed again), lost (a file failed to write or verify).",
-                "reason",
+                &["reason"],
             )?,
             tier_file_errors: counter(
                 r,
@@ -202,31 +202,23 @@ impl ServerMetrics {
                 "Bytes of KV blocks each tier holds now.",
                 "tier",
             )?,
-            tier_lookups: register(
+            tier_lookups: counter_by(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "kvlab:kv_tier_lookups_total",
-                        "Blocks looked up in a shared tier (--remote-tier: tier=\"remote\"), by result: hit (found and verified), miss (absent), rejected (corrupt, truncated, another model's or another prefix's; recomputed and deleted).",
-                    ),
-                    &["tier", "result"],
-                ),
+                "kvlab:kv_tier_lookups_total",
+                "Blocks looked up in a shared tier (--remote-tier: tier=\"remote\"), by result: hit (found and verified), miss (absent), rejected (corrupt, truncated, another model's or another prefix's; recomputed and deleted).",
+                &["tier", "result"],
             )?,
             tier_errors: counter_by(
                 r,
                 "kvlab:kv_tier_errors_total",
                 "Commands to a shared tier that failed (down, timed out, out of memory): each a miss or a skipped write, never a failed request.",
-                "tier",
+                &["tier"],
             )?,
-            tier_bytes_moved: register(
+            tier_bytes_moved: counter_by(
                 r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "kvlab:kv_tier_bytes_moved_total",
-                        "Bytes of KV blocks moved to and from a shared tier, by direction: read (fetched and verified) or written (first writer of a block's content).",
-                    ),
-                    &["tier", "direction"],
-                ),
+                "kvlab:kv_tier_bytes_moved_total",
+                "Bytes of KV blocks moved to and from a shared tier, by direction: read (fetched and verified) or written (first writer of a block's content).",
+                &["tier", "direction"],
             )?,
             tier_fetch_seconds: register(
                 r,
@@ -253,7 +245,7 @@ impl ServerMetrics {
                 r,
                 "vllm:request_success_total",
                 "Requests that ran to their end, by finish reason.",
-                "finished_reason",
+                &["finished_reason"],
             )?,
             cancelled: counter(
                 r,
@@ -297,8 +289,10 @@ impl ServerMetrics {
             set(&self.blocks_total, a.num_blocks());
         }
         let policy = s.config().eviction_policy.name();
-        let c = self.evictions.with_label_values(&[policy]);
-        c.inc_by(m.num_evictions.saturating_sub(c.get()));
+        advance(
+            &self.evictions.with_label_values(&[policy]),
+            m.num_evictions,
+        );
         let h = m.prefix_cache_hits_by_tier;
         let tiers = [
             ("pool", h.pool),
@@ -307,27 +301,25 @@ impl ServerMetrics {
             ("remote", h.remote),
         ];
         for (tier, total) in tiers {
-            let c = self.hits_by_tier.with_label_values(&[tier]);
-            c.inc_by(total.saturating_sub(c.get()));
+            advance(&self.hits_by_tier.with_label_values(&[tier]), total);
         }
         let r = m.remote_tier;
-        let advance = |c: IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
         for (result, total) in [
             ("hit", r.hits),
             ("miss", r.misses),
             ("rejected", r.rejected),
         ] {
             advance(
-                self.tier_lookups.with_label_values(&["remote", result]),
+                &self.tier_lookups.with_label_values(&["remote", result]),
                 total,
             );
         }
-        advance(self.tier_errors.with_label_values(&["remote"]), r.errors);
+        advance(&self.tier_errors.with_label_values(&["remote"]), r.errors);
         for (direction, total) in [("read", r.bytes_read), ("written", r.bytes_written)] {
             let c = self
                 .tier_bytes_moved
                 .with_label_values(&["remote", direction]);
-            advance(c, total);
+            advance(&c, total);
         }
         let c = self.tier_fetch_seconds.with_label_values(&["remote"]);
         c.inc_by((r.fetch_ns as f64 * 1e-9 - c.get()).max(0.0));
@@ -338,8 +330,7 @@ impl ServerMetrics {
             ("recomputed", d.recomputed),
             ("lost", d.lost),
         ] {
-            let c = self.tier_drops.with_label_values(&[reason]);
-            c.inc_by(total.saturating_sub(c.get()));
+            advance(&self.tier_drops.with_label_values(&[reason]), total);
         }
         for (tier, bytes) in [
             ("host", m.tier_store.host_bytes),
@@ -370,7 +361,7 @@ impl ServerMetrics {
                 m.tier_store.disk_read_errors + m.tier_store.disk_write_errors,
             ),
         ] {
-            c.inc_by(total.saturating_sub(c.get()));
+            advance(c, total);
         }
     }
 
@@ -437,14 +428,19 @@ fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounte
     register(r, IntCounter::new(name, help))
 }
 
-/// An integer counter with one label, `label`.
+/// An integer counter with the labels `labels`.
 fn counter_by(
     r: &Registry,
     name: &str,
     help: &str,
-    label: &str,
+    labels: &[&str],
 ) -> prometheus::Result<IntCounterVec> {
-    register(r, IntCounterVec::new(Opts::new(name, help), &[label]))
+    register(r, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+/// Advances counter `c` to `total`, what the scheduler counted so far (counters never go back).
+fn advance(c: &IntCounter, total: u64) {
+    c.inc_by(total.saturating_sub(c.get()));
 }
 
 /// An integer gauge with one label, `label`.

@@ -11,36 +11,20 @@ use crate::bench::plot::{Line, Panel, Series, axis, write_pair};
 
 /// Writes `cluster.svg` and `.png`; returns their names.
 pub fn figure(dir: &Path, r: &ClusterReport) -> Result<Vec<String>> {
-    let configs = [
-        (
-            Routing::RoundRobin,
-            false,
-            RGBColor(214, 39, 40),
-            Line::Circles,
-        ),
-        (
-            Routing::RoundRobin,
-            true,
-            RGBColor(214, 39, 40),
-            Line::Dashed(6, 4),
-        ),
-        (
-            Routing::Affinity,
-            false,
-            RGBColor(31, 119, 180),
-            Line::Circles,
-        ),
-        (
-            Routing::Affinity,
-            true,
-            RGBColor(31, 119, 180),
-            Line::Dashed(6, 4),
-        ),
-    ];
+    // A colour per routing; dashed with the Redis tier.
+    let configs = [Routing::RoundRobin, Routing::Affinity].map(|routing| {
+        let color = match routing {
+            Routing::RoundRobin => RGBColor(214, 39, 40),
+            Routing::Affinity => RGBColor(31, 119, 180),
+        };
+        [(false, Line::Circles), (true, Line::Dashed(6, 4))]
+            .map(|(remote, line)| (routing, remote, color, line))
+    });
     let most = r.rows.iter().map(|x| x.instances).max().unwrap_or(1) as f64;
     let series = |value: &dyn Fn(&ClusterRow) -> f64| -> Vec<Series> {
         configs
             .iter()
+            .flatten()
             .map(|&(routing, remote, color, line)| {
                 let pts = (r.rows.iter())
                     .filter(|x| x.routing == routing && x.remote_tier == remote)

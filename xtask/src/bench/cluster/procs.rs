@@ -73,7 +73,7 @@ pub fn require(what: &str, package: &str) -> Result<()> {
 
 /// A fresh `redis-server` without persistence.
 pub struct Redis {
-    child: Child,
+    _process: Process,
     pub url: String,
 }
 
@@ -88,22 +88,15 @@ impl Redis {
             .context("starting redis-server (apt-get install redis-server)")?;
         wait_listening(port, "redis-server", &mut child)?;
         Ok(Redis {
-            child,
+            _process: Process(child),
             url: format!("redis://127.0.0.1:{port}"),
         })
     }
 }
 
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// HAProxy in HTTP mode in front of `backends` (`http://HOST:PORT` each), routing by `routing`.
 pub struct Haproxy {
-    child: Child,
+    _process: Process,
     pub base: String,
     _config: tempfile::NamedTempFile,
 }
@@ -136,16 +129,19 @@ impl Haproxy {
             .context("starting haproxy (apt-get install haproxy)")?;
         wait_listening(port, "haproxy", &mut child)?;
         Ok(Haproxy {
-            child,
+            _process: Process(child),
             base: format!("http://127.0.0.1:{port}"),
             _config: file,
         })
     }
 }
 
-impl Drop for Haproxy {
+/// A child process, killed (and reaped) when dropped.
+struct Process(Child);
+
+impl Drop for Process {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
