@@ -228,7 +228,7 @@ pub enum SubmitError {
     },
     /// The engine thread has exited (while a handle lives it stops only by panicking), so
     /// nothing more can be served: the server answers 503; restart it.
-    #[error("the engine thread has stopped")]
+    #[error("the engine thread has stopped; restart the server")]
     EngineGone,
 }
 

@@ -295,6 +295,28 @@ pub struct ApiError {
     retry_after: bool,
 }
 
+/// A request the engine thread could not take: 429 with `Retry-After` when the queue is full,
+/// 503 when the thread is gone.
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> ApiError {
+        match e {
+            SubmitError::QueueFull { .. } => ApiError {
+                retry_after: true,
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    e.to_string(),
+                )
+            },
+            SubmitError::EngineGone => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                e.to_string(),
+            ),
+        }
+    }
+}
+
 impl ApiError {
     pub(crate) fn new(
         status: StatusCode,
@@ -831,21 +853,7 @@ async fn serve_request(
             },
             s.max_waiting,
         )
-        .map_err(|e| match e {
-            SubmitError::QueueFull { .. } => ApiError {
-                retry_after: true,
-                ..ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    e.to_string(),
-                )
-            },
-            SubmitError::EngineGone => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                e.to_string(),
-            ),
-        })?;
+        .map_err(ApiError::from)?;
     let detokenizer = Detokenizer::new(
         s.tokenizer.clone(),
         last,

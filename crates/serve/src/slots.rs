@@ -23,11 +23,10 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::engine_loop::{SessionAction, SessionJob};
+use crate::engine_loop::{SessionAction, SessionJob, SubmitError};
 use crate::http::{ApiError, AppState, PromptField, cache_salt, chat_tokens, tokens_of};
 
 /// `?action=`.
@@ -115,17 +114,10 @@ pub(crate) async fn slots(
         namespace,
         reply,
     };
-    let gone = || {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "the engine thread has stopped; restart the server",
-        )
-    };
-    s.engine.submit_session(job).map_err(|_| gone())?;
+    s.engine.submit_session(job)?;
     let done = answer
         .await
-        .map_err(|_| gone())?
+        .map_err(|_| ApiError::from(SubmitError::EngineGone))?
         .map_err(|e| ApiError::invalid(e, Some("filename")))?;
     Ok(Json(if save {
         json!({
