@@ -238,6 +238,7 @@ impl PrefixCache {
         let Some(tier) = self.tier.as_mut() else {
             return false;
         };
+        tier.withdraw_drop(entry);
         let pushed_out = tier.hold(entry);
         self.held_below(entry, pushed_out);
         true

@@ -65,6 +65,13 @@ impl TierIndex {
         self.stamp.len()
     }
 
+    /// Withdraws a `Drop` of `entry` still waiting for the step's moves: its bytes were stored
+    /// again since (fetched), and the drop would delete them.
+    pub(crate) fn withdraw_drop(&mut self, entry: EntryId) {
+        self.ops
+            .retain(|op| !matches!(op, IndexOp::Drop { entry: e } if *e == entry));
+    }
+
     /// Records the spill of `block` holding `entry` at the current step; returns the entries
     /// pushed out to make room (each with a `Drop` recorded after the spill), oldest first.
     pub(crate) fn spill(&mut self, block: BlockId, entry: EntryId) -> Vec<EntryId> {
@@ -75,11 +82,8 @@ impl TierIndex {
 
     /// Records that the tiers hold `entry` as of the current step (spilled, or fetched from the
     /// remote tier straight into the store); returns the entries pushed out to make room, each
-    /// with a `Drop` recorded, oldest first. A `Drop` of `entry` itself still waiting for the
-    /// step's moves is withdrawn: it would delete the bytes just stored.
+    /// with a `Drop` recorded, oldest first.
     pub(crate) fn hold(&mut self, entry: EntryId) -> Vec<EntryId> {
-        self.ops
-            .retain(|op| !matches!(op, IndexOp::Drop { entry: e } if *e == entry));
         self.stamp.insert(entry, self.next);
         self.order.insert(self.next, (entry, self.now));
         self.next += 1;
