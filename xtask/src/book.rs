@@ -1,6 +1,7 @@
 //! `cargo xtask book`: builds the mdBook in docs/ (when mdbook is installed), runs every
 //! "Reproduce it" command of every chapter, and checks every figure the prose quotes against
-//! the output it comes from (the markers of `check.rs`), so a number that drifts fails the build.
+//! the output it comes from (the markers of `check.rs`), so a number that drifts fails the build;
+//! a figure in prose without a marker fails it too (`lint.rs`).
 //! `KVLAB_BOOK_SKIP="cmd1; cmd2"` leaves out commands the caller has just run itself (a command
 //! a check marker needs is run anyway). `--check-only` skips the HTML build and runs only the
 //! commands the markers need. A command that names a model of `fixtures/models.json` whose
@@ -9,6 +10,7 @@
 //! `KVLAB_REQUIRE_MODELS=1` (CI) it is a failure.
 
 mod check;
+mod lint;
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -18,11 +20,13 @@ use anyhow::{Context, Result, bail};
 
 use crate::paths::{self, workspace_root};
 
-/// One chapter: its file name, its "Reproduce it" commands and its check markers.
+/// One chapter: its file name, its "Reproduce it" commands, its check markers and the figures
+/// in its prose that no marker quotes.
 struct Chapter {
     file: String,
     commands: Vec<String>,
     markers: Vec<check::Marker>,
+    unmarked: Vec<lint::Unmarked>,
 }
 
 /// The shell commands under a chapter's "## Reproduce it" heading.
@@ -69,10 +73,12 @@ fn chapters() -> Result<Vec<Chapter>> {
                 );
             }
         }
+        let unmarked = lint::unmarked(&text, &markers);
         out.push(Chapter {
             file: file.to_string(),
             commands,
             markers,
+            unmarked,
         });
     }
     Ok(out)
@@ -103,6 +109,7 @@ pub fn run(o: Opts) -> Result<()> {
         build_html(&root)?;
     }
     let chapters = chapters()?;
+    refuse_unmarked(&chapters)?;
     // Commands the caller already ran in this job (CI runs the bench smoke test on its own).
     let skip: Vec<String> = std::env::var("KVLAB_BOOK_SKIP")
         .unwrap_or_default()
@@ -188,7 +195,9 @@ pub fn run(o: Opts) -> Result<()> {
         .flat_map(|c| &c.markers)
         .filter(|m| match &m.check {
             check::Check::Output { cmd, .. } => !skipped.iter().any(|(s, _)| s == cmd),
-            check::Check::Json { .. } => true,
+            check::Check::Json { .. } | check::Check::File { .. } => true,
+            // Settings and outside sources: the lint needs them, there is nothing to run.
+            check::Check::Given { .. } | check::Check::Source { .. } => false,
         })
         .collect();
     let mismatches: Vec<String> = markers
@@ -197,6 +206,8 @@ pub fn run(o: Opts) -> Result<()> {
             match &m.check {
                 check::Check::Output { cmd, .. } => check::verify_output(m, &output[cmd]),
                 check::Check::Json { .. } => check::verify_json(m, &root),
+                check::Check::File { .. } => check::verify_file(m, &root),
+                check::Check::Given { .. } | check::Check::Source { .. } => Ok(()),
             }
             .err()
         })
@@ -215,6 +226,29 @@ pub fn run(o: Opts) -> Result<()> {
         "book: all {} figures quoted in the book match their commands' output",
         markers.len()
     );
+    Ok(())
+}
+
+/// Lists every figure in prose that no marker quotes, and fails if there is one.
+fn refuse_unmarked(chapters: &[Chapter]) -> Result<()> {
+    let mut n = 0;
+    for c in chapters {
+        for u in &c.unmarked {
+            eprintln!(
+                "book: docs/src/{}:{}: {:?} has no marker quoting it",
+                c.file, u.line, u.figure
+            );
+            n += 1;
+        }
+    }
+    if n > 0 {
+        bail!(
+            "{n} figure(s) in the book's prose have no marker: after their paragraph, add a \
+             check, check-json, check-file or calc marker that verifies the figure, or a given \
+             (a setting) or source (an outside figure) marker; xtask/src/book/check.rs says which \
+             is which"
+        );
+    }
     Ok(())
 }
 
@@ -269,7 +303,38 @@ fn build_html(root: &std::path::Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::missing_model;
+    use super::{chapters, missing_model, refuse_unmarked};
+
+    /// A planted wrong number and a planted unmarked one, each against a real record: the
+    /// first fails its check, the second the lint.
+    #[test]
+    fn a_planted_wrong_number_and_a_planted_unmarked_one_each_fail() {
+        use super::{check, lint};
+        let root = crate::paths::workspace_root();
+        let right = "The step took 1.41 ms.\n\n\
+            <!-- check-json: benches/baseline.json /decode/0/step_ms/median/64 ==> 1.41 -->\n";
+        let markers = check::parse("c.md", right).unwrap();
+        assert!(lint::unmarked(right, &markers).is_empty());
+        assert_eq!(check::verify_json(&markers[0], &root), Ok(()));
+        let wrong = right.replace("1.41", "1.42");
+        let markers = check::parse("c.md", &wrong).unwrap();
+        assert!(lint::unmarked(&wrong, &markers).is_empty());
+        assert!(check::verify_json(&markers[0], &root).is_err());
+        let unmarked = format!("{right}\nThen it took 2.5 ms.\n");
+        let markers = check::parse("c.md", &unmarked).unwrap();
+        let found = lint::unmarked(&unmarked, &markers);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].figure, "2.5 ms");
+    }
+
+    /// The lint over the real book, so `cargo test` catches an unmarked figure before CI's
+    /// `cargo xtask book` does.
+    #[test]
+    fn every_figure_in_the_book_has_a_marker() {
+        let chapters = chapters().unwrap();
+        assert!(chapters.len() > 10);
+        refuse_unmarked(&chapters).unwrap();
+    }
 
     #[test]
     fn a_command_naming_a_missing_model_is_skipped_with_how_to_get_it() {
