@@ -1,5 +1,6 @@
-//! `cargo xtask book`: builds the mdBook in docs/ (when mdbook is installed), runs every
-//! "Reproduce it" command of every chapter, and checks every figure the prose quotes against
+//! `cargo xtask book`: builds the mdBook in docs/ (when mdbook is installed), runs every shell
+//! block of every chapter (`jobs.rs`: each "Reproduce it" command, and every other block as a
+//! script, servers and all), and checks every figure the prose quotes against
 //! the output it comes from (the markers of `check.rs`), so a number that drifts fails the build;
 //! a figure in prose without a marker fails it too (`lint.rs`).
 //! `KVLAB_BOOK_SKIP="cmd1; cmd2"` leaves out commands the caller has just run itself (a command
@@ -7,9 +8,11 @@
 //! commands the markers need. A command that names a model of `fixtures/models.json` whose
 //! files are not on this machine (Gemma 3 270M without `KVLAB_MODELS`) is SKIPPED with how to
 //! get them, and its figures with it, as `cargo xtask verify` skips what is missing; with
-//! `KVLAB_REQUIRE_MODELS=1` (CI) it is a failure.
+//! `KVLAB_REQUIRE_MODELS=1` (CI) it is a failure. A command of the CUDA engine is SKIPPED on a
+//! machine without an NVIDIA GPU, and says so.
 
 mod check;
+mod jobs;
 mod lint;
 
 use std::collections::HashMap;
@@ -20,35 +23,17 @@ use anyhow::{Context, Result, bail};
 
 use crate::paths::{self, workspace_root};
 
-/// One chapter: its file name, its "Reproduce it" commands, its check markers and the figures
-/// in its prose that no marker quotes.
+/// One chapter: its file name, the jobs its shell blocks make, its check markers and the
+/// figures in its prose that no marker quotes.
 struct Chapter {
     file: String,
-    commands: Vec<String>,
+    jobs: Vec<jobs::Job>,
     markers: Vec<check::Marker>,
     unmarked: Vec<lint::Unmarked>,
 }
 
-/// The shell commands under a chapter's "## Reproduce it" heading.
-fn reproduce_commands(file: &str, text: &str) -> Result<Vec<String>> {
-    let Some(section) = text.split("## Reproduce it").nth(1) else {
-        bail!("docs/src/{file} has no \"## Reproduce it\" section")
-    };
-    let block = section
-        .split("```sh")
-        .nth(1)
-        .and_then(|b| b.split("```").next())
-        .with_context(|| format!("docs/src/{file}: no ```sh block under Reproduce it"))?;
-    Ok(block
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_string)
-        .collect())
-}
-
-/// Every chapter of SUMMARY.md, in book order; a check marker whose command is not among its
-/// chapter's Reproduce-it commands is an error (the reader must be able to run it).
+/// Every chapter of SUMMARY.md, in book order; a check marker whose command is not one of its
+/// chapter's jobs is an error (the reader must be able to run it).
 fn chapters() -> Result<Vec<Chapter>> {
     let src = paths::docs_src();
     let summary =
@@ -61,14 +46,14 @@ fn chapters() -> Result<Vec<Chapter>> {
     {
         let text = std::fs::read_to_string(src.join(file))
             .with_context(|| format!("reading docs/src/{file}"))?;
-        let commands = reproduce_commands(file, &text)?;
+        let jobs = jobs::jobs(file, &text)?;
         let markers = check::parse(file, &text)?;
         for m in &markers {
             if let check::Check::Output { cmd, .. } = &m.check
-                && !commands.contains(cmd)
+                && !jobs.iter().any(|j| &j.key == cmd)
             {
                 bail!(
-                    "docs/src/{file}:{}: `{cmd}` is checked but is not in the chapter's Reproduce it block; add it there",
+                    "docs/src/{file}:{}: `{cmd}` is checked but is neither a command of the chapter's Reproduce it block nor the first line of one of its shell blocks",
                     m.line
                 );
             }
@@ -76,7 +61,7 @@ fn chapters() -> Result<Vec<Chapter>> {
         let unmarked = lint::unmarked(&text, &markers);
         out.push(Chapter {
             file: file.to_string(),
-            commands,
+            jobs,
             markers,
             unmarked,
         });
@@ -87,7 +72,7 @@ fn chapters() -> Result<Vec<Chapter>> {
 /// `cargo xtask book`'s options.
 #[derive(clap::Args)]
 #[command(
-    about = "mdbook build docs (if mdbook is on PATH), run every \"Reproduce it\" command, and \
+    about = "mdbook build docs (if mdbook is on PATH), run every shell block of the book, and \
              check every figure marked in the prose against its command's output"
 )]
 pub struct Opts {
@@ -99,8 +84,8 @@ pub struct Opts {
 /// `cargo xtask book` with its parsed options.
 ///
 /// # Errors
-/// mdbook failing, a chapter whose checked command is missing from its Reproduce-it block, a
-/// command that fails, a figure that differs from its command's output, or a missing model
+/// mdbook failing, a chapter whose checked command is none of its jobs, a line ending in
+/// `|| true`, a command or block that fails or runs past its time, a figure that differs from its command's output, or a missing model
 /// under `KVLAB_REQUIRE_MODELS=1`.
 pub fn run(o: Opts) -> Result<()> {
     let check_only = o.check_only;
@@ -123,71 +108,62 @@ pub fn run(o: Opts) -> Result<()> {
             .flat_map(|c| &c.markers)
             .any(|m| matches!(&m.check, check::Check::Output { cmd: c, .. } if c == cmd))
     };
-    let mut cmds: Vec<(String, String)> = Vec::new();
-    for c in &chapters {
-        for cmd in &c.commands {
-            let wanted = checked(cmd) || (!check_only && !skip.contains(cmd));
-            if wanted && !cmds.iter().any(|(_, x)| x == cmd) {
-                cmds.push((c.file.clone(), cmd.clone()));
-            }
+    let mut todo: Vec<&jobs::Job> = Vec::new();
+    for job in chapters.iter().flat_map(|c| &c.jobs) {
+        let wanted = checked(&job.key) || (!check_only && !skip.contains(&job.key));
+        if wanted && !todo.iter().any(|j| j.key == job.key) {
+            todo.push(job);
         }
     }
     let mut failed = Vec::new();
     let require = std::env::var("KVLAB_REQUIRE_MODELS").is_ok_and(|v| v == "1");
-    // Commands left out because a model they name is missing, with how to get it.
+    // Jobs left out because a model they name is missing (with how to get it) or no GPU is here.
     let mut skipped: Vec<(String, String)> = Vec::new();
-    // What each command printed, stdout then stderr (kvlab prints statistics to stderr).
+    // What each job printed, stdout then stderr (kvlab prints statistics to stderr).
     let mut output: HashMap<String, String> = HashMap::new();
-    for (i, (file, cmd)) in cmds.iter().enumerate() {
-        if let Some(why) = missing_model(cmd, local_files) {
+    let n = todo.len();
+    for (i, job) in todo.iter().enumerate() {
+        let (file, key) = (&job.file, &job.key);
+        let missing = job
+            .script
+            .lines()
+            .find_map(|l| missing_model(l, local_files));
+        if let Some(why) = &missing {
             let verdict = if require { "FAIL" } else { "SKIPPED" };
-            println!(
-                "book: [{}/{}] {verdict} {file}: {cmd}: {why}",
-                i + 1,
-                cmds.len()
-            );
+            println!("book: [{}/{n}] {verdict} {file}: {key}: {why}", i + 1);
             if require {
-                failed.push(cmd.clone());
+                failed.push(key.clone());
             }
-            skipped.push((cmd.clone(), why));
+        }
+        // CI has no GPU: that is reported, never a failure.
+        let no_gpu = jobs::needs_gpu(job);
+        if let (None, Some(why)) = (&missing, &no_gpu) {
+            println!("book: [{}/{n}] SKIPPED {file}: {key}: {why}", i + 1);
+        }
+        if let Some(why) = missing.or(no_gpu) {
+            skipped.push((key.clone(), why));
             continue;
         }
         let t = Instant::now();
-        // Commands run `cargo run`; they build as from the shell (see without_cargo_run_env).
-        let out = crate::verify::without_cargo_run_env(&mut Command::new("bash"))
-            .arg("-c")
-            .arg(cmd)
-            .current_dir(&root)
-            .output()
-            .with_context(|| format!("running {cmd}"))?;
-        let ok = out.status.success();
+        let (ok, printed) = jobs::run(job, &root)?;
         println!(
-            "book: [{}/{}] {} {:>6.1} s  {file}: {cmd}",
+            "book: [{}/{n}] {} {:>6.1} s  {file}: {key}",
             i + 1,
-            cmds.len(),
             if ok { "ok  " } else { "FAIL" },
             t.elapsed().as_secs_f64()
         );
         if !ok {
-            eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-            failed.push(cmd.clone());
+            eprintln!("{printed}");
+            failed.push(key.clone());
         }
-        let printed = format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        output.insert(cmd.clone(), printed);
+        output.insert(key.clone(), printed);
     }
     if !failed.is_empty() {
-        bail!("{} reproduce command(s) failed: {failed:?}", failed.len());
+        bail!("{} of the book's commands failed: {failed:?}", failed.len());
     }
-    println!(
-        "book: {} reproduce commands ran",
-        cmds.len() - skipped.len()
-    );
+    println!("book: {} commands and blocks ran", n - skipped.len());
     for (cmd, why) in &skipped {
-        println!("book: SKIPPED (set KVLAB_MODELS to check it) {cmd}: {why}");
+        println!("book: SKIPPED {cmd}: {why}");
     }
 
     let markers: Vec<&check::Marker> = chapters

