@@ -14,6 +14,7 @@
 mod check;
 mod jobs;
 mod lint;
+mod records;
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -30,6 +31,8 @@ struct Chapter {
     jobs: Vec<jobs::Job>,
     markers: Vec<check::Marker>,
     unmarked: Vec<lint::Unmarked>,
+    /// What the chapter fails to say about the records it quotes (`records.rs`).
+    unnamed: Vec<String>,
 }
 
 /// Every chapter of SUMMARY.md, in book order; a check marker whose command is not one of its
@@ -38,6 +41,8 @@ fn chapters() -> Result<Vec<Chapter>> {
     let src = paths::docs_src();
     let summary =
         std::fs::read_to_string(src.join("SUMMARY.md")).context("reading docs/src/SUMMARY.md")?;
+    let root = workspace_root();
+    let mut described: HashMap<String, (records::Record, bool)> = HashMap::new();
     let mut out = Vec::new();
     for file in summary
         .lines()
@@ -59,11 +64,28 @@ fn chapters() -> Result<Vec<Chapter>> {
             }
         }
         let unmarked = lint::unmarked(&text, &markers);
+        let mut quoted: Vec<(records::Record, bool)> = Vec::new();
+        for m in &markers {
+            if let check::Check::Json {
+                file: Some(record), ..
+            } = &m.check
+                && !quoted.iter().any(|(r, _)| &r.file == record)
+            {
+                if !described.contains_key(record) {
+                    let r = records::describe(&root, record)?;
+                    let stale = records::stale(&root, &r);
+                    described.insert(record.clone(), (r, stale));
+                }
+                quoted.extend(described.get(record).cloned());
+            }
+        }
+        let unnamed = records::unnamed(&text, &quoted);
         out.push(Chapter {
             file: file.to_string(),
             jobs,
             markers,
             unmarked,
+            unnamed,
         });
     }
     Ok(out)
@@ -205,8 +227,26 @@ pub fn run(o: Opts) -> Result<()> {
     Ok(())
 }
 
-/// Lists every figure in prose that no marker quotes, and fails if there is one.
+/// Lists every figure in prose that no marker quotes and every record a chapter quotes without
+/// naming it, and fails if there is one.
 fn refuse_unmarked(chapters: &[Chapter]) -> Result<()> {
+    let unnamed: Vec<String> = chapters
+        .iter()
+        .flat_map(|c| {
+            c.unnamed
+                .iter()
+                .map(move |u| format!("docs/src/{}: {u}", c.file))
+        })
+        .collect();
+    for u in &unnamed {
+        eprintln!("book: {u}");
+    }
+    if !unnamed.is_empty() {
+        bail!(
+            "{} record(s) quoted without their machine, date and commit, or stale without being called history",
+            unnamed.len()
+        );
+    }
     let mut n = 0;
     for c in chapters {
         for u in &c.unmarked {

@@ -160,13 +160,15 @@ pub fn load_now() -> Option<f64> {
 }
 
 /// The machine as serve.json, tiers.json and eviction.json name it: CPU, logical CPUs, load at
-/// the start, date.
+/// the start, date, and the commit measured (so the book can say what a record measured; see
+/// `book/records.rs`).
 pub fn line(m: &Machine) -> String {
     format!(
-        "{} ({} logical CPUs), load {:.1} at the start, {}",
+        "{} ({} logical CPUs), load {:.1} at the start, {}, commit {}",
         m.cpu_model,
         m.logical_cpus,
         m.loadavg_start.map_or(0.0, |l| l[0]),
-        m.date_utc
+        m.date_utc,
+        m.git_commit.get(..12).unwrap_or(&m.git_commit)
     )
 }
