@@ -8,6 +8,7 @@
 //! through [`Clock`]). The maths is kvlab-model's scalar reference (`kvlab_model::ops`); the
 //! lessons run plain Llama models (stories260K by default), one row at a time in `Vec<f32>`.
 
+use std::cell::Cell;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -153,13 +154,21 @@ impl Lesson {
             "prompt {} tokens, generated {generated} tokens ({end})",
             self.prompt.len()
         );
-        println!(
-            "positions computed: {} (each one: q, k, v, attention and the feed-forward block in every layer)",
-            clock.positions
+        // Counted where the work happens (the feed-forward block, each step's `attend`), and
+        // checked against what the positions the step computed imply.
+        let (rows, products) = (clock.rows_counted, clock.products_counted);
+        let (positions, scores) = (rows / c.n_layers, products / (c.n_layers * c.n_heads));
+        assert_eq!(
+            (positions, scores),
+            (clock.positions, clock.scores),
+            "the work counted differs from the positions {step} says it computed"
         );
         println!(
-            "attention scores computed: {} (query·key products, per layer and query head)",
-            clock.scores
+            "positions computed: {positions} (each one: q, k, v, attention and the feed-forward block in every layer; {rows} rows through a layer, counted)"
+        );
+        println!(
+            "attention scores computed: {scores} (query·key products per layer and query head; {products} in all {} layers and {} query heads, counted in attend)",
+            c.n_layers, c.n_heads
         );
         println!(
             "prefill: {} positions in {:.3} ms",
@@ -196,15 +205,36 @@ fn check_plain_llama(c: &Config) -> Result<()> {
     Ok(())
 }
 
-/// Times each call of the forward pass and counts the work it does, from the positions it
-/// computes. The first call is the prefill, every later one a decode step.
+thread_local! {
+    /// The work done so far on this thread, counted where it happens: rows through a layer's
+    /// feed-forward block, and query·key products (every layer and query head).
+    static WORK: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+}
+
+/// Counts `n` query·key products: each step's `attend` calls it once per query head, with the
+/// number of keys that head's query was compared with.
+pub fn count_scores(n: usize) {
+    WORK.with(|w| {
+        let (rows, products) = w.get();
+        w.set((rows, products + n));
+    });
+}
+
+/// Times each call of the forward pass and records the work it does: counted where it
+/// happens ([`count_scores`], the feed-forward block), and implied by the positions the caller
+/// says it computes, which [`Lesson::report`] checks against each other. The first call is the
+/// prefill, every later one a decode step.
 #[derive(Default)]
 pub struct Clock {
-    /// Rows that went through the whole network, summed over calls.
+    /// Rows that went through the whole network, summed over calls, as the caller states them.
     pub positions: usize,
-    /// Query·key products per layer and query head, summed over calls: a query at position `p`
-    /// sees `p + 1` keys (at most `window`).
+    /// Query·key products per layer and query head implied by those positions: a query at
+    /// position `p` sees `p + 1` keys (at most `window`).
     pub scores: usize,
+    /// Rows through a layer's feed-forward block, counted (`positions × n_layers`).
+    pub rows_counted: usize,
+    /// Query·key products in every layer and query head, counted in `attend`.
+    pub products_counted: usize,
     /// Wall time of the prefill call.
     pub prefill: Duration,
     /// Wall time of each decode call, in order.
@@ -227,12 +257,17 @@ impl Clock {
         let window = self.window.unwrap_or(usize::MAX);
         self.positions += positions.len();
         self.scores += positions.map(|p| (p + 1).min(window)).sum::<usize>();
+        let before = WORK.with(Cell::get);
         let t = Instant::now();
         let out = forward();
+        let elapsed = t.elapsed();
+        let after = WORK.with(Cell::get);
+        self.rows_counted += after.0 - before.0;
+        self.products_counted += after.1 - before.1;
         if self.calls == 0 {
-            self.prefill = t.elapsed();
+            self.prefill = elapsed;
         } else {
-            self.decode.push(t.elapsed());
+            self.decode.push(elapsed);
         }
         self.calls += 1;
         out
@@ -269,6 +304,7 @@ pub fn add(x: &mut [f32], y: &[f32]) {
 /// The feed-forward block of one row, which the cache never touches:
 /// x ← x + W2 (act(W1 xn) ⊙ W3 xn) with xn = RMSNorm(x). x (dim,).
 pub fn feed_forward(c: &Config, lw: &LayerWeights, x: &mut [f32]) {
+    WORK.with(|w| w.set((w.get().0 + 1, w.get().1))); // one row through a layer, counted
     let xn = rmsnorm(x, &lw.ffn_norm, c.norm_eps); // (dim,)
     let mut gate = matvec(&lw.w1, &xn, c.hidden_dim); // (hidden_dim,)
     let up = matvec(&lw.w3, &xn, c.hidden_dim); // (hidden_dim,)

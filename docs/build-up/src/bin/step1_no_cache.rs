@@ -7,7 +7,9 @@
 //!
 //! Run it: `cargo run --release -p kvlab-build-up --bin step1_no_cache`
 
-use kvlab_build_up::{Clock, Lesson, add, argmax, embed, feed_forward, logits, matvec, rmsnorm};
+use kvlab_build_up::{
+    Clock, Lesson, add, argmax, count_scores, embed, feed_forward, logits, matvec, rmsnorm,
+};
 use kvlab_model::{Config, Model, ops};
 
 /// Logits (vocab_size,) of the last of `tokens`, every position computed from scratch.
@@ -48,6 +50,7 @@ fn attend(c: &Config, q: &[f32], keys: &[f32], values: &[f32]) -> Vec<f32> {
             .chunks_exact(kvd)
             .map(|k| ops::dot(qh, &k[g * hd..(g + 1) * hd]) * c.attn_scale)
             .collect(); // (positions,)
+        count_scores(scores.len()); // the work, counted where it happens
         ops::softmax(&mut scores);
         for (s, v) in scores.iter().zip(values.chunks_exact(kvd)) {
             ops::axpy(oh, *s, &v[g * hd..(g + 1) * hd]);
