@@ -292,17 +292,22 @@ fn squash(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The `expected` strings `text` does not contain, whitespace squashed on both sides.
+fn missing_from<'a>(text: &str, expected: &'a [String]) -> Vec<&'a String> {
+    let text = squash(text);
+    expected
+        .iter()
+        .filter(|e| !text.contains(&squash(e)))
+        .collect()
+}
+
 /// Checks an output marker against the command's output (stdout followed by stderr); the error
 /// says which figure no longer matches and what to do.
 pub fn verify_output(m: &Marker, output: &str) -> Result<(), String> {
     let Check::Output { cmd, expected } = &m.check else {
         return Err(format!("{}: not an output check", m.at()));
     };
-    let out = squash(output);
-    let missing: Vec<&String> = expected
-        .iter()
-        .filter(|e| !out.contains(&squash(e)))
-        .collect();
+    let missing = missing_from(output, expected);
     if missing.is_empty() {
         return Ok(());
     }
@@ -319,11 +324,7 @@ pub fn verify_file(m: &Marker, root: &Path) -> Result<(), String> {
     };
     let text = std::fs::read_to_string(root.join(file))
         .map_err(|e| format!("{}: reading {file}: {e}", m.at()))?;
-    let text = squash(&text);
-    let missing: Vec<&String> = expected
-        .iter()
-        .filter(|e| !text.contains(&squash(e)))
-        .collect();
+    let missing = missing_from(&text, expected);
     if missing.is_empty() {
         return Ok(());
     }
