@@ -133,7 +133,9 @@ pub fn run(o: Opts) -> Result<()> {
     let mut todo: Vec<&jobs::Job> = Vec::new();
     for job in chapters.iter().flat_map(|c| &c.jobs) {
         let wanted = checked(&job.key) || (!check_only && !skip.contains(&job.key));
-        if wanted && !todo.iter().any(|j| j.key == job.key) {
+        // The same script once; a block that starts with another chapter's command but goes
+        // on (a build-up step and its diff) still runs.
+        if wanted && !todo.iter().any(|j| j.script == job.script) {
             todo.push(job);
         }
     }
@@ -178,7 +180,8 @@ pub fn run(o: Opts) -> Result<()> {
             eprintln!("{printed}");
             failed.push(key.clone());
         }
-        output.insert(key.clone(), printed);
+        // Markers name a job by its key; when two jobs share it, both begin with that command.
+        output.entry(key.clone()).or_insert(printed);
     }
     if !failed.is_empty() {
         bail!("{} of the book's commands failed: {failed:?}", failed.len());
