@@ -43,6 +43,7 @@ fn chapters() -> Result<Vec<Chapter>> {
         std::fs::read_to_string(src.join("SUMMARY.md")).context("reading docs/src/SUMMARY.md")?;
     let root = workspace_root();
     let mut described: HashMap<String, (records::Record, bool)> = HashMap::new();
+    let mut unjudged = Vec::new();
     let mut out = Vec::new();
     for file in summary
         .lines()
@@ -74,7 +75,10 @@ fn chapters() -> Result<Vec<Chapter>> {
                 if !described.contains_key(record) {
                     let r = records::describe(&root, record)?;
                     let stale = records::stale(&root, &r);
-                    described.insert(record.clone(), (r, stale));
+                    if stale.is_none() {
+                        unjudged.push(record.clone());
+                    }
+                    described.insert(record.clone(), (r, stale.unwrap_or(false)));
                 }
                 quoted.extend(described.get(record).cloned());
             }
@@ -87,6 +91,11 @@ fn chapters() -> Result<Vec<Chapter>> {
             unmarked,
             unnamed,
         });
+    }
+    if !unjudged.is_empty() {
+        eprintln!(
+            "book: git cannot tell here whether these records predate the code they measure (a shallow clone?), so their staleness is not checked: {unjudged:?}"
+        );
     }
     Ok(out)
 }

@@ -94,8 +94,9 @@ pub fn describe(root: &Path, file: &str) -> Result<Record> {
 }
 
 /// Whether `crates/` changed after the record was made: after its commit, or after its date
-/// when it has none. Unknown (no git, an unknown commit) counts as changed.
-pub fn stale(root: &Path, r: &Record) -> bool {
+/// when it has none; `None` where git cannot tell (no git, a shallow clone without the record's
+/// commit or without the history of `crates/`), and then the book does not judge it.
+pub fn stale(root: &Path, r: &Record) -> Option<bool> {
     let git = |args: &[&str]| {
         Command::new("git")
             .args(args)
@@ -105,11 +106,16 @@ pub fn stale(root: &Path, r: &Record) -> bool {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
+    // A shallow clone knows too little history to say.
+    if git(&["rev-parse", "--is-shallow-repository"]).is_none_or(|s| s != "false") {
+        return None;
+    }
     match &r.commit {
         Some(c) => git(&["log", "--format=%h", &format!("{c}..HEAD"), "--", "crates"])
-            .is_none_or(|changes| !changes.is_empty()),
+            .map(|changes| !changes.is_empty()),
         None => git(&["log", "-1", "--format=%cs", "--", "crates"])
-            .is_none_or(|last| last.as_str() > r.date.as_str()),
+            .filter(|last| !last.is_empty())
+            .map(|last| last.as_str() > r.date.as_str()),
     }
 }
 
@@ -229,5 +235,52 @@ mod tests {
             unnamed("An AMD EPYC, 2026-11-24.\n\nSome history.", &r).len(),
             1
         );
+    }
+
+    #[test]
+    fn staleness_follows_crates_and_is_not_judged_in_a_shallow_clone() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        let git = |at: &Path, args: &[&str]| {
+            let out = Command::new("git")
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "-c",
+                    "commit.gpgsign=false",
+                ])
+                .args(args)
+                .current_dir(at)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "git {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        std::fs::create_dir_all(repo.join("crates")).unwrap();
+        git(&repo, &["init", "-q"]);
+        std::fs::write(repo.join("crates/a.rs"), "1").unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-q", "-m", "one"]);
+        let first = git(&repo, &["rev-parse", "--short=7", "HEAD"]);
+        let at = |commit: &str| Record {
+            commit: Some(commit.to_string()),
+            ..record(None)
+        };
+        assert_eq!(stale(&repo, &at(&first)), Some(false));
+        std::fs::write(repo.join("crates/a.rs"), "2").unwrap();
+        git(&repo, &["commit", "-q", "-am", "two"]);
+        assert_eq!(stale(&repo, &at(&first)), Some(true));
+        let url = format!("file://{}", repo.display());
+        git(
+            dir.path(),
+            &["clone", "-q", "--depth", "1", &url, "shallow"],
+        );
+        assert_eq!(stale(&dir.path().join("shallow"), &at(&first)), None);
     }
 }
