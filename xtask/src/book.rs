@@ -42,8 +42,7 @@ fn chapters() -> Result<Vec<Chapter>> {
     let summary =
         std::fs::read_to_string(src.join("SUMMARY.md")).context("reading docs/src/SUMMARY.md")?;
     let root = workspace_root();
-    let mut described: HashMap<String, (records::Record, bool)> = HashMap::new();
-    let mut unjudged = Vec::new();
+    let mut described = records::Described::new();
     let mut out = Vec::new();
     for file in summary
         .lines()
@@ -65,24 +64,7 @@ fn chapters() -> Result<Vec<Chapter>> {
             }
         }
         let unmarked = lint::unmarked(&text, &markers);
-        let mut quoted: Vec<(records::Record, bool)> = Vec::new();
-        for m in &markers {
-            if let check::Check::Json {
-                file: Some(record), ..
-            } = &m.check
-                && !quoted.iter().any(|(r, _)| &r.file == record)
-            {
-                if !described.contains_key(record) {
-                    let r = records::describe(&root, record)?;
-                    let stale = records::stale(&root, &r);
-                    if stale.is_none() {
-                        unjudged.push(record.clone());
-                    }
-                    described.insert(record.clone(), (r, stale.unwrap_or(false)));
-                }
-                quoted.extend(described.get(record).cloned());
-            }
-        }
+        let quoted = records::quoted(&root, &markers, &mut described)?;
         let unnamed = records::unnamed(&text, &quoted);
         out.push(Chapter {
             file: file.to_string(),
@@ -92,6 +74,11 @@ fn chapters() -> Result<Vec<Chapter>> {
             unnamed,
         });
     }
+    let unjudged: Vec<&String> = described
+        .iter()
+        .filter(|(_, (_, stale))| stale.is_none())
+        .map(|(file, _)| file)
+        .collect();
     if !unjudged.is_empty() {
         eprintln!(
             "book: git cannot tell here whether these records predate the code they measure (a shallow clone?), so their staleness is not checked: {unjudged:?}"
@@ -250,32 +237,36 @@ fn refuse_unmarked(chapters: &[Chapter]) -> Result<()> {
                 .map(move |u| format!("docs/src/{}: {u}", c.file))
         })
         .collect();
-    for u in &unnamed {
-        eprintln!("book: {u}");
+    refuse(
+        &unnamed,
+        "record(s) quoted without their machine, date and commit, or stale without being called history",
+    )?;
+    let unmarked: Vec<String> = chapters
+        .iter()
+        .flat_map(|c| {
+            c.unmarked.iter().map(move |u| {
+                format!(
+                    "docs/src/{}:{}: {:?} has no marker quoting it",
+                    c.file, u.line, u.figure
+                )
+            })
+        })
+        .collect();
+    refuse(
+        &unmarked,
+        "figure(s) in the book's prose have no marker: after their paragraph, add a check, \
+         check-json, check-file or calc marker that verifies the figure, or a given (a setting) \
+         or source (an outside figure) marker; xtask/src/book/check.rs says which is which",
+    )
+}
+
+/// Prints each of `problems` and fails, saying how many and `what` they are, if there is one.
+fn refuse(problems: &[String], what: &str) -> Result<()> {
+    for p in problems {
+        eprintln!("book: {p}");
     }
-    if !unnamed.is_empty() {
-        bail!(
-            "{} record(s) quoted without their machine, date and commit, or stale without being called history",
-            unnamed.len()
-        );
-    }
-    let mut n = 0;
-    for c in chapters {
-        for u in &c.unmarked {
-            eprintln!(
-                "book: docs/src/{}:{}: {:?} has no marker quoting it",
-                c.file, u.line, u.figure
-            );
-            n += 1;
-        }
-    }
-    if n > 0 {
-        bail!(
-            "{n} figure(s) in the book's prose have no marker: after their paragraph, add a \
-             check, check-json, check-file or calc marker that verifies the figure, or a given \
-             (a setting) or source (an outside figure) marker; xtask/src/book/check.rs says which \
-             is which"
-        );
+    if !problems.is_empty() {
+        bail!("{} {what}", problems.len());
     }
     Ok(())
 }

@@ -106,9 +106,15 @@ pub fn detect() -> Machine {
 
 /// A command's trimmed stdout, or `None` if it fails or is absent.
 fn cmd(program: &str, args: &[&str]) -> Option<String> {
+    cmd_in(&crate::paths::workspace_root(), program, args)
+}
+
+/// `program args` run in `dir`: its standard output, trimmed; `None` when it cannot start or
+/// fails.
+pub fn cmd_in(dir: &std::path::Path, program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program)
         .args(args)
-        .current_dir(crate::paths::workspace_root())
+        .current_dir(dir)
         .output()
         .ok()?;
     out.status

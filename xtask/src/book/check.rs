@@ -36,8 +36,10 @@
 //! [`super::lint`] fails the book on a figure in prose that no marker of its paragraph quotes.
 
 use std::path::Path;
+use std::sync::LazyLock;
 
 use anyhow::{Context, Result, bail};
+use regex::Regex;
 
 /// What one marker asks.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,27 +107,27 @@ impl Check {
     }
 }
 
+/// A number as the book writes it: digits, commas between digits as thousands separators, and
+/// decimals ("1,024.5"). The lint's figures are this followed by a unit (`lint.rs`).
+pub const NUM: &str = r"\d(?:[\d,]*\d)?(?:\.\d+)?";
+
+static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(NUM).unwrap_or_else(|e| panic!("the number regex does not compile: {e}"))
+});
+
 /// The numbers in `text`, commas dropped: "1,024.5 ms and 2×" gives ["1024.5", "2"].
 pub fn numbers(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        let next_is_digit = chars.peek().is_some_and(char::is_ascii_digit);
-        if c.is_ascii_digit() || (!cur.is_empty() && c == '.' && next_is_digit) {
-            cur.push(c);
-        } else {
-            // A comma between digits is a thousands separator, and the number goes on.
-            let separator = c == ',' && next_is_digit;
-            if !separator && !cur.is_empty() {
-                out.push(std::mem::take(&mut cur));
-            }
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
+    NUMBER
+        .find_iter(text)
+        .map(|m| m.as_str().replace(',', ""))
+        .collect()
+}
+
+/// `value` rounded to as many decimals as `like` shows: how a figure is compared with its
+/// source ("37.9" shows 37.9242 as "37.9", "38" as "38").
+pub fn rounded_like(value: f64, like: &str) -> String {
+    let decimals = like.split_once('.').map_or(0, |(_, d)| d.len());
+    format!("{value:.decimals$}")
 }
 
 /// One marker and where it is, for error messages.
@@ -371,9 +373,8 @@ pub fn verify_json(m: &Marker, root: &Path) -> Result<(), String> {
         Tolerance::Below => (value < want, "must be below".to_string()),
         Tolerance::Above => (value > want, "must be above".to_string()),
         Tolerance::Rounded => {
-            let decimals = expected.split_once('.').map_or(0, |(_, d)| d.len());
-            let got = format!("{value:.decimals$}");
-            (&got == expected, format!("{got} at {decimals} decimals"))
+            let got = rounded_like(value, expected);
+            (&got == expected, format!("{got} at the quoted precision"))
         }
     };
     if ok {

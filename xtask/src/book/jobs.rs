@@ -67,30 +67,21 @@ pub fn jobs(file: &str, text: &str) -> Result<Vec<Job>> {
                         );
                     }
                 }
-                if in_reproduce {
-                    saw_reproduce = true;
-                    for (k, l) in lines.iter().enumerate() {
-                        let cmd = l.trim();
-                        if !cmd.is_empty() && !cmd.starts_with('#') {
-                            out.push(Job {
-                                file: file.to_string(),
-                                line: first + k,
-                                key: cmd.to_string(),
-                                script: cmd.to_string(),
-                            });
-                        }
-                    }
-                } else if let Some((k, key)) = lines
+                let mut commands = lines
                     .iter()
                     .enumerate()
-                    .find(|(_, l)| !l.trim().is_empty() && !l.trim().starts_with('#'))
-                {
-                    out.push(Job {
-                        file: file.to_string(),
-                        line: first + k,
-                        key: key.trim().to_string(),
-                        script: lines.join("\n"),
-                    });
+                    .filter_map(|(k, l)| command(l).map(|c| (first + k, c)));
+                let job = |line, key: &str, script: String| Job {
+                    file: file.to_string(),
+                    line,
+                    key: key.to_string(),
+                    script,
+                };
+                if in_reproduce {
+                    saw_reproduce = true;
+                    out.extend(commands.map(|(line, c)| job(line, c, c.to_string())));
+                } else if let Some((line, key)) = commands.next() {
+                    out.push(job(line, key, lines.join("\n")));
                 }
             }
             (Some((_, lines)), _) => lines.push(raw.to_string()),
@@ -107,6 +98,12 @@ pub fn jobs(file: &str, text: &str) -> Result<Vec<Job>> {
         bail!("docs/src/{file} has no ```sh block under \"## Reproduce it\"")
     }
     Ok(out)
+}
+
+/// A block's line as a command: trimmed, unless it is blank or a comment.
+fn command(line: &str) -> Option<&str> {
+    let line = line.trim();
+    (!line.is_empty() && !line.starts_with('#')).then_some(line)
 }
 
 /// Why `job` cannot run on this machine: it names the CUDA engine and `nvidia-smi -L` lists no

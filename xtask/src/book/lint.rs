@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use super::check::Marker;
+use super::check::{Marker, NUM, rounded_like};
 
 /// A figure in prose that no marker quotes.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +28,6 @@ pub struct Unmarked {
 /// A number, an optional range end, and a unit (longest alternatives first: the regex takes
 /// the first that matches).
 static FIGURE: LazyLock<Regex> = LazyLock::new(|| {
-    const NUM: &str = r"\d(?:[\d,]*\d)?(?:\.\d+)?";
     const UNIT: &str = r"tok/s|tokens/s|GB/s|GiB/s|MB/s|MiB/s|GFLOP/s|FLOPs?|KiB|MiB|GiB|TiB|kB|KB|MB|GB|TB|bytes?|seconds?|minutes?|hours?|min|ms|µs|us|ns|s|×|%";
     Regex::new(&format!(r"({NUM})(?:\s?[–-]\s?({NUM}))?(\s?)({UNIT}|B)"))
         .unwrap_or_else(|e| panic!("the figure regex does not compile: {e}"))
@@ -58,11 +57,11 @@ fn figures(line: &str) -> Vec<(String, Vec<String>)> {
             continue;
         }
         // "7B" is a model's size; a bare B is bytes only after a space ("1280 B").
-        if unit.as_str() == "B" && c.get(3).is_none_or(|s| s.as_str().is_empty()) {
+        let spaced = c.get(3).is_some_and(|s| !s.as_str().is_empty());
+        if unit.as_str() == "B" && !spaced {
             continue;
         }
         // "2 × 32" and "15 × the last 512" multiply.
-        let spaced = c.get(3).is_some_and(|s| !s.as_str().is_empty());
         if unit.as_str() == "×"
             && (spaced
                 || prose[all.end()..]
@@ -83,11 +82,10 @@ fn figures(line: &str) -> Vec<(String, Vec<String>)> {
 
 /// Whether `quoted` (a marker's number) shows `figure` (the prose's) at the prose's precision.
 fn shows(quoted: &str, figure: &str) -> bool {
-    let decimals = figure.split_once('.').map_or(0, |(_, d)| d.len());
     quoted == figure
         || quoted
             .parse::<f64>()
-            .is_ok_and(|q| format!("{q:.decimals$}") == figure)
+            .is_ok_and(|q| rounded_like(q, figure) == figure)
 }
 
 /// The figures of `text` (one chapter) that neither marker block around them quotes.

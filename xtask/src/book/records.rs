@@ -7,11 +7,13 @@
 //! when it has one, else by its date) measured code that no longer exists as it was: the
 //! paragraph naming its date must then also say `history`.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
+
+use super::check::{Check, Marker};
 
 /// What a record says about where and when it was made.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,15 +99,7 @@ pub fn describe(root: &Path, file: &str) -> Result<Record> {
 /// when it has none; `None` where git cannot tell (no git, a shallow clone without the record's
 /// commit or without the history of `crates/`), and then the book does not judge it.
 pub fn stale(root: &Path, r: &Record) -> Option<bool> {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .current_dir(root)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
+    let git = |args: &[&str]| crate::bench::machine::cmd_in(root, "git", args);
     // A shallow clone knows too little history to say.
     if git(&["rev-parse", "--is-shallow-repository"]).is_none_or(|s| s != "false") {
         return None;
@@ -119,9 +113,43 @@ pub fn stale(root: &Path, r: &Record) -> Option<bool> {
     }
 }
 
+/// The records read so far, by file, each with whether it is stale ([`stale`]; `None`: git
+/// cannot tell), so that a record several chapters quote is read and judged once.
+pub type Described = HashMap<String, (Record, Option<bool>)>;
+
+/// The records `markers` (one chapter's) read, each once, described through `cache`.
+///
+/// # Errors
+/// As [`describe`].
+pub fn quoted(
+    root: &Path,
+    markers: &[Marker],
+    cache: &mut Described,
+) -> Result<Vec<(Record, Option<bool>)>> {
+    let mut out: Vec<(Record, Option<bool>)> = Vec::new();
+    for m in markers {
+        let Check::Json {
+            file: Some(file), ..
+        } = &m.check
+        else {
+            continue;
+        };
+        if out.iter().any(|(r, _)| &r.file == file) {
+            continue;
+        }
+        if !cache.contains_key(file) {
+            let r = describe(root, file)?;
+            let stale = stale(root, &r);
+            cache.insert(file.clone(), (r, stale));
+        }
+        out.extend(cache.get(file).cloned());
+    }
+    Ok(out)
+}
+
 /// What `text` (one chapter) fails to say about the records it quotes: each missing name, and
 /// each stale record whose date's paragraph does not say `history`.
-pub fn unnamed(text: &str, records: &[(Record, bool)]) -> Vec<String> {
+pub fn unnamed(text: &str, records: &[(Record, Option<bool>)]) -> Vec<String> {
     let paragraphs: Vec<&str> = text.split("\n\n").collect();
     let mut out = Vec::new();
     for (r, stale) in records {
@@ -142,7 +170,7 @@ pub fn unnamed(text: &str, records: &[(Record, bool)]) -> Vec<String> {
                 "{} is quoted but the chapter does not name {missing:?}",
                 r.file
             ));
-        } else if *stale
+        } else if *stale == Some(true)
             && !paragraphs
                 .iter()
                 .any(|p| p.contains(&r.date) && p.contains("history"))
@@ -158,6 +186,8 @@ pub fn unnamed(text: &str, records: &[(Record, bool)]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::process::Command;
+
     use super::*;
 
     fn record(commit: Option<&str>) -> Record {
@@ -213,10 +243,10 @@ mod tests {
     #[test]
     fn a_chapter_must_name_machine_date_and_commit() {
         let named = "Recorded on an AMD EPYC, 2026-11-24, at commit 1c14262.";
-        assert!(unnamed(named, &[(record(Some("1c14262")), false)]).is_empty());
+        assert!(unnamed(named, &[(record(Some("1c14262")), Some(false))]).is_empty());
         let err = unnamed(
             "Recorded on 2026-11-24.",
-            &[(record(Some("1c14262")), false)],
+            &[(record(Some("1c14262")), Some(false))],
         );
         assert_eq!(err.len(), 1);
         assert!(
@@ -227,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_stale_record_must_be_called_history_where_its_date_is() {
-        let r = [(record(None), true)];
+        let r = [(record(None), Some(true))];
         assert_eq!(unnamed("An AMD EPYC, 2026-11-24.", &r).len(), 1);
         assert!(unnamed("An AMD EPYC, 2026-11-24: history now.", &r).is_empty());
         // "history" elsewhere does not count.
