@@ -214,9 +214,14 @@ thread_local! {
 /// Counts `n` query·key products: each step's `attend` calls it once per query head, with the
 /// number of keys that head's query was compared with.
 pub fn count_scores(n: usize) {
+    count(0, n);
+}
+
+/// Adds `rows` and `products` to the work counted on this thread.
+fn count(rows: usize, products: usize) {
     WORK.with(|w| {
-        let (rows, products) = w.get();
-        w.set((rows, products + n));
+        let (r, p) = w.get();
+        w.set((r + rows, p + products));
     });
 }
 
@@ -304,7 +309,7 @@ pub fn add(x: &mut [f32], y: &[f32]) {
 /// The feed-forward block of one row, which the cache never touches:
 /// x ← x + W2 (act(W1 xn) ⊙ W3 xn) with xn = RMSNorm(x). x (dim,).
 pub fn feed_forward(c: &Config, lw: &LayerWeights, x: &mut [f32]) {
-    WORK.with(|w| w.set((w.get().0 + 1, w.get().1))); // one row through a layer, counted
+    count(1, 0); // one row through a layer
     let xn = rmsnorm(x, &lw.ffn_norm, c.norm_eps); // (dim,)
     let mut gate = matvec(&lw.w1, &xn, c.hidden_dim); // (hidden_dim,)
     let up = matvec(&lw.w3, &xn, c.hidden_dim); // (hidden_dim,)
