@@ -98,6 +98,16 @@ pub struct ModelArgs {
               clap::builder::PossibleValuesParser::new(kvlab_model::WeightFormat::ALL.map(|f| f.name())),
               |s| s.parse::<kvlab_model::WeightFormat>().expect("a listed value")))]
     pub weights: kvlab_model::WeightFormat,
+    /// What the products with quantized matrices (Q8_0, Q5_0, Q4_K, Q6_K) round the
+    /// activations to: `f32` keeps them as computed (the path `verify` proves token-identical
+    /// across engines); `q8` rounds them to 8 bits in blocks of 32 and uses integer dot
+    /// products (AVX-512 VNNI), as llama.cpp does: faster prompts, logits within the rounding
+    /// (`cargo xtask verify` reports the agreement). CPU engines; elsewhere f32.
+    #[arg(long, default_value_t = kvlab_model::Activations::F32,
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::builder::PossibleValuesParser::new(kvlab_model::Activations::ALL.map(|a| a.name())),
+              |s| s.parse::<kvlab_model::Activations>().expect("a listed value")))]
+    pub activations: kvlab_model::Activations,
 }
 
 /// How the engine stores the KV cache.
@@ -227,10 +237,14 @@ fn main() {
     }
 }
 
-/// Loads the model the arguments name, its matrices in the `--weights` format.
+/// Loads the model the arguments name, its matrices in the `--weights` format, their products
+/// rounding the activations as `--activations` says.
 pub fn load(m: &ModelArgs) -> anyhow::Result<kvlab_model::registry::Loaded> {
     let mut l = kvlab_cli::fetch::load(&m.model, m.tokenizer.as_deref(), !m.offline)?;
-    l.model = l.model.with_weight_format(m.weights);
+    l.model = l
+        .model
+        .with_weight_format(m.weights)
+        .with_activations(m.activations);
     Ok(l)
 }
 

@@ -121,6 +121,13 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out
         x.len() >= t * d_in && y.len() >= t * d_out && w.len() == d_out * d_in,
         "linear: shape mismatch"
     );
+    if w.activations() == kvlab_model::Activations::Q8
+        && let Some((ty, bytes)) = w.encoded()
+        && quant::q8_act::available(ty)
+    {
+        let row_bytes = quant::row_bytes(ty, d_in);
+        return q8_columns(y, &x[..t * d_in], (ty, bytes, row_bytes), t, d_in, d_out);
+    }
     let w = Weight::of(w, d_in);
     let few =
         |ty| (2..=quant::few_rows::max_rows(ty)).contains(&t) && quant::few_rows::available(ty);
@@ -293,6 +300,45 @@ fn few_columns(
         // of its t rows (stride out), which no other task writes, and `linear` holds `&mut y`.
         unsafe { quant::few_rows::rows_raw(y_ptr.get().add(c0), d_out, x, t, (ty, rows), d_in, n) };
     });
+}
+
+/// y (t, out) = x (t, in) @ Wᵀ with x rounded to 8 bits ([`quant::q8_act`], `--activations
+/// q8`): x rounded once on the calling thread, then W's rows split into one contiguous block per
+/// worker thread, each task writing its own columns of y. Every t takes this path, so a token's
+/// row is the same in every batch.
+fn q8_columns(
+    y: &mut [f32],
+    x: &[f32],
+    (ty, bytes, row_bytes): (GgmlType, &[u8], usize),
+    t: usize,
+    d_in: usize,
+    d_out: usize,
+) {
+    thread_local! {
+        /// The rounded x of the caller's current call; reused across calls.
+        static X_Q8: std::cell::RefCell<quant::q8_act::Q8Rows> =
+            std::cell::RefCell::new(quant::q8_act::Q8Rows::default());
+    }
+    X_Q8.with_borrow_mut(|xq| {
+        xq.quantize(x, t, d_in);
+        let xq: &quant::q8_act::Q8Rows = xq;
+        let threads = if d_out * d_in * t < PAR_GEMV_MIN_WORK {
+            1
+        } else {
+            threads::num_threads()
+        };
+        let per = d_out
+            .div_ceil(threads)
+            .next_multiple_of(quant::q8_act::ROWS);
+        let y_ptr = threads::SendPtr(y.as_mut_ptr());
+        threads::for_each_task(d_out.div_ceil(per), |i| {
+            let (c0, n) = (i * per, per.min(d_out - i * per));
+            let rows = &bytes[c0 * row_bytes..][..n * row_bytes];
+            // SAFETY: `linear` asserted y spans t·out floats; this task writes columns c0..c0 + n
+            // of its t rows (stride out), which no other task writes, and `linear` holds `&mut y`.
+            unsafe { quant::q8_act::rows_raw(y_ptr.get().add(c0), d_out, xq, (ty, rows), n) };
+        });
+    })
 }
 
 /// W rows an encoded weight is decoded by at a time for [`skinny_columns`] (36 KiB of f32 at
@@ -513,6 +559,56 @@ mod tests {
             }
         }
     }
+    #[test]
+    fn q8_activations_give_a_row_the_same_bits_in_every_batch_and_stay_near_f32() {
+        // --activations q8 through `linear`: every t takes the integer kernel (with W split
+        // among the threads), so a token's row is what it is alone; and it stays within the
+        // rounding of x of the f32 product.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let (d_in, d_out) = (512, 300);
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            if !quant::q8_act::available(ty) {
+                eprintln!("no AVX-512 VNNI: --activations q8 keeps f32 here, nothing to test");
+                return;
+            }
+            let bytes = quant::testing::random_rows(ty, d_out, d_in, &mut rng);
+            let w = Tensor::encoded_from_bytes(ty, bytes, d_out * d_in)
+                .expect("whole blocks")
+                .with_activations(kvlab_model::Activations::Q8);
+            let t = 37;
+            let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut all = vec![f32::NAN; t * d_out];
+            linear(&mut all, &x, &w, t, d_in, d_out);
+            let f32_w = w.convert(GgmlType::F32);
+            let mut exact = vec![f32::NAN; t * d_out];
+            linear(&mut exact, &x, &f32_w, t, d_in, d_out);
+            for (t0, n) in [(0, 1), (3, 2), (5, 4), (9, 17)] {
+                let mut part = vec![f32::NAN; n * d_out];
+                linear(&mut part, &x[t0 * d_in..], &w, n, d_in, d_out);
+                for (j, v) in part.iter().enumerate() {
+                    let a = all[t0 * d_out + j];
+                    assert_eq!(
+                        v.to_bits(),
+                        a.to_bits(),
+                        "{ty}: rows {t0}.. of {n}, element {j}"
+                    );
+                }
+            }
+            let scale = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            for (a, e) in all.iter().zip(&exact) {
+                assert!(
+                    (a - e).abs() <= 0.02 * scale,
+                    "{ty}: {a} vs f32 {e} (max {scale})"
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_many_token_paths_match_matrixmultiply() {
         // matrixmultiply's sgemm is the reference GEMM: for the skinny kernel (t ≤ 64 on

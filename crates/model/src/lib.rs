@@ -47,7 +47,7 @@ pub use speculative::{
 };
 pub use synthetic::SyntheticSpec;
 pub use tokenizer::{HfTokenizer, SpmTokenizer, Tokenizer};
-pub use weights::{LayerWeights, Model, Tensor, WeightFormat, Weights};
+pub use weights::{Activations, LayerWeights, Model, Tensor, WeightFormat, Weights};
 
 // The loaders' paths from before they were grouped under `load/`, which the engines' tests, the
 // fuzz targets and the CLI use.

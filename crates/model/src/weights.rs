@@ -36,6 +36,8 @@ enum Storage {
         bytes: Bytes,
         len: usize,
         decoded: OnceLock<Vec<f32>>,
+        /// What the products with this matrix round the activations to.
+        activations: Activations,
     },
 }
 
@@ -123,6 +125,7 @@ impl Tensor {
                 },
                 len,
                 decoded: OnceLock::new(),
+                activations: Activations::F32,
             })
         })
     }
@@ -137,6 +140,7 @@ impl Tensor {
                     bytes: Bytes::Owned(bytes.into()),
                     len,
                     decoded: OnceLock::new(),
+                    activations: Activations::F32,
                 })
             },
         )
@@ -207,6 +211,32 @@ impl Tensor {
             Storage::Encoded { ty, bytes, .. } => Some((*ty, bytes)),
             _ => None,
         }
+    }
+
+    /// What the products with this matrix round the activations to: [`Activations::Q8`] only
+    /// where [`Tensor::with_activations`] set it on a Q8_0, Q5_0, Q4_K or Q6_K matrix.
+    pub fn activations(&self) -> Activations {
+        match &self.0 {
+            Storage::Encoded { activations, .. } => *activations,
+            _ => Activations::F32,
+        }
+    }
+
+    /// This tensor with its products rounding the activations as `a` says, where it can: `Q8`
+    /// applies to Q8_0, Q5_0, Q4_K and Q6_K matrices (the formats with an integer kernel),
+    /// and leaves every other tensor as it is.
+    pub fn with_activations(mut self, a: Activations) -> Tensor {
+        if let Storage::Encoded {
+            ty, activations, ..
+        } = &mut self.0
+        {
+            let integer = matches!(
+                ty,
+                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K
+            );
+            *activations = if integer { a } else { Activations::F32 };
+        }
+        self
     }
 
     /// Row `row` of a matrix with `cols` columns, as f32 into `out` (`cols` long), without
@@ -295,6 +325,7 @@ impl Deref for Tensor {
                 bytes,
                 len,
                 decoded,
+                ..
             } => decoded.get_or_init(|| {
                 // The constructors checked that the bytes are exactly `len` elements of `ty`.
                 kvlab_gguf::dequantize(*ty, bytes, *len).expect("whole blocks of a known type")
@@ -577,6 +608,51 @@ impl std::str::FromStr for WeightFormat {
     }
 }
 
+/// What the matrix products round the activations to (`--activations`): the weights stay as
+/// [`WeightFormat`] holds them either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Activations {
+    /// f32, as computed: the reference every engine is proven token-identical on.
+    #[default]
+    F32,
+    /// Rounded to 8 bits in blocks of 32 (ggml's Q8_0 layout, f32 scales) for the products
+    /// with Q8_0, Q5_0, Q4_K and Q6_K matrices, which then use integer dot products as
+    /// llama.cpp does; every other product keeps f32.
+    Q8,
+}
+
+impl Activations {
+    /// Every setting, in the order reports list them.
+    pub const ALL: [Activations; 2] = [Activations::F32, Activations::Q8];
+
+    /// The name `--activations` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activations::F32 => "f32",
+            Activations::Q8 => "q8",
+        }
+    }
+}
+
+impl fmt::Display for Activations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Activations {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<Activations> {
+        Activations::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| {
+                crate::Error::Config(format!("unknown activations {s:?}; expected f32 or q8"))
+            })
+    }
+}
+
 /// A model: its config and its weights, checked against each other.
 #[derive(Clone, Debug)]
 pub struct Model {
@@ -611,6 +687,16 @@ impl Model {
             if t.dtype() != ty {
                 *t = t.convert(ty);
             }
+        }
+        m
+    }
+
+    /// This model with every matrix product rounding the activations as `a` says
+    /// ([`Tensor::with_activations`]: Q8 where a matrix is Q8_0, Q5_0, Q4_K or Q6_K).
+    pub fn with_activations(self, a: Activations) -> Model {
+        let mut m = self;
+        for t in m.weights.matrices_mut() {
+            *t = std::mem::take(t).with_activations(a);
         }
         m
     }

@@ -86,6 +86,7 @@ pub mod q4_k;
 pub mod q5_0;
 pub mod q6_k;
 pub mod q8_0;
+pub mod q8_act;
 
 pub use decode::decode_rows;
 use kvlab_model::GgmlType;
