@@ -107,7 +107,9 @@ pub const SMALL_BATCH: usize = 8;
 /// each); at 4 the two were within noise of each other, so 2 to 4 keep the GEMV's bits.
 pub const SKINNY_MIN: usize = 5;
 
-/// y (t, out) = x (t, in) @ Wᵀ with W (out, in): a GEMV for t = 1; on AVX-512, for a quantized W
+/// y (t, out) = x (t, in) @ Wᵀ with W (out, in). A quantized W whose products round the
+/// activations to 8 bits ([`Tensor::activations`], `--activations q8`) takes the integer kernel
+/// of [`quant::q8_act`] at every t where the CPU has AVX-512 VNNI. Otherwise: a GEMV for t = 1; on AVX-512, for a quantized W
 /// (Q8_0, Q5_0, Q4_K, Q6_K) from 2 rows up to [`quant::few_rows::max_rows`], the few-rows kernel
 /// (each block decoded once, in registers, for every row; no f32 copy of W, no empty lanes);
 /// otherwise row-by-row dot products below [`SKINNY_MIN`] rows and the skinny kernel up to

@@ -184,6 +184,7 @@ fn run_peers(o: &Opts) -> Result<()> {
         steps: o.steps,
         reps: o.reps,
         out: Some(o.out()),
+        activations: kvlab_model::Activations::F32,
     })
 }
 

@@ -54,6 +54,13 @@ pub struct PeersArgs {
     /// Where peers.json goes [default: target/kvlab-bench]
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// kvlab's `--activations` in the llama.cpp rows: f32 (kvlab's reference path) or q8
+    /// (8-bit activations and integer dot products, as llama.cpp computes)
+    #[arg(long, default_value_t = kvlab_model::Activations::F32,
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::builder::PossibleValuesParser::new(kvlab_model::Activations::ALL.map(|a| a.name())),
+              |s| s.parse::<kvlab_model::Activations>().expect("a listed value")))]
+    pub activations: kvlab_model::Activations,
 }
 
 /// `cargo xtask peers`: the comparison with run.c and llama.cpp, its table and peers.json.
@@ -66,6 +73,7 @@ pub fn command(a: &PeersArgs) -> Result<()> {
         threads: a.threads.unwrap_or_else(kvlab_cpu::threads::physical_cores),
         steps: a.steps,
         reps: a.reps,
+        activations: a.activations,
     };
     let m = machine::detect();
     let machine = format!(
@@ -100,6 +108,8 @@ pub struct PeerRow {
     pub threads: usize,
     /// kvlab's `--weights` (the peer's are always the checkpoint's own: f32 for run.c).
     pub kvlab_weights: String,
+    /// kvlab's `--activations`: "f32", or "q8" (rounded to 8 bits, as llama.cpp does).
+    pub kvlab_activations: String,
     /// Positions generated per run (prompt included).
     pub steps: usize,
     /// Prompt tokens (BOS included).
@@ -138,6 +148,8 @@ pub struct PeerOpts {
     pub threads: usize,
     pub steps: usize,
     pub reps: usize,
+    /// kvlab's `--activations` in the llama.cpp rows.
+    pub activations: kvlab_model::Activations,
 }
 
 /// Which comparison a row is.
@@ -343,6 +355,7 @@ fn paired(
         phase: "decode".into(),
         threads: o.threads,
         kvlab_weights: WeightFormat::Stored.name().into(),
+        kvlab_activations: kvlab_model::Activations::F32.name().into(),
         steps: o.steps,
         prompt_tokens: None,
         kvlab_tok_s: ours,
@@ -389,6 +402,7 @@ fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
             phase: format!("decode, batch {}", BATCHES[2]),
             threads: o.threads,
             kvlab_weights: WeightFormat::Stored.name().into(),
+            kvlab_activations: kvlab_model::Activations::F32.name().into(),
             steps: BATCH_GENERATE,
             prompt_tokens: None,
             kvlab_tok_s: tok_s[2].clone(),
@@ -520,16 +534,19 @@ fn vs_llama_cpp(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
         let (_, k_err) = output(
             kvlab_cmd(kvlab, o.threads)
                 .args(["generate", "-m", model, "--temp", "0", "-p", prompt])
-                .args(["--steps", &o.steps.to_string(), "--json"]),
+                .args(["--steps", &o.steps.to_string(), "--json"])
+                .args(["--activations", o.activations.name()]),
             "kvlab generate",
         )?;
         Ok((kvlab_decode_tok_s(&k_err)?, r))
     })?;
     Ok(PeerRow {
+        kvlab_activations: o.activations.name().into(),
         note: format!(
-            "llama-cpp-python {version}; both read the GGUF's quantized blocks, but llama.cpp \
-             rounds activations to 8 bits where kvlab keeps them in f32, so greedy ids part at \
-             near-ties (see cargo xtask verify's oracle notes): ids are not compared here"
+            "llama-cpp-python {version}; both read the GGUF's quantized blocks; llama.cpp \
+             rounds activations to 8 bits, kvlab with --activations {}, so greedy ids part at \
+             near-ties (see cargo xtask verify's oracle notes): ids are not compared here",
+            o.activations
         ),
         ..row
     })
@@ -711,7 +728,7 @@ impl<'a> PrefillPair<'a> {
                 .args(self.kvlab_model)
                 .args(["--temp", "0", "-p", self.prompt, "-n"])
                 .arg((PREFILL_NEW + 1).to_string())
-                .args(["--trace", "--json"]),
+                .args(["--trace", "--json", "--activations", o.activations.name()]),
             "kvlab generate",
         )?;
         let k = kvlab_stats(&k_err)?["prefill_tokens_per_s"]
@@ -769,6 +786,7 @@ fn vs_llama_cpp_prefill_gguf(
         }
         rows.push(PeerRow {
             phase: "prefill".into(),
+            kvlab_activations: o.activations.name().into(),
             steps: p.steps,
             prompt_tokens: Some(p.prompt_tokens),
             same_tokens: None,
@@ -799,6 +817,7 @@ pub fn print(r: &PeersReport) {
             ("peer", &|p| p.peer.clone()),
             ("phase", &|p| p.phase.clone()),
             ("kvlab weights", &|p| p.kvlab_weights.clone()),
+            ("activations", &|p| p.kvlab_activations.clone()),
             ("kvlab/peer", &|p| format!("{:.2}x", p.ratio_median)),
             ("goal", &|p| {
                 let met = if p.goal_met { "met" } else { "NOT met" };

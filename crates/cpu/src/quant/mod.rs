@@ -10,7 +10,8 @@
 //! kernels keep the activations in f32: a block's values are decoded in registers and
 //! multiplied into f32 accumulators, so a kernel differs from "decode the row, then dot" only in
 //! the order of the additions (llama.cpp instead quantizes the activations to 8 bits for
-//! integer dot products; kvlab trades that speed for accuracy).
+//! integer dot products; kvlab keeps f32 as its reference path, and offers llama.cpp's way as
+//! `--activations q8`: [`q8_act`]).
 
 /// The [`BlockFormat`] items of a two-byte format (bf16, f16: a row of `cols` elements is
 /// `2·cols` bytes, a block is one element), written once for both: no `Shared`, and the row
