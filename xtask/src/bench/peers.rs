@@ -122,6 +122,13 @@ pub struct PeerRow {
     /// Same generated text (run.c) or ids (llama.cpp prefill) as the peer; `None` where it is
     /// not compared (llama.cpp on the quantized Gemma).
     pub same_tokens: Option<bool>,
+    /// Decode rows against run.c: the fraction of the machine's measured read bandwidth each side
+    /// moved, (bytes a step must read: the weights as held, the cache to the mean position) ×
+    /// median tok/s ÷ [`PeersReport::read_gb_per_s`]; (kvlab, run.c).
+    pub bandwidth_fraction: Option<(f64, f64)>,
+    /// kvlab's weights fit in the last-level cache, so DRAM bandwidth is not their limit (a
+    /// fraction may exceed 1).
+    pub weights_in_cache: bool,
     /// The issue's goal for `ratio_median` ("> 1", "≥ 1.8", …) and whether this run meets it.
     pub goal: String,
     pub goal_met: bool,
@@ -139,6 +146,9 @@ pub struct Missing {
 #[derive(Debug, Serialize)]
 pub struct PeersReport {
     pub machine: String,
+    /// The best read bandwidth measured at the start (bench::bandwidth, every thread count),
+    /// GB/s (1e9 B/s); `None` when no run.c row ran.
+    pub read_gb_per_s: Option<f64>,
     pub rows: Vec<PeerRow>,
     pub missing: Vec<Missing>,
 }
@@ -232,6 +242,7 @@ pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
     std::fs::create_dir_all(&dir)?;
     let mut report = PeersReport {
         machine,
+        read_gb_per_s: None,
         rows: vec![],
         missing: vec![],
     };
@@ -240,8 +251,16 @@ pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
             continue;
         }
         let one = |r: Result<PeerRow>| r.map(|row| vec![row]);
+        if matches!(peer, Peer::RunC(_)) && report.read_gb_per_s.is_none() {
+            report.read_gb_per_s = Some(read_bandwidth());
+        }
         let (result, name) = match peer {
-            Peer::RunC(w) => (one(vs_runc(&kvlab, &dir, model, w, o)), "run.c"),
+            Peer::RunC(w) => (
+                one(vs_runc(&kvlab, &dir, model, w, o).and_then(|row| {
+                    with_bandwidth(row, model, w, report.read_gb_per_s.unwrap_or(f64::NAN))
+                })),
+                "run.c",
+            ),
             Peer::LlamaCppDecode => (one(vs_llama_cpp(&kvlab, model, o)), "llama.cpp"),
             Peer::LlamaCppPrefill => (
                 one(vs_llama_cpp_prefill(&kvlab, &dir, model, o)),
@@ -263,6 +282,53 @@ pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
         }
     }
     Ok(report)
+}
+
+/// The best read bandwidth of [`super::bandwidth::measure`] (1 thread and every CPU, 5 passes
+/// over a buffer of 4 × the last-level cache, at least 512 MiB), GB/s.
+fn read_bandwidth() -> f64 {
+    let llc = machine::detect().llc_bytes;
+    let b = super::bandwidth::measure(super::bandwidth::buffer_bytes(512 << 20, llc), 5, "start");
+    b.rows
+        .iter()
+        .filter(|r| r.kind == "read")
+        .map(|r| r.gb_per_s.max)
+        .fold(0.0, f64::max)
+}
+
+/// `row` (a decode against run.c) with each side's fraction of `read_gb_per_s`: the bytes a
+/// step must read (models.rs's `decode_bytes`, with kvlab's matrices at 2 bytes a weight in
+/// bf16) at the generation's mean position, times each side's median tok/s.
+fn with_bandwidth(
+    row: PeerRow,
+    model: &str,
+    weights: WeightFormat,
+    read_gb_per_s: f64,
+) -> Result<PeerRow> {
+    let c = match super::models::load(model, None)? {
+        Ok(m) => m.model.config.clone(),
+        Err(why) => bail!("{why}"),
+    };
+    let pos = row.steps / 2;
+    let f32_bytes = super::models::decode_bytes(&c, pos) as f64;
+    let kvlab_bytes = match weights {
+        WeightFormat::Bf16 | WeightFormat::F16 => {
+            f32_bytes - 2.0 * super::models::matmul_params(&c) as f64
+        }
+        _ => f32_bytes,
+    };
+    let median = |v: &[f64]| Summary::of(v).median;
+    let fraction = |bytes: f64, tok_s: f64| bytes * tok_s / 1e9 / read_gb_per_s;
+    let kv = c.kv_bytes_per_token(4) as f64 * (pos + 1) as f64;
+    let llc = machine::detect().llc_bytes;
+    Ok(PeerRow {
+        bandwidth_fraction: Some((
+            fraction(kvlab_bytes, median(&row.kvlab_tok_s)),
+            fraction(f32_bytes, median(&row.peer_tok_s)),
+        )),
+        weights_in_cache: llc.is_some_and(|l| kvlab_bytes - kv <= l as f64),
+        ..row
+    })
 }
 
 /// Builds the release `kvlab` binary and returns its path; `KVLAB_BIN` names another binary to
@@ -356,6 +422,8 @@ fn paired(
         threads: o.threads,
         kvlab_weights: WeightFormat::Stored.name().into(),
         kvlab_activations: kvlab_model::Activations::F32.name().into(),
+        bandwidth_fraction: None,
+        weights_in_cache: false,
         steps: o.steps,
         prompt_tokens: None,
         kvlab_tok_s: ours,
@@ -403,6 +471,8 @@ fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
             threads: o.threads,
             kvlab_weights: WeightFormat::Stored.name().into(),
             kvlab_activations: kvlab_model::Activations::F32.name().into(),
+            bandwidth_fraction: None,
+            weights_in_cache: false,
             steps: BATCH_GENERATE,
             prompt_tokens: None,
             kvlab_tok_s: tok_s[2].clone(),
@@ -818,6 +888,11 @@ pub fn print(r: &PeersReport) {
             ("phase", &|p| p.phase.clone()),
             ("kvlab weights", &|p| p.kvlab_weights.clone()),
             ("activations", &|p| p.kvlab_activations.clone()),
+            ("of read bandwidth, kvlab (peer)", &|p| {
+                let cached = if p.weights_in_cache { ", in LLC" } else { "" };
+                p.bandwidth_fraction
+                    .map_or("-".into(), |(k, r)| format!("{k:.2} ({r:.2}){cached}"))
+            }),
             ("kvlab/peer", &|p| format!("{:.2}x", p.ratio_median)),
             ("goal", &|p| {
                 let met = if p.goal_met { "met" } else { "NOT met" };
@@ -855,6 +930,12 @@ pub fn print(r: &PeersReport) {
         println!("missing: {} / {}: {}", m.model, m.peer, m.why);
     }
     println!("machine: {}", r.machine);
+    if let Some(gbs) = r.read_gb_per_s {
+        println!(
+            "read bandwidth: {gbs:.1} GB/s, the best of 1 and every thread at the start (the \
+             decode rows' fractions are of it)"
+        );
+    }
 }
 
 #[cfg(test)]
