@@ -647,7 +647,7 @@ mod vnni {
         }
     }
 
-    /// A's 8 lanes 0..8 from d0 and 8..16 from d1.
+    /// a's lanes 0..8 from d0 and 8..16 from d1.
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn halves(d0: f32, d1: f32) -> __m512 {
@@ -656,6 +656,25 @@ mod vnni {
             lo,
             _mm256_castps_pd(_mm256_set1_ps(d1)),
         ))
+    }
+
+    /// [`halves`] of two f16 scales given as their bits, converted in one instruction
+    /// (`vcvtph2ps`, exact: every f16 is an f32).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn halves_f16(d0: u16, d1: u16) -> __m512 {
+        let lo = _mm256_castsi128_si256(_mm_set1_epi16(d0 as i16));
+        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(lo, _mm_set1_epi16(d1 as i16)))
+    }
+
+    /// The little-endian u16 at b.
+    ///
+    /// # Safety
+    /// Two bytes readable at b.
+    #[inline(always)]
+    unsafe fn bits(b: *const u8) -> u16 {
+        // SAFETY: the caller's contract.
+        unsafe { b.cast::<u16>().read_unaligned() }
     }
 
     /// Q8_0 (34 bytes: `d: f16`, `qs: [i8; 32]`), two blocks a unit: u = qs + 128.
@@ -681,7 +700,7 @@ mod vnni {
                 let q1 = _mm256_loadu_si256(b.add(36).cast());
                 let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1);
                 let u = _mm512_xor_si512(q, _mm512_set1_epi8(-128));
-                (u, halves(f16(*b, *b.add(1)), f16(*b.add(34), *b.add(35))))
+                (u, halves_f16(bits(b), bits(b.add(34))))
             }
         }
     }
@@ -720,7 +739,7 @@ mod vnni {
                 let qh0 = u64::from(b.add(2).cast::<u32>().read_unaligned());
                 let qh1 = u64::from(b.add(24).cast::<u32>().read_unaligned());
                 let u = _mm512_mask_add_epi8(u, qh0 | (qh1 << 32), u, _mm512_set1_epi8(16));
-                (u, halves(f16(*b, *b.add(1)), f16(*b.add(22), *b.add(23))))
+                (u, halves_f16(bits(b), bits(b.add(22))))
             }
         }
     }
