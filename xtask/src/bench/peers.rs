@@ -533,10 +533,11 @@ fn vs_runc(
     let (bin, tokenizer) = export_llama2c(kvlab, dir, model)?;
     let steps = o.steps.to_string();
     let mut same = true;
-    // Beating run.c on its own weights; in bf16, half the bytes per token, ≥ 1.8×.
+    // run.c on its own weights by at least a tenth (issue 37); in bf16, half the bytes per
+    // token, ≥ 1.8×.
     let goal = match weights {
         WeightFormat::Bf16 => Goal::at_least(1.8),
-        _ => Goal::BEAT,
+        _ => Goal::at_least(1.1),
     };
     let row = paired(o, model, "run.c", goal, || {
         let (r_out, r_err) = output(
