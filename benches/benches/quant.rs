@@ -9,6 +9,12 @@
 //! * `quant/halves/<shape>`: the bf16 and f16 kernels beside the f32 GEMV at the stories15M and
 //!   stories42M matrix shapes (the f32 one reads twice the bytes: compare times, not GiB/s).
 //!
+//! * `quant/prompt/<TYPE>/<t>x<out>x<in>`: a prompt's product through `kvlab_cpu::linear::linear`
+//!   (the engine's threads) at Gemma 3 270M's shapes, 10 and 100 token rows, the matrix's
+//!   products with f32 activations (`f32_activations`) beside `--activations q8`
+//!   (`q8_activations`: rows rounded to 8 bits, AVX-512 VNNI integer dot products; where the CPU
+//!   lacks VNNI it is the f32 path again). Throughput: multiply-adds.
+//!
 //! Every kernel is checked against the reference before it is timed. Run:
 //! `cargo bench -p kvlab-benches --bench quant`.
 
@@ -158,12 +164,57 @@ fn halves(c: &mut Criterion) {
     }
 }
 
+/// (type, out, in): Gemma 3 270M's gate projection (Q5_0), a Q8_0 attn_v, and its ffn_down in
+/// Q4_K and Q6_K.
+const PROMPT_SHAPES: [(GgmlType, usize, usize); 4] = [
+    (GgmlType::Q5_0, 2048, 640),
+    (GgmlType::Q8_0, 256, 640),
+    (GgmlType::Q4_K, 640, 2048),
+    (GgmlType::Q6_K, 640, 2048),
+];
+
+fn prompts(c: &mut Criterion) {
+    use kvlab_model::{Activations, Tensor};
+    for (k, (ty, d_out, d_in)) in PROMPT_SHAPES.into_iter().enumerate() {
+        let bytes = matrix(ty, d_out, d_in, 300 + k as u64);
+        let w = Tensor::encoded_from_bytes(ty, bytes, d_out * d_in).expect("whole blocks");
+        let w8 = w.clone().with_activations(Activations::Q8);
+        for t in [10, 100] {
+            let x = data(t * d_in, 31 + t as u64);
+            let (mut y, mut y8) = (vec![0.0; t * d_out], vec![0.0; t * d_out]);
+            kvlab_cpu::linear::linear(&mut y, &x, &w, t, d_in, d_out);
+            kvlab_cpu::linear::linear(&mut y8, &x, &w8, t, d_in, d_out);
+            // q8 differs from f32 by the rounding of x: well within 2% of the largest output.
+            let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let worst = y
+                .iter()
+                .zip(&y8)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= 0.02 * scale && worst.is_finite(),
+                "{ty}: q8 vs f32 activations differ by {worst} (largest output {scale})"
+            );
+            let mut g = c.benchmark_group(format!("quant/prompt/{ty}"));
+            g.throughput(Throughput::Elements((t * d_out * d_in) as u64));
+            let shape = format!("{t}x{d_out}x{d_in}");
+            g.bench_function(BenchmarkId::new("f32_activations", &shape), |b| {
+                b.iter(|| kvlab_cpu::linear::linear(&mut y, &x, &w, t, d_in, d_out))
+            });
+            g.bench_function(BenchmarkId::new("q8_activations", &shape), |b| {
+                b.iter(|| kvlab_cpu::linear::linear(&mut y8, &x, &w8, t, d_in, d_out))
+            });
+            g.finish();
+        }
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(10)
         .warm_up_time(std::time::Duration::from_millis(200))
         .measurement_time(std::time::Duration::from_millis(700));
-    targets = encodings, halves
+    targets = encodings, halves, prompts
 }
 criterion_main!(benches);
