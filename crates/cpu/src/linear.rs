@@ -568,12 +568,7 @@ mod tests {
         // rounding of x of the f32 product.
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let (d_in, d_out) = (512, 300);
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q5_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in kvlab_model::weights::QUANTIZED {
             if !quant::q8_act::available(ty) {
                 eprintln!("no AVX-512 VNNI: --activations q8 keeps f32 here, nothing to test");
                 return;

@@ -78,6 +78,15 @@ impl Default for Storage {
 pub const ENCODINGS: [GgmlType; 6] = [
     GgmlType::F16,
     GgmlType::BF16,
+    QUANTIZED[0],
+    QUANTIZED[1],
+    QUANTIZED[2],
+    QUANTIZED[3],
+];
+
+/// The [`ENCODINGS`] quantized in blocks with integer codes (ggml's Q8_0, Q5_0, Q4_K, Q6_K):
+/// the formats with a few-rows kernel and an integer one (`--activations q8`).
+pub const QUANTIZED: [GgmlType; 4] = [
     GgmlType::Q8_0,
     GgmlType::Q5_0,
     GgmlType::Q4_K,
@@ -230,11 +239,11 @@ impl Tensor {
             ty, activations, ..
         } = &mut self.0
         {
-            let integer = matches!(
-                ty,
-                GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K
-            );
-            *activations = if integer { a } else { Activations::F32 };
+            *activations = if QUANTIZED.contains(ty) {
+                a
+            } else {
+                Activations::F32
+            };
         }
         self
     }

@@ -51,10 +51,8 @@ pub fn max_rows(ty: GgmlType) -> usize {
 pub fn available(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(
-            ty,
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K
-        ) && std::arch::is_x86_feature_detected!("avx512f")
+        kvlab_model::weights::QUANTIZED.contains(&ty)
+            && std::arch::is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

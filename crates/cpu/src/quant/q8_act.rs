@@ -32,6 +32,7 @@
 //! plain loop the kernel is tested against.
 
 use kvlab_model::GgmlType;
+use kvlab_model::weights::QUANTIZED;
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -253,10 +254,8 @@ fn round_block(x: &[f32], q: &mut [i8]) -> f32 {
 pub fn available(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(
-            ty,
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K
-        ) && std::arch::is_x86_feature_detected!("avx512f")
+        QUANTIZED.contains(&ty)
+            && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vnni")
     }
@@ -329,9 +328,9 @@ type Call<'a> = (*mut f32, usize, &'a Q8Rows, *const u8, usize, usize);
 struct Panel {
     /// Columns per row (x's kp).
     kp: usize,
-    /// (ROWS, kp): the codes u.
+    /// (ROWS, kp): the codes u (empty where the passes unpack in registers).
     u: Vec<u8>,
-    /// (ROWS, kp / 4): a of each 4 codes.
+    /// (ROWS, kp / 4): a of each 4 codes (empty likewise).
     a: Vec<f32>,
     /// (ROWS, kp / 32): the minima c of each block (Q4_K; zero otherwise).
     c: Vec<f32>,
@@ -358,14 +357,16 @@ unsafe fn rows<F: vnni::Format>((y, ldy, x, w, rb, n): Call) {
         return;
     }
     let kp = x.kp;
+    // A call of at most TOKENS tokens reads each row once: it unpacks in registers, and keeps
+    // only the minima in the panel.
+    let direct = x.t <= TOKENS;
+    let unpacked = if direct { 0 } else { ROWS * kp };
     let mut panel = Panel {
         kp,
-        u: vec![0; ROWS * kp],
-        a: vec![0.0; ROWS * kp / 4],
+        u: vec![0; unpacked],
+        a: vec![0.0; unpacked / 4],
         c: vec![0.0; ROWS * kp / QK],
     };
-    // A call of at most TOKENS tokens reads each row once: it unpacks in registers.
-    let direct = x.t <= TOKENS;
     /// One pass of R rows (from panel row $r0, or W's row j0 + r0 directly) and T tokens, R
     /// and T as constants.
     macro_rules! pass {
@@ -606,12 +607,7 @@ unsafe fn pass<F: vnni::Format, const R: usize, const T: usize, const DIRECT: bo
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::*;
-
-    /// IEEE binary16 bytes (little-endian) widened to f32.
-    #[inline(always)]
-    fn f16(lo: u8, hi: u8) -> f32 {
-        half::f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
-    }
+    use crate::quant::decode::avx512::{self as decode, Chunks};
 
     /// A weight format read as codes and scales, w = a·(u − o) − c (see the module's table).
     ///
@@ -744,19 +740,6 @@ mod vnni {
         }
     }
 
-    /// The 6-bit scale and min of Q4_K sub-block j (ggml's `get_scale_min_k4`; see q4_k.rs).
-    #[inline(always)]
-    fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
-        if j < 4 {
-            (q[j] & 63, q[j + 4] & 63)
-        } else {
-            (
-                (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-                (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-            )
-        }
-    }
-
     /// Q4_K (144 bytes: `d`, `dmin`, `scales[12]`, `qs[128]`): in chunk c, weight l is the low
     /// nibble of qs[32c + l] and weight 32 + l its high nibble, of sub-blocks 2c and 2c + 1;
     /// w = (d·sc)·q − dmin·m.
@@ -768,27 +751,15 @@ mod vnni {
         const UNIT_BYTES: usize = 144;
         const OFFSET_SHIFT: Option<u32> = None;
         const HAS_MINS: bool = true;
-        /// (d·sc_j, dmin·m_j) of the 8 sub-blocks.
-        type Prep = ([f32; 8], [f32; 8]);
-        const ZERO: Self::Prep = ([0.0; 8], [0.0; 8]);
+        /// (d·sc_j, dmin·m_j) of the 8 sub-blocks, as the f32 decoder computes them.
+        type Prep = [(f32, f32); 8];
+        const ZERO: Self::Prep = [(0.0, 0.0); 8];
 
         #[inline]
+        #[target_feature(enable = "avx512f")]
         unsafe fn prep(b: *const u8) -> Self::Prep {
-            // SAFETY: d, dmin and scales are bytes 0..16 (the caller's contract).
-            let (d, dmin, scales) = unsafe {
-                (
-                    f16(*b, *b.add(1)),
-                    f16(*b.add(2), *b.add(3)),
-                    std::ptr::read_unaligned::<[u8; 12]>(b.add(4).cast()),
-                )
-            };
-            let (mut a, mut c) = ([0.0; 8], [0.0; 8]);
-            for j in 0..8 {
-                let (sc, m) = scale_min_k4(j, &scales);
-                a[j] = d * f32::from(sc);
-                c[j] = dmin * f32::from(m);
-            }
-            (a, c)
+            // SAFETY: the caller's contract: the block's 144 bytes at b.
+            unsafe { <decode::Q4K as Chunks>::prep(b) }
         }
 
         #[inline]
@@ -800,12 +771,12 @@ mod vnni {
             let lo = _mm256_and_si256(q, nib);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib);
             let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-            (u, halves(prep.0[2 * c], prep.0[2 * c + 1]))
+            (u, halves(prep[2 * c].0, prep[2 * c + 1].0))
         }
 
         #[inline]
         fn mins(prep: &Self::Prep) -> [f32; 8] {
-            prep.1
+            prep.map(|(_, m)| m)
         }
     }
 
@@ -820,20 +791,15 @@ mod vnni {
         const UNIT: usize = 256;
         const UNIT_BYTES: usize = 210;
         const OFFSET_SHIFT: Option<u32> = Some(5);
-        /// d·scale of each 16 weights.
+        /// d·scale of each 16 weights, as the f32 decoder computes them.
         type Prep = [f32; 16];
         const ZERO: [f32; 16] = [0.0; 16];
 
         #[inline]
+        #[target_feature(enable = "avx512f")]
         unsafe fn prep(b: *const u8) -> [f32; 16] {
-            // SAFETY: scales are bytes 192..208, d 208..210 (the caller's contract).
-            let (d, scales) = unsafe {
-                (
-                    f16(*b.add(208), *b.add(209)),
-                    std::ptr::read_unaligned::<[u8; 16]>(b.add(192).cast()),
-                )
-            };
-            std::array::from_fn(|g| d * f32::from(scales[g] as i8))
+            // SAFETY: the caller's contract: the block's 210 bytes at b.
+            unsafe { <decode::Q6K as Chunks>::prep(b) }
         }
 
         #[inline]
@@ -946,12 +912,7 @@ mod tests {
     #[test]
     fn rows_match_the_plain_loop_and_stay_within_the_rounding_of_x() {
         let mut rng = super::super::testing::rng(11);
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q5_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in QUANTIZED {
             if !available(ty) {
                 eprintln!("q8_act: no AVX-512 VNNI here; the kernel is not tested on this CPU");
                 return;
@@ -1007,12 +968,7 @@ mod tests {
     #[test]
     fn a_token_gives_the_same_bits_in_every_call_and_nan_stays_in_its_row() {
         let mut rng = super::super::testing::rng(12);
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q5_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in QUANTIZED {
             if !available(ty) {
                 return;
             }
