@@ -94,6 +94,13 @@ pub fn eviction_parser() -> impl clap::builder::TypedValueParser<Value = kvlab_p
         .map(|name| EvictionPolicy::from_name(&name).unwrap_or_default())
 }
 
+/// `--activations`' parser: clap lists the settings in its help and its error.
+pub fn activations() -> impl clap::builder::TypedValueParser<Value = kvlab_model::Activations> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(kvlab_model::Activations::ALL.map(|a| a.name()))
+        .map(|s| s.parse().expect("clap checked the name"))
+}
+
 /// `--kv-dtype`'s parser: clap lists the dtypes in its help and its error.
 pub fn kv_dtype() -> impl clap::builder::TypedValueParser<Value = kvlab_model::KvDtype> {
     use clap::builder::{PossibleValuesParser, TypedValueParser};

@@ -104,9 +104,7 @@ pub struct ModelArgs {
     /// products (AVX-512 VNNI), as llama.cpp does: faster prompts, logits within the rounding
     /// (`cargo xtask verify` reports the agreement). CPU engines; elsewhere f32.
     #[arg(long, default_value_t = kvlab_model::Activations::F32,
-          value_parser = clap::builder::TypedValueParser::map(
-              clap::builder::PossibleValuesParser::new(kvlab_model::Activations::ALL.map(|a| a.name())),
-              |s| s.parse::<kvlab_model::Activations>().expect("a listed value")))]
+          value_parser = kvlab_cli::args::activations())]
     pub activations: kvlab_model::Activations,
 }
 

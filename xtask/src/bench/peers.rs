@@ -23,7 +23,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use kvlab_model::WeightFormat;
+use kvlab_model::{Config, WeightFormat};
 
 use kvlab_cli::args::usize_in;
 
@@ -57,9 +57,7 @@ pub struct PeersArgs {
     /// kvlab's `--activations` in the llama.cpp rows: f32 (kvlab's reference path) or q8
     /// (8-bit activations and integer dot products, as llama.cpp computes)
     #[arg(long, default_value_t = kvlab_model::Activations::F32,
-          value_parser = clap::builder::TypedValueParser::map(
-              clap::builder::PossibleValuesParser::new(kvlab_model::Activations::ALL.map(|a| a.name())),
-              |s| s.parse::<kvlab_model::Activations>().expect("a listed value")))]
+          value_parser = kvlab_cli::args::activations())]
     pub activations: kvlab_model::Activations,
 }
 
@@ -246,21 +244,19 @@ pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
         rows: vec![],
         missing: vec![],
     };
+    // Measured before the first run.c row, once.
+    let mut bandwidth: Option<ReadBandwidth> = None;
     for (model, peer) in MODELS {
         if !o.models.is_empty() && !o.models.iter().any(|m| m.eq_ignore_ascii_case(model)) {
             continue;
         }
         let one = |r: Result<PeerRow>| r.map(|row| vec![row]);
-        if matches!(peer, Peer::RunC(_)) && report.read_gb_per_s.is_none() {
-            report.read_gb_per_s = Some(read_bandwidth());
-        }
         let (result, name) = match peer {
-            Peer::RunC(w) => (
-                one(vs_runc(&kvlab, &dir, model, w, o).and_then(|row| {
-                    with_bandwidth(row, model, w, report.read_gb_per_s.unwrap_or(f64::NAN))
-                })),
-                "run.c",
-            ),
+            Peer::RunC(w) => {
+                let b = bandwidth.get_or_insert_with(ReadBandwidth::measure);
+                report.read_gb_per_s = Some(b.gb_per_s);
+                (one(vs_runc(&kvlab, &dir, model, w, o, b)), "run.c")
+            }
             Peer::LlamaCppDecode => (one(vs_llama_cpp(&kvlab, model, o)), "llama.cpp"),
             Peer::LlamaCppPrefill => (
                 one(vs_llama_cpp_prefill(&kvlab, &dir, model, o)),
@@ -284,51 +280,56 @@ pub fn run(o: &PeerOpts, machine: String) -> Result<PeersReport> {
     Ok(report)
 }
 
-/// The best read bandwidth of [`super::bandwidth::measure`] (1 thread and every CPU, 5 passes
-/// over a buffer of 4 × the last-level cache, at least 512 MiB), GB/s.
-fn read_bandwidth() -> f64 {
-    let llc = machine::detect().llc_bytes;
-    let b = super::bandwidth::measure(super::bandwidth::buffer_bytes(512 << 20, llc), 5, "start");
-    b.rows
-        .iter()
-        .filter(|r| r.kind == "read")
-        .map(|r| r.gb_per_s.max)
-        .fold(0.0, f64::max)
+/// What the run.c rows' bandwidth fractions are taken of.
+struct ReadBandwidth {
+    /// The best read bandwidth of [`super::bandwidth::measure`] (1 thread and every CPU, 5
+    /// passes over a buffer of 4 × the last-level cache, at least 512 MiB), GB/s.
+    gb_per_s: f64,
+    /// The last-level cache, bytes, where the machine says.
+    llc_bytes: Option<u64>,
 }
 
-/// `row` (a decode against run.c) with each side's fraction of `read_gb_per_s`: the bytes a
-/// step must read (models.rs's `decode_bytes`, with kvlab's matrices at 2 bytes a weight in
-/// bf16) at the generation's mean position, times each side's median tok/s.
-fn with_bandwidth(
-    row: PeerRow,
-    model: &str,
-    weights: WeightFormat,
-    read_gb_per_s: f64,
-) -> Result<PeerRow> {
-    let c = match super::models::load(model, None)? {
-        Ok(m) => m.model.config.clone(),
-        Err(why) => bail!("{why}"),
-    };
+impl ReadBandwidth {
+    fn measure() -> ReadBandwidth {
+        let llc_bytes = machine::detect().llc_bytes;
+        let buffer = super::bandwidth::buffer_bytes(512 << 20, llc_bytes);
+        let b = super::bandwidth::measure(buffer, 5, "start");
+        let gb_per_s = b
+            .rows
+            .iter()
+            .filter(|r| r.kind == "read")
+            .map(|r| r.gb_per_s.max)
+            .fold(0.0, f64::max);
+        ReadBandwidth {
+            gb_per_s,
+            llc_bytes,
+        }
+    }
+}
+
+/// `row` (a decode against run.c, of the model `c`) with each side's fraction of the read
+/// bandwidth: the bytes a step must read (models.rs's `decode_bytes`, with kvlab's matrices at 2
+/// bytes a weight in bf16) at the generation's mean position, times each side's median tok/s.
+fn with_bandwidth(row: PeerRow, c: &Config, weights: WeightFormat, b: &ReadBandwidth) -> PeerRow {
     let pos = row.steps / 2;
-    let f32_bytes = super::models::decode_bytes(&c, pos) as f64;
+    let f32_bytes = super::models::decode_bytes(c, pos) as f64;
     let kvlab_bytes = match weights {
         WeightFormat::Bf16 | WeightFormat::F16 => {
-            f32_bytes - 2.0 * super::models::matmul_params(&c) as f64
+            f32_bytes - 2.0 * super::models::matmul_params(c) as f64
         }
         _ => f32_bytes,
     };
     let median = |v: &[f64]| Summary::of(v).median;
-    let fraction = |bytes: f64, tok_s: f64| bytes * tok_s / 1e9 / read_gb_per_s;
+    let fraction = |bytes: f64, tok_s: f64| bytes * tok_s / 1e9 / b.gb_per_s;
     let kv = c.kv_bytes_per_token(4) as f64 * (pos + 1) as f64;
-    let llc = machine::detect().llc_bytes;
-    Ok(PeerRow {
+    PeerRow {
         bandwidth_fraction: Some((
             fraction(kvlab_bytes, median(&row.kvlab_tok_s)),
             fraction(f32_bytes, median(&row.peer_tok_s)),
         )),
-        weights_in_cache: llc.is_some_and(|l| kvlab_bytes - kv <= l as f64),
+        weights_in_cache: b.llc_bytes.is_some_and(|l| kvlab_bytes - kv <= l as f64),
         ..row
-    })
+    }
 }
 
 /// Builds the release `kvlab` binary and returns its path; `KVLAB_BIN` names another binary to
@@ -518,13 +519,14 @@ fn export_llama2c(kvlab: &Path, dir: &Path, model: &str) -> Result<(PathBuf, Pat
 }
 
 /// kvlab (its matrices as `weights`) against run.c on one llama2.c checkpoint, from BOS alone,
-/// `steps` positions.
+/// `steps` positions, with each side's fraction of `bandwidth`.
 fn vs_runc(
     kvlab: &Path,
     dir: &Path,
     model: &str,
     weights: WeightFormat,
     o: &PeerOpts,
+    bandwidth: &ReadBandwidth,
 ) -> Result<PeerRow> {
     let runc = std::env::var_os("KVLAB_RUNC").map(PathBuf::from).context(
         "run.c not found: build llama2.c's run.c (in a checkout of github.com/karpathy/llama2.c: \
@@ -575,12 +577,14 @@ fn vs_runc(
             format!("kvlab {weights} weights vs run.c f32: text not compared; "),
         ),
     };
-    Ok(PeerRow {
+    let row = PeerRow {
         same_tokens,
         kvlab_weights: weights.name().into(),
         note: format!("{note}run.c: {}", runc.display()),
         ..row
-    })
+    };
+    let config = kvlab_model::llama2c::read_config(&bin)?;
+    Ok(with_bandwidth(row, &config, weights, bandwidth))
 }
 
 /// kvlab against llama.cpp (llama-cpp-python) on a GGUF checkpoint: the same prompt and the
