@@ -95,7 +95,8 @@ fn bench(c: &mut Criterion) {
             v_new,
             kv_dim: HEAD_DIM,
         };
-        let run_contiguous = |out: &mut [f32]| attention(out, &q, &heads, |_| past, |_| contiguous);
+        let run_contiguous =
+            |out: &mut [f32]| attention(out, &q, &heads, |_| past, |_| 0, |_| contiguous);
         let run_paged = |out: &mut [f32]| paged_attention(out, &q, &heads, paged, &seqs, &[0]);
 
         // Validate both fast kernels against the reference before timing them.
@@ -160,7 +161,7 @@ fn bench_small_heads(c: &mut Criterion) {
                 .collect();
             let mut want = vec![0.0; hd];
             scalar_hd(&mut want, &q[h * hd..][..hd], &kh, &vh, heads.scale);
-            attention(&mut out, &q, &heads, |_| ctx - 1, |_| rows);
+            attention(&mut out, &q, &heads, |_| ctx - 1, |_| 0, |_| rows);
             assert_close(
                 "cpu/attention_decode/stories260K",
                 &out[h * hd..][..hd],
@@ -170,7 +171,7 @@ fn bench_small_heads(c: &mut Criterion) {
         }
         g.throughput(Throughput::Elements(ctx as u64));
         g.bench_function(BenchmarkId::new("ctx", ctx), |b| {
-            b.iter(|| attention(&mut out, &q, &heads, |_| ctx - 1, |_| rows))
+            b.iter(|| attention(&mut out, &q, &heads, |_| ctx - 1, |_| 0, |_| rows))
         });
     }
     g.finish();
@@ -203,7 +204,7 @@ fn bench_layers(c: &mut Criterion) {
             v: &v[0],
             kv_dim,
         };
-        attention(&mut out, &q, &heads, |_| ctx - 1, |_| rows);
+        attention(&mut out, &q, &heads, |_| ctx - 1, |_| 0, |_| rows);
         let kh: Vec<f32> = k[0]
             .chunks_exact(kv_dim)
             .flat_map(|r| r[..hd].to_vec())
@@ -229,7 +230,7 @@ fn bench_layers(c: &mut Criterion) {
                         v: &v[l],
                         kv_dim,
                     };
-                    attention(&mut out, &q, &heads, |_| ctx - 1, |_| rows);
+                    attention(&mut out, &q, &heads, |_| ctx - 1, |_| 0, |_| rows);
                 }
             })
         });

@@ -17,6 +17,8 @@ use std::ops::Range;
 use crate::simd;
 use crate::threads;
 
+mod tiled;
+
 /// The attention shape of one layer.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
@@ -117,24 +119,33 @@ thread_local! {
 const PAR_MIN_WORK: usize = 1 << 15;
 
 /// out (rows, n_heads·head_dim) ← attention of every query row, where row r is the query at
-/// position `pos_of(r)` of the sequence whose keys `rows_of(r)` reads.
+/// position `pos_of(r)` of sequence `seq_of(r)`, whose keys `rows_of(r)` reads. A sequence's
+/// rows are consecutive, at consecutive positions.
+///
+/// A step of several rows per sequence (a prompt, a chunk, speculative guesses) goes to the
+/// query-tiled kernel (`attention/tiled.rs`) where the CPU has it; a row alone, and every row
+/// elsewhere, to [`attend_group`].
 pub fn attention<R: KvRows>(
     out: &mut [f32],
     q: &[f32],
     heads: &Heads,
     pos_of: impl Fn(usize) -> usize + Sync,
+    seq_of: impl Fn(usize) -> usize + Sync,
     rows_of: impl Fn(usize) -> R + Sync,
 ) {
     let hd = heads.head_dim;
     let group = heads.kv_mul() * hd; // one task's slice of a row: the heads of one KV head
     let n_rows = out.len() / (heads.n_heads * hd);
-    let work: usize = (0..n_rows)
-        .map(|r| pos_of(r) + 1 - heads.first_visible(pos_of(r)))
-        .sum::<usize>()
-        * 2
-        * heads.n_heads
-        * hd;
     let keys_of = |r: usize| heads.first_visible(pos_of(r))..pos_of(r) + 1;
+    let work: usize = (0..n_rows).map(|r| keys_of(r).len()).sum::<usize>() * 2 * heads.n_heads * hd;
+    if n_rows > 1 && tiled::available(hd) {
+        let threads = if work < PAR_MIN_WORK {
+            1
+        } else {
+            threads::num_threads()
+        };
+        return attention_tiled(out, q, heads, threads, &pos_of, &seq_of, &rows_of);
+    }
     // Attention of row r's KV heads gs over all its visible keys, written to o (its slice of out).
     let run = |r: usize, gs: Range<usize>, o: &mut [f32]| {
         let q = &q[r * heads.n_heads * hd + gs.start * group..][..gs.len() * group];
@@ -179,6 +190,72 @@ pub fn attention<R: KvRows>(
             }
         });
     }
+}
+
+/// [`attention`] by tiles of consecutive rows of one sequence ([`tiled::attend_tile`]; a row
+/// alone by [`attend_group`]), on `threads` threads each taking consecutive rows with about the
+/// same number of keys to attend (a prompt's last rows see more keys than its first).
+fn attention_tiled<R: KvRows>(
+    out: &mut [f32],
+    q: &[f32],
+    heads: &Heads,
+    threads: usize,
+    pos_of: &(impl Fn(usize) -> usize + Sync),
+    seq_of: &(impl Fn(usize) -> usize + Sync),
+    rows_of: &(impl Fn(usize) -> R + Sync),
+) {
+    let row_len = heads.n_heads * heads.head_dim;
+    let n_rows = out.len() / row_len;
+    // cuts[k] = the first row of thread k's share: where the running count of keys passes k/threads
+    // of all of them.
+    let keys = |r: usize| pos_of(r) + 1 - heads.first_visible(pos_of(r));
+    let total: usize = (0..n_rows).map(keys).sum();
+    let mut cuts = Vec::with_capacity(threads + 1);
+    let mut seen = 0;
+    for r in 0..n_rows {
+        if seen * threads >= cuts.len() * total && cuts.len() < threads {
+            cuts.push(r);
+        }
+        seen += keys(r);
+    }
+    cuts.push(n_rows);
+    let bounds: Vec<usize> = cuts.iter().map(|r| r * row_len).collect();
+    let per_tile = tiled::rows_per_tile(heads.kv_mul());
+    threads::for_each_part_mut(out, &bounds, |k, part| {
+        let mut r = cuts[k];
+        let end = cuts[k + 1];
+        let mut part = part;
+        while r < end {
+            let mut t = 1;
+            while t < per_tile && r + t < end && seq_of(r + t) == seq_of(r) {
+                t += 1;
+            }
+            let (o, rest) = part.split_at_mut(t * row_len);
+            let q = &q[r * row_len..][..t * row_len];
+            if t == 1 {
+                let span = Span {
+                    kv_heads: 0..heads.n_kv_heads,
+                    keys: heads.first_visible(pos_of(r))..pos_of(r) + 1,
+                };
+                SCRATCH.with_borrow_mut(|(scratch, stats)| {
+                    stats.resize(2 * heads.n_heads, 0.0);
+                    attend_group(o, stats, q, span, &rows_of(r), heads, scratch)
+                });
+            } else {
+                TILE_SCRATCH.with_borrow_mut(|scratch| {
+                    tiled::attend_tile(o, q, pos_of(r), &rows_of(r), heads, scratch)
+                });
+            }
+            part = rest;
+            r += t;
+        }
+    });
+}
+
+thread_local! {
+    /// Each thread's scratch for [`tiled::attend_tile`], reused from step to step.
+    static TILE_SCRATCH: std::cell::RefCell<tiled::TileScratch> =
+        std::cell::RefCell::new(tiled::TileScratch::default());
 }
 
 /// The part of one query row a call of [`attend_group`] attends: KV heads `kv_heads` (with the
@@ -455,7 +532,7 @@ mod tests {
             };
             let pos = ctx - 1;
             let mut out = vec![f32::NAN; n_heads * head_dim];
-            attention(&mut out, &q, &heads, |_| pos, |_| c);
+            attention(&mut out, &q, &heads, |_| pos, |_| 0, |_| c);
             let want = reference(&q, c, &heads, pos);
             for (i, (a, b)) in out.iter().zip(&want).enumerate() {
                 assert!(
@@ -470,9 +547,157 @@ mod tests {
                 v: &v_nan,
                 kv_dim,
             };
-            attention(&mut out, &q, &heads, |_| pos, |_| c);
+            attention(&mut out, &q, &heads, |_| pos, |_| 0, |_| c);
             if heads.first_visible(pos) <= pos / 2 {
                 assert!(out[0].is_nan(), "ctx {ctx}: a NaN value must reach head 0");
+            }
+        }
+    }
+
+    /// A step of several rows per sequence — two sequences at different positions, one longer
+    /// than a tile, one of a single row — through the tiled kernel where the CPU has it (and
+    /// attend_group elsewhere), on one thread and on the team, against the definition, for
+    /// MHA/GQA/MQA, head_dim 16..256 and 8 (no tile), with and without a window; a NaN value
+    /// reaches the rows that see it.
+    #[test]
+    fn rows_of_a_step_match_the_definition_on_every_path() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        for (n_heads, n_kv_heads, head_dim, window) in [
+            (4, 1, 256, usize::MAX),
+            (4, 1, 256, 37),
+            (6, 6, 48, usize::MAX),
+            (8, 2, 64, 50),
+            (2, 2, 16, usize::MAX),
+            (32, 1, 16, 9),
+            (6, 3, 8, 20),
+        ] {
+            let heads = Heads {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                window,
+            };
+            let kv_dim = n_kv_heads * head_dim;
+            let row_len = n_heads * head_dim;
+            // (first position, rows, cache length) per sequence: a longer than a tile, b a row
+            // alone, c from position 0; c alone is small enough to stay on the calling thread.
+            for seqs in [&[(40, 23, 63), (5, 1, 6), (0, 7, 7)][..], &[(0, 7, 7)]] {
+                let mut draw = |n: usize| -> Vec<f32> {
+                    (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()
+                };
+                let mut caches: Vec<(Vec<f32>, Vec<f32>)> = seqs
+                    .iter()
+                    .map(|&(_, _, len)| (draw(len * kv_dim), draw(len * kv_dim)))
+                    .collect();
+                let n_rows: usize = seqs.iter().map(|s| s.1).sum();
+                let q = draw(n_rows * row_len);
+                let row_seq: Vec<usize> = (0..seqs.len())
+                    .flat_map(|s| std::iter::repeat_n(s, seqs[s].1))
+                    .collect();
+                let row0 = |s: usize| seqs[..s].iter().map(|s| s.1).sum::<usize>();
+                let pos_of = |r: usize| seqs[row_seq[r]].0 + r - row0(row_seq[r]);
+                let run = |caches: &[(Vec<f32>, Vec<f32>)]| {
+                    let cache = |s: usize| Contiguous {
+                        k: &caches[s].0,
+                        v: &caches[s].1,
+                        kv_dim,
+                    };
+                    let mut out = vec![f32::NAN; n_rows * row_len];
+                    attention(
+                        &mut out,
+                        &q,
+                        &heads,
+                        pos_of,
+                        |r| row_seq[r],
+                        |r| cache(row_seq[r]),
+                    );
+                    out
+                };
+                let out = run(&caches);
+                for r in 0..n_rows {
+                    let cache = Contiguous {
+                        k: &caches[row_seq[r]].0,
+                        v: &caches[row_seq[r]].1,
+                        kv_dim,
+                    };
+                    let want = reference(&q[r * row_len..][..row_len], cache, &heads, pos_of(r));
+                    for (i, (a, b)) in out[r * row_len..][..row_len].iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                            "{n_heads}/{n_kv_heads}×{head_dim} window {window} row {r} [{i}]: \
+                             {a} vs {b}"
+                        );
+                    }
+                }
+                // A NaN value at position 5 of the last sequence: its rows that see it are NaN.
+                let last = seqs.len() - 1;
+                caches[last].1[5 * kv_dim] = f32::NAN;
+                let out = run(&caches);
+                for r in row0(last)..n_rows {
+                    let p = pos_of(r);
+                    if p >= 5 && heads.first_visible(p) <= 5 {
+                        assert!(out[r * row_len].is_nan(), "row {r} at {p} must see the NaN");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tiled kernel's pieces against plain loops: the 16-lane sums are the scalar tree's
+    /// bits, scores and weighted values at ragged key counts and padded query blocks.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn tile_products_match_plain_loops() {
+        if !tiled::available(16) {
+            eprintln!("skipping: this CPU has no AVX-512 (the tiled kernel is not used here)");
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for (hd, m_pad, c, stride) in [
+            (16, 4, 1, 16),
+            (48, 8, 7, 96),
+            (256, 16, 13, 256),
+            (80, 4, 4, 80),
+        ] {
+            let mut draw =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+            let (q, k) = (draw(m_pad * hd), draw(c * stride));
+            let (n, col0) = (c + 5, 3);
+            let mut s = vec![f32::NAN; m_pad * n];
+            tiled::test_scores(&mut s, n, col0, &q, hd, &k, stride, c);
+            for i in 0..m_pad {
+                for b in 0..c {
+                    let want = tiled::sum16_scalar(&std::array::from_fn(|l| {
+                        (0..hd / 16).fold(0.0f32, |a, d| {
+                            q[i * hd + 16 * d + l].mul_add(k[b * stride + 16 * d + l], a)
+                        })
+                    }));
+                    let got = s[i * n + col0 + b];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "hd {hd} s[{i}][{b}]: {got} vs {want}"
+                    );
+                }
+            }
+            let w = draw(m_pad * n);
+            let v = draw(c * stride);
+            let mut o = draw(m_pad * hd);
+            let mut want = o.clone();
+            tiled::test_weighted_values(&mut o, hd, &w, n, col0, &v, stride, c);
+            for i in 0..m_pad {
+                for d in 0..hd {
+                    for b in 0..c {
+                        want[i * hd + d] =
+                            w[i * n + col0 + b].mul_add(v[b * stride + d], want[i * hd + d]);
+                    }
+                    assert_eq!(
+                        o[i * hd + d].to_bits(),
+                        want[i * hd + d].to_bits(),
+                        "hd {hd} o[{i}][{d}]"
+                    );
+                }
             }
         }
     }

@@ -190,7 +190,7 @@ impl KvCache for ContiguousKvCache {
             first: self.offsets[l],
             cap: self.caps[l],
         };
-        attention(out, q, heads, |i| self.len + i, |_| rows);
+        attention(out, q, heads, |i| self.len + i, |_| 0, |_| rows);
     }
 }
 // ANCHOR_END: append_attend

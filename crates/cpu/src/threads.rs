@@ -340,6 +340,34 @@ pub fn for_each_chunk_mut<T: Send>(
     });
 }
 
+/// Splits `out` at `bounds` (ascending offsets, the first 0 and the last `out.len()`) into
+/// `bounds.len() − 1` parts and runs `f(index, part)` for each on the team: parts of unequal
+/// sizes, where [`for_each_chunk_mut`]'s are equal.
+///
+/// # Panics
+/// If `bounds` does not start at 0, end at `out.len()` and ascend.
+pub fn for_each_part_mut<T: Send>(
+    out: &mut [T],
+    bounds: &[usize],
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    assert!(
+        bounds.first() == Some(&0)
+            && bounds.last() == Some(&out.len())
+            && bounds.windows(2).all(|w| w[0] <= w[1]),
+        "for_each_part_mut: bounds must ascend from 0 to out.len()"
+    );
+    let base = SendPtr(out.as_mut_ptr());
+    for_each_task(bounds.len() - 1, |i| {
+        let (start, end) = (bounds[i], bounds[i + 1]);
+        // SAFETY: part i covers `start..end` inside `out` (bounds ascend from 0 to out.len(),
+        // asserted above); the parts are disjoint and each index runs exactly once, while `out`
+        // stays mutably borrowed by this function.
+        let part = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+        f(i, part);
+    });
+}
+
 /// A base pointer shared by the tasks of one parallel loop that touch disjoint parts of its
 /// buffer (contiguous chunks here, column blocks in `linear::sgemm_columns`).
 pub(crate) struct SendPtr<T>(pub(crate) *mut T);

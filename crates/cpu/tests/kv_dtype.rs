@@ -100,7 +100,14 @@ fn both_caches_attend_over_exactly_the_rounded_rows() {
                     };
                     let (mut got, mut want) = (vec![f32::NAN; qd], vec![f32::NAN; qd]);
                     cache.attend(0, &q[p * qd..][..qd], &heads, &mut got);
-                    attention(&mut want, &q[p * qd..][..qd], &heads, |_| p, |_| rounded);
+                    attention(
+                        &mut want,
+                        &q[p * qd..][..qd],
+                        &heads,
+                        |_| p,
+                        |_| 0,
+                        |_| rounded,
+                    );
                     assert_attention_close(&got, &want, &format!("contiguous {what} pos {p}"));
                 }
                 cache.len += 1;
@@ -145,6 +152,7 @@ fn both_caches_attend_over_exactly_the_rounded_rows() {
                 &q[pos0 * qd..],
                 &heads,
                 |r| pos0 + r,
+                |_| 0,
                 |_| rounded,
             );
             assert_attention_close(&got, &want, &format!("paged {what}"));

@@ -124,6 +124,7 @@ pub fn paged_attention(
             let s = seq_of(r);
             s.pos0 + r - s.row0
         },
+        |r| row_seq[r],
         |r| BlockRows {
             layer,
             seq: seq_of(r),

@@ -1,0 +1,409 @@
+//! Attention of several query rows of one sequence at once: a prompt, a chunk of one, a
+//! speculative step's guesses. [`super::attend_group`] reads every key and value row once per
+//! query row; here a tile of consecutive rows (positions p0..p0 + t) reads them once per tile,
+//! as FlashAttention tiles its queries (Dao et al., 2022, §3.1), so that prefill's attention is
+//! bound by arithmetic instead of by loads.
+//!
+//! For KV head g the tile's query vectors are its rows' kv_mul heads of g, m = t·kv_mul of them,
+//! and the keys it reads are the union of its rows' visible ones, lo = first_visible(p0) up to
+//! p0 + t. Per run of keys the scores S (m, keys) = Q Kᵀ come four query vectors by four keys
+//! at a time (sixteen accumulators); each row's softmax is taken over its own visible keys, the
+//! others' weights set to 0; then O (m, head_dim) += P V, four query vectors by 64 columns at a
+//! time. A key or value a row cannot see is thus multiplied by a weight of 0: a NaN or infinite
+//! value among the tile's other rows' keys reaches this row's output too (0·NaN = NaN), more
+//! than the per-row kernel would, never less.
+//!
+//! Each score is one vector's FMA chain over head_dim, 16 lanes, summed by the same tree
+//! whatever its place in the tile, and each output element one FMA chain over the keys in
+//! order, so a query's result does not depend on its tile; it differs from the per-row kernel's
+//! in rounding only (its scores sum 8 lanes).
+
+use super::{Heads, KvRows, Part};
+use crate::simd::{self, HeadKernels};
+
+/// Most rows in a tile.
+pub(super) const MAX_ROWS: usize = 8;
+
+/// Rows per tile for a model whose KV heads each serve `kv_mul` query heads: enough rows that
+/// a tile has 16 query vectors (the kernel's four blocks of four), at least 2 and at most
+/// [`MAX_ROWS`].
+pub(super) fn rows_per_tile(kv_mul: usize) -> usize {
+    (16 / kv_mul.max(1)).clamp(2, MAX_ROWS)
+}
+
+/// Whether this CPU and head size have the tiled kernel: AVX-512 and head_dim a multiple of 16.
+pub(super) fn available(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(16) && simd::isa() == simd::Isa::Avx512
+}
+
+/// What [`attend_tile`] works in, reused from call to call.
+#[derive(Default)]
+pub(super) struct TileScratch {
+    /// (m_pad, head_dim) the tile's query vectors of one KV head, times the scale; rows past m
+    /// are 0.
+    q: Vec<f32>,
+    /// (m_pad, n) their scores over the tile's keys, then their weights.
+    s: Vec<f32>,
+    /// (m_pad, head_dim) their weighted sums of values, not yet divided by Σ weights.
+    o: Vec<f32>,
+    /// (m,) 1 / Σ_j e^(s_j − max) per query vector.
+    inv_sum: Vec<f32>,
+    /// A run of keys or values decoded from the cache's dtype (unused for an f32 cache).
+    tile: Vec<f32>,
+}
+
+/// out (t, n_heads·head_dim) ← attention of the t query rows q (t, n_heads·head_dim) at
+/// positions `p0..p0 + t` of the sequence whose keys and values `kv` reads, all KV heads.
+///
+/// # Panics
+/// If [`available`] is false for `heads.head_dim` (the caller checks), or if `q` and `out`
+/// differ in length.
+pub(super) fn attend_tile<R: KvRows>(
+    out: &mut [f32],
+    q: &[f32],
+    p0: usize,
+    kv: &R,
+    heads: &Heads,
+    scratch: &mut TileScratch,
+) {
+    assert!(available(heads.head_dim), "attend_tile needs AVX-512");
+    assert_eq!(
+        q.len(),
+        out.len(),
+        "attend_tile: q and out differ in length"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: available() checked that the CPU has AVX-512F (simd::isa).
+    unsafe {
+        attend_tile_avx512(out, q, p0, kv, heads, scratch)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn attend_tile_avx512<R: KvRows>(
+    out: &mut [f32],
+    q: &[f32],
+    p0: usize,
+    kv: &R,
+    heads: &Heads,
+    scratch: &mut TileScratch,
+) {
+    type MulAdd = <simd::Avx512Heads as HeadKernels>::MulAdd;
+    let (hd, kv_mul) = (heads.head_dim, heads.kv_mul());
+    let (row_len, kv_dim) = (heads.n_heads * hd, heads.n_kv_heads * hd);
+    let t = out.len() / row_len;
+    let (m, m_pad) = (t * kv_mul, (t * kv_mul).next_multiple_of(4));
+    let (lo, end) = (heads.first_visible(p0), p0 + t);
+    let n = end - lo; // the tile's keys: every one visible to at least its last row
+    let TileScratch {
+        q: qs,
+        s,
+        o,
+        inv_sum,
+        tile,
+    } = scratch;
+    qs.resize(m_pad * hd, 0.0);
+    s.resize(m_pad * n, 0.0);
+    o.resize(m_pad * hd, 0.0);
+    inv_sum.resize(m, 0.0);
+    for g in 0..heads.n_kv_heads {
+        // Query vector i·kv_mul + h is row i's head g·kv_mul + h, times the scale.
+        for (i, row) in q.chunks_exact(row_len).enumerate() {
+            let src = &row[g * kv_mul * hd..][..kv_mul * hd];
+            for (d, x) in qs[i * kv_mul * hd..][..kv_mul * hd].iter_mut().zip(src) {
+                *d = x * heads.scale;
+            }
+        }
+        qs[m * hd..].fill(0.0);
+        let mut j = lo;
+        while j < end {
+            let run = kv.rows(Part::Keys, j, end, g..g + 1, tile);
+            let c = run.len() / kv_dim; // positions j..j + c
+            // SAFETY: this function runs only where the CPU has AVX-512F (attend_tile).
+            unsafe { x86::scores(s, n, j - lo, qs, hd, &run[g * hd..], kv_dim, c) };
+            j += c;
+        }
+        // Row i's weights: e^(s − max) over its visible keys lo_i..=p0 + i, 0 elsewhere.
+        for (i, rows) in s[..m * n].chunks_exact_mut(kv_mul * n).enumerate() {
+            let (vis_lo, vis_end) = (heads.first_visible(p0 + i) - lo, p0 + i + 1 - lo);
+            for (h, w) in rows.chunks_exact_mut(n).enumerate() {
+                w[..vis_lo].fill(0.0);
+                w[vis_end..].fill(0.0);
+                let (_, sum) = crate::softmax::exp_shifted::<MulAdd>(&mut w[vis_lo..vis_end]);
+                inv_sum[i * kv_mul + h] = 1.0 / sum;
+            }
+        }
+        s[m * n..].fill(0.0);
+        o.fill(0.0);
+        let mut j = lo;
+        while j < end {
+            let run = kv.rows(Part::Values, j, end, g..g + 1, tile);
+            let c = run.len() / kv_dim;
+            // SAFETY: as above.
+            unsafe { x86::weighted_values(o, hd, s, n, j - lo, &run[g * hd..], kv_dim, c) };
+            j += c;
+        }
+        for (i, row) in out.chunks_exact_mut(row_len).enumerate() {
+            let dst = &mut row[g * kv_mul * hd..][..kv_mul * hd];
+            for (h, d) in dst.chunks_exact_mut(hd).enumerate() {
+                let (src, inv) = (&o[(i * kv_mul + h) * hd..][..hd], inv_sum[i * kv_mul + h]);
+                d.iter_mut().zip(src).for_each(|(d, x)| *d = x * inv);
+            }
+        }
+    }
+}
+
+/// The tile's two products with AVX-512F.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// s[i·n + col0 + b] = q_i · k_b for every query vector i of q (m_pad, hd), m_pad a multiple
+    /// of 4, and key b in 0..c, k_b = k[b·stride..][..hd]: four query vectors by four keys per
+    /// pass ([`dot4x4`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[allow(clippy::too_many_arguments)] // one call site; the shapes are the arguments
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores(
+        s: &mut [f32],
+        n: usize,
+        col0: usize,
+        q: &[f32],
+        hd: usize,
+        k: &[f32],
+        stride: usize,
+        c: usize,
+    ) {
+        let m_pad = q.len() / hd;
+        assert!(hd.is_multiple_of(16) && m_pad.is_multiple_of(4) && col0 + c <= n);
+        assert!(s.len() >= m_pad * n, "scores: s is smaller than (m_pad, n)");
+        assert!(
+            c == 0 || k.len() >= (c - 1) * stride + hd,
+            "scores: k holds fewer than c keys"
+        );
+        let mut b = 0;
+        while b < c {
+            let nk = (c - b).min(4);
+            // A pass of fewer than four keys repeats its last key; those lanes are not stored.
+            // SAFETY: key b + min(i, nk − 1) < c starts at most (c − 1)·stride, and
+            // (c − 1)·stride + hd ≤ k.len() (asserted above).
+            let keys: [*const f32; 4] =
+                std::array::from_fn(|i| unsafe { k.as_ptr().add((b + i.min(nk - 1)) * stride) });
+            for mb in (0..m_pad).step_by(4) {
+                // SAFETY: rows mb..mb + 4 ≤ m_pad of q are (4, hd) at q[mb·hd..]; the keys as
+                // above; the CPU has AVX-512F (this function's contract).
+                let lanes = unsafe { dot4x4(q.as_ptr().add(mb * hd), hd, keys) };
+                for (i, l) in lanes.chunks_exact(4).enumerate() {
+                    s[(mb + i) * n + col0 + b..][..nk].copy_from_slice(&l[..nk]);
+                }
+            }
+            b += nk;
+        }
+    }
+
+    /// The 16 dot products of four query vectors (4, hd) at `q` with four keys of hd floats:
+    /// lane 4i + b = q_i · k_b, each an FMA chain of 16 lanes over hd then [`sum16`]'s tree.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `q` must hold 4·hd floats and each key hd, hd a multiple
+    /// of 16.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot4x4(q: *const f32, hd: usize, k: [*const f32; 4]) -> [f32; 16] {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut d = 0;
+        while d < hd {
+            // SAFETY: d + 16 ≤ hd, inside each query vector and key (the caller's contract).
+            unsafe {
+                let kv: [__m512; 4] = std::array::from_fn(|b| _mm512_loadu_ps(k[b].add(d)));
+                for i in 0..4 {
+                    let qv = _mm512_loadu_ps(q.add(i * hd + d));
+                    for b in 0..4 {
+                        acc[4 * i + b] = _mm512_fmadd_ps(qv, kv[b], acc[4 * i + b]);
+                    }
+                }
+            }
+            d += 16;
+        }
+        let mut lanes = [0.0f32; 16];
+        // SAFETY: `lanes` holds 16 floats; the CPU has AVX-512F (this function's contract).
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), sum16(acc)) };
+        lanes
+    }
+
+    /// Lane i of the result = Σ of acc[i]'s 16 lanes, for every i at once in 45 shuffles and
+    /// adds: each 128-bit quarter (e0..e3) folds to (e0 + e2) + (e1 + e3), then the quarters
+    /// (Q0 + Q1) + (Q2 + Q3), the same tree for every i.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn sum16(acc: [__m512; 16]) -> __m512 {
+        // Pairs: per quarter [a0 + a2, b0 + b2, a1 + a3, b1 + b3].
+        let t: [__m512; 8] = std::array::from_fn(|i| {
+            let (a, b) = (acc[2 * i], acc[2 * i + 1]);
+            _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+        });
+        // Fours: per quarter the folded quarter of acc[4g..4g + 4].
+        let u: [__m512; 4] = std::array::from_fn(|g| {
+            let (a, b) = (t[2 * g], t[2 * g + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0x44>(a, b),
+                _mm512_shuffle_ps::<0xEE>(a, b),
+            )
+        });
+        // Quarters 0 + 1 and 2 + 3 of u[2h] and u[2h + 1].
+        let w: [__m512; 2] = std::array::from_fn(|h| {
+            let (a, b) = (u[2 * h], u[2 * h + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(a, b),
+                _mm512_shuffle_f32x4::<0xDD>(a, b),
+            )
+        });
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(w[0], w[1]),
+            _mm512_shuffle_f32x4::<0xDD>(w[0], w[1]),
+        )
+    }
+
+    /// o (m_pad, hd) += P V over keys 0..c: o_i += Σ_b s[i·n + col0 + b]·v_b, v_b =
+    /// v[b·stride..][..hd], four query vectors by up to 64 columns per pass, each output
+    /// element one FMA chain over b in order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[allow(clippy::too_many_arguments)] // one call site; the shapes are the arguments
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weighted_values(
+        o: &mut [f32],
+        hd: usize,
+        s: &[f32],
+        n: usize,
+        col0: usize,
+        v: &[f32],
+        stride: usize,
+        c: usize,
+    ) {
+        let m_pad = o.len() / hd;
+        assert!(hd.is_multiple_of(16) && m_pad.is_multiple_of(4) && col0 + c <= n);
+        assert!(
+            s.len() >= m_pad * n,
+            "weighted_values: s is smaller than (m_pad, n)"
+        );
+        if c == 0 {
+            return;
+        }
+        assert!(
+            v.len() >= (c - 1) * stride + hd,
+            "weighted_values: v holds fewer than c rows"
+        );
+        let chunks = hd / 16;
+        for cb in (0..chunks).step_by(4) {
+            for mb in (0..m_pad).step_by(4) {
+                // SAFETY: rows mb..mb + 4 of o and of s exist (m_pad rows, asserted), columns
+                // 16·cb.. + 16·w ≤ hd of o and of every value row b < c (asserted above), and
+                // s's columns col0..col0 + c ≤ n; the CPU has AVX-512F.
+                unsafe {
+                    let (o, s) = (o.as_mut_ptr().add(mb * hd + cb * 16), s.as_ptr());
+                    let (s, v) = (s.add(mb * n + col0), v.as_ptr().add(cb * 16));
+                    match chunks - cb {
+                        1 => pv4::<1>(o, hd, s, n, v, stride, c),
+                        2 => pv4::<2>(o, hd, s, n, v, stride, c),
+                        3 => pv4::<3>(o, hd, s, n, v, stride, c),
+                        _ => pv4::<4>(o, hd, s, n, v, stride, c),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Four rows of o (stride hd), W chunks of 16 columns, += Σ_b s_i[b]·v_b over b in 0..c,
+    /// s_i = s[i·n..], v_b = v[b·stride..]: 4·W accumulators in registers.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; the four rows of o and of s and c rows of v must hold
+    /// what is read and written.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pv4<const W: usize>(
+        o: *mut f32,
+        hd: usize,
+        s: *const f32,
+        n: usize,
+        v: *const f32,
+        stride: usize,
+        c: usize,
+    ) {
+        // SAFETY: every pointer stays within what the caller's contract gives.
+        unsafe {
+            let mut acc: [[__m512; W]; 4] = std::array::from_fn(|i| {
+                std::array::from_fn(|w| _mm512_loadu_ps(o.add(i * hd + 16 * w)))
+            });
+            for b in 0..c {
+                let vb: [__m512; W] =
+                    std::array::from_fn(|w| _mm512_loadu_ps(v.add(b * stride + 16 * w)));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let p = _mm512_set1_ps(*s.add(i * n + b));
+                    for w in 0..W {
+                        acc[w] = _mm512_fmadd_ps(p, vb[w], acc[w]);
+                    }
+                }
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                for (w, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(o.add(i * hd + 16 * w), *a);
+                }
+            }
+        }
+    }
+}
+
+/// [`x86::scores`] for the tests (which check that AVX-512 is there).
+#[cfg(all(test, target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn test_scores(
+    s: &mut [f32],
+    n: usize,
+    col0: usize,
+    q: &[f32],
+    hd: usize,
+    k: &[f32],
+    stride: usize,
+    c: usize,
+) {
+    assert!(available(hd));
+    // SAFETY: available() checked that the CPU has AVX-512F.
+    unsafe { x86::scores(s, n, col0, q, hd, k, stride, c) }
+}
+
+/// [`x86::weighted_values`] for the tests (which check that AVX-512 is there).
+#[cfg(all(test, target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn test_weighted_values(
+    o: &mut [f32],
+    hd: usize,
+    s: &[f32],
+    n: usize,
+    col0: usize,
+    v: &[f32],
+    stride: usize,
+    c: usize,
+) {
+    assert!(available(hd));
+    // SAFETY: available() checked that the CPU has AVX-512F.
+    unsafe { x86::weighted_values(o, hd, s, n, col0, v, stride, c) }
+}
+
+/// [`x86::sum16`]'s tree for one vector, in scalar code: each quarter (e0..e3) as
+/// (e0 + e2) + (e1 + e3), then (Q0 + Q1) + (Q2 + Q3).
+#[cfg(test)]
+pub(super) fn sum16_scalar(x: &[f32; 16]) -> f32 {
+    let q = |k: usize| (x[4 * k] + x[4 * k + 2]) + (x[4 * k + 1] + x[4 * k + 3]);
+    (q(0) + q(1)) + (q(2) + q(3))
+}
