@@ -14,7 +14,12 @@
 //!   (decoded a run at a time inside attention): what fewer bytes per key buy or cost;
 //! * `cpu/attention_decode/stories260K`: one decode query of all heads of stories260K's shape
 //!   (8 query heads sharing 4 KV heads, head_dim 8): tiny heads, where the per-key overheads
-//!   (reductions, exp, loads) rather than the multiply-adds set the cost.
+//!   (reductions, exp, loads) rather than the multiply-adds set the cost;
+//! * `cpu/attention_prefill/gemma-3-270m`: a prompt's attention in one layer of Gemma 3 270M's
+//!   shape (4 query heads sharing 1 KV head of 256), every row of the step at once (the query
+//!   tiles of `attention/tiled.rs` where the CPU has AVX-512) beside the same rows one at a time
+//!   (each its own call, as a decode step attends): what reading each key once per tile buys.
+//!   Throughput: query-key pairs attended.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kvlab_benches::{assert_close, data};
@@ -290,12 +295,60 @@ fn scalar_hd(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scale: f32) {
     }
 }
 
+fn bench_prefill(c: &mut Criterion) {
+    let heads = Heads {
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: 256,
+        scale: 1.0 / 256f32.sqrt(),
+        window: usize::MAX,
+    };
+    let (row_len, kv_dim) = (
+        heads.n_heads * heads.head_dim,
+        heads.n_kv_heads * heads.head_dim,
+    );
+    let mut g = c.benchmark_group("cpu/attention_prefill/gemma-3-270m");
+    for n in [100, 500] {
+        let q = data(n * row_len, 7); // (n, n_heads·head_dim): the prompt's queries
+        let k = data(n * kv_dim, 8); // (n, kv_dim): its keys, position j at row j
+        let v = data(n * kv_dim, 9);
+        let rows = Contiguous {
+            k: &k,
+            v: &v,
+            kv_dim,
+        };
+        let step = |out: &mut [f32]| attention(out, &q, &heads, |r| r, |_| 0, |_| rows);
+        let one_by_one = |out: &mut [f32]| {
+            for (r, o) in out.chunks_exact_mut(row_len).enumerate() {
+                attention(
+                    o,
+                    &q[r * row_len..][..row_len],
+                    &heads,
+                    |_| r,
+                    |_| 0,
+                    |_| rows,
+                );
+            }
+        };
+        let (mut a, mut b) = (vec![0.0; n * row_len], vec![0.0; n * row_len]);
+        step(&mut a);
+        one_by_one(&mut b);
+        assert_close("cpu/attention_prefill", &a, &b, 1e-4);
+        g.throughput(Throughput::Elements((n * (n + 1) / 2) as u64));
+        g.bench_function(BenchmarkId::new("step", n), |bch| bch.iter(|| step(&mut a)));
+        g.bench_function(BenchmarkId::new("row_by_row", n), |bch| {
+            bch.iter(|| one_by_one(&mut b))
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(20)
         .warm_up_time(std::time::Duration::from_millis(300))
         .measurement_time(std::time::Duration::from_secs(1));
-    targets = bench, bench_small_heads, bench_layers, bench_kv_dtypes
+    targets = bench, bench_small_heads, bench_layers, bench_kv_dtypes, bench_prefill
 }
 criterion_main!(benches);

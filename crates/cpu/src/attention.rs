@@ -123,8 +123,8 @@ const PAR_MIN_WORK: usize = 1 << 15;
 /// rows are consecutive, at consecutive positions.
 ///
 /// A step of several rows per sequence (a prompt, a chunk, speculative guesses) goes to the
-/// query-tiled kernel (`attention/tiled.rs`) where the CPU has it; a row alone, and every row
-/// elsewhere, to [`attend_group`].
+/// query-tiled kernel (`attention/tiled.rs`) where the CPU has it; a sequence's only row, and
+/// every row elsewhere, to [`attend_group`].
 pub fn attention<R: KvRows>(
     out: &mut [f32],
     q: &[f32],
@@ -192,9 +192,10 @@ pub fn attention<R: KvRows>(
     }
 }
 
-/// [`attention`] by tiles of consecutive rows of one sequence ([`tiled::attend_tile`]; a row
-/// alone by [`attend_group`]), on `threads` threads each taking consecutive rows with about the
-/// same number of keys to attend (a prompt's last rows see more keys than its first).
+/// [`attention`] by tiles of consecutive rows of one sequence ([`tiled::attend_tile`]; a
+/// sequence's only row by [`attend_group`]), on `threads` threads each taking consecutive rows
+/// with about the same number of keys to attend (a prompt's last rows see more keys than its
+/// first).
 fn attention_tiled<R: KvRows>(
     out: &mut [f32],
     q: &[f32],
@@ -221,6 +222,13 @@ fn attention_tiled<R: KvRows>(
     cuts.push(n_rows);
     let bounds: Vec<usize> = cuts.iter().map(|r| r * row_len).collect();
     let per_tile = tiled::rows_per_tile(heads.kv_mul());
+    // A sequence's rows take the tiled kernel's arithmetic whenever it has several in the step,
+    // even a row left alone in a tile by a thread's cut, so that its results do not depend on
+    // its batch-mates; a sequence's only row (a decode step) takes attend_group's, as it does
+    // alone.
+    let alone = |r: usize| {
+        (r == 0 || seq_of(r - 1) != seq_of(r)) && (r + 1 == n_rows || seq_of(r + 1) != seq_of(r))
+    };
     threads::for_each_part_mut(out, &bounds, |k, part| {
         let mut r = cuts[k];
         let end = cuts[k + 1];
@@ -232,7 +240,7 @@ fn attention_tiled<R: KvRows>(
             }
             let (o, rest) = part.split_at_mut(t * row_len);
             let q = &q[r * row_len..][..t * row_len];
-            if t == 1 {
+            if t == 1 && alone(r) {
                 let span = Span {
                     kv_heads: 0..heads.n_kv_heads,
                     keys: heads.first_visible(pos_of(r))..pos_of(r) + 1,
@@ -581,8 +589,13 @@ mod tests {
             let kv_dim = n_kv_heads * head_dim;
             let row_len = n_heads * head_dim;
             // (first position, rows, cache length) per sequence: a longer than a tile, b a row
-            // alone, c from position 0; c alone is small enough to stay on the calling thread.
-            for seqs in [&[(40, 23, 63), (5, 1, 6), (0, 7, 7)][..], &[(0, 7, 7)]] {
+            // alone, c from position 0 (7 rows: a tile and a rest), d 5 rows (a tile of 4 for
+            // Gemma's shape and a row left alone in a tile); c alone is small enough to stay on
+            // the calling thread.
+            for seqs in [
+                &[(40, 23, 63), (5, 1, 6), (0, 7, 7), (9, 5, 14)][..],
+                &[(0, 7, 7)],
+            ] {
                 let mut draw = |n: usize| -> Vec<f32> {
                     (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()
                 };
