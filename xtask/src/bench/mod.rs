@@ -87,7 +87,7 @@ pub struct Opts {
     /// the 15M and 42M shapes in f32) on the same weights, interleaved; writes peers.json
     #[arg(long)]
     peers: bool,
-    /// --peers: threads of both sides [default: physical cores]
+    /// --peers, --serve --peer: threads of both sides [default: physical cores]
     #[arg(long, value_name = "N", value_parser = usize_in(1, 1 << 16))]
     threads: Option<usize>,
     /// --peers: positions per run
@@ -119,6 +119,11 @@ pub struct Opts {
     /// --serve: seed of the prompt order and the arrival times
     #[arg(long, value_name = "N", default_value_t = 0)]
     seed: u64,
+    /// --serve: instead of kvlab batch, this peer's server under the same load (1-64
+    /// concurrent streams and the Poisson rates, same GGUF and threads, interleaved); writes
+    /// serve_peer.json and serve_peer.svg/.png
+    #[arg(long, value_enum, value_name = "PEER", requires = "serve")]
+    peer: Option<serve::Peer>,
     /// Instead: the TTFT of a returning request whose evicted prefix is recomputed, or restored
     /// from host memory or disk (default Gemma 3 270M at 32..8192 tokens, --quick:
     /// stories260K); writes tiers.json and tiers_ttft.svg/.png
@@ -204,6 +209,10 @@ fn run_serve(o: &Opts) -> Result<()> {
         out: Some(o.out()),
         no_plots: o.no_plots,
         notes: o.notes.clone(),
+        peer: o.peer,
+        threads: o.threads,
+        streams: Vec::new(),
+        activations: kvlab_model::Activations::F32,
     })
 }
 

@@ -680,7 +680,6 @@ fn kvlab_fed_ids(stderr: &str) -> Vec<Vec<u32>> {
 /// greedy ids, which must be the same, as must the prompt's ids.
 fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
     let (python, version) = llama_cpp_python()?;
-    let root = workspace_root();
     let ok = Command::new(&python)
         .args(["-c", "import gguf"])
         .output()
@@ -691,16 +690,7 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
              {python} -m pip install gguf"
         );
     }
-    let (bin, tokenizer) = export_llama2c(kvlab, dir, model)?;
-    let gguf = dir.join(format!("{model}.f32.gguf"));
-    output(
-        Command::new(&python)
-            .arg(root.join("scripts/peers/llama2c_to_gguf.py"))
-            .arg(&bin)
-            .arg(&tokenizer)
-            .arg(&gguf),
-        "scripts/peers/llama2c_to_gguf.py",
-    )?;
+    let (gguf, bin, tokenizer) = export_gguf(kvlab, dir, model, &python)?;
     let prompt_file = dir.join("prefill_prompt.txt");
     std::fs::write(&prompt_file, PREFILL_PROMPT)?;
     let mut kvlab_model = vec![bin.into_os_string(), "--tokenizer".into()];
@@ -729,6 +719,44 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
         ),
         ..row
     })
+}
+
+/// `model` written as an f32 GGUF in `dir` by way of a llama2.c export
+/// (`scripts/peers/llama2c_to_gguf.py`, run by `python`): (the GGUF, the checkpoint, its
+/// tokenizer).
+fn export_gguf(
+    kvlab: &Path,
+    dir: &Path,
+    model: &str,
+    python: &str,
+) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let (bin, tokenizer) = export_llama2c(kvlab, dir, model)?;
+    let gguf = dir.join(format!("{model}.f32.gguf"));
+    output(
+        Command::new(python)
+            .arg(workspace_root().join("scripts/peers/llama2c_to_gguf.py"))
+            .arg(&bin)
+            .arg(&tokenizer)
+            .arg(&gguf),
+        "scripts/peers/llama2c_to_gguf.py",
+    )?;
+    Ok((gguf, bin, tokenizer))
+}
+
+/// The GGUF of `model`: its own file where the manifest has one (Gemma 3 270M), else the model
+/// exported as an f32 GGUF in `dir` ([`export_gguf`], with `KVLAB_PYTHON`'s python, which needs
+/// the gguf package).
+///
+/// # Errors
+/// A manifest model whose file is missing, or an export that fails.
+pub(crate) fn gguf_of(kvlab: &Path, dir: &Path, model: &str) -> Result<PathBuf> {
+    if let Ok(path) = manifest_gguf(model)
+        && path.extension().is_some_and(|e| e == "gguf")
+    {
+        return Ok(path);
+    }
+    let python = std::env::var("KVLAB_PYTHON").unwrap_or_else(|_| "python3".into());
+    Ok(export_gguf(kvlab, dir, model, &python)?.0)
 }
 
 /// One prefill comparison's pair of runs, llama.cpp's then kvlab's on the same prompt, and what

@@ -115,6 +115,22 @@ impl Client {
         Ok(refs)
     }
 
+    /// The model id the server answers to (`/v1/models`' first).
+    pub(super) async fn served_model(&self) -> Result<String> {
+        let v: Value = self
+            .http
+            .get(format!("{}/v1/models", self.base))
+            .send()
+            .await?
+            .json()
+            .await
+            .context("/v1/models")?;
+        v["data"][0]["id"]
+            .as_str()
+            .map(str::to_string)
+            .with_context(|| format!("/v1/models names no model: {v}"))
+    }
+
     /// `/metrics`, as Prometheus text.
     pub(in crate::bench) async fn metrics(&self) -> Result<String> {
         Ok(self
@@ -127,7 +143,8 @@ impl Client {
     }
 
     /// One rate: every prompt sent at its Poisson arrival time, streamed; the results checked
-    /// against the solo texts and summarised.
+    /// against the solo texts and summarised. A text that differs from its solo run fails the
+    /// rate if `strict`, else is counted.
     pub(super) async fn sweep(
         &self,
         rate: f64,
@@ -135,6 +152,7 @@ impl Client {
         plan: &Plan,
         seed: u64,
         bar: &ProgressBar,
+        strict: bool,
     ) -> Result<RateRow> {
         let before = self.metrics().await?;
         let arrivals = arrival_times(refs.len(), rate, seed);
@@ -162,7 +180,7 @@ impl Client {
             outcomes.push(t.await.map_err(|e| anyhow!("client task: {e}"))?);
         }
         let after = self.metrics().await?;
-        summarise(rate, refs, outcomes, &before, &after)
+        summarise(rate, refs, outcomes, (&before, &after), strict)
     }
 }
 
@@ -286,25 +304,29 @@ pub(in crate::bench) fn metric(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// One rate's outcomes checked and summarised; a lost request fails with every loss listed.
+/// One rate's outcomes checked and summarised; a lost request fails with every loss listed. A
+/// text that differs from its solo run is lost if `strict`, else counted in `differs_from_solo`
+/// (and timed like the others). `metrics` are `/metrics` before and after the rate.
 pub(super) fn summarise(
     rate: f64,
     refs: &[PromptRef],
     outcomes: Vec<Outcome>,
-    before: &str,
-    after: &str,
+    (before, after): (&str, &str),
+    strict: bool,
 ) -> Result<RateRow> {
     let (mut ttft, mut tpot, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
     let (mut refused, mut lost, mut tokens, mut end) = (0, Vec::new(), 0, 0.0f64);
+    let mut differs = 0;
     for (r, o) in refs.iter().zip(outcomes) {
         match o {
             Outcome::Refused => refused += 1,
             Outcome::Lost(why) => lost.push(format!("prompt {}: {why}", r.index)),
-            Outcome::Done(t) if t.text != r.completion => lost.push(format!(
+            Outcome::Done(t) if strict && t.text != r.completion => lost.push(format!(
                 "prompt {}: text differs from its solo run\n  solo:   {:?}\n  loaded: {:?}",
                 r.index, r.completion, t.text
             )),
             Outcome::Done(t) => {
+                differs += usize::from(t.text != r.completion);
                 ttft.push(t.ttft_ms);
                 e2e.push(t.e2e_ms);
                 if r.completion_tokens > 1 {
@@ -334,6 +356,7 @@ pub(super) fn summarise(
         ok,
         refused,
         lost: 0,
+        differs_from_solo: differs,
         duration_s: end,
         output_tokens: tokens,
         output_tok_per_s: tokens as f64 / end.max(1e-9),
@@ -401,19 +424,42 @@ mod tests {
     #[test]
     fn a_different_text_or_a_failure_is_lost_a_refusal_is_not() {
         let refs = [reference(0, " upon"), reference(1, " a time")];
-        let row = summarise(1.0, &refs, vec![done(" upon"), Outcome::Refused], "", "").unwrap();
+        let row = summarise(
+            1.0,
+            &refs,
+            vec![done(" upon"), Outcome::Refused],
+            ("", ""),
+            true,
+        )
+        .unwrap();
         assert_eq!((row.ok, row.refused, row.output_tokens), (1, 1, 3));
         assert_eq!(row.tpot_ms.median, 10.0);
-        let e = summarise(1.0, &refs, vec![done(" upon"), done(" a tim")], "", "")
-            .unwrap_err()
-            .to_string();
+        let e = summarise(
+            1.0,
+            &refs,
+            vec![done(" upon"), done(" a tim")],
+            ("", ""),
+            true,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("prompt 1: text differs"), "{e}");
+        // Not strict (a peer's run): counted and timed, not lost.
+        let row = summarise(
+            1.0,
+            &refs,
+            vec![done(" upon"), done(" a tim")],
+            ("", ""),
+            false,
+        )
+        .unwrap();
+        assert_eq!((row.ok, row.differs_from_solo), (2, 1));
         let e = summarise(
             f64::INFINITY,
             &refs,
             vec![Outcome::Lost("x".into()), done(" a time")],
-            "",
-            "",
+            ("", ""),
+            false,
         )
         .unwrap_err()
         .to_string();

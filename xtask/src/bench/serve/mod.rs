@@ -47,6 +47,7 @@
 
 mod batch;
 pub(super) mod client;
+pub mod peer;
 mod plot;
 mod print;
 mod prompts;
@@ -116,6 +117,29 @@ pub struct LoadArgs {
     /// A note to store in serve.json (repeatable), e.g. how busy the machine was
     #[arg(long = "note", value_name = "TEXT")]
     pub notes: Vec<String>,
+    /// Instead: kvlab serve against this peer's server under the same load, same GGUF, same
+    /// threads, interleaved (default model gemma-3-270m; a model without a GGUF is exported as
+    /// one); writes serve_peer.json and serve_peer.svg/.png
+    #[arg(long, value_enum, value_name = "PEER")]
+    pub peer: Option<Peer>,
+    /// --peer: threads of each server [default: physical cores]
+    #[arg(short = 't', long, value_name = "N", value_parser = usize_in(1, 1024))]
+    pub threads: Option<usize>,
+    /// --peer: concurrent streams, requests sent at once (repeatable) [default: 1 8 16 32 64]
+    #[arg(long = "streams", value_name = "N", value_parser = usize_in(1, 4096))]
+    pub streams: Vec<usize>,
+    /// --peer: kvlab serve's `--activations`: f32 (kvlab's reference path) or q8 (8-bit
+    /// activations and integer dot products, as llama.cpp computes)
+    #[arg(long, default_value_t = kvlab_model::Activations::F32,
+          value_parser = kvlab_cli::args::activations())]
+    pub activations: kvlab_model::Activations,
+}
+
+/// A peer's server for `--peer`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Peer {
+    /// llama.cpp's `llama-server` (KVLAB_LLAMA_SERVER, or on the PATH)
+    LlamaServer,
 }
 
 /// `--rate`: a positive number of requests/s, or "inf".
@@ -154,7 +178,25 @@ pub fn command(a: &LoadArgs) -> Result<()> {
         plots: !a.no_plots,
         notes: a.notes.clone(),
         machine: machine::line(&m),
+        threads: a.threads.unwrap_or_else(kvlab_cpu::threads::physical_cores),
+        streams: a.streams.clone(),
+        activations: a.activations,
     };
+    if let Some(Peer::LlamaServer) = a.peer {
+        let report = peer::run(&s, None)?;
+        peer::print(&report);
+        let json = out.join("serve_peer.json");
+        std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+        println!(
+            "wrote {} and {} plots in {} ({:.0} s); schema: {}",
+            json.display(),
+            report.plots.len(),
+            out.display(),
+            report.wall_seconds,
+            paths::bench_schema().display()
+        );
+        return Ok(());
+    }
     let report = run(&s)?;
     print(&report);
     let json = out.join("serve.json");
@@ -189,6 +231,12 @@ pub struct ServeOpts {
     pub plots: bool,
     pub notes: Vec<String>,
     pub machine: String,
+    /// `--peer`: threads of each server.
+    pub threads: usize,
+    /// `--peer`: concurrent streams (default [`peer::STREAMS`]).
+    pub streams: Vec<usize>,
+    /// `--peer`: kvlab serve's `--activations`.
+    pub activations: kvlab_model::Activations,
 }
 
 /// One prompt of the set, and its reference completion (run alone).
@@ -215,6 +263,9 @@ pub struct RateRow {
     pub refused: usize,
     /// Failed or wrong (always 0 in a written report: a lost request fails the run).
     pub lost: usize,
+    /// Completed with a text other than its solo run's: counted where the run does not fail on
+    /// it (a peer's server, `--peer`); 0 for kvlab's load test, where it is lost.
+    pub differs_from_solo: usize,
     /// From the first send to the last `[DONE]`, seconds.
     pub duration_s: f64,
     /// Completion tokens of the completed requests.
@@ -463,7 +514,7 @@ impl Fresh<'_> {
         )?;
         self.rt.block_on(async {
             let c = Client::connect(&server.base).await?;
-            c.sweep(rate, self.refs, self.plan, self.seed, self.bar)
+            c.sweep(rate, self.refs, self.plan, self.seed, self.bar, true)
                 .await
         })
     }

@@ -147,3 +147,87 @@ fn figure(
     };
     write_pair(dir, stem, &[throughput, ttft])
 }
+
+/// `--peer`'s figure, SVG and PNG: output tokens/s and TTFT p99 (log) of both servers against
+/// the concurrent streams (the all-at-once points; the Poisson rates are in the table). Returns
+/// the file names.
+pub fn peer_report(r: &super::peer::PeerServeReport, dir: &Path) -> Result<Vec<String>> {
+    crate::bench::plot::register_font();
+    let pts: Vec<&super::peer::PeerPoint> =
+        r.points.iter().filter(|p| p.streams.is_some()).collect();
+    let x = |p: &super::peer::PeerPoint| p.streams.unwrap_or(1) as f64;
+    let xmax = pts.iter().map(|p| x(p)).fold(1.0, f64::max) * 1.1;
+    let ymax = pts
+        .iter()
+        .flat_map(|p| [p.kvlab.output_tok_per_s, p.peer.output_tok_per_s])
+        .filter(|v| v.is_finite())
+        .fold(1.0, f64::max)
+        * 1.3;
+    let (kvlab, peer) = (color("cpu-paged"), color("naive"));
+    let title = format!(
+        "{}, {} threads each, {} tokens per request",
+        r.model, r.threads, r.max_tokens
+    );
+    let series =
+        |f: &dyn Fn(&super::peer::PeerPoint) -> f64, c: RGBColor, line: Line, key: &str| {
+            Series::new(
+                pts.iter().map(|p| (x(p), f(p))).collect(),
+                c.stroke_width(2),
+                line,
+            )
+            .key(key.into(), c.stroke_width(3))
+        };
+    let throughput = Panel {
+        title: format!("output tokens/s — {title}"),
+        x: axis(
+            0.0..xmax,
+            None,
+            "concurrent streams (requests sent at once)",
+        ),
+        y: axis(0.0..ymax, None, "output tokens/s"),
+        legend: SeriesLabelPosition::UpperLeft,
+        series: vec![
+            series(
+                &|p| p.kvlab.output_tok_per_s,
+                kvlab,
+                Line::Circles,
+                "kvlab serve",
+            ),
+            series(
+                &|p| p.peer.output_tok_per_s,
+                peer,
+                Line::Triangles,
+                "llama-server",
+            ),
+        ],
+    };
+    let (lo, hi) = log_range(
+        pts.iter()
+            .flat_map(|p| [p.kvlab.ttft_ms.p99, p.peer.ttft_ms.p99]),
+    );
+    let ttft = Panel {
+        title: format!("TTFT p99 — {title}"),
+        x: axis(
+            0.0..xmax,
+            None,
+            "concurrent streams (requests sent at once)",
+        ),
+        y: axis(lo..hi, Some(10.0), "TTFT p99, ms (log)"),
+        legend: SeriesLabelPosition::UpperLeft,
+        series: vec![
+            series(
+                &|p| p.kvlab.ttft_ms.p99,
+                kvlab,
+                Line::Circles,
+                "kvlab serve",
+            ),
+            series(
+                &|p| p.peer.ttft_ms.p99,
+                peer,
+                Line::Triangles,
+                "llama-server",
+            ),
+        ],
+    };
+    write_pair(dir, "serve_peer", &[throughput, ttft])
+}

@@ -73,6 +73,29 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Spawns `cmd`, a server that will listen at `base` (its own flags name the port), with its
+    /// stderr in `log`; `name` stands for its banner. Health is the client's to wait for.
+    pub(in crate::bench) fn spawn(
+        mut cmd: Command,
+        base: String,
+        name: &str,
+        log: &Path,
+    ) -> Result<Server> {
+        let file =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let child = cmd
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Server {
+            child,
+            base,
+            banner: name.to_string(),
+        })
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
