@@ -327,6 +327,9 @@ fn benches_readme(root: &Path) -> Result<String> {
         );
     }
     md += &serve_section(&record(root, "serve.json")?);
+    for file in ["serve_peer.json", "serve_peer_stories15M.json"] {
+        md += &serve_peer_section(&record(root, file)?, file);
+    }
     md += &tiers_section(&record(root, "tiers.json")?);
     md += &eviction_section(&record(root, "eviction.json")?);
     md += &chunked_section(&record(root, "chunked_prefill.json")?);
@@ -404,6 +407,64 @@ fn serve_section(v: &Value) -> String {
                 "TPOT ms p50 / p99",
                 "e2e ms p50 / p99",
                 "prefix hits",
+            ],
+            &out,
+        )
+    )
+}
+
+fn serve_peer_section(v: &Value, file: &str) -> String {
+    let ms = |d: &Value| format!("{} / {}", num(f(&d["median"])), num(f(&d["p99"])));
+    let out: Vec<Vec<String>> = v["points"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let (k, l) = (&p["kvlab"], &p["peer"]);
+            vec![
+                s(&p["load"]).to_string(),
+                format!(
+                    "{} ({})",
+                    num(f(&k["output_tok_per_s"])),
+                    num(f(&l["output_tok_per_s"]))
+                ),
+                format!("{}×", num(f(&p["output_ratio"]))),
+                format!("{} ({})", ms(&k["ttft_ms"]), ms(&l["ttft_ms"])),
+                format!("{} ({})", ms(&k["tpot_ms"]), ms(&l["tpot_ms"])),
+                format!("{} ({})", k["differs_from_solo"], l["differs_from_solo"]),
+            ]
+        })
+        .collect();
+    format!(
+        "## Serving against llama.cpp's server: `{file}`\n\n`cargo xtask bench --serve --peer llama-server{}` on {}: {} ({}), {} threads each, {} tokens per request, llama-server {} (`{}`). Goal at {} streams: output tokens/s ≥ {}× llama-server's and TTFT p99 no worse; measured **{}×**, TTFT p99 {}.\n\n{}\n",
+        if s(&v["model"]) == "gemma-3-270m" {
+            String::new()
+        } else {
+            format!(" --model {}", s(&v["model"]))
+        },
+        s(&v["machine"]),
+        s(&v["model"]),
+        s(&v["gguf"]).rsplit('/').next().unwrap_or(""),
+        v["threads"],
+        v["max_tokens"],
+        s(&v["peer_version"]),
+        s(&v["peer_command"]),
+        v["goal_streams"],
+        num(f(&v["goal_ratio"])),
+        num(f(&v["goal_output_ratio"])),
+        if v["goal_ttft_p99_no_worse"].as_bool() == Some(true) {
+            "no worse"
+        } else {
+            "worse"
+        },
+        table(
+            &[
+                "load",
+                "output tok/s kvlab (llama-server)",
+                "ratio",
+                "TTFT ms p50 / p99",
+                "ITL ms p50 / p99",
+                "texts not as solo",
             ],
             &out,
         )

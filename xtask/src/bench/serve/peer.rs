@@ -158,8 +158,11 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
         return Ok(rep);
     };
     rep.peer_version = version(&peer_bin);
-    // Each slot holds its longest prompt (at most a token per byte, plus BOS) and completion.
-    let slot_ctx = texts.iter().map(|t| t.len() + 1).max().unwrap_or(1) + max_tokens;
+    // Each slot holds its longest prompt (at most a token per byte, plus BOS) and completion,
+    // within the model's context.
+    let slot_ctx = (texts.iter().map(|t| t.len() + 1).max().unwrap_or(1) + max_tokens)
+        .next_multiple_of(256)
+        .min(context_length(&gguf)?);
     let sides = Sides {
         kvlab: &kvlab,
         peer: &peer_bin,
@@ -167,7 +170,7 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
         threads,
         num_blocks: pool_blocks(&texts, max_tokens),
         slots: most,
-        slot_ctx: slot_ctx.next_multiple_of(256),
+        slot_ctx,
         log: dir.join("llama-server.log"),
         activations: o.activations,
     };
@@ -358,6 +361,15 @@ impl Sides<'_> {
             }
         }
     }
+}
+
+/// The GGUF's `{architecture}.context_length`: the most positions a sequence may have.
+fn context_length(gguf: &Path) -> Result<usize> {
+    let file =
+        kvlab_gguf::GgufFile::open(gguf).with_context(|| format!("reading {}", gguf.display()))?;
+    let meta = file.metadata();
+    let arch = meta.get_str("general.architecture")?;
+    Ok(meta.get_usize(&format!("{arch}.context_length"))?)
 }
 
 /// A port nobody listens on now (bound and released; llama-server takes no port 0).
