@@ -105,10 +105,6 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
     let started = Instant::now();
     let model = o.model.clone().unwrap_or_else(|| "gemma-3-270m".into());
     let threads = o.threads;
-    let kvlab = crate::bench::peers::build_kvlab()?;
-    let dir = o.out.join("serve_peer");
-    std::fs::create_dir_all(&dir)?;
-    let gguf = crate::bench::peers::gguf_of(&kvlab, &dir, &model)?;
     let max_tokens = o.max_tokens.unwrap_or(64);
     let requests = o.requests.unwrap_or(32);
     let rates = if o.rates.is_empty() {
@@ -129,7 +125,7 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
         machine: o.machine.clone(),
         notes: o.notes.clone(),
         model: model.clone(),
-        gguf: gguf.display().to_string(),
+        gguf: String::new(),
         peer: "llama-server".into(),
         peer_version: String::new(),
         peer_missing: None,
@@ -148,15 +144,27 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
         wall_seconds: 0.0,
         plots: Vec::new(),
     };
-    let Some(peer_bin) = peer_bin.or_else(find_llama_server) else {
-        rep.peer_version = "missing".into();
-        rep.peer_missing = Some(format!(
-            "llama-server not found (KVLAB_LLAMA_SERVER unset, none on the PATH); build it with \
-             CMake from llama.cpp's source: {BUILD_COMMAND}"
-        ));
-        rep.wall_seconds = started.elapsed().as_secs_f64();
-        return Ok(rep);
+    let peer_bin = match peer_bin.or_else(find_llama_server) {
+        Some(p) if p.is_file() => p,
+        other => {
+            rep.peer_version = "missing".into();
+            let looked = match other {
+                Some(p) => format!("{} is not a file", p.display()),
+                None => "KVLAB_LLAMA_SERVER unset, none on the PATH".into(),
+            };
+            rep.peer_missing = Some(format!(
+                "llama-server not found ({looked}); build it with CMake from llama.cpp's \
+                 source: {BUILD_COMMAND}"
+            ));
+            rep.wall_seconds = started.elapsed().as_secs_f64();
+            return Ok(rep);
+        }
     };
+    let kvlab = crate::bench::peers::build_kvlab()?;
+    let dir = o.out.join("serve_peer");
+    std::fs::create_dir_all(&dir)?;
+    let gguf = crate::bench::peers::gguf_of(&kvlab, &dir, &model)?;
+    rep.gguf = gguf.display().to_string();
     rep.peer_version = version(&peer_bin);
     // Each slot holds its longest prompt (at most a token per byte, plus BOS) and completion,
     // within the model's context.
@@ -212,6 +220,7 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
     for (i, &(streams, rate)) in loads.iter().enumerate() {
         let n = streams.unwrap_or(requests);
         let load = match streams {
+            Some(1) => "1 stream".into(),
             Some(n) => format!("{n} streams"),
             None => format!("{} req/s", rate_name(rate)),
         };
@@ -462,5 +471,74 @@ pub fn print(r: &PeerServeReport) {
             if ttft { "met" } else { "NOT met" }
         ),
         _ => println!("goal at {} streams: not run", r.goal_streams),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(out: &Path) -> ServeOpts {
+        ServeOpts {
+            quick: false,
+            model: Some("stories260K".into()),
+            requests: Some(2),
+            max_tokens: Some(4),
+            rates: vec![],
+            pairs: None,
+            seed: 0,
+            out: out.to_path_buf(),
+            plots: false,
+            notes: vec![],
+            machine: "test".into(),
+            threads: 1,
+            streams: vec![1],
+            activations: Activations::F32,
+        }
+    }
+
+    #[test]
+    fn a_missing_llama_server_is_reported_with_the_command_that_builds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let rep = run(
+            &opts(dir.path()),
+            Some(dir.path().join("no-such-llama-server")),
+        )
+        .unwrap();
+        let why = rep.peer_missing.unwrap();
+        assert!(
+            why.contains("is not a file") && why.contains(BUILD_COMMAND),
+            "{why}"
+        );
+        assert_eq!(rep.peer_version, "missing");
+        assert!(rep.points.is_empty() && rep.goal_output_ratio.is_none());
+    }
+
+    #[test]
+    fn llama_server_gets_the_slots_context_threads_and_port() {
+        let sides = Sides {
+            kvlab: Path::new("kvlab"),
+            peer: Path::new("llama-server"),
+            gguf: Path::new("m.gguf"),
+            threads: 3,
+            num_blocks: 10,
+            slots: 64,
+            slot_ctx: 256,
+            log: PathBuf::from("log"),
+            activations: Activations::Q8,
+        };
+        let args = sides.peer_args(4242).join(" ");
+        for flag in [
+            "-m m.gguf",
+            "-np 64",
+            "-c 16384",
+            "-cb",
+            "-t 3",
+            "-tb 3",
+            "--port 4242",
+        ] {
+            assert!(args.contains(flag), "{flag} missing from {args}");
+        }
+        assert_eq!(sides.kvlab_args().join(" "), "-t 3 -c 256 --activations q8");
     }
 }
