@@ -185,28 +185,28 @@ pub fn command(a: &LoadArgs) -> Result<()> {
     if let Some(Peer::LlamaServer) = a.peer {
         let report = peer::run(&s, None)?;
         peer::print(&report);
-        let json = out.join("serve_peer.json");
-        std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
-        println!(
-            "wrote {} and {} plots in {} ({:.0} s); schema: {}",
-            json.display(),
-            report.plots.len(),
-            out.display(),
-            report.wall_seconds,
-            paths::bench_schema().display()
-        );
-        return Ok(());
+        let plots = (report.plots.len(), report.wall_seconds);
+        return write_report(&out, "serve_peer.json", &report, plots);
     }
     let report = run(&s)?;
     print(&report);
-    let json = out.join("serve.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+    let plots = (report.plots.len(), report.wall_seconds);
+    write_report(&out, "serve.json", &report, plots)
+}
+
+/// Writes `report` as `out/file` and says so, with its `plots` count and wall time (seconds).
+fn write_report(
+    out: &Path,
+    file: &str,
+    report: &impl Serialize,
+    (plots, wall_s): (usize, f64),
+) -> Result<()> {
+    let json = out.join(file);
+    std::fs::write(&json, serde_json::to_string_pretty(report)?)?;
     println!(
-        "wrote {} and {} plots in {} ({:.0} s); schema: {}",
+        "wrote {} and {plots} plots in {} ({wall_s:.0} s); schema: {}",
         json.display(),
-        report.plots.len(),
         out.display(),
-        report.wall_seconds,
         paths::bench_schema().display()
     );
     Ok(())
