@@ -2,11 +2,12 @@
 # Builds llama.cpp's own HTTP server, llama-server, from source with CMake, for
 # `cargo xtask bench --serve --peer llama-server` (xtask/src/bench/serve/peer.rs):
 #
-#     scripts/peers/build_llama_server.sh DIR [REF]
+#     scripts/peers/build_llama_server.sh DIR [BRANCH_OR_TAG]
 #     export KVLAB_LLAMA_SERVER=DIR/build/bin/llama-server
 #
-# DIR: where llama.cpp's source is (cloned there from github.com/ggml-org/llama.cpp at REF,
-# default master, if DIR holds no CMakeLists.txt; any llama.cpp source tree works, e.g. the one
+# DIR: where llama.cpp's source is (cloned there from github.com/ggml-org/llama.cpp at
+# BRANCH_OR_TAG, e.g. a release tag such as b7000, default master, if DIR holds no
+# CMakeLists.txt; any llama.cpp source tree works, e.g. the one
 # in llama-cpp-python's sdist under vendor/llama.cpp). Needs git (to clone), cmake and a C++
 # compiler; about 10 minutes on 2 cores.
 #
@@ -14,7 +15,7 @@
 # crashed at the first evaluation on an AMX host (a Xeon with AMX-INT8, 2026-11-27), so where the
 # CPU has AMX the build names the instruction sets itself and leaves AMX out.
 set -euo pipefail
-dir=${1:?usage: scripts/peers/build_llama_server.sh DIR [REF]}
+dir=$(realpath -m "${1:?usage: scripts/peers/build_llama_server.sh DIR [BRANCH_OR_TAG]}")
 ref=${2:-master}
 if [ ! -f "$dir/CMakeLists.txt" ]; then
     git clone --depth 1 --branch "$ref" https://github.com/ggml-org/llama.cpp "$dir"

@@ -452,10 +452,10 @@ fn serve_peer_section(v: &Value, file: &str) -> String {
         v["goal_streams"],
         num(f(&v["goal_ratio"])),
         num(f(&v["goal_output_ratio"])),
-        if v["goal_ttft_p99_no_worse"].as_bool() == Some(true) {
-            "no worse"
-        } else {
-            "worse"
+        match v["goal_ttft_p99_no_worse"].as_bool() {
+            Some(true) => "no worse",
+            Some(false) => "worse",
+            None => "not judged (the point did not run)",
         },
         table(
             &[

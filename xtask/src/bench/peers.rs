@@ -750,10 +750,12 @@ fn export_gguf(
 /// # Errors
 /// A manifest model whose file is missing, or an export that fails.
 pub(crate) fn gguf_of(kvlab: &Path, dir: &Path, model: &str) -> Result<PathBuf> {
-    if let Ok(path) = manifest_gguf(model)
-        && path.extension().is_some_and(|e| e == "gguf")
-    {
-        return Ok(path);
+    let has_gguf = kvlab_model::registry::entry(model)
+        .and_then(|e| e.model.as_ref())
+        .is_some_and(|f| f.file.ends_with(".gguf"));
+    if has_gguf {
+        // Its own file, or why it cannot be found (not an export of something else).
+        return manifest_gguf(model);
     }
     let python = std::env::var("KVLAB_PYTHON").unwrap_or_else(|_| "python3".into());
     Ok(export_gguf(kvlab, dir, model, &python)?.0)

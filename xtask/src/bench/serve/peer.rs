@@ -3,7 +3,8 @@
 //! same GGUF with the same threads.
 //!
 //! llama-server runs as it ships for many users at once: `-np N` parallel slots (N = the most
-//! streams of the run, each slot's context the longest prompt plus the completion), continuous
+//! requests of any load point, each slot's context the longest prompt plus the completion,
+//! within the model's), continuous
 //! batching on (`-cb`), its prompt cache on (its default; kvlab's prefix cache is on too). Both
 //! servers get the same streamed, greedy (temperature 0) completions: N requests all at once for
 //! N in [`STREAMS`] (1 to 64 concurrent streams, or `--streams`), and Poisson rates (4, 16 and
@@ -15,7 +16,11 @@
 //! the same server; a differing text is counted, not dropped (llama.cpp's batched kernels round
 //! differently from its single-sequence ones, so its greedy texts may part at near-ties). The
 //! verdict ([`GOAL_STREAMS`] streams): kvlab's output tokens/s at least [`GOAL_RATIO`]× llama-
-//! server's and its TTFT p99 no worse.
+//! server's and its TTFT p99 no worse. Output tokens are each prompt's solo `usage`, so a
+//! differing text is counted at its solo length (at `max_tokens`, as every solo run of the
+//! default prompts is, both are the same). llama-server runs without `--metrics`: its rows'
+//! prefix-cache and preemption fields (kvlab's `vllm:` counters) stay empty. `--quick` does not
+//! apply.
 //!
 //! llama-server is found at `KVLAB_LLAMA_SERVER` or as `llama-server` on the PATH; without it
 //! the report names it missing with the command that builds it
@@ -32,7 +37,7 @@ use serde::Serialize;
 
 use super::client::Client;
 use super::server::Server;
-use super::{Plan, PromptRef, RateRow, ServeOpts, pool_blocks, prompts, rate_name};
+use super::{BLOCK_SIZE, Plan, PromptRef, RateRow, ServeOpts, pool_blocks, prompts, rate_name};
 use crate::paths::workspace_root;
 
 /// Concurrent streams: this many requests sent at once.
@@ -145,7 +150,7 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
         plots: Vec::new(),
     };
     let peer_bin = match peer_bin.or_else(find_llama_server) {
-        Some(p) if p.is_file() => p,
+        Some(p) if p.is_file() => std::fs::canonicalize(&p).unwrap_or(p),
         other => {
             rep.peer_version = "missing".into();
             let looked = match other {
@@ -164,6 +169,8 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
     let dir = o.out.join("serve_peer");
     std::fs::create_dir_all(&dir)?;
     let gguf = crate::bench::peers::gguf_of(&kvlab, &dir, &model)?;
+    // The servers start in the workspace root: an absolute path, whatever --out was.
+    let gguf = std::fs::canonicalize(&gguf).unwrap_or(gguf);
     rep.gguf = gguf.display().to_string();
     rep.peer_version = version(&peer_bin);
     // Each slot holds its longest prompt (at most a token per byte, plus BOS) and completion,
@@ -176,7 +183,9 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
         peer: &peer_bin,
         gguf: &gguf,
         threads,
-        num_blocks: pool_blocks(&texts, max_tokens),
+        // Every request of the largest load at once, and at least one whole slot context
+        // (kvlab serve refuses a pool that cannot hold one sequence of its -c).
+        num_blocks: pool_blocks(&texts, max_tokens).max(slot_ctx.div_ceil(BLOCK_SIZE) + 1),
         slots: most,
         slot_ctx,
         log: dir.join("llama-server.log"),
@@ -188,7 +197,18 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
         .enable_all()
         .build()
         .context("starting the client's tokio runtime")?;
-    let unique: Vec<String> = texts.iter().take(32.min(texts.len())).cloned().collect();
+    // Each distinct prompt runs alone once per server; load point k's request is text k.
+    let mut unique: Vec<String> = Vec::new();
+    let solo_of: Vec<usize> = texts
+        .iter()
+        .map(|t| match unique.iter().position(|u| u == t) {
+            Some(i) => i,
+            None => {
+                unique.push(t.clone());
+                unique.len() - 1
+            }
+        })
+        .collect();
     let loads: Vec<(Option<usize>, f64)> = streams
         .iter()
         .map(|&n| (Some(n), f64::INFINITY))
@@ -229,7 +249,7 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
             (0..n)
                 .map(|k| PromptRef {
                     index: k,
-                    ..solo[k % solo.len()].clone()
+                    ..solo[solo_of[k]].clone()
                 })
                 .collect()
         };

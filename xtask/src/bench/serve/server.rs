@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 
 use super::BLOCK_SIZE;
 use crate::paths::workspace_root;
@@ -84,10 +84,22 @@ impl Server {
     ) -> Result<Server> {
         let file =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let child = cmd
+        let mut child = cmd
             .stderr(file)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
+        // A server that refuses its flags or its port exits at once: say so, with its log,
+        // instead of waiting minutes for its /health.
+        std::thread::sleep(Duration::from_millis(300));
+        if let Some(status) = child.try_wait()? {
+            let log_text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = log_text.lines().rev().take(20).collect();
+            bail!(
+                "{name} exited at start ({status}); the end of {}:\n{}",
+                log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         Ok(Server {
             child,
             base,
