@@ -680,16 +680,6 @@ fn kvlab_fed_ids(stderr: &str) -> Vec<Vec<u32>> {
 /// greedy ids, which must be the same, as must the prompt's ids.
 fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> Result<PeerRow> {
     let (python, version) = llama_cpp_python()?;
-    let ok = Command::new(&python)
-        .args(["-c", "import gguf"])
-        .output()
-        .is_ok_and(|p| p.status.success());
-    if !ok {
-        bail!(
-            "the gguf package (to write the f32 GGUF) is not installed for {python}: \
-             {python} -m pip install gguf"
-        );
-    }
     let (gguf, bin, tokenizer) = export_gguf(kvlab, dir, model, &python)?;
     let prompt_file = dir.join("prefill_prompt.txt");
     std::fs::write(&prompt_file, PREFILL_PROMPT)?;
@@ -724,12 +714,26 @@ fn vs_llama_cpp_prefill(kvlab: &Path, dir: &Path, model: &str, o: &PeerOpts) -> 
 /// `model` written as an f32 GGUF in `dir` by way of a llama2.c export
 /// (`scripts/peers/llama2c_to_gguf.py`, run by `python`): (the GGUF, the checkpoint, its
 /// tokenizer).
+///
+/// # Errors
+/// `python` without the gguf package (the error says how to install it), or an export that
+/// fails.
 fn export_gguf(
     kvlab: &Path,
     dir: &Path,
     model: &str,
     python: &str,
 ) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let ok = Command::new(python)
+        .args(["-c", "import gguf"])
+        .output()
+        .is_ok_and(|p| p.status.success());
+    if !ok {
+        bail!(
+            "the gguf package (to write the f32 GGUF) is not installed for {python}: \
+             {python} -m pip install gguf"
+        );
+    }
     let (bin, tokenizer) = export_llama2c(kvlab, dir, model)?;
     let gguf = dir.join(format!("{model}.f32.gguf"));
     output(

@@ -142,10 +142,7 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
         (true, false) => vec![1, 2, 4],
     };
     let kvlab = super::peers::build_kvlab()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the client's tokio runtime")?;
+    let rt = super::serve::client::runtime()?;
     println!(
         "kvlab bench --cluster ({} mode): {} sessions x {} turns on {model}, {} instances behind HAProxy, with and without a Redis tier, on {}",
         if o.quick { "quick" } else { "full" },

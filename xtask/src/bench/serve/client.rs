@@ -34,6 +34,17 @@ pub(in crate::bench) struct Timing {
     pub(super) end_s: f64,
 }
 
+/// The single-threaded tokio runtime the load tests' clients run on.
+///
+/// # Errors
+/// When tokio cannot start it.
+pub(in crate::bench) fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the client's tokio runtime")
+}
+
 impl Client {
     /// A client of the server at `base`, once its `/health` answers 200.
     pub(in crate::bench) async fn connect(base: &str) -> Result<Client> {

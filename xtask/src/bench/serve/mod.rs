@@ -415,10 +415,7 @@ pub fn run(o: &ServeOpts) -> Result<ServeReport> {
         o.machine
     );
     let bar = progress((plan.rates.len() + 1 + plan.pairs) as u64 * plan.requests as u64);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the client's tokio runtime")?;
+    let rt = client::runtime()?;
     // The references on a server of their own; then a fresh server per rate, so every rate (and
     // `kvlab batch`) starts from a cold prefix cache and a new process.
     bar.set_message("solo runs (reference texts)");

@@ -35,7 +35,7 @@ use anyhow::{Context, Result};
 use kvlab_model::Activations;
 use serde::Serialize;
 
-use super::client::Client;
+use super::client::{self, Client};
 use super::server::Server;
 use super::{BLOCK_SIZE, Plan, PromptRef, RateRow, ServeOpts, pool_blocks, prompts, rate_name};
 use crate::paths::workspace_root;
@@ -193,10 +193,7 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
     };
     rep.kvlab_command = sides.kvlab_args().join(" ");
     rep.peer_command = sides.peer_args(0).join(" ");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the client's tokio runtime")?;
+    let rt = client::runtime()?;
     // Each distinct prompt runs alone once per server; load point k's request is text k.
     let mut unique: Vec<String> = Vec::new();
     let solo_of: Vec<usize> = texts
@@ -237,6 +234,10 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
         .zip(&peer_solo)
         .filter(|(a, b)| a.completion == b.completion)
         .count();
+    // kvlab's f32 path gives a request its solo text whatever it is batched with (a differing
+    // text fails the run); with 8-bit activations, as llama.cpp's, a rounding boundary crossed by
+    // another kernel's last bit can change a greedy text, so those are counted as the peer's are.
+    let strict = |side: Side| side == Side::Kvlab && o.activations == Activations::F32;
     for (i, &(streams, rate)) in loads.iter().enumerate() {
         let n = streams.unwrap_or(requests);
         let load = match streams {
@@ -253,11 +254,6 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
                 })
                 .collect()
         };
-        // kvlab's f32 path gives a request its solo text whatever it is batched with (a
-        // differing text fails the run); with 8-bit activations, as llama.cpp's, a rounding
-        // boundary crossed by another kernel's last bit can change a greedy text, so those are
-        // counted as the peer's are.
-        let strict = |side: Side| side == Side::Kvlab && o.activations == Activations::F32;
         let point = |side: Side| -> Result<RateRow> {
             let (solo, model) = match side {
                 Side::Kvlab => (&kvlab_solo, &kvlab_model),
@@ -348,25 +344,25 @@ impl Sides<'_> {
 
     /// llama-server's command line on `port`.
     fn peer_args(&self, port: u16) -> Vec<String> {
-        let s = |x: &dyn ToString| x.to_string();
-        vec![
-            s(&"-m"),
-            self.gguf.display().to_string(),
-            s(&"-np"),
-            s(&self.slots),
-            s(&"-c"),
-            s(&(self.slots * self.slot_ctx)),
-            s(&"-cb"),
-            s(&"-t"),
-            s(&self.threads),
-            s(&"-tb"),
-            s(&self.threads),
-            s(&"--no-webui"),
-            s(&"--host"),
-            s(&"127.0.0.1"),
-            s(&"--port"),
-            s(&port),
-        ]
+        let n = |x: usize| x.to_string();
+        let threads = n(self.threads);
+        let mut args = vec!["-m".into(), self.gguf.display().to_string()];
+        args.extend([
+            "-np".into(),
+            n(self.slots),
+            "-c".into(),
+            n(self.slots * self.slot_ctx),
+        ]);
+        args.extend([
+            "-cb".into(),
+            "-t".into(),
+            threads.clone(),
+            "-tb".into(),
+            threads,
+        ]);
+        args.extend(["--no-webui", "--host", "127.0.0.1", "--port"].map(String::from));
+        args.push(port.to_string());
+        args
     }
 
     fn start(&self, side: Side) -> Result<Server> {
