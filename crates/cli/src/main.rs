@@ -4,6 +4,7 @@
 
 mod batch;
 mod chat;
+mod depth;
 mod evict;
 mod generate;
 mod info;
@@ -160,6 +161,9 @@ enum Command {
     Chat(chat::Args),
     /// Print a model's config and KV bytes per token.
     Info(info::Args),
+    /// Decode speed against context depth (llama-bench's -d): fill one sequence to each depth,
+    /// time greedy decode steps there; the KV bytes each step reads beside it.
+    Depth(depth::Args),
     /// Several prompts at once through the continuous-batching scheduler and a paged engine.
     Batch(batch::Args),
     /// Write a model (a synthetic one, typically) as a llama2.c checkpoint, so run.c or any
@@ -199,6 +203,7 @@ fn main() {
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::Depth(args) => depth::run(args),
         Command::Info(args) => info::run(&args),
         Command::Mem(args) => mem::run(args),
         Command::Export { model, out } => load(&model).and_then(|l| {

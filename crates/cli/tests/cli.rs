@@ -775,3 +775,36 @@ fn trace_and_summaries_read_as_english() {
     assert!(!err.contains("layer  1 "), "{err}");
     assert!(err.contains("blocks held by this sequence: 2"), "{err}");
 }
+
+#[test]
+fn depth_decodes_at_each_depth_as_the_reference_engine_does() {
+    // The cpu engine's cache gives the naive engine's greedy ids at every depth, and each
+    // depth's KV read is its positions' bytes (stories260K has no sliding windows: 5 layers ×
+    // 4 KV heads × 8 × 2 × 4 bytes = 1,280 bytes a position).
+    let json = |engine: &str| {
+        let r = kvlab(&format!("depth -e {engine} -d 100,300 -n 6 --json"));
+        assert!(r.ok, "{}", r.err);
+        serde_json::from_str::<serde_json::Value>(r.out.trim()).unwrap()
+    };
+    let (cpu, naive) = (json("cpu"), json("naive"));
+    let depths = cpu["depths"].as_array().unwrap();
+    assert_eq!(depths.len(), 2);
+    for (i, d) in depths.iter().enumerate() {
+        assert_eq!(d["ids"], naive["depths"][i]["ids"], "depth {}", d["depth"]);
+        assert_eq!(d["ids"].as_array().unwrap().len(), 6);
+        assert_eq!(d["step_ms"].as_array().unwrap().len(), 6);
+        let depth = d["depth"].as_u64().unwrap();
+        assert_eq!(d["kv_read_bytes"].as_u64().unwrap(), depth * 1280);
+        assert!(d["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(cpu["fill_ids"][0], 1, "BOS first");
+    // Depths that cannot run are refused before any work, saying which flag to change.
+    let r = kvlab("depth -d 4096");
+    assert!(
+        !r.ok && r.err.contains("past the model's context") && r.err.contains("-d"),
+        "{}",
+        r.err
+    );
+    let r = kvlab("depth -d 100,110 -n 32");
+    assert!(!r.ok && r.err.contains("closer"), "{}", r.err);
+}
