@@ -281,6 +281,38 @@ fn bench_kv_dtypes(c: &mut Criterion) {
     g.finish();
 }
 
+/// One decode row of Gemma 3 270M's global layers (4 query heads on 1 KV head, head_dim 256)
+/// over 32,768 cached positions, f32 and f16: the step that dominates decode at long contexts
+/// (`kvlab depth`). Throughput: the cache bytes read.
+fn bench_long_decode(c: &mut Criterion) {
+    const CTX: usize = 32768;
+    let config = Config::llama(1024, 2048, 1, 4, 1, 256, CTX, true);
+    let heads = Heads {
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: 256,
+        scale: 1.0 / 16.0,
+        window: usize::MAX,
+    };
+    let kv_dim = config.kv_dim();
+    let (k, v) = (data(CTX * kv_dim, 41), data(CTX * kv_dim, 42));
+    let q = data(heads.n_heads * heads.head_dim, 43);
+    let mut out = vec![0.0; q.len()];
+    let mut g = c.benchmark_group("cpu/attention_decode/gemma-3-270m-global");
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let mut cache = ContiguousKvCache::new(&config, CTX, dtype);
+        cache.append(0, &k, &v);
+        cache.len = CTX - 1;
+        g.throughput(Throughput::Bytes(
+            (dtype.bytes_per_token(&config) * CTX) as u64,
+        ));
+        g.bench_function(BenchmarkId::new(dtype.name(), CTX), |b| {
+            b.iter(|| cache.attend(0, &q, &heads, &mut out))
+        });
+    }
+    g.finish();
+}
+
 /// [`scalar`] for any head_dim.
 fn scalar_hd(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], scale: f32) {
     let hd = q.len();
@@ -349,6 +381,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(std::time::Duration::from_millis(300))
         .measurement_time(std::time::Duration::from_secs(1));
-    targets = bench, bench_small_heads, bench_layers, bench_kv_dtypes, bench_prefill
+    targets = bench, bench_small_heads, bench_layers, bench_kv_dtypes, bench_prefill, bench_long_decode
 }
 criterion_main!(benches);

@@ -94,9 +94,14 @@ impl KvRows for Contiguous<'_> {
     }
 }
 
-/// Most positions attention takes from one run of [`KvRows::rows`]: the kv_mul query
-/// heads of a KV head each read the run, and the second reads it from L1 if it is short.
-const RUN: usize = 64;
+/// Positions attention takes from one run of [`KvRows::rows`] for rows of `kv_dim` floats:
+/// as many as fill 32 KiB of f32 (a run decoded from an f16 or quantized cache stays in L1
+/// while the query heads of its KV heads read it), a multiple of 8 (the kernels' pass) from 8
+/// to 64. Runs only cut the loops: each score and each output's sum over the keys is the same
+/// for any run length.
+fn run_rows(kv_dim: usize) -> usize {
+    ((8192 / kv_dim.max(1)) / 8 * 8).clamp(32, 64)
+}
 
 /// What [`attend_group`] works in, reused from call to call.
 #[derive(Default)]
@@ -369,7 +374,7 @@ unsafe fn attend_group_avx512<R: KvRows>(
     heads: &Heads,
     scratch: &mut Scratch,
 ) {
-    attend_group_body::<R, simd::Avx512Heads>(o, stats, q, span, kv, heads, scratch)
+    attend_group_body::<R, tiled::Avx512Tiles>(o, stats, q, span, kv, heads, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -401,6 +406,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     let kv_dim = heads.n_kv_heads * hd; // the stride from one position's row to the next
     let (gs, Range { start: lo, end }) = (span.kv_heads, span.keys);
     let n = end - lo; // keys this call attends to
+    let run_len = run_rows(kv_dim);
     // scratch: the queries times the scale (|gs|·kv_mul, head_dim), then the scores
     // (|gs|·kv_mul, n); m counts the query heads of gs.
     let (kv_mul, group) = (heads.kv_mul(), heads.kv_mul() * hd);
@@ -417,7 +423,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     // heads, where a head is 8 wide and the CPU has AVX-512).
     let mut j = lo;
     while j < end {
-        let run = kv.rows(Part::Keys, j, (j + RUN).min(end), gs.clone(), tile);
+        let run = kv.rows(Part::Keys, j, (j + run_len).min(end), gs.clone(), tile);
         let c = run.len() / kv_dim; // positions j..j + c
         for (i, g) in gs.clone().enumerate() {
             let k = &run[g * hd..]; // key b of the run for KV head g at k[b·kv_dim..][..hd]
@@ -445,7 +451,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     o.fill(0.0);
     let mut j = lo;
     while j < end {
-        let run = kv.rows(Part::Values, j, (j + RUN).min(end), gs.clone(), tile);
+        let run = kv.rows(Part::Values, j, (j + run_len).min(end), gs.clone(), tile);
         let c = run.len() / kv_dim;
         for (i, g) in gs.clone().enumerate() {
             let (v, s) = (&run[g * hd..], &scores[i * kv_mul * n..][..kv_mul * n]);
@@ -507,7 +513,8 @@ mod tests {
 
     /// Every path of `attention` for one decode row — on the calling thread (short), split by
     /// keys across the threads (long: flash-decoding's merge), with a sliding window, GQA with
-    /// an odd group — against the definition; and a NaN in the cache reaches the output.
+    /// an odd group, query heads in fours — against the definition; and a NaN in the cache
+    /// reaches the output.
     #[test]
     fn one_row_matches_the_definition_on_every_path() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
@@ -517,6 +524,12 @@ mod tests {
             (6, 2, 8, 999, 300),
             (8, 4, 8, 513, usize::MAX),
             (2, 1, 48, 1025, usize::MAX),
+            // Query heads in fours on a KV head (Gemma 3's MQA, Llama 3's GQA): the tiles'
+            // products on AVX-512 (attention/tiled.rs's Avx512Tiles), short and split by keys.
+            (4, 1, 256, 40, usize::MAX),
+            (4, 1, 256, 3000, 512),
+            (8, 2, 64, 1500, usize::MAX),
+            (16, 2, 32, 900, usize::MAX),
         ] {
             let heads = Heads {
                 n_heads,

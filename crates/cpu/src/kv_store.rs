@@ -374,8 +374,8 @@ impl KvStore {
         let hd = self.head_dim;
         match &self.data {
             Data::F32(d) => out.copy_from_slice(&d[at]),
-            Data::F16(d) => d[at].convert_to_f32_slice(out),
-            Data::Bf16(d) => d[at].convert_to_f32_slice(out),
+            Data::F16(d) => crate::simd::f16_to_f32(d[at].reinterpret_cast(), out),
+            Data::Bf16(d) => crate::simd::bf16_to_f32(d[at].reinterpret_cast(), out),
             Data::Fp8 { q, scale } => {
                 decode_heads(out, &q[at], &scale[scales], hd, |q| FP8_TO_F32[q as usize])
             }

@@ -96,6 +96,7 @@ unsafe fn attend_tile_avx512<R: KvRows>(
     let (m, m_pad) = (t * kv_mul, (t * kv_mul).next_multiple_of(4));
     let (lo, end) = (heads.first_visible(p0), p0 + t);
     let n = end - lo; // the tile's keys: every one visible to at least its last row
+    let run_len = super::run_rows(kv_dim);
     let TileScratch {
         q: qs,
         s,
@@ -118,7 +119,7 @@ unsafe fn attend_tile_avx512<R: KvRows>(
         qs[m * hd..].fill(0.0);
         let mut j = lo;
         while j < end {
-            let run = kv.rows(Part::Keys, j, end, g..g + 1, tile);
+            let run = kv.rows(Part::Keys, j, (j + run_len).min(end), g..g + 1, tile);
             let c = run.len() / kv_dim; // positions j..j + c
             // SAFETY: this function runs only where the CPU has AVX-512F (attend_tile).
             unsafe { x86::scores(s, n, j - lo, qs, hd, &run[g * hd..], kv_dim, c) };
@@ -138,7 +139,7 @@ unsafe fn attend_tile_avx512<R: KvRows>(
         o.fill(0.0);
         let mut j = lo;
         while j < end {
-            let run = kv.rows(Part::Values, j, end, g..g + 1, tile);
+            let run = kv.rows(Part::Values, j, (j + run_len).min(end), g..g + 1, tile);
             let c = run.len() / kv_dim;
             // SAFETY: as above.
             unsafe { x86::weighted_values(o, hd, s, n, j - lo, &run[g * hd..], kv_dim, c) };
@@ -151,6 +152,79 @@ unsafe fn attend_tile_avx512<R: KvRows>(
                 d.iter_mut().zip(src).for_each(|(d, x)| *d = x * inv);
             }
         }
+    }
+}
+
+/// [`HeadKernels`] for [`super::attend_group`] (one query row) on AVX-512: where the query
+/// heads that share a KV head come in fours (kv_mul a multiple of 4: Gemma 3's MQA, Llama 3's
+/// GQA) and head_dim is a multiple of 16, they take the tile's products, four query vectors by
+/// four keys ([`x86::scores`]) and by 64 value columns ([`x86::weighted_values`]): each key and
+/// value is loaded once for all of them, 16 lanes wide, where [`simd::Avx512Heads`] reads it
+/// once per pair of heads (once per head above head_dim 8). Other shapes as
+/// [`simd::Avx512Heads`]. Only for code that runs after [`simd::isa`] reported AVX-512.
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Avx512Tiles;
+
+/// Whether `len` floats of queries (or outputs) of `hd` each are whole blocks of four heads
+/// the tile's products take.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn in_fours(len: usize, hd: usize) -> bool {
+    hd > 0 && hd.is_multiple_of(16) && (len / hd).is_multiple_of(4)
+}
+
+#[cfg(target_arch = "x86_64")]
+impl HeadKernels for Avx512Tiles {
+    type MulAdd = <simd::Avx512Heads as HeadKernels>::MulAdd;
+    #[inline(always)]
+    fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize) {
+        simd::Avx512Heads::dot_rows(s, q, x, stride)
+    }
+    #[inline(always)]
+    fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize) {
+        simd::Avx512Heads::axpy_rows(y, a, x, stride)
+    }
+    #[inline(always)]
+    fn dot_rows2(s: [&mut [f32]; 2], q: [&[f32]; 2], x: &[f32], stride: usize) {
+        simd::Avx512Heads::dot_rows2(s, q, x, stride)
+    }
+    #[inline(always)]
+    fn axpy_rows2(y: [&mut [f32]; 2], a: [&[f32]; 2], x: &[f32], stride: usize) {
+        simd::Avx512Heads::axpy_rows2(y, a, x, stride)
+    }
+    #[inline(always)]
+    fn dot_heads(
+        s: &mut [f32],
+        n: usize,
+        cols: std::ops::Range<usize>,
+        q: &[f32],
+        hd: usize,
+        x: &[f32],
+        stride: usize,
+    ) {
+        if !in_fours(q.len(), hd) {
+            return simd::Avx512Heads::dot_heads(s, n, cols, q, hd, x, stride);
+        }
+        debug_assert!(is_x86_feature_detected!("avx512f"));
+        // SAFETY: Avx512Tiles runs only in the attention kernel compiled for AVX-512, which
+        // runs only where isa() found AVX-512F; `scores` checks the shapes itself.
+        unsafe { x86::scores(s, n, cols.start, q, hd, x, stride, cols.len()) }
+    }
+    #[inline(always)]
+    fn axpy_heads(
+        y: &mut [f32],
+        hd: usize,
+        a: &[f32],
+        n: usize,
+        cols: std::ops::Range<usize>,
+        x: &[f32],
+        stride: usize,
+    ) {
+        if !in_fours(y.len(), hd) {
+            return simd::Avx512Heads::axpy_heads(y, hd, a, n, cols, x, stride);
+        }
+        // SAFETY: as for dot_heads; `weighted_values` checks the shapes itself.
+        unsafe { x86::weighted_values(y, hd, a, n, cols.start, x, stride, cols.len()) }
     }
 }
 
