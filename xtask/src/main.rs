@@ -37,6 +37,9 @@ enum Command {
     /// kvlab generate against llama2.c's run.c and llama.cpp on the same weights, interleaved;
     /// writes peers.json (also `bench --peers`)
     Peers(bench::peers::PeersArgs),
+    /// Decode speed against context depth (512 to 32k positions), kvlab against llama.cpp with
+    /// and without flash attention; writes depth.json and depth.svg/.png (also `bench --depth`)
+    Depth(bench::depth::DepthArgs),
     /// Top-1, KL divergence, perplexity, bytes and decode speed of each --kv-dtype against the
     /// f32 cache on real checkpoints
     KvQuality(kv_quality::Args),
@@ -64,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Load(a)) => bench::serve::command(&a),
         Some(Command::Peers(a)) => bench::peers::command(&a),
+        Some(Command::Depth(a)) => bench::depth::command(&a),
         Some(Command::KvQuality(a)) => kv_quality::run(a),
         Some(Command::Readme(o)) => readme::run(o),
         Some(Command::Rss { args }) => bench::rss_child(&args),

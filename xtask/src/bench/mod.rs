@@ -18,6 +18,7 @@ mod batch;
 mod chunked;
 mod cluster;
 mod decode;
+pub mod depth;
 mod eviction;
 pub mod machine;
 mod memory;
@@ -173,6 +174,11 @@ pub struct Opts {
     /// --cluster: instance counts to run (repeatable) [default: 1 2 4, --quick 1 2]
     #[arg(long = "instances", value_name = "N", value_parser = usize_in(1, 16))]
     instances: Vec<usize>,
+    /// Instead: decode speed against context depth (512 to 32,768 positions), `kvlab depth`
+    /// against llama.cpp without and with flash attention on the same GGUF (default Gemma 3
+    /// 270M); one repetition; writes depth.json and depth.svg/.png (= `cargo xtask depth`)
+    #[arg(long, conflicts_with_all = ["peers", "serve", "tiers", "eviction", "chunked_prefill", "speculative", "cluster"])]
+    depth: bool,
 }
 
 impl Opts {
@@ -190,6 +196,26 @@ fn run_peers(o: &Opts) -> Result<()> {
         reps: o.reps,
         out: Some(o.out()),
         activations: kvlab_model::Activations::F32,
+    })
+}
+
+/// `--depth`: forwarded to `cargo xtask depth` (depth.rs), which owns the comparison.
+fn run_depth(o: &Opts) -> Result<()> {
+    if o.models.len() > 1 {
+        bail!("--depth takes one --model");
+    }
+    depth::command(&depth::DepthArgs {
+        model: o
+            .models
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "gemma-3-270m".into()),
+        threads: o.threads,
+        depths: Vec::new(),
+        n_gen: 32,
+        kv_dtype: kvlab_model::KvDtype::F16,
+        reps: 1,
+        out: Some(o.out()),
     })
 }
 
@@ -448,6 +474,9 @@ pub fn run(o: Opts, args: &[String]) -> Result<()> {
     }
     if o.cluster {
         return run_cluster(&o);
+    }
+    if o.depth {
+        return run_depth(&o);
     }
     let started = Instant::now();
     plot::register_font();

@@ -351,7 +351,7 @@ pub(crate) fn build_kvlab() -> Result<PathBuf> {
 }
 
 /// Runs a command and returns (stdout, stderr); fails with its stderr when it fails.
-fn output(cmd: &mut Command, what: &str) -> Result<(String, String)> {
+pub(crate) fn output(cmd: &mut Command, what: &str) -> Result<(String, String)> {
     let out = cmd.output().with_context(|| format!("starting {what}"))?;
     let (so, se) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -640,7 +640,7 @@ fn manifest_gguf(model: &str) -> Result<PathBuf> {
 }
 
 /// The python of `KVLAB_PYTHON` (default python3) and its llama-cpp-python's version.
-fn llama_cpp_python() -> Result<(String, String)> {
+pub(crate) fn llama_cpp_python() -> Result<(String, String)> {
     let python = std::env::var("KVLAB_PYTHON").unwrap_or_else(|_| "python3".into());
     let probe = Command::new(&python)
         .args(["-c", "import llama_cpp; print(llama_cpp.__version__)"])

@@ -389,7 +389,7 @@ impl Sides<'_> {
 }
 
 /// The GGUF's `{architecture}.context_length`: the most positions a sequence may have.
-fn context_length(gguf: &Path) -> Result<usize> {
+pub(crate) fn context_length(gguf: &Path) -> Result<usize> {
     let file =
         kvlab_gguf::GgufFile::open(gguf).with_context(|| format!("reading {}", gguf.display()))?;
     let meta = file.metadata();
