@@ -63,6 +63,14 @@ pub trait KvRows: Sync {
         kv_heads: Range<usize>,
         tile: &'a mut Vec<f32>,
     ) -> &'a [f32];
+
+    /// The same run as [`KvRows::rows`] would give, (c, kv_dim), as the f16 cache stores it
+    /// (IEEE half bits), for kernels that convert in registers instead of decoding into a tile;
+    /// `None` where the run is not stored as f16 (the caller then takes [`KvRows::rows`]).
+    #[inline(always)]
+    fn rows_f16(&self, _part: Part, _j: usize, _end: usize) -> Option<&[u16]> {
+        None
+    }
 }
 
 /// Keys and values stored row after row, position j at row j, without a ring: one sequence's
@@ -421,23 +429,33 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     // head g. Keys come in runs stored one after another (`KvRows::rows`), so the kernel walks
     // them at stride kv_dim, eight keys per pass summed into one vector of eight scores (of two
     // heads, where a head is 8 wide and the CPU has AVX-512).
+    // An f16 cache's runs go to the kernel as stored where it converts them in registers.
+    let f16 = K::f16_heads(kv_mul, hd);
     let mut j = lo;
     while j < end {
-        let run = kv.rows(Part::Keys, j, (j + run_len).min(end), gs.clone(), tile);
-        let c = run.len() / kv_dim; // positions j..j + c
-        for (i, g) in gs.clone().enumerate() {
-            let k = &run[g * hd..]; // key b of the run for KV head g at k[b·kv_dim..][..hd]
-            let s = &mut scores[i * kv_mul * n..][..kv_mul * n];
-            K::dot_heads(
-                s,
-                n,
-                j - lo..j - lo + c,
-                &q_scaled[i * group..][..group],
-                hd,
-                k,
-                kv_dim,
-            );
-        }
+        let stop = (j + run_len).min(end);
+        let c = match kv.rows_f16(Part::Keys, j, stop).filter(|_| f16) {
+            Some(run) => {
+                let c = run.len() / kv_dim; // positions j..j + c
+                for (i, g) in gs.clone().enumerate() {
+                    let s = &mut scores[i * kv_mul * n..][..kv_mul * n];
+                    let q = &q_scaled[i * group..][..group];
+                    K::dot_heads_f16(s, n, j - lo..j - lo + c, q, hd, &run[g * hd..], kv_dim);
+                }
+                c
+            }
+            None => {
+                let run = kv.rows(Part::Keys, j, stop, gs.clone(), tile);
+                let c = run.len() / kv_dim;
+                for (i, g) in gs.clone().enumerate() {
+                    let k = &run[g * hd..]; // key b of the run for KV head g at k[b·kv_dim..][..hd]
+                    let s = &mut scores[i * kv_mul * n..][..kv_mul * n];
+                    let q = &q_scaled[i * group..][..group];
+                    K::dot_heads(s, n, j - lo..j - lo + c, q, hd, k, kv_dim);
+                }
+                c
+            }
+        };
         j += c;
     }
     // e[m][j] = exp(s[m][j] − max_j s[m][j]); softmax divides by their sum, which is done
@@ -451,20 +469,28 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     o.fill(0.0);
     let mut j = lo;
     while j < end {
-        let run = kv.rows(Part::Values, j, (j + run_len).min(end), gs.clone(), tile);
-        let c = run.len() / kv_dim;
-        for (i, g) in gs.clone().enumerate() {
-            let (v, s) = (&run[g * hd..], &scores[i * kv_mul * n..][..kv_mul * n]);
-            K::axpy_heads(
-                &mut o[i * group..][..group],
-                hd,
-                s,
-                n,
-                j - lo..j - lo + c,
-                v,
-                kv_dim,
-            );
-        }
+        let stop = (j + run_len).min(end);
+        let c = match kv.rows_f16(Part::Values, j, stop).filter(|_| f16) {
+            Some(run) => {
+                let c = run.len() / kv_dim;
+                for (i, g) in gs.clone().enumerate() {
+                    let (o, s) = (&mut o[i * group..][..group], &scores[i * kv_mul * n..]);
+                    let (v, cols) = (&run[g * hd..], j - lo..j - lo + c);
+                    K::axpy_heads_f16(o, hd, &s[..kv_mul * n], n, cols, v, kv_dim);
+                }
+                c
+            }
+            None => {
+                let run = kv.rows(Part::Values, j, stop, gs.clone(), tile);
+                let c = run.len() / kv_dim;
+                for (i, g) in gs.clone().enumerate() {
+                    let (o, s) = (&mut o[i * group..][..group], &scores[i * kv_mul * n..]);
+                    let (v, cols) = (&run[g * hd..], j - lo..j - lo + c);
+                    K::axpy_heads(o, hd, &s[..kv_mul * n], n, cols, v, kv_dim);
+                }
+                c
+            }
+        };
         j += c;
     }
     for (o_m, st) in o.chunks_exact_mut(hd).zip(stats.chunks_exact(2)) {

@@ -222,6 +222,15 @@ impl KvRows for Slots<'_> {
         };
         store.read(self.run(j, end), kv_heads, tile)
     }
+
+    #[inline(always)]
+    fn rows_f16(&self, part: Part, j: usize, end: usize) -> Option<&[u16]> {
+        let store = match part {
+            Part::Keys => self.k,
+            Part::Values => self.v,
+        };
+        store.raw_f16(self.run(j, end))
+    }
 }
 
 impl Slots<'_> {

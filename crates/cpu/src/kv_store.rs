@@ -334,6 +334,17 @@ impl KvStore {
         }
     }
 
+    /// Rows `rows` as stored, (|rows|, kv_dim) IEEE half-precision bits, where the store is f16
+    /// (for kernels that convert in registers); `None` for every other dtype.
+    #[inline]
+    pub fn raw_f16(&self, rows: Range<usize>) -> Option<&[u16]> {
+        let kvd = self.kv_dim();
+        match &self.data {
+            Data::F16(d) => Some(d[rows.start * kvd..rows.end * kvd].reinterpret_cast()),
+            _ => None,
+        }
+    }
+
     /// Rows `rows` as f32, (|rows|, kv_dim): in place for f32; otherwise the columns of KV heads
     /// `kv_heads` decoded into `tile` (the other columns are left as they were).
     #[inline]

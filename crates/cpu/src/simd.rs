@@ -182,6 +182,48 @@ pub trait HeadKernels {
             Self::axpy_rows(y, &a[cols], x, stride);
         }
     }
+
+    /// Whether this kernel takes f16 rows as the cache stores them
+    /// ([`HeadKernels::dot_heads_f16`], [`HeadKernels::axpy_heads_f16`]) for `kv_mul` query
+    /// heads of `hd` dimensions sharing a KV head; where not, attention decodes the rows to f32
+    /// first.
+    #[inline(always)]
+    fn f16_heads(_kv_mul: usize, _hd: usize) -> bool {
+        false
+    }
+
+    /// [`HeadKernels::dot_heads`] over rows stored as f16 bits, converted as they are loaded.
+    /// This default decodes them first (only reached where `f16_heads` is true).
+    fn dot_heads_f16(
+        s: &mut [f32],
+        n: usize,
+        cols: Range<usize>,
+        q: &[f32],
+        hd: usize,
+        x: &[u16],
+        stride: usize,
+    ) {
+        let mut rows = vec![0.0; x.len()];
+        f16_to_f32(x, &mut rows);
+        Self::dot_heads(s, n, cols, q, hd, &rows, stride)
+    }
+
+    /// [`HeadKernels::axpy_heads`] over rows stored as f16 bits; the default decodes them
+    /// first, as [`HeadKernels::dot_heads_f16`]'s.
+    #[allow(clippy::too_many_arguments)] // axpy_heads' shapes and the rows
+    fn axpy_heads_f16(
+        y: &mut [f32],
+        hd: usize,
+        a: &[f32],
+        n: usize,
+        cols: Range<usize>,
+        x: &[u16],
+        stride: usize,
+    ) {
+        let mut rows = vec![0.0; x.len()];
+        f16_to_f32(x, &mut rows);
+        Self::axpy_heads(y, hd, a, n, cols, &rows, stride)
+    }
 }
 
 /// [`HeadKernels`] as one [`dot_head`] per row and [`axpy4_head`] per four rows: the reference,

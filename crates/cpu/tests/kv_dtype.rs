@@ -52,6 +52,9 @@ fn both_caches_attend_over_exactly_the_rounded_rows() {
             (8, 4, 8, 150, None),
             (4, 1, 32, 700, None),
             (6, 2, 16, 300, Some(40)),
+            // Gemma 3's global-layer shape: query heads in fours on AVX-512, an f16 cache's
+            // rows converted in registers.
+            (4, 1, 256, 140, None),
         ] {
             let mut c = Config::llama(
                 n_heads * head_dim,

@@ -119,10 +119,25 @@ unsafe fn attend_tile_avx512<R: KvRows>(
         qs[m * hd..].fill(0.0);
         let mut j = lo;
         while j < end {
-            let run = kv.rows(Part::Keys, j, (j + run_len).min(end), g..g + 1, tile);
-            let c = run.len() / kv_dim; // positions j..j + c
-            // SAFETY: this function runs only where the CPU has AVX-512F (attend_tile).
-            unsafe { x86::scores(s, n, j - lo, qs, hd, &run[g * hd..], kv_dim, c) };
+            let stop = (j + run_len).min(end);
+            // An f16 run as stored, converted in registers; else as f32 (decoded into tile).
+            let c = match kv.rows_f16(Part::Keys, j, stop) {
+                Some(run) => {
+                    let c = run.len() / kv_dim; // positions j..j + c
+                    // SAFETY: this function runs only where the CPU has AVX-512F (attend_tile);
+                    // `scores` checks the shapes itself.
+                    unsafe { x86::scores(s, n, j - lo, qs, hd, &run[g * hd..], kv_dim, c) };
+                    c
+                }
+                None => {
+                    let run = kv.rows(Part::Keys, j, stop, g..g + 1, tile);
+                    let c = run.len() / kv_dim;
+                    // SAFETY: this function runs only where the CPU has AVX-512F (attend_tile);
+                    // `scores` checks the shapes itself.
+                    unsafe { x86::scores(s, n, j - lo, qs, hd, &run[g * hd..], kv_dim, c) };
+                    c
+                }
+            };
             j += c;
         }
         // Row i's weights: e^(s − max) over its visible keys lo_i..=p0 + i, 0 elsewhere.
@@ -139,10 +154,22 @@ unsafe fn attend_tile_avx512<R: KvRows>(
         o.fill(0.0);
         let mut j = lo;
         while j < end {
-            let run = kv.rows(Part::Values, j, (j + run_len).min(end), g..g + 1, tile);
-            let c = run.len() / kv_dim;
-            // SAFETY: as above.
-            unsafe { x86::weighted_values(o, hd, s, n, j - lo, &run[g * hd..], kv_dim, c) };
+            let stop = (j + run_len).min(end);
+            let c = match kv.rows_f16(Part::Values, j, stop) {
+                Some(run) => {
+                    let c = run.len() / kv_dim;
+                    // SAFETY: as for the scores; `weighted_values` checks the shapes itself.
+                    unsafe { x86::weighted_values(o, hd, s, n, j - lo, &run[g * hd..], kv_dim, c) };
+                    c
+                }
+                None => {
+                    let run = kv.rows(Part::Values, j, stop, g..g + 1, tile);
+                    let c = run.len() / kv_dim;
+                    // SAFETY: as for the scores; `weighted_values` checks the shapes itself.
+                    unsafe { x86::weighted_values(o, hd, s, n, j - lo, &run[g * hd..], kv_dim, c) };
+                    c
+                }
+            };
             j += c;
         }
         for (i, row) in out.chunks_exact_mut(row_len).enumerate() {
@@ -226,12 +253,73 @@ impl HeadKernels for Avx512Tiles {
         // SAFETY: as for dot_heads; `weighted_values` checks the shapes itself.
         unsafe { x86::weighted_values(y, hd, a, n, cols.start, x, stride, cols.len()) }
     }
+    #[inline(always)]
+    fn f16_heads(kv_mul: usize, hd: usize) -> bool {
+        in_fours(kv_mul * hd, hd)
+    }
+    #[inline(always)]
+    fn dot_heads_f16(
+        s: &mut [f32],
+        n: usize,
+        cols: std::ops::Range<usize>,
+        q: &[f32],
+        hd: usize,
+        x: &[u16],
+        stride: usize,
+    ) {
+        assert!(in_fours(q.len(), hd), "dot_heads_f16: heads not in fours");
+        // SAFETY: as for dot_heads.
+        unsafe { x86::scores(s, n, cols.start, q, hd, x, stride, cols.len()) }
+    }
+    #[inline(always)]
+    fn axpy_heads_f16(
+        y: &mut [f32],
+        hd: usize,
+        a: &[f32],
+        n: usize,
+        cols: std::ops::Range<usize>,
+        x: &[u16],
+        stride: usize,
+    ) {
+        assert!(in_fours(y.len(), hd), "axpy_heads_f16: heads not in fours");
+        // SAFETY: as for dot_heads.
+        unsafe { x86::weighted_values(y, hd, a, n, cols.start, x, stride, cols.len()) }
+    }
 }
 
 /// The tile's two products with AVX-512F.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// What the products read keys and values as: f32, or f16 bits (an f16 cache's rows as
+    /// stored), 16 at a time as f32 ([`load16`]); the arithmetic is the same for both.
+    pub(crate) trait Elem: Copy {
+        const F16: bool;
+    }
+    impl Elem for f32 {
+        const F16: bool = false;
+    }
+    impl Elem for u16 {
+        const F16: bool = true;
+    }
+
+    /// The 16 elements at p as f32 (f16 converted exactly by `vcvtph2ps`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; p must point to 16 readable elements.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16<T: Elem>(p: *const T) -> __m512 {
+        // SAFETY: 16 elements at p (the caller's contract).
+        unsafe {
+            if T::F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+            } else {
+                _mm512_loadu_ps(p.cast())
+            }
+        }
+    }
 
     /// s[i·n + col0 + b] = q_i · k_b for every query vector i of q (m_pad, hd), m_pad a multiple
     /// of 4, and key b in 0..c, k_b = k[b·stride..][..hd]: four query vectors by four keys per
@@ -242,13 +330,13 @@ mod x86 {
     #[allow(clippy::too_many_arguments)] // one call site; the shapes are the arguments
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scores(
+    pub(super) unsafe fn scores<T: Elem>(
         s: &mut [f32],
         n: usize,
         col0: usize,
         q: &[f32],
         hd: usize,
-        k: &[f32],
+        k: &[T],
         stride: usize,
         c: usize,
     ) {
@@ -265,7 +353,7 @@ mod x86 {
             // A pass of fewer than four keys repeats its last key; those lanes are not stored.
             // SAFETY: key b + min(i, nk − 1) < c starts at most (c − 1)·stride, and
             // (c − 1)·stride + hd ≤ k.len() (asserted above).
-            let keys: [*const f32; 4] =
+            let keys: [*const T; 4] =
                 std::array::from_fn(|i| unsafe { k.as_ptr().add((b + i.min(nk - 1)) * stride) });
             for mb in (0..m_pad).step_by(4) {
                 // SAFETY: rows mb..mb + 4 ≤ m_pad of q are (4, hd) at q[mb·hd..]; the keys as
@@ -287,13 +375,13 @@ mod x86 {
     /// of 16.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn dot4x4(q: *const f32, hd: usize, k: [*const f32; 4]) -> [f32; 16] {
+    unsafe fn dot4x4<T: Elem>(q: *const f32, hd: usize, k: [*const T; 4]) -> [f32; 16] {
         let mut acc = [_mm512_setzero_ps(); 16];
         let mut d = 0;
         while d < hd {
             // SAFETY: d + 16 ≤ hd, inside each query vector and key (the caller's contract).
             unsafe {
-                let kv: [__m512; 4] = std::array::from_fn(|b| _mm512_loadu_ps(k[b].add(d)));
+                let kv: [__m512; 4] = std::array::from_fn(|b| load16(k[b].add(d)));
                 for i in 0..4 {
                     let qv = _mm512_loadu_ps(q.add(i * hd + d));
                     for b in 0..4 {
@@ -354,13 +442,13 @@ mod x86 {
     #[allow(clippy::too_many_arguments)] // one call site; the shapes are the arguments
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn weighted_values(
+    pub(super) unsafe fn weighted_values<T: Elem>(
         o: &mut [f32],
         hd: usize,
         s: &[f32],
         n: usize,
         col0: usize,
-        v: &[f32],
+        v: &[T],
         stride: usize,
         c: usize,
     ) {
@@ -387,10 +475,10 @@ mod x86 {
                     let (o, s) = (o.as_mut_ptr().add(mb * hd + cb * 16), s.as_ptr());
                     let (s, v) = (s.add(mb * n + col0), v.as_ptr().add(cb * 16));
                     match chunks - cb {
-                        1 => pv4::<1>(o, hd, s, n, v, stride, c),
-                        2 => pv4::<2>(o, hd, s, n, v, stride, c),
-                        3 => pv4::<3>(o, hd, s, n, v, stride, c),
-                        _ => pv4::<4>(o, hd, s, n, v, stride, c),
+                        1 => pv4::<1, T>(o, hd, s, n, v, stride, c),
+                        2 => pv4::<2, T>(o, hd, s, n, v, stride, c),
+                        3 => pv4::<3, T>(o, hd, s, n, v, stride, c),
+                        _ => pv4::<4, T>(o, hd, s, n, v, stride, c),
                     }
                 }
             }
@@ -405,12 +493,12 @@ mod x86 {
     /// what is read and written.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn pv4<const W: usize>(
+    unsafe fn pv4<const W: usize, T: Elem>(
         o: *mut f32,
         hd: usize,
         s: *const f32,
         n: usize,
-        v: *const f32,
+        v: *const T,
         stride: usize,
         c: usize,
     ) {
@@ -420,8 +508,7 @@ mod x86 {
                 std::array::from_fn(|w| _mm512_loadu_ps(o.add(i * hd + 16 * w)))
             });
             for b in 0..c {
-                let vb: [__m512; W] =
-                    std::array::from_fn(|w| _mm512_loadu_ps(v.add(b * stride + 16 * w)));
+                let vb: [__m512; W] = std::array::from_fn(|w| load16(v.add(b * stride + 16 * w)));
                 for (i, acc) in acc.iter_mut().enumerate() {
                     let p = _mm512_set1_ps(*s.add(i * n + b));
                     for w in 0..W {

@@ -85,6 +85,19 @@ impl KvRows for BlockRows<'_> {
             (false, rows) => pool.read(rows, kv_heads, tile),
         }
     }
+
+    #[inline(always)]
+    fn rows_f16(&self, part: Part, j: usize, end: usize) -> Option<&[u16]> {
+        let pool = match part {
+            Part::Keys => self.layer.pool_k,
+            Part::Values => self.layer.pool_v,
+        };
+        match self.run(j, end) {
+            // The step's own rows are f32 until written.
+            (true, _) => None,
+            (false, rows) => pool.raw_f16(rows),
+        }
+    }
 }
 
 impl BlockRows<'_> {
