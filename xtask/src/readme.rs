@@ -330,6 +330,7 @@ fn benches_readme(root: &Path) -> Result<String> {
     for file in ["serve_peer.json", "serve_peer_stories15M.json"] {
         md += &serve_peer_section(&record(root, file)?, file);
     }
+    md += &depth_section(&record(root, "depth.json")?);
     md += &tiers_section(&record(root, "tiers.json")?);
     md += &eviction_section(&record(root, "eviction.json")?);
     md += &chunked_section(&record(root, "chunked_prefill.json")?);
@@ -465,6 +466,61 @@ fn serve_peer_section(v: &Value, file: &str) -> String {
                 "TTFT ms p50 / p99",
                 "ITL ms p50 / p99",
                 "texts not as solo",
+            ],
+            &out,
+        )
+    )
+}
+
+fn depth_section(v: &Value) -> String {
+    let sides = &v["sides"];
+    let tps = |side: usize, i: usize| num(f(&sides[side]["points"][i]["decode_tokens_per_s"]));
+    let out: Vec<Vec<String>> = (v["ratios"].as_array().into_iter().flatten().enumerate())
+        .map(|(i, r)| {
+            vec![
+                int(&r["depth"]),
+                tps(0, i),
+                tps(1, i),
+                tps(2, i),
+                format!("{}×", num(f(&r["vs_llama_cpp"]))),
+                format!("{}×", num(f(&r["vs_llama_cpp_fa"]))),
+                format!("{} MiB", num(f(&r["kv_read_bytes"]) / 1048576.0)),
+                num(f(&r["time_growth"])),
+                num(f(&r["bytes_growth"])),
+            ]
+        })
+        .collect();
+    let mib = |x: &Value| match x.as_f64() {
+        Some(b) => format!("{} MiB", num(b / 1048576.0)),
+        None => "–".into(),
+    };
+    format!(
+        "## Decode at depth: `depth.json`\n\n`cargo xtask depth` on {}: {}, {} threads a side, {} greedy decode steps timed at each depth (the last sees that many positions) after filling the context with the same text, kvlab's cache in {} (llama.cpp's default f16), llama-cpp-python {}; weights {} read per step, KV cache reserved at the deepest context: kvlab {}, llama.cpp {}. Goal at the deepest depth: ≥ 1.2× llama.cpp with and without flash attention (FA), and kvlab's step time growing no faster than the bytes it reads (weights + KV): **{}**.\n\n{}\n",
+        s(&v["machine"]),
+        s(&v["model"]),
+        v["threads"],
+        v["n_gen"],
+        s(&v["kv_dtype"]),
+        s(&v["llama_cpp_python"]),
+        mib(&v["weight_bytes"]),
+        mib(&sides[0]["kv_reserved_bytes"]),
+        mib(&sides[1]["kv_reserved_bytes"]),
+        if v["goal_met"].as_bool() == Some(true) {
+            "met"
+        } else {
+            "not met"
+        },
+        table(
+            &[
+                "depth",
+                "decode tok/s kvlab",
+                "llama.cpp",
+                "llama.cpp FA",
+                "ratio",
+                "ratio FA",
+                "KV read per step",
+                "step time growth",
+                "bytes growth",
             ],
             &out,
         )
