@@ -290,6 +290,9 @@ mod tests {
             .filter(|s| s.get_arguments().any(|a| a.get_id() == "threads"))
             .map(|s| s.get_name())
             .collect();
-        assert_eq!(with, ["generate", "chat", "depth", "batch", "evict", "serve"]);
+        assert_eq!(
+            with,
+            ["generate", "chat", "depth", "batch", "evict", "serve"]
+        );
     }
 }
