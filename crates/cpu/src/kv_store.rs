@@ -27,7 +27,9 @@ use std::ops::Range;
 use float8::F8E4M3;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use kvlab_model::KvDtype;
+use kvlab_model::{GgmlType, KvDtype};
+
+use crate::quant::decode_rows;
 
 /// One of a KV cache's two tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -385,8 +387,16 @@ impl KvStore {
         let hd = self.head_dim;
         match &self.data {
             Data::F32(d) => out.copy_from_slice(&d[at]),
-            Data::F16(d) => crate::simd::f16_to_f32(d[at].reinterpret_cast(), out),
-            Data::Bf16(d) => crate::simd::bf16_to_f32(d[at].reinterpret_cast(), out),
+            Data::F16(d) => decode_rows(
+                GgmlType::F16,
+                bytemuck::cast_slice(d[at].reinterpret_cast()),
+                out,
+            ),
+            Data::Bf16(d) => decode_rows(
+                GgmlType::BF16,
+                bytemuck::cast_slice(d[at].reinterpret_cast()),
+                out,
+            ),
             Data::Fp8 { q, scale } => {
                 decode_heads(out, &q[at], &scale[scales], hd, |q| FP8_TO_F32[q as usize])
             }

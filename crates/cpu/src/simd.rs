@@ -7,6 +7,8 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
+use kvlab_model::GgmlType;
+
 /// An instruction-set level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -204,7 +206,7 @@ pub trait HeadKernels {
         stride: usize,
     ) {
         let mut rows = vec![0.0; x.len()];
-        f16_to_f32(x, &mut rows);
+        crate::quant::decode_rows(GgmlType::F16, bytemuck::cast_slice(x), &mut rows);
         Self::dot_heads(s, n, cols, q, hd, &rows, stride)
     }
 
@@ -221,7 +223,7 @@ pub trait HeadKernels {
         stride: usize,
     ) {
         let mut rows = vec![0.0; x.len()];
-        f16_to_f32(x, &mut rows);
+        crate::quant::decode_rows(GgmlType::F16, bytemuck::cast_slice(x), &mut rows);
         Self::axpy_heads(y, hd, a, n, cols, &rows, stride)
     }
 }
@@ -438,42 +440,6 @@ pub fn gemv_rows(out: &mut [f32], w: &[f32], x: &[f32]) {
                 *o = kvlab_model::ops::dot(row, x);
             }
         }
-    }
-}
-
-/// out ← the IEEE half-precision values `bits` as f32 (exact: every f16 is an f32): 16 per
-/// instruction on AVX-512 (`vcvtph2ps`), else the `half` crate's conversion. Decodes an f16 KV
-/// cache's rows for attention.
-///
-/// # Panics
-/// If the lengths differ.
-pub fn f16_to_f32(bits: &[u16], out: &mut [f32]) {
-    assert_eq!(bits.len(), out.len(), "f16_to_f32: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
-        // SAFETY: isa() reported AVX-512F; the lengths are equal (asserted).
-        return unsafe { x86::f16_to_f32_avx512(bits, out) };
-    }
-    for (o, b) in out.iter_mut().zip(bits) {
-        *o = half::f16::from_bits(*b).to_f32();
-    }
-}
-
-/// out ← the bfloat16 values `bits` as f32 (exact: a bf16 is an f32's upper 16 bits): 16 per
-/// pass on AVX-512 (widen, shift), else the `half` crate's conversion. Decodes a bf16 KV
-/// cache's rows for attention.
-///
-/// # Panics
-/// If the lengths differ.
-pub fn bf16_to_f32(bits: &[u16], out: &mut [f32]) {
-    assert_eq!(bits.len(), out.len(), "bf16_to_f32: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
-        // SAFETY: isa() reported AVX-512F; the lengths are equal (asserted).
-        return unsafe { x86::bf16_to_f32_avx512(bits, out) };
-    }
-    for (o, b) in out.iter_mut().zip(bits) {
-        *o = half::bf16::from_bits(*b).to_f32();
     }
 }
 
@@ -943,50 +909,6 @@ mod x86 {
         s
     }
 
-    /// out ← bits as f32, 16 values per `vcvtph2ps`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; `bits` and `out` must have the same length.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn f16_to_f32_avx512(bits: &[u16], out: &mut [f32]) {
-        let n = out.len();
-        let (src, dst) = (bits.as_ptr(), out.as_mut_ptr());
-        let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: i + 16 ≤ n for both slices (equal lengths: the caller's contract).
-            unsafe {
-                let h = _mm256_loadu_si256(src.add(i).cast());
-                _mm512_storeu_ps(dst.add(i), _mm512_cvtph_ps(h));
-            }
-            i += 16;
-        }
-        for j in i..n {
-            out[j] = half::f16::from_bits(bits[j]).to_f32();
-        }
-    }
-
-    /// out ← bits as f32, 16 values per pass: each u16 widened to the upper half of a u32.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; `bits` and `out` must have the same length.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn bf16_to_f32_avx512(bits: &[u16], out: &mut [f32]) {
-        let n = out.len();
-        let (src, dst) = (bits.as_ptr(), out.as_mut_ptr());
-        let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: i + 16 ≤ n for both slices (equal lengths: the caller's contract).
-            unsafe {
-                let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(src.add(i).cast()));
-                _mm512_storeu_si512(dst.add(i).cast(), _mm512_slli_epi32::<16>(h));
-            }
-            i += 16;
-        }
-        for j in i..n {
-            out[j] = half::bf16::from_bits(bits[j]).to_f32();
-        }
-    }
-
     /// # Safety
     /// The CPU must support AVX-512F; `y` and `x` must have the same length.
     #[target_feature(enable = "avx512f")]
@@ -1047,33 +969,6 @@ mod tests {
     }
 
     const LENS: [usize; 12] = [0, 1, 7, 8, 15, 16, 17, 63, 64, 65, 288, 1031];
-
-    /// Both half-width decoders give the `half` crate's f32 for every one of the 65,536 bit
-    /// patterns (infinities, subnormals, both zeros bit for bit; a NaN as a NaN: the bf16
-    /// widening keeps a signalling NaN's bits where `half` quiets it), at lengths that leave a
-    /// tail after the 16-wide passes.
-    #[test]
-    fn half_width_decoding_matches_the_half_crate_for_every_bit_pattern() {
-        let all: Vec<u16> = (0..=u16::MAX).collect();
-        for len in [all.len(), 17, 5] {
-            let bits = &all[all.len() - len..];
-            let mut out = vec![0.0f32; len];
-            f16_to_f32(bits, &mut out);
-            for (b, o) in bits.iter().zip(&out) {
-                let want = half::f16::from_bits(*b).to_f32();
-                assert_eq!(o.to_bits(), want.to_bits(), "f16 {b:#06x}");
-            }
-            bf16_to_f32(bits, &mut out);
-            for (b, o) in bits.iter().zip(&out) {
-                let want = half::bf16::from_bits(*b).to_f32();
-                if want.is_nan() {
-                    assert!(o.is_nan(), "bf16 {b:#06x}");
-                } else {
-                    assert_eq!(o.to_bits(), want.to_bits(), "bf16 {b:#06x}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn dot_matches_the_scalar_reference_at_every_level() {

@@ -465,6 +465,35 @@ mod tests {
         }
     }
 
+    /// The two-byte formats give the `half` crate's f32 for every one of the 65,536 bit
+    /// patterns (infinities, subnormals, both zeros bit for bit; a NaN as a NaN: the bf16
+    /// widening keeps a signalling NaN's bits where `half` quiets it), at lengths that leave a
+    /// tail after the 16-wide passes: what an f16 or bf16 KV cache's rows decode through
+    /// (`crate::kv_store`).
+    #[test]
+    fn two_byte_formats_decode_every_bit_pattern_as_the_half_crate() {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        for len in [all.len(), 17, 5] {
+            let bits = &all[all.len() - len..];
+            let bytes: &[u8] = bytemuck::cast_slice(bits);
+            let mut out = vec![0.0f32; len];
+            decode_rows(GgmlType::F16, bytes, &mut out);
+            for (b, o) in bits.iter().zip(&out) {
+                let want = half::f16::from_bits(*b).to_f32();
+                assert_eq!(o.to_bits(), want.to_bits(), "f16 {b:#06x}");
+            }
+            decode_rows(GgmlType::BF16, bytes, &mut out);
+            for (b, o) in bits.iter().zip(&out) {
+                let want = half::bf16::from_bits(*b).to_f32();
+                if want.is_nan() {
+                    assert!(o.is_nan(), "bf16 {b:#06x}");
+                } else {
+                    assert_eq!(o.to_bits(), want.to_bits(), "bf16 {b:#06x}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_wrong_length_is_refused() {
         let r = std::panic::catch_unwind(|| {
