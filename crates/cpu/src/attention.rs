@@ -434,7 +434,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     let mut j = lo;
     while j < end {
         let stop = (j + run_len).min(end);
-        let c = match kv.rows_f16(Part::Keys, j, stop).filter(|_| f16) {
+        let c = match f16.then(|| kv.rows_f16(Part::Keys, j, stop)).flatten() {
             Some(run) => {
                 let c = run.len() / kv_dim; // positions j..j + c
                 for (i, g) in gs.clone().enumerate() {
@@ -470,7 +470,7 @@ fn attend_group_body<R: KvRows, K: simd::HeadKernels>(
     let mut j = lo;
     while j < end {
         let stop = (j + run_len).min(end);
-        let c = match kv.rows_f16(Part::Values, j, stop).filter(|_| f16) {
+        let c = match f16.then(|| kv.rows_f16(Part::Values, j, stop)).flatten() {
             Some(run) => {
                 let c = run.len() / kv_dim;
                 for (i, g) in gs.clone().enumerate() {

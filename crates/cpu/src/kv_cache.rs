@@ -216,24 +216,25 @@ impl KvRows for Slots<'_> {
         kv_heads: Range<usize>,
         tile: &'a mut Vec<f32>,
     ) -> &'a [f32] {
-        let store = match part {
-            Part::Keys => self.k,
-            Part::Values => self.v,
-        };
-        store.read(self.run(j, end), kv_heads, tile)
+        self.store(part).read(self.run(j, end), kv_heads, tile)
     }
 
     #[inline(always)]
     fn rows_f16(&self, part: Part, j: usize, end: usize) -> Option<&[u16]> {
-        let store = match part {
-            Part::Keys => self.k,
-            Part::Values => self.v,
-        };
-        store.raw_f16(self.run(j, end))
+        self.store(part).raw_f16(self.run(j, end))
     }
 }
 
 impl Slots<'_> {
+    /// The keys' or the values' store.
+    #[inline(always)]
+    fn store(&self, part: Part) -> &KvStore {
+        match part {
+            Part::Keys => self.k,
+            Part::Values => self.v,
+        }
+    }
+
     /// Rows of the positions from j on stored in consecutive slots, at most end − j.
     #[inline(always)]
     fn run(&self, j: usize, end: usize) -> Range<usize> {
