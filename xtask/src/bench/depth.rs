@@ -22,6 +22,7 @@ use super::machine;
 use super::peers::{build_kvlab, gguf_of, llama_cpp_python, output};
 use super::plot::{Line, Panel, Series, axis, color, draw_if, write_pair};
 use super::serve::peer::context_length;
+use super::stats::Summary;
 use crate::paths::{self, workspace_root};
 
 /// The fill text of both sides (its tokens after BOS are repeated to each depth).
@@ -246,26 +247,19 @@ fn llama_cpp_kv_bytes(log: &str) -> Option<u64> {
     (!mib.is_empty()).then(|| (mib.iter().sum::<f64>() * f64::from(1 << 20)).round() as u64)
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
 /// One side's reps folded into each depth's medians (the first rep's ids).
 fn fold(name: &str, runs: &[(SideRun, Option<u64>)]) -> Side {
     let first = &runs[0].0;
     let points = (first.depths.iter().enumerate())
         .map(|(i, p)| {
             let at = |f: &dyn Fn(&DepthPoint) -> f64| {
-                median(runs.iter().map(|(r, _)| f(&r.depths[i])).collect())
+                Summary::of(
+                    &runs
+                        .iter()
+                        .map(|(r, _)| f(&r.depths[i]))
+                        .collect::<Vec<_>>(),
+                )
+                .median
             };
             DepthPoint {
                 depth: p.depth,
