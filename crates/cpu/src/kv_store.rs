@@ -27,6 +27,7 @@ use std::ops::Range;
 use float8::F8E4M3;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use kvlab_model::huge_pages::filled;
 use kvlab_model::{GgmlType, KvDtype};
 
 use crate::quant::decode_rows;
@@ -95,34 +96,6 @@ static FP8_TO_F32: [f32; 256] = {
     t
 };
 
-/// n copies of `zero`, in memory that Linux is first asked to back with transparent huge pages
-/// (`madvise(MADV_HUGEPAGE)`, before any page is touched; the kernel's default policy,
-/// `madvise`, gives them only to memory that asks). A decode step reads its whole KV cache,
-/// row after row: with 4 KiB pages every 4 KiB of it costs a TLB miss, with 2 MiB pages
-/// every 2 MiB (Gemma 3 270M's f16 cache at 32k positions, this project's Xeon: decode step
-/// ~0.8 ms sooner, of ~19 ms). Where the advice is refused or THP is off, the store is the
-/// same, in ordinary pages.
-fn zeroed<T: Clone>(n: usize, zero: T) -> Vec<T> {
-    let mut v = Vec::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    {
-        let spare = v.spare_capacity_mut();
-        let (start, len) = (spare.as_mut_ptr() as usize, std::mem::size_of_val(spare));
-        const HUGE: usize = 2 << 20; // a 2 MiB page: smaller stores gain nothing
-        const PAGE: usize = 4 << 10; // madvise takes whole 4 KiB pages
-        let (lo, hi) = (start.next_multiple_of(PAGE), (start + len) / PAGE * PAGE);
-        if hi >= lo + HUGE {
-            // SAFETY: [lo, hi) lies inside this Vec's own allocation (its spare capacity,
-            // rounded inwards to whole pages), which nothing else refers to; MADV_HUGEPAGE
-            // changes only how the kernel backs those pages, never their contents, and a
-            // refusal (an error return) is harmless, so it is ignored.
-            unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
-        }
-    }
-    v.resize(n, zero);
-    v
-}
-
 impl KvStore {
     /// `rows` rows of zeros holding the `part` of a cache. `group`: rows whose int4 keys share
     /// their scales (rows a multiple of it, or the last group is never quantized); ignored by
@@ -138,22 +111,22 @@ impl KvStore {
         let heads = rows * n_kv_heads;
         let codes = heads * head_dim.div_ceil(2);
         let data = match (dtype, part) {
-            (KvDtype::F32, _) => Data::F32(zeroed(n, 0.0)),
-            (KvDtype::F16, _) => Data::F16(zeroed(n, f16::ZERO)),
-            (KvDtype::Bf16, _) => Data::Bf16(zeroed(n, bf16::ZERO)),
+            (KvDtype::F32, _) => Data::F32(filled(n, 0.0)),
+            (KvDtype::F16, _) => Data::F16(filled(n, f16::ZERO)),
+            (KvDtype::Bf16, _) => Data::Bf16(filled(n, bf16::ZERO)),
             (KvDtype::Fp8E4m3, _) => Data::Fp8 {
-                q: zeroed(n, 0),
+                q: filled(n, 0),
                 scale: vec![0.0; heads],
             },
             (KvDtype::Int8, _) => Data::Int8 {
-                q: zeroed(n, 0),
+                q: filled(n, 0),
                 scale: vec![0.0; heads],
             },
             (KvDtype::Int4, Part::Keys) => {
                 let group = group.max(1);
                 let groups = rows.div_ceil(group);
                 Data::Int4Keys {
-                    q: zeroed(codes, 0),
+                    q: filled(codes, 0),
                     scale: vec![0.0; groups * n_kv_heads * head_dim],
                     min: vec![0.0; groups * n_kv_heads * head_dim],
                     group,
@@ -161,7 +134,7 @@ impl KvStore {
                 }
             }
             (KvDtype::Int4, Part::Values) => Data::Int4Values {
-                q: zeroed(codes, 0),
+                q: filled(codes, 0),
                 scale: vec![0.0; heads * head_dim.div_ceil(VALUE_GROUP)],
                 min: vec![0.0; heads * head_dim.div_ceil(VALUE_GROUP)],
             },

@@ -18,6 +18,7 @@ pub mod engine;
 pub mod error;
 pub mod fixtures;
 pub mod generate;
+pub mod huge_pages;
 pub mod kv_dtype;
 pub mod load;
 pub mod ops;
