@@ -27,7 +27,7 @@ use std::ops::Range;
 use float8::F8E4M3;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use kvlab_model::huge_pages::filled;
+use kvlab_model::huge_pages::zeroed;
 use kvlab_model::{GgmlType, KvDtype};
 
 use crate::quant::decode_rows;
@@ -111,22 +111,22 @@ impl KvStore {
         let heads = rows * n_kv_heads;
         let codes = heads * head_dim.div_ceil(2);
         let data = match (dtype, part) {
-            (KvDtype::F32, _) => Data::F32(filled(n, 0.0)),
-            (KvDtype::F16, _) => Data::F16(filled(n, f16::ZERO)),
-            (KvDtype::Bf16, _) => Data::Bf16(filled(n, bf16::ZERO)),
+            (KvDtype::F32, _) => Data::F32(zeroed(n)),
+            (KvDtype::F16, _) => Data::F16(zeroed(n)),
+            (KvDtype::Bf16, _) => Data::Bf16(zeroed(n)),
             (KvDtype::Fp8E4m3, _) => Data::Fp8 {
-                q: filled(n, 0),
+                q: zeroed(n),
                 scale: vec![0.0; heads],
             },
             (KvDtype::Int8, _) => Data::Int8 {
-                q: filled(n, 0),
+                q: zeroed(n),
                 scale: vec![0.0; heads],
             },
             (KvDtype::Int4, Part::Keys) => {
                 let group = group.max(1);
                 let groups = rows.div_ceil(group);
                 Data::Int4Keys {
-                    q: filled(codes, 0),
+                    q: zeroed(codes),
                     scale: vec![0.0; groups * n_kv_heads * head_dim],
                     min: vec![0.0; groups * n_kv_heads * head_dim],
                     group,
@@ -134,7 +134,7 @@ impl KvStore {
                 }
             }
             (KvDtype::Int4, Part::Values) => Data::Int4Values {
-                q: filled(codes, 0),
+                q: zeroed(codes),
                 scale: vec![0.0; heads * head_dim.div_ceil(VALUE_GROUP)],
                 min: vec![0.0; heads * head_dim.div_ceil(VALUE_GROUP)],
             },

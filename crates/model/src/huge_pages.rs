@@ -1,6 +1,6 @@
 //! Buffers that a decode step reads from end to end (the KV cache) in memory Linux is asked to
-//! back with 2 MiB transparent huge pages (`madvise(MADV_HUGEPAGE)`, before any page is
-//! touched). The kernel's default policy, `madvise`, gives huge pages only to memory that asks.
+//! back with 2 MiB transparent huge pages (`madvise(MADV_HUGEPAGE)`, before the buffer is
+//! written). The kernel's default policy, `madvise`, gives huge pages only to memory that asks.
 //! A decode step reads every cached key and value once, in order: with 4 KiB pages each 4 KiB
 //! costs a TLB miss, with 2 MiB pages each 2 MiB. Measured on this project's 2-vCPU Xeon
 //! (`kvlab depth`): Gemma 3 270M's f16 cache at 32,768 positions, a decode step ~0.8 ms sooner
@@ -11,18 +11,19 @@
 //! kernel that caches files in large folios (Linux 6.18 with ext4 maps this project's
 //! checkpoints with 2 MiB entries: `FilePmdMapped` in `/proc/PID/smaps_rollup`).
 
-/// n copies of `value` in a buffer advised for huge pages ([`advise`]) before it is written.
-pub fn filled<T: Clone>(n: usize, value: T) -> Vec<T> {
-    let mut v = Vec::with_capacity(n);
-    advise(v.spare_capacity_mut());
-    v.resize(n, value);
+/// n zeros of `T` in a buffer advised for huge pages ([`advise`]). The buffer comes zeroed from
+/// the allocator (`calloc`: a large one is fresh pages of the OS, not yet touched), so a store
+/// sized for a long context takes memory only as it fills, 2 MiB at a time.
+pub fn zeroed<T: bytemuck::Zeroable>(n: usize) -> Vec<T> {
+    let mut v = bytemuck::zeroed_vec(n);
+    advise(&mut v);
     v
 }
 
 /// Asks Linux to back the whole 4 KiB pages inside `buf` with transparent huge pages, where a
 /// 2 MiB-aligned 2 MiB page fits (a smaller buffer gains nothing and is left alone). Pages
 /// touched before the advice stay small until the kernel's khugepaged merges them, so advise
-/// memory before writing it.
+/// memory before writing it. `buf` holds only zeros: nothing that the advice could change.
 fn advise<T>(buf: &mut [T]) {
     #[cfg(target_os = "linux")]
     {
@@ -46,12 +47,15 @@ fn advise<T>(buf: &mut [T]) {
 mod tests {
     use super::*;
 
-    /// The buffers hold what they were given, small, large (advised) and empty.
+    /// The buffers hold n zeros, small, large (advised) and empty, and can be written.
     #[test]
-    fn buffers_hold_their_values() {
+    fn buffers_hold_zeros() {
         for n in [0, 1, 1000, 3 << 20] {
-            assert_eq!(filled(n, 7u16), vec![7u16; n]);
-            assert_eq!(filled(n, 0.5f32), vec![0.5f32; n]);
+            assert_eq!(zeroed::<f32>(n), vec![0.0f32; n]);
+            let mut h = zeroed::<half::f16>(n);
+            assert!(h.iter().all(|x| x.to_bits() == 0));
+            h.iter_mut().for_each(|x| *x = half::f16::ONE);
+            assert!(h.iter().all(|x| *x == half::f16::ONE));
         }
     }
 }
