@@ -94,11 +94,7 @@ impl KvRows for Contiguous<'_> {
         _: Range<usize>,
         _: &'a mut Vec<f32>,
     ) -> &'a [f32] {
-        let x = match part {
-            Part::Keys => self.k,
-            Part::Values => self.v,
-        };
-        &x[j * self.kv_dim..end * self.kv_dim]
+        &part.pick(self.k, self.v)[j * self.kv_dim..end * self.kv_dim]
     }
 }
 

@@ -229,10 +229,7 @@ impl Slots<'_> {
     /// The keys' or the values' store.
     #[inline(always)]
     fn store(&self, part: Part) -> &KvStore {
-        match part {
-            Part::Keys => self.k,
-            Part::Values => self.v,
-        }
+        part.pick(self.k, self.v)
     }
 
     /// Rows of the positions from j on stored in consecutive slots, at most end − j.

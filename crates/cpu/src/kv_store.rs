@@ -41,6 +41,17 @@ pub enum Part {
     Values,
 }
 
+impl Part {
+    /// `keys` or `values`, whichever this part names.
+    #[inline(always)]
+    pub fn pick<T>(self, keys: T, values: T) -> T {
+        match self {
+            Part::Keys => keys,
+            Part::Values => values,
+        }
+    }
+}
+
 /// Rows of (n_kv_heads, head_dim) elements in one dtype.
 pub struct KvStore {
     data: Data,

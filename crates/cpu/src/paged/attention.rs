@@ -76,10 +76,7 @@ impl KvRows for BlockRows<'_> {
         tile: &'a mut Vec<f32>,
     ) -> &'a [f32] {
         let l = &self.layer;
-        let (new, pool) = match part {
-            Part::Keys => (l.k_new, l.pool_k),
-            Part::Values => (l.v_new, l.pool_v),
-        };
+        let (new, pool) = part.pick((l.k_new, l.pool_k), (l.v_new, l.pool_v));
         match self.run(j, end) {
             (true, rows) => &new[rows.start * l.kv_dim..rows.end * l.kv_dim],
             (false, rows) => pool.read(rows, kv_heads, tile),
@@ -88,10 +85,7 @@ impl KvRows for BlockRows<'_> {
 
     #[inline(always)]
     fn rows_f16(&self, part: Part, j: usize, end: usize) -> Option<&[u16]> {
-        let pool = match part {
-            Part::Keys => self.layer.pool_k,
-            Part::Values => self.layer.pool_v,
-        };
+        let pool = part.pick(self.layer.pool_k, self.layer.pool_v);
         match self.run(j, end) {
             // The step's own rows are f32 until written.
             (true, _) => None,
