@@ -399,16 +399,8 @@ impl KvStore {
         let hd = self.head_dim;
         match &self.data {
             Data::F32(d) => out.copy_from_slice(&d[at]),
-            Data::F16(d) => decode_rows(
-                GgmlType::F16,
-                bytemuck::cast_slice(d[at].reinterpret_cast()),
-                out,
-            ),
-            Data::Bf16(d) => decode_rows(
-                GgmlType::BF16,
-                bytemuck::cast_slice(d[at].reinterpret_cast()),
-                out,
-            ),
+            Data::F16(d) => decode_rows(GgmlType::F16, bytemuck::cast_slice(&d[at]), out),
+            Data::Bf16(d) => decode_rows(GgmlType::BF16, bytemuck::cast_slice(&d[at]), out),
             Data::Fp8 { q, scale } => {
                 decode_heads(out, &q[at], &scale[scales], hd, |q| FP8_TO_F32[q as usize])
             }

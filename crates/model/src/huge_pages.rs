@@ -20,7 +20,7 @@ pub fn zeroed<T: bytemuck::Zeroable>(n: usize) -> Vec<T> {
     v
 }
 
-/// Asks Linux to back the whole 4 KiB pages inside `buf` with transparent huge pages, where a
+/// Asks Linux to back the whole pages inside `buf` with transparent huge pages, where a
 /// 2 MiB-aligned 2 MiB page fits (a smaller buffer gains nothing and is left alone). Pages
 /// touched before the advice stay small until the kernel's khugepaged merges them, so advise
 /// memory before writing it. `buf` holds only zeros: nothing that the advice could change.
@@ -28,9 +28,15 @@ fn advise<T>(buf: &mut [T]) {
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;
-        const PAGE: usize = 4 << 10; // madvise takes whole pages
+        // madvise takes whole pages of the system's size (4 KiB on x86-64; 16 or 64 KiB on
+        // some arm64 kernels).
+        // SAFETY: sysconf only reads a system constant.
+        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            p if p > 0 => p as usize,
+            _ => return,
+        };
         let (start, len) = (buf.as_mut_ptr() as usize, std::mem::size_of_val(buf));
-        let (lo, hi) = (start.next_multiple_of(PAGE), (start + len) / PAGE * PAGE);
+        let (lo, hi) = (start.next_multiple_of(page), (start + len) / page * page);
         if hi >= lo + HUGE {
             // SAFETY: [lo, hi) lies inside `buf`, memory the caller holds exclusively
             // (`&mut`), rounded inwards to whole pages; MADV_HUGEPAGE changes only how the
