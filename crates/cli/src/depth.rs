@@ -4,6 +4,11 @@
 //! attends to (global layers: `pos` positions; sliding-window layers: at most their window), so
 //! the per-token time against depth shows what a long context costs and which part of the
 //! cache each model reads.
+//!
+//! `--fill random` skips the computing: each depth's positions get seeded random keys and
+//! values (`Engine::fill_random`), so a 1B model reaches 32,768 positions in seconds rather
+//! than the ~10 minutes its prefill takes on 2 cores. A decode step reads every cached row
+//! whatever it holds, so its time is the same; its tokens are not a continuation of any text.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -44,6 +49,11 @@ pub struct Args {
     engine: EngineKind,
     #[command(flatten)]
     kv: KvArgs,
+    /// How the positions before each depth's decoded tokens are filled: `text` (prefill the
+    /// text) or `random` (seeded random keys and values, no compute; engines that keep a cache
+    /// in place: cpu).
+    #[arg(long, value_enum, default_value_t = Fill::Text)]
+    fill: Fill,
     /// Most fill tokens per forward call (llama.cpp's -ub).
     #[arg(long = "ubatch-size", visible_alias = "ubatch", default_value_t = 512,
           value_parser = usize_in(1, MAX_POSITIONS))]
@@ -51,6 +61,17 @@ pub struct Args {
     /// Print the results as one JSON object on stdout instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// How each depth's positions before its decoded tokens are filled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fill {
+    /// Prefill the fill text's tokens (the keys and values of real text).
+    Text,
+    /// Seeded random keys and values, uniform in [−1, 1), written without computing
+    /// (`Engine::fill_random`): the same decode time, none of the prefill's.
+    Random,
 }
 
 /// One depth's measurement.
@@ -160,10 +181,13 @@ pub fn run(a: Args) -> Result<()> {
     let threads = kvlab_cpu::threads::num_threads();
     if !a.json {
         eprintln!(
-            "{} on {} | {threads} threads | KV {kv} | {} fill tokens repeated | {ctx} positions",
+            "{} on {} | {threads} threads | KV {kv} | {} | {ctx} positions",
             loaded.name,
             engine.name(),
-            ids.len() - 1
+            match a.fill {
+                Fill::Text => format!("{} fill tokens repeated", ids.len() - 1),
+                Fill::Random => "random keys and values filled".into(),
+            }
         );
     }
     let (mut pos, mut fed, mut rows) = (0usize, 0usize, Vec::new());
@@ -171,6 +195,21 @@ pub fn run(a: Args) -> Result<()> {
     for &depth in &depths {
         let t_fill = Instant::now();
         let start = pos;
+        let mut first = None;
+        if a.fill == Fill::Random && pos < depth - a.n_gen {
+            let n = depth - a.n_gen - pos;
+            if !engine.fill_random(seq, n, depth as u64)? {
+                bail!(
+                    "the {} engine cannot fill its cache without computing; use --fill text or -e cpu",
+                    engine.name()
+                );
+            }
+            // No logits came with the random positions: the first decoded token is the next
+            // fill token, as if the text went on.
+            first = Some(fill_token(&ids, fed + n));
+            fed += n;
+            pos += n;
+        }
         while pos < depth - a.n_gen {
             let n = a.ubatch_size.min(depth - a.n_gen - pos);
             let chunk: Vec<u32> = (fed..fed + n).map(|k| fill_token(&ids, k)).collect();
@@ -181,7 +220,9 @@ pub fn run(a: Args) -> Result<()> {
         let fill_s = t_fill.elapsed().as_secs_f64();
         let (mut step_ms, mut out) = (Vec::new(), Vec::new());
         for _ in 0..a.n_gen {
-            let next = kvlab_model::sampler::argmax(&logits);
+            let next = first
+                .take()
+                .unwrap_or_else(|| kvlab_model::sampler::argmax(&logits));
             let t = Instant::now();
             logits = engine.decode(seq, next)?;
             step_ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -221,6 +262,7 @@ pub fn run(a: Args) -> Result<()> {
             "threads": threads,
             "kv_dtype": kv,
             "n_gen": a.n_gen,
+            "fill": a.fill,
             "ubatch": a.ubatch_size,
             "fill_ids": ids,
             "weight_bytes": weight_bytes,

@@ -808,3 +808,33 @@ fn depth_decodes_at_each_depth_as_the_reference_engine_does() {
     let r = kvlab("depth -d 100,110 -n 32");
     assert!(!r.ok && r.err.contains("closer"), "{}", r.err);
 }
+
+#[test]
+fn depth_can_fill_with_random_keys_and_values() {
+    // Random fill reaches each depth without prefill: the same positions are cached (the same
+    // KV bytes), the steps run there, and the first decoded token is the next fill token.
+    let r = kvlab("depth -d 100,300 -n 6 --fill random --json");
+    assert!(r.ok, "{}", r.err);
+    let v: serde_json::Value = serde_json::from_str(r.out.trim()).unwrap();
+    assert_eq!(v["fill"], "random");
+    let ids: Vec<u64> = (v["fill_ids"].as_array().unwrap().iter())
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    for d in v["depths"].as_array().unwrap() {
+        let depth = d["depth"].as_u64().unwrap();
+        assert_eq!(d["kv_read_bytes"].as_u64().unwrap(), depth * 1280);
+        assert_eq!(d["ids"].as_array().unwrap().len(), 6);
+        assert!(d["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    }
+    // Depth 100: 94 random positions, so the first decoded token is fill token 94.
+    let k = 94;
+    let want = ids[1 + (k - 1) % (ids.len() - 1)];
+    assert_eq!(v["depths"][0]["ids"][0].as_u64().unwrap(), want);
+    // An engine that cannot fill without computing says which to use.
+    let r = kvlab("depth -e naive -d 100 -n 6 --fill random");
+    assert!(
+        !r.ok && r.err.contains("cannot fill") && r.err.contains("--fill text"),
+        "{}",
+        r.err
+    );
+}

@@ -140,6 +140,30 @@ impl ContiguousKvCache {
         }
     }
 
+    /// Appends `n` positions of seeded random keys and values, uniform in [−1, 1), to every
+    /// layer ([`kvlab_model::Engine::fill_random`]); the caller has checked they fit. Written
+    /// through [`KvCache::append`] in steps a ring takes, so every dtype stores them as it
+    /// stores computed rows.
+    pub fn fill_random(&mut self, n: usize, seed: u64) {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let step = self.max_step().min(256);
+        let mut left = n;
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        while left > 0 {
+            let rows = step.min(left);
+            for l in 0..self.caps.len() {
+                k.clear();
+                v.clear();
+                k.extend((0..rows * self.kv_dim).map(|_| rng.random_range(-1.0f32..1.0)));
+                v.extend((0..rows * self.kv_dim).map(|_| rng.random_range(-1.0f32..1.0)));
+                self.append(l, &k, &v);
+            }
+            self.len += rows;
+            left -= rows;
+        }
+    }
+
     /// Per layer, the shape of its K (and V) buffer with axis names.
     pub fn shapes(&self) -> Vec<String> {
         self.caps

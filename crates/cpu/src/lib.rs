@@ -133,6 +133,19 @@ impl Engine for CpuEngine {
         Ok(self.seqs.get_mut(seq)?.truncate(len, config))
     }
 
+    fn fill_random(&mut self, seq: SeqId, n: usize, seed: u64) -> Result<bool> {
+        let cache = self.seqs.get_mut(seq)?;
+        if cache.len + n > cache.max_seq_len {
+            return Err(kvlab_model::Error::ContextFull {
+                seq,
+                pos: cache.len + n - 1,
+                max_seq_len: cache.max_seq_len,
+            });
+        }
+        cache.fill_random(n, seed);
+        Ok(true)
+    }
+
     fn free(&mut self, seq: SeqId) {
         self.seqs.remove(seq);
     }

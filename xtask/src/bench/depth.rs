@@ -8,6 +8,13 @@
 //! beside tokens/s each depth carries the bytes a step reads (weights + `kv_read_bytes`), and the
 //! verdict asks whether kvlab's per-token time grows no faster than those bytes. Writes
 //! depth.json (schema.md) and depth.svg/.png (per-token time against position).
+//!
+//! `--fill random` fills each depth without computing on both sides (`kvlab depth --fill
+//! random`; the script loads a saved sequence state of random f16 keys and values): a 1B
+//! model's prefill to 32,768 positions takes ~10 minutes a side on 2 cores, its decode steps
+//! seconds. The decoded ids then follow different random caches and are not compared. A
+//! synthetic model without a tokenizer (the Llama-3.2-1B shape) gets Llama 2's, padded to its
+//! vocabulary (`peers::llama2c_tokenizer_of`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use kvlab_cli::args::usize_in;
 
 use super::machine;
-use super::peers::{build_kvlab, gguf_of, llama_cpp_python, output};
+use super::peers::{build_kvlab, gguf_of, llama_cpp_python, llama2c_tokenizer_of, output};
 use super::plot::{Line, Panel, Series, axis, color, draw_if, write_pair};
 use super::serve::peer::context_length;
 use super::stats::Summary;
@@ -59,12 +66,33 @@ pub struct DepthArgs {
     #[arg(long, default_value_t = kvlab_model::KvDtype::F16,
           value_parser = kvlab_cli::args::kv_dtype())]
     pub kv_dtype: kvlab_model::KvDtype,
+    /// How both sides fill each depth: `text` (prefill the fill text) or `random` (random
+    /// keys and values written without computing; models with one KV cache, no sliding windows)
+    #[arg(long, value_enum, default_value_t = Fill::Text)]
+    pub fill: Fill,
     /// Repetitions; each runs the three sides, in a rotated order
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = usize_in(1, 100))]
     pub reps: usize,
     /// Where depth.json and the figure go [default: target/kvlab-bench]
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+}
+
+/// How each depth is filled (`kvlab depth --fill`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fill {
+    Text,
+    Random,
+}
+
+impl Fill {
+    fn arg(self) -> &'static str {
+        match self {
+            Fill::Text => "text",
+            Fill::Random => "random",
+        }
+    }
 }
 
 /// One depth of one side's run, as `kvlab depth --json` and the script print it.
@@ -126,10 +154,13 @@ pub struct DepthReport {
     pub reps: usize,
     pub kv_dtype: String,
     pub llama_cpp_python: String,
+    /// How each depth was filled (absent in records before random fill: text).
+    pub fill: Fill,
     /// Both sides tokenized the fill text to the same ids.
     pub same_fill_ids: bool,
-    /// Decoded ids equal between kvlab and llama.cpp (no flash attention), out of all.
-    pub same_decoded_ids: (usize, usize),
+    /// Decoded ids equal between kvlab and llama.cpp (no flash attention), out of all; not
+    /// compared (null) after a random fill, whose caches differ.
+    pub same_decoded_ids: Option<(usize, usize)>,
     pub weight_bytes: u64,
     pub sides: Vec<Side>,
     pub ratios: Vec<Ratio>,
@@ -149,6 +180,14 @@ pub fn command(a: &DepthArgs) -> Result<()> {
     let out = a.out.clone().unwrap_or_else(paths::bench_out);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let gguf = gguf_of(&kvlab, &out, &a.model)?;
+    // A synthetic model without a tokenizer is given the padded one its GGUF was written with.
+    let tokenizer: Vec<std::ffi::OsString> = match kvlab_model::registry::entry(&a.model) {
+        Some(e) if e.tokenizer.is_none() && e.synthetic.is_some() => vec![
+            "--tokenizer".into(),
+            llama2c_tokenizer_of(&out, &a.model)?.into(),
+        ],
+        _ => Vec::new(),
+    };
     let depths = plan(&a.depths, a.n_gen, Some(context_length(&gguf)?))?;
     let m = machine::detect();
     let d = depths
@@ -173,6 +212,8 @@ pub fn command(a: &DepthArgs) -> Result<()> {
                     Command::new(&kvlab)
                         .args(["depth", "-m", &a.model, "-t", &t, "-n", &n, "-d", &d])
                         .args(["--kv-dtype", &a.kv_dtype.to_string(), "-p", FILL_TEXT])
+                        .args(["--fill", a.fill.arg()])
+                        .args(&tokenizer)
                         .arg("--json"),
                     "kvlab depth",
                 )?;
@@ -185,7 +226,7 @@ pub fn command(a: &DepthArgs) -> Result<()> {
                 cmd.arg(&script)
                     .arg(&gguf)
                     .args(["--threads", &t, "--depths", &d, "--n-gen", &n])
-                    .args(["--prompt", FILL_TEXT]);
+                    .args(["--prompt", FILL_TEXT, "--fill", a.fill.arg()]);
                 if side == 2 {
                     cmd.arg("--flash-attn");
                 }
@@ -325,8 +366,9 @@ fn report(
         reps: a.reps,
         kv_dtype: a.kv_dtype.to_string(),
         llama_cpp_python,
+        fill: a.fill,
         same_fill_ids: runs[0][0].0.fill_ids == runs[1][0].0.fill_ids,
-        same_decoded_ids: decoded,
+        same_decoded_ids: (a.fill == Fill::Text).then_some(decoded),
         weight_bytes,
         goal_met: last.vs_llama_cpp >= GOAL
             && last.vs_llama_cpp_fa >= GOAL
@@ -362,7 +404,7 @@ fn print(r: &DepthReport) {
     );
     let mib = |b: Option<u64>| b.map_or("?".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0));
     println!(
-        "KV cache reserved: kvlab {}, llama.cpp {}, with flash attention {}; fill ids {}; decoded ids equal {}/{}",
+        "KV cache reserved: kvlab {}, llama.cpp {}, with flash attention {}; fill ids {}; {}",
         mib(r.sides[0].kv_reserved_bytes),
         mib(r.sides[1].kv_reserved_bytes),
         mib(r.sides[2].kv_reserved_bytes),
@@ -371,8 +413,10 @@ fn print(r: &DepthReport) {
         } else {
             "DIFFER"
         },
-        r.same_decoded_ids.0,
-        r.same_decoded_ids.1
+        match r.same_decoded_ids {
+            Some((same, all)) => format!("decoded ids equal {same}/{all}"),
+            None => "random fill: decoded ids not compared".into(),
+        }
     );
     println!(
         "goal at the deepest point (≥ {GOAL}× llama.cpp with and without flash attention, time growing no faster than bytes read): {}",

@@ -214,6 +214,7 @@ fn run_depth(o: &Opts) -> Result<()> {
         depths: Vec::new(),
         n_gen: 32,
         kv_dtype: kvlab_model::KvDtype::F16,
+        fill: depth::Fill::Text,
         reps: 1,
         out: Some(o.out()),
     })

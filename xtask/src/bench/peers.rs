@@ -491,22 +491,87 @@ fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
     Ok(vec![row(0, Goal::at_least(8.0)), row(1, Goal::BEAT)])
 }
 
-/// Writes `model` as a llama2.c checkpoint in `dir` with `kvlab export`; returns its path and
-/// its llama2.c tokenizer's.
-fn export_llama2c(kvlab: &Path, dir: &Path, model: &str) -> Result<(PathBuf, PathBuf)> {
+/// The model whose llama2.c tokenizer (Llama 2's 32,000 pieces) pads a synthetic model's.
+const LLAMA2_TOKENIZER_OF: &str = "stories15M-shape";
+
+/// Filler pieces of a padded tokenizer score this: below every real piece, so no merge
+/// prefers one (and no text holds the private-use character they start with).
+const PAD_SCORE: f32 = -1e9;
+
+/// The llama2.c tokenizer of `model`: its own from the manifest, or for a synthetic model
+/// without one (the Llama-3.2-1B shape's 128,256 ids), Llama 2's 32,000 pieces followed by
+/// filler pieces `\u{E000}pad N` scored [`PAD_SCORE`] up to the model's vocabulary, written
+/// in `dir` once: text tokenizes to Llama 2's ids on both sides (kvlab reads the file,
+/// llama.cpp its GGUF copy), and every id has a piece.
+///
+/// # Errors
+/// A model not in the manifest, a tokenizer file that is missing, unreadable or malformed.
+pub(crate) fn llama2c_tokenizer_of(dir: &Path, model: &str) -> Result<PathBuf> {
     let entry = kvlab_model::registry::entry(model)
         .with_context(|| format!("{model} is not in fixtures/models.json"))?;
-    let tok_ref = entry
-        .tokenizer
-        .as_ref()
-        .with_context(|| format!("{model} has no llama2.c tokenizer"))?;
-    let tokenizer = kvlab_model::registry::find_file(tok_ref).with_context(|| {
-        format!(
-            "{model}'s tokenizer {} is missing: {}",
-            tok_ref.file,
-            kvlab_model::registry::searched_places(tok_ref)
-        )
-    })?;
+    let find = |name: &str| -> Result<PathBuf> {
+        let tok_ref = (kvlab_model::registry::entry(name).and_then(|e| e.tokenizer.as_ref()))
+            .with_context(|| format!("{name} has no llama2.c tokenizer"))?;
+        kvlab_model::registry::find_file(tok_ref).with_context(|| {
+            format!(
+                "{name}'s tokenizer {} is missing: {}",
+                tok_ref.file,
+                kvlab_model::registry::searched_places(tok_ref)
+            )
+        })
+    };
+    let vocab = match (&entry.tokenizer, &entry.synthetic) {
+        (None, Some(spec)) => spec.vocab_size,
+        _ => return find(model),
+    };
+    let padded = dir.join(format!("{model}.tokenizer.bin"));
+    if !padded.exists() {
+        let base = find(LLAMA2_TOKENIZER_OF)?;
+        let bytes = std::fs::read(&base).with_context(|| format!("reading {}", base.display()))?;
+        std::fs::write(&padded, pad_llama2c_tokenizer(&bytes, vocab)?)
+            .with_context(|| format!("writing {}", padded.display()))?;
+    }
+    Ok(padded)
+}
+
+/// A llama2.c tokenizer file (i32 max_token_length, then per piece f32 score, i32 length,
+/// bytes) with filler pieces appended up to `vocab` pieces (see [`llama2c_tokenizer_of`]).
+///
+/// # Errors
+/// A file that ends inside a piece, or holds `vocab` pieces or more already.
+fn pad_llama2c_tokenizer(bytes: &[u8], vocab: usize) -> Result<Vec<u8>> {
+    let i32_at = |at: usize| -> Result<i32> {
+        let b = bytes
+            .get(at..at + 4)
+            .context("the tokenizer file is truncated")?;
+        Ok(i32::from_le_bytes(b.try_into()?))
+    };
+    let (mut at, mut n) = (4usize, 0usize);
+    while at < bytes.len() {
+        let len = usize::try_from(i32_at(at + 4)?).context("a negative piece length")?;
+        at += 8 + len;
+        n += 1;
+    }
+    if at != bytes.len() || n >= vocab {
+        bail!("the tokenizer holds {n} pieces; padding it to {vocab} needs fewer, whole ones");
+    }
+    let mut out = bytes.to_vec();
+    let mut max_len = i32_at(0)?;
+    for id in n..vocab {
+        let piece = format!("\u{E000}pad {id}");
+        out.extend(PAD_SCORE.to_le_bytes());
+        out.extend(i32::try_from(piece.len())?.to_le_bytes());
+        out.extend(piece.as_bytes());
+        max_len = max_len.max(i32::try_from(piece.len())?);
+    }
+    out[..4].copy_from_slice(&max_len.to_le_bytes());
+    Ok(out)
+}
+
+/// Writes `model` as a llama2.c checkpoint in `dir` with `kvlab export`; returns its path and
+/// its llama2.c tokenizer's ([`llama2c_tokenizer_of`]).
+fn export_llama2c(kvlab: &Path, dir: &Path, model: &str) -> Result<(PathBuf, PathBuf)> {
+    let tokenizer = llama2c_tokenizer_of(dir, model)?;
     // The same weights for both: kvlab writes them as a llama2.c checkpoint.
     let bin = dir.join(format!("{model}.bin"));
     output(
@@ -980,6 +1045,30 @@ pub fn print(r: &PeersReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_padded_tokenizer_encodes_as_its_base_and_names_every_id() {
+        use kvlab_model::Tokenizer;
+        let Some(base) = kvlab_model::registry::test_model_file("tok512.bin") else {
+            return;
+        };
+        let bytes = std::fs::read(&base).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let padded = dir.path().join("padded.bin");
+        std::fs::write(&padded, pad_llama2c_tokenizer(&bytes, 600).unwrap()).unwrap();
+        let (a, b) = (
+            Tokenizer::load_llama2c(&base, 512).unwrap(),
+            Tokenizer::load_llama2c(&padded, 600).unwrap(),
+        );
+        let text = "Once upon a time, a little dog found a big red ball.";
+        assert_eq!(a.encode(text, true, false), b.encode(text, true, false));
+        let spm = b.as_spm().unwrap();
+        assert_eq!(spm.piece(599), "\u{E000}pad 599".as_bytes());
+        assert_eq!(spm.piece(511), a.as_spm().unwrap().piece(511));
+        // A file cut inside a piece, or one already as large, is refused.
+        assert!(pad_llama2c_tokenizer(&bytes[..bytes.len() - 1], 600).is_err());
+        assert!(pad_llama2c_tokenizer(&bytes, 512).is_err());
+    }
 
     #[test]
     fn goals_are_strict_where_the_issue_says_beat() {
