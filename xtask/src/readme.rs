@@ -330,7 +330,9 @@ fn benches_readme(root: &Path) -> Result<String> {
     for file in ["serve_peer.json", "serve_peer_stories15M.json"] {
         md += &serve_peer_section(&record(root, file)?, file);
     }
-    md += &depth_section(&record(root, "depth.json")?);
+    for file in ["depth.json", "depth_llama-3.2-1b-shape.json"] {
+        md += &depth_section(&record(root, file)?, file);
+    }
     md += &tiers_section(&record(root, "tiers.json")?);
     md += &eviction_section(&record(root, "eviction.json")?);
     md += &chunked_section(&record(root, "chunked_prefill.json")?);
@@ -472,7 +474,7 @@ fn serve_peer_section(v: &Value, file: &str) -> String {
     )
 }
 
-fn depth_section(v: &Value) -> String {
+fn depth_section(v: &Value, file: &str) -> String {
     let sides = &v["sides"];
     let tps = |side: usize, i: usize| num(f(&sides[side]["points"][i]["decode_tokens_per_s"]));
     let out: Vec<Vec<String>> = (v["ratios"].as_array().into_iter().flatten().enumerate())
@@ -495,11 +497,15 @@ fn depth_section(v: &Value) -> String {
         None => "–".into(),
     };
     format!(
-        "## Decode at depth: `depth.json`\n\n`cargo xtask depth` on {}: {}, {} threads a side, {} greedy decode steps timed at each depth (the last sees that many positions) after filling the context with the same text, kvlab's cache in {} (llama.cpp's default f16), llama-cpp-python {}; weights {} read per step, KV cache reserved at the deepest context: kvlab {}, llama.cpp {}. Goal at the deepest depth: ≥ 1.2× llama.cpp with and without flash attention (FA), and kvlab's step time growing no faster than the bytes it reads (weights + KV): **{}**.\n\n{}\n",
+        "## Decode at depth: `{file}`\n\n`cargo xtask depth` on {}: {}, {} threads a side, {} greedy decode steps timed at each depth (the last sees that many positions) after filling the context {}, kvlab's cache in {} (llama.cpp's default f16), llama-cpp-python {}; weights {} read per step, KV cache reserved at the deepest context: kvlab {}, llama.cpp {}. Goal at the deepest depth: ≥ 1.2× llama.cpp with and without flash attention (FA), and kvlab's step time growing no faster than the bytes it reads (weights + KV): **{}**.\n\n{}\n",
         s(&v["machine"]),
         s(&v["model"]),
         v["threads"],
         v["n_gen"],
+        match v["fill"].as_str() {
+            Some("random") => "with random keys and values written without computing (`--fill random`: a decode step's time does not depend on what the cache holds)",
+            _ => "with the same text",
+        },
         s(&v["kv_dtype"]),
         s(&v["llama_cpp_python"]),
         mib(&v["weight_bytes"]),
