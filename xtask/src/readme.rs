@@ -503,7 +503,8 @@ fn depth_section(v: &Value, file: &str) -> String {
         v["threads"],
         v["n_gen"],
         match v["fill"].as_str() {
-            Some("random") => "with random keys and values written without computing (`--fill random`: a decode step's time does not depend on what the cache holds)",
+            Some("random") =>
+                "with random keys and values written without computing (`--fill random`: a decode step's time does not depend on what the cache holds)",
             _ => "with the same text",
         },
         s(&v["kv_dtype"]),

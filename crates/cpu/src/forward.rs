@@ -5,7 +5,8 @@
 //! queries attend over the cached positions instead of recomputing the whole prefix.
 //!
 //! Every projection runs over all the step's rows at once: a GEMV for one row, one matrix product
-//! for many.
+//! for many. Projections of the same input (q, k and v; gate and up) go to the threads as one
+//! job ([`linear_same_x`]): a decode step meets the team 5 times a layer instead of 8.
 
 use kvlab_model::rope::RopeTables;
 use kvlab_model::{LayerKind, Model, ops};
@@ -13,7 +14,7 @@ use kvlab_model::{LayerKind, Model, ops};
 use crate::attention::Heads;
 use crate::elementwise;
 use crate::kv_cache::KvCache;
-use crate::linear::{linear, linear_to_rows};
+use crate::linear::{linear, linear_same_x, linear_to_rows};
 
 /// Runs `tokens` at `positions` (one per row) through every layer, appending their keys and
 /// values to `cache`, and returns the logits (vocab_size,) of each row listed in `logits_indices`.
@@ -51,9 +52,13 @@ pub fn forward(
         // Attention block: x += [post_norm] Wo · attention(RoPE(q), RoPE(k), v).
         // q, k, v for the step's new positions only. (rows, q_dim), (rows, kv_dim) ×2
         elementwise::rmsnorm_rows(&mut xn, &x, &lw.attn_norm, d, c.norm_eps);
-        linear(&mut q, &xn, &lw.wq, t, d, qd);
-        linear(&mut k, &xn, &lw.wk, t, d, kvd);
-        linear(&mut v, &xn, &lw.wv, t, d, kvd);
+        linear_same_x(
+            [&mut q, &mut k, &mut v],
+            &xn,
+            [&lw.wq, &lw.wk, &lw.wv],
+            t,
+            d,
+        );
         if c.qkv_bias {
             // Qwen2: each row of q, k, v plus its projection's bias.
             for (out, bias) in [(&mut q, &lw.bq), (&mut k, &lw.bk), (&mut v, &lw.bv)] {
@@ -96,8 +101,7 @@ pub fn forward(
 
         // Feed-forward block: x += [post_norm] W2 (act(W1 x) ⊙ W3 x).
         elementwise::rmsnorm_rows(&mut xn, &x, &lw.ffn_norm, d, c.norm_eps);
-        linear(&mut gate, &xn, &lw.w1, t, d, hid);
-        linear(&mut up, &xn, &lw.w3, t, d, hid);
+        linear_same_x([&mut gate, &mut up], &xn, [&lw.w1, &lw.w3], t, d);
         elementwise::glu(&mut gate, &up, c.activation);
         linear(&mut o, &gate, &lw.w2, t, hid, d);
         if c.post_norms {

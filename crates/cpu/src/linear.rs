@@ -123,10 +123,7 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out
         x.len() >= t * d_in && y.len() >= t * d_out && w.len() == d_out * d_in,
         "linear: shape mismatch"
     );
-    if w.activations() == kvlab_model::Activations::Q8
-        && let Some((ty, bytes)) = w.encoded()
-        && quant::q8_act::available(ty)
-    {
+    if let Some((ty, bytes)) = q8_encoded(w) {
         let row_bytes = quant::row_bytes(ty, d_in);
         return q8_columns(y, &x[..t * d_in], (ty, bytes, row_bytes), t, d_in, d_out);
     }
@@ -150,6 +147,73 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out
     } else {
         sgemm_columns(y, x, w, t, d_in, d_out);
     }
+}
+
+/// W's blocks where its products take the 8-bit-activation kernel ([`quant::q8_act`]).
+fn q8_encoded(w: &Tensor) -> Option<(GgmlType, &[u8])> {
+    let (ty, bytes) = w.encoded()?;
+    (w.activations() == kvlab_model::Activations::Q8 && quant::q8_act::available(ty))
+        .then_some((ty, bytes))
+}
+
+/// [`linear`] of the same x (t, in) through N matrices W_m (out_m, in): ys[m] (t, out_m) =
+/// x @ W_mᵀ (q, k and v from one normalised x; gate and up). For one row (a decode step) the
+/// matrices' rows are split among the threads as if they were stacked into one matrix, so the
+/// step hands the team one job where N [`linear`] calls would hand it N, and each row's output
+/// is [`linear`]'s, bit for bit (the same GEMV row kernel over the same x). Other steps, and
+/// matrices that take the 8-bit-activation kernel, go through [`linear`] one by one.
+///
+/// # Panics
+/// If a W's length is not a multiple of `d_in`, or x or a y is shorter than the shapes say.
+pub fn linear_same_x<const N: usize>(
+    ys: [&mut [f32]; N],
+    x: &[f32],
+    ws: [&Tensor; N],
+    t: usize,
+    d_in: usize,
+) {
+    assert!(
+        d_in > 0 && ws.iter().all(|w| w.len().is_multiple_of(d_in)),
+        "linear_same_x: a matrix is not (out, d_in)"
+    );
+    if t != 1 || ws.iter().any(|w| q8_encoded(w).is_some()) {
+        for (y, w) in ys.into_iter().zip(ws) {
+            linear(y, x, w, t, d_in, w.len() / d_in);
+        }
+        return;
+    }
+    assert!(
+        x.len() >= d_in && ys.iter().zip(ws).all(|(y, w)| y.len() >= w.len() / d_in),
+        "linear_same_x: shape mismatch"
+    );
+    let x = &x[..d_in];
+    let outs: [(threads::SendPtr<f32>, usize); N] =
+        std::array::from_fn(|m| (threads::SendPtr(ys[m].as_mut_ptr()), ws[m].len() / d_in));
+    let weights: [Weight; N] = std::array::from_fn(|m| Weight::of(ws[m], d_in));
+    let total: usize = outs.iter().map(|&(_, n)| n).sum();
+    let threads = threads::num_threads();
+    let per = if total * d_in < PAR_GEMV_MIN_WORK || threads == 1 {
+        total.max(1)
+    } else {
+        // A multiple of 4 rows: the kernel's pass.
+        total.div_ceil(threads).next_multiple_of(4)
+    };
+    // Task i computes the stacked rows i·per .. (i + 1)·per, each matrix's part of them.
+    threads::for_each_task(total.div_ceil(per), |i| {
+        let (lo, hi) = (i * per, ((i + 1) * per).min(total));
+        let mut base = 0;
+        for (&(y, n), w) in outs.iter().zip(weights) {
+            let (a, b) = (lo.max(base), hi.min(base + n));
+            if a < b {
+                // SAFETY: rows a − base .. b − base of ys[m], which holds n ≥ b − base floats
+                // (asserted above); the tasks' stacked ranges are disjoint, so no other task
+                // writes them, and this function holds `&mut` of every ys[m] until they end.
+                let o = unsafe { std::slice::from_raw_parts_mut(y.get().add(a - base), b - a) };
+                w.gemv_rows(o, a - base, x);
+            }
+            base += n;
+        }
+    });
 }
 
 thread_local! {
@@ -561,6 +625,51 @@ mod tests {
             }
         }
     }
+    #[test]
+    fn matrices_of_one_x_give_what_each_gives_alone_bit_for_bit() {
+        // q, k, v of unequal heights (the team's split falls inside a matrix and across
+        // matrix boundaries), f32 and encoded, one row and several.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let (d_in, outs) = (256, [100, 36, 44]);
+        for ty in [
+            GgmlType::F32,
+            GgmlType::BF16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+        ] {
+            let ws: Vec<Tensor> = (outs.iter())
+                .map(|&n| match ty {
+                    GgmlType::F32 | GgmlType::BF16 => {
+                        let f: Tensor =
+                            (0..n * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+                        f.convert(ty)
+                    }
+                    _ => {
+                        let bytes = quant::testing::random_rows(ty, n, d_in, &mut rng);
+                        Tensor::encoded_from_bytes(ty, bytes, n * d_in).expect("whole blocks")
+                    }
+                })
+                .collect();
+            for t in [1, 3] {
+                let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let mut got: Vec<Vec<f32>> = outs.iter().map(|&n| vec![f32::NAN; t * n]).collect();
+                let [a, b, c] = &mut got[..] else {
+                    unreachable!()
+                };
+                linear_same_x([a, b, c], &x, [&ws[0], &ws[1], &ws[2]], t, d_in);
+                for (m, (w, got)) in ws.iter().zip(&got).enumerate() {
+                    let mut alone = vec![f32::NAN; t * outs[m]];
+                    linear(&mut alone, &x, w, t, d_in, outs[m]);
+                    let same = got
+                        .iter()
+                        .zip(&alone)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{ty} t={t} matrix {m}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn q8_activations_give_a_row_the_same_bits_in_every_batch_and_stay_near_f32() {
         // --activations q8 through `linear`: every t takes the integer kernel (with W split
