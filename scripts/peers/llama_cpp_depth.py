@@ -47,7 +47,7 @@ def fill_token(ids, k):
 class KvLayout:
     """What one KV cache's saved state holds per cell, read from the state of one real token."""
 
-    def __init__(self, blob):
+    def __init__(self, blob, n_layer_model):
         at = 0
 
         def take(fmt):
@@ -64,8 +64,18 @@ class KvLayout:
         if n_stream != 1 or cells != 1:
             sys.exit(f"random fill: expected 1 stream of 1 cell, the state has {n_stream} and {cells}")
         pos, n_seq = take("<iI")
+        if pos != 0 or n_seq != 1:
+            sys.exit(f"random fill: the probe's cell holds position {pos} of {n_seq} sequences, not 0 of 1")
         take(f"<{n_seq}i")
         self.v_trans, n_layer = take("<II")
+        if self.v_trans not in (0, 1) or n_layer != n_layer_model:
+            # A second cache (sliding-window layers) holds the other layers; cells with extra
+            # per-cell data (M-RoPE) shift everything after them.
+            sys.exit(
+                f"random fill: the saved state's first cache holds {n_layer} of the model's "
+                f"{n_layer_model} layers (v_trans {self.v_trans}): a second KV cache (sliding-window "
+                "layers) or cells with extra data, which this fill does not write; use --fill text"
+            )
         self.k = []  # (type, row bytes) per layer
         for _ in range(n_layer):
             ty, row = take("<iQ")
@@ -167,7 +177,7 @@ def main():
     layout = None
     if a.fill == "random":
         llm.eval(ids[:1])
-        layout = KvLayout(state_of_seq0(llm))
+        layout = KvLayout(state_of_seq0(llm), llama_cpp.llama_model_n_layer(llm.model))
         llm.reset()
     rows, pos, fed = [], 0, 0
     for depth in depths:

@@ -6,7 +6,8 @@
 //!
 //! Every projection runs over all the step's rows at once: a GEMV for one row, one matrix product
 //! for many. Projections of the same input (q, k and v; gate and up) go to the threads as one
-//! job ([`linear_same_x`]): a decode step meets the team 5 times a layer instead of 8.
+//! job ([`linear_same_x`]): a decode step typically meets the team 5 times a layer instead of
+//! 8 (with `--activations q8` the matrices still go one by one).
 
 use kvlab_model::rope::RopeTables;
 use kvlab_model::{LayerKind, Model, ops};

@@ -135,10 +135,10 @@ impl Engine for CpuEngine {
 
     fn fill_random(&mut self, seq: SeqId, n: usize, seed: u64) -> Result<bool> {
         let cache = self.seqs.get_mut(seq)?;
-        if cache.len + n > cache.max_seq_len {
+        if n > cache.max_seq_len - cache.len {
             return Err(kvlab_model::Error::ContextFull {
                 seq,
-                pos: cache.len + n - 1,
+                pos: cache.len.saturating_add(n - 1),
                 max_seq_len: cache.max_seq_len,
             });
         }

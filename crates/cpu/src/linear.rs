@@ -164,7 +164,8 @@ fn q8_encoded(w: &Tensor) -> Option<(GgmlType, &[u8])> {
 /// matrices that take the 8-bit-activation kernel, go through [`linear`] one by one.
 ///
 /// # Panics
-/// If a W's length is not a multiple of `d_in`, or x or a y is shorter than the shapes say.
+/// If `d_in` is 0, a W's length is not a multiple of `d_in`, or x or a y is shorter than the
+/// shapes say.
 pub fn linear_same_x<const N: usize>(
     ys: [&mut [f32]; N],
     x: &[f32],
@@ -206,8 +207,9 @@ pub fn linear_same_x<const N: usize>(
             let (a, b) = (lo.max(base), hi.min(base + n));
             if a < b {
                 // SAFETY: rows a − base .. b − base of ys[m], which holds n ≥ b − base floats
-                // (asserted above); the tasks' stacked ranges are disjoint, so no other task
-                // writes them, and this function holds `&mut` of every ys[m] until they end.
+                // (asserted above); the tasks' stacked ranges are disjoint and each task index
+                // runs exactly once, so no other task writes them, and this function holds
+                // `&mut` of every ys[m] until they end.
                 let o = unsafe { std::slice::from_raw_parts_mut(y.get().add(a - base), b - a) };
                 w.gemv_rows(o, a - base, x);
             }
@@ -630,7 +632,8 @@ mod tests {
         // q, k, v of unequal heights (the team's split falls inside a matrix and across
         // matrix boundaries), f32 and encoded, one row and several.
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-        let (d_in, outs) = (256, [100, 36, 44]);
+        // 37: the second matrix starts, and a task's share of it ends, off the 4-row pass.
+        let (d_in, outs) = (256, [100, 37, 44]);
         for ty in [
             GgmlType::F32,
             GgmlType::BF16,

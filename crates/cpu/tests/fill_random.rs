@@ -36,7 +36,7 @@ fn random_positions_are_cached_and_attended_over() {
             // Not what token 7 alone at position 0 gives: the step read the filled rows.
             let seq = engine.new_sequence(256).unwrap();
             assert_ne!(a, engine.decode(seq, 7).unwrap(), "{what}");
-            // 56 more fit (255 positions), 57 do not.
+            // After that decode the sequence holds 1 position: 255 more fit, 256 do not.
             assert!(matches!(
                 engine.fill_random(seq, 256, 3),
                 Err(Error::ContextFull { pos: 256, .. })

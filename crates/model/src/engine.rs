@@ -99,11 +99,12 @@ pub trait Engine {
     /// reaches a depth of 32,768 positions on a 1B model in seconds instead of the ~10 minutes
     /// its prefill takes on 2 cores. A decode step reads every cached key and value whatever
     /// they hold, so its time at a depth is the same; its tokens are not those of any text.
-    /// Returns `Ok(false)` when this engine cannot (the default): the caller fills by prefill.
+    /// Returns `Ok(false)` when this engine cannot (the default, whatever the sequence): the
+    /// caller fills by prefill or says so. `n` = 0 appends nothing.
     ///
     /// # Errors
-    /// [`crate::Error::UnknownSequence`]; [`crate::Error::ContextFull`] when `n` positions do
-    /// not fit.
+    /// Engines that can: [`crate::Error::UnknownSequence`]; [`crate::Error::ContextFull`] when
+    /// `n` positions do not fit.
     fn fill_random(&mut self, seq: SeqId, n: usize, seed: u64) -> Result<bool> {
         let _ = (seq, n, seed);
         Ok(false)

@@ -7,7 +7,8 @@
 //! decode step at position `pos` reads the weights and the keys and values it attends to, so
 //! beside tokens/s each depth carries the bytes a step reads (weights + `kv_read_bytes`), and the
 //! verdict asks whether kvlab's per-token time grows no faster than those bytes. Writes
-//! depth.json (schema.md) and depth.svg/.png (per-token time against position).
+//! depth.json (schema.md) and depth.svg/.png (per-token time against position); for another
+//! model than the default, depth_MODEL.json, .svg and .png.
 //!
 //! `--fill random` fills each depth without computing on both sides (`kvlab depth --fill
 //! random`; the script loads a saved sequence state of random f16 keys and values): a 1B
@@ -180,6 +181,14 @@ pub fn command(a: &DepthArgs) -> Result<()> {
     let out = a.out.clone().unwrap_or_else(paths::bench_out);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let gguf = gguf_of(&kvlab, &out, &a.model)?;
+    if a.fill == Fill::Random
+        && let Some(window) = sliding_window(&gguf)?
+    {
+        bail!(
+            "{} has sliding-window layers (window {window}), which llama.cpp keeps in a second KV cache that the random fill does not write; use --fill text",
+            a.model
+        );
+    }
     // A synthetic model without a tokenizer is given the padded one its GGUF was written with.
     let tokenizer: Vec<std::ffi::OsString> = match kvlab_model::registry::entry(&a.model) {
         Some(e) if e.tokenizer.is_none() && e.synthetic.is_some() => vec![
@@ -241,16 +250,34 @@ pub fn command(a: &DepthArgs) -> Result<()> {
     }
     let report = report(a, &runs, &depths, threads, version, machine::line(&m))?;
     print(&report);
-    let json = out.join("depth.json");
+    let stem = match a.model.as_str() {
+        "gemma-3-270m" => "depth".to_string(),
+        model => format!("depth_{model}"),
+    };
+    let json = out.join(format!("{stem}.json"));
     std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
     println!("wrote {}", json.display());
-    for f in draw_if(true, || figure(&out, &report))? {
+    for f in draw_if(true, || figure(&out, &stem, &report))? {
         println!("wrote {}", out.join(f).display());
     }
     Ok(())
 }
 
 const SIDE_NAMES: [&str; 3] = ["kvlab", "llama.cpp", "llama.cpp (flash attention)"];
+
+/// The window of a GGUF's sliding-window layers, if it has any (`ARCH.attention.sliding_window`).
+///
+/// # Errors
+/// An unreadable GGUF or one without `general.architecture`.
+fn sliding_window(gguf: &Path) -> Result<Option<usize>> {
+    let file =
+        kvlab_gguf::GgufFile::open(gguf).with_context(|| format!("reading {}", gguf.display()))?;
+    let meta = file.metadata();
+    let arch = meta.get_str("general.architecture")?;
+    Ok(meta
+        .get_usize(&format!("{arch}.attention.sliding_window"))
+        .ok())
+}
 
 /// The last line of a side's stdout (its JSON; llama-cpp-python may print before it).
 fn last_line(s: &str) -> &str {
@@ -426,7 +453,7 @@ fn print(r: &DepthReport) {
 
 /// Per-token time against position, one line per side; the bytes-read line scaled to kvlab's
 /// first point (dashed) shows where time would be if it grew as the bytes do.
-fn figure(dir: &Path, r: &DepthReport) -> Result<Vec<String>> {
+fn figure(dir: &Path, stem: &str, r: &DepthReport) -> Result<Vec<String>> {
     let style = |s: usize| {
         let c = match s {
             0 => color("cpu"),
@@ -467,7 +494,7 @@ fn figure(dir: &Path, r: &DepthReport) -> Result<Vec<String>> {
         legend: SeriesLabelPosition::UpperLeft,
         series,
     };
-    write_pair(dir, "depth", &[panel])
+    write_pair(dir, stem, &[panel])
 }
 
 #[cfg(test)]

@@ -501,7 +501,7 @@ const PAD_SCORE: f32 = -1e9;
 /// The llama2.c tokenizer of `model`: its own from the manifest, or for a synthetic model
 /// without one (the Llama-3.2-1B shape's 128,256 ids), Llama 2's 32,000 pieces followed by
 /// filler pieces `\u{E000}pad N` scored [`PAD_SCORE`] up to the model's vocabulary, written
-/// in `dir` once: text tokenizes to Llama 2's ids on both sides (kvlab reads the file,
+/// in `dir` (again on every call: a file from an older or interrupted run is never reused): text tokenizes to Llama 2's ids on both sides (kvlab reads the file,
 /// llama.cpp its GGUF copy), and every id has a piece.
 ///
 /// # Errors
@@ -525,12 +525,13 @@ pub(crate) fn llama2c_tokenizer_of(dir: &Path, model: &str) -> Result<PathBuf> {
         _ => return find(model),
     };
     let padded = dir.join(format!("{model}.tokenizer.bin"));
-    if !padded.exists() {
-        let base = find(LLAMA2_TOKENIZER_OF)?;
-        let bytes = std::fs::read(&base).with_context(|| format!("reading {}", base.display()))?;
-        std::fs::write(&padded, pad_llama2c_tokenizer(&bytes, vocab)?)
-            .with_context(|| format!("writing {}", padded.display()))?;
-    }
+    let base = find(LLAMA2_TOKENIZER_OF)?;
+    let bytes = std::fs::read(&base).with_context(|| format!("reading {}", base.display()))?;
+    let partial = padded.with_extension("bin.partial");
+    std::fs::write(&partial, pad_llama2c_tokenizer(&bytes, vocab)?)
+        .with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, &padded)
+        .with_context(|| format!("renaming {} to {}", partial.display(), padded.display()))?;
     Ok(padded)
 }
 
@@ -552,8 +553,11 @@ fn pad_llama2c_tokenizer(bytes: &[u8], vocab: usize) -> Result<Vec<u8>> {
         at += 8 + len;
         n += 1;
     }
-    if at != bytes.len() || n >= vocab {
-        bail!("the tokenizer holds {n} pieces; padding it to {vocab} needs fewer, whole ones");
+    if at != bytes.len() {
+        bail!("the tokenizer file ends inside piece {n}: truncated or not a llama2.c tokenizer");
+    }
+    if n >= vocab {
+        bail!("the tokenizer already holds {n} pieces; there is nothing to pad to {vocab}");
     }
     let mut out = bytes.to_vec();
     let mut max_len = i32_at(0)?;

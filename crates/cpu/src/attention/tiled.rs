@@ -329,7 +329,9 @@ mod x86 {
     /// is in bytes of rows, so a KV head's few lines of a wide row (Llama 3's 8 KV heads: 128
     /// of a row's 1,024 bytes) are fetched as many rows ahead as its work needs: on the 2-core
     /// Xeon, the Llama-3.2-1B shape's attention at 32,768 positions took ~72 ms a step with
-    /// 16 KiB and ~55–60 ms with 32 to 512 KiB, Gemma 3 270M's the same with 16 or 64 KiB.
+    /// 16 KiB and ~55–60 ms with 32 to 512 KiB, Gemma 3 270M's the same with 16 or 64 KiB
+    /// (the contiguous cache; in the paged pool, 16-row blocks of 1 KiB rows, 64 KiB ahead is
+    /// 4 blocks on, where a block table may point anywhere: not measured there).
     /// Past the end of the cache, or of a block, the prefetch is a wasted hint, never a fault.
     #[inline(always)]
     fn rows_ahead<T>(stride: usize) -> usize {
