@@ -38,6 +38,9 @@ const FILL_TEXT: &str = "Once upon a time, in a small village at the edge of a g
 there lived a girl who loved to read. Every morning she walked to the old library, where the \
 librarian kept a shelf of books about the stars, the sea and the mountains far away. ";
 
+/// The model measured by default; its record is depth.json, another model's depth_MODEL.json.
+pub const DEFAULT_MODEL: &str = "gemma-3-270m";
+
 /// The depths measured by default (those within the model's context).
 const DEPTHS: [usize; 8] = [512, 1024, 2048, 4096, 8192, 16384, 24576, 32768];
 
@@ -51,7 +54,7 @@ const GOAL: f64 = 1.2;
 )]
 pub struct DepthArgs {
     /// The model (a manifest GGUF, or one exported as an f32 GGUF)
-    #[arg(long, value_name = "NAME", default_value = "gemma-3-270m")]
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Threads of both sides [default: physical cores]
     #[arg(long, short = 't', value_name = "N", value_parser = usize_in(1, 1 << 16))]
@@ -251,7 +254,7 @@ pub fn command(a: &DepthArgs) -> Result<()> {
     let report = report(a, &runs, &depths, threads, version, machine::line(&m))?;
     print(&report);
     let stem = match a.model.as_str() {
-        "gemma-3-270m" => "depth".to_string(),
+        DEFAULT_MODEL => "depth".to_string(),
         model => format!("depth_{model}"),
     };
     let json = out.join(format!("{stem}.json"));

@@ -209,7 +209,7 @@ fn run_depth(o: &Opts) -> Result<()> {
             .models
             .first()
             .cloned()
-            .unwrap_or_else(|| "gemma-3-270m".into()),
+            .unwrap_or_else(|| depth::DEFAULT_MODEL.into()),
         threads: o.threads,
         depths: Vec::new(),
         n_gen: 32,
