@@ -78,19 +78,42 @@ const PAR_GEMV_MIN_WORK: usize = 1 << 15;
 /// Rows of W a small-batch task keeps in L1 while it runs every x row over them.
 const GEMV_ROWS_PER_TASK: usize = 32;
 
-/// out (rows,) = W (rows, cols) @ x (cols,). Rows are split statically, one contiguous block per
-/// worker thread (OpenMP's static schedule, as run.c's `#pragma omp parallel for`): one task per
-/// thread, nothing to steal, and each thread reads its own part of W.
-fn gemv(out: &mut [f32], w: Weight, x: &[f32]) {
-    let cols = x.len();
+/// outs[m] (rows_m,) = W_m (rows_m, cols) @ x (cols,) for N matrices of one x (N = 1: a GEMV).
+/// The matrices' rows, stacked as one, are split statically, one contiguous block per worker
+/// thread (OpenMP's static schedule, as run.c's `#pragma omp parallel for`): one task per
+/// thread, nothing to steal, and each thread reads its own part of the W's. Each row's output
+/// is the row kernel's over x whatever the split.
+///
+/// # Panics
+/// If an out is shorter than its W's rows (its length decides them) — never from `linear`.
+fn gemv_stacked<const N: usize>(outs: [&mut [f32]; N], weights: [Weight; N], x: &[f32]) {
+    let outs: [(threads::SendPtr<f32>, usize); N] =
+        outs.map(|o| (threads::SendPtr(o.as_mut_ptr()), o.len()));
+    let total: usize = outs.iter().map(|&(_, n)| n).sum();
     let threads = threads::num_threads();
-    if out.len() * cols < PAR_GEMV_MIN_WORK || threads == 1 {
-        w.gemv_rows(out, 0, x);
+    let per = if total * x.len() < PAR_GEMV_MIN_WORK || threads == 1 {
+        total.max(1)
     } else {
         // A multiple of 4 rows: the kernel's pass.
-        let per = out.len().div_ceil(threads).next_multiple_of(4);
-        threads::for_each_chunk_mut(out, per, |i, o| w.gemv_rows(o, i * per, x));
-    }
+        total.div_ceil(threads).next_multiple_of(4)
+    };
+    // Task i computes the stacked rows i·per .. (i + 1)·per, each matrix's part of them.
+    threads::for_each_task(total.div_ceil(per), |i| {
+        let (lo, hi) = (i * per, ((i + 1) * per).min(total));
+        let mut base = 0;
+        for (&(y, n), w) in outs.iter().zip(weights) {
+            let (a, b) = (lo.max(base), hi.min(base + n));
+            if a < b {
+                // SAFETY: rows a − base .. b − base of outs[m], a slice of n ≥ b − base floats;
+                // the tasks' stacked ranges are disjoint and each task index runs exactly
+                // once, so no other task writes them, and the `&mut` slices this function was
+                // given stay borrowed until every task has ended.
+                let o = unsafe { std::slice::from_raw_parts_mut(y.get().add(a - base), b - a) };
+                w.gemv_rows(o, a - base, x);
+            }
+            base += n;
+        }
+    });
 }
 
 /// Up to this many rows (where the skinny kernel does not take them), `linear` reads W once
@@ -131,7 +154,7 @@ pub fn linear(y: &mut [f32], x: &[f32], w: &Tensor, t: usize, d_in: usize, d_out
     let few =
         |ty| (2..=quant::few_rows::max_rows(ty)).contains(&t) && quant::few_rows::available(ty);
     if t == 1 {
-        gemv(&mut y[..d_out], w, &x[..d_in]);
+        gemv_stacked([&mut y[..d_out]], [w], &x[..d_in]);
     } else if let Weight::Encoded {
         ty,
         bytes,
@@ -187,35 +210,14 @@ pub fn linear_same_x<const N: usize>(
         x.len() >= d_in && ys.iter().zip(ws).all(|(y, w)| y.len() >= w.len() / d_in),
         "linear_same_x: shape mismatch"
     );
-    let x = &x[..d_in];
-    let outs: [(threads::SendPtr<f32>, usize); N] =
-        std::array::from_fn(|m| (threads::SendPtr(ys[m].as_mut_ptr()), ws[m].len() / d_in));
     let weights: [Weight; N] = std::array::from_fn(|m| Weight::of(ws[m], d_in));
-    let total: usize = outs.iter().map(|&(_, n)| n).sum();
-    let threads = threads::num_threads();
-    let per = if total * d_in < PAR_GEMV_MIN_WORK || threads == 1 {
-        total.max(1)
-    } else {
-        // A multiple of 4 rows: the kernel's pass.
-        total.div_ceil(threads).next_multiple_of(4)
-    };
-    // Task i computes the stacked rows i·per .. (i + 1)·per, each matrix's part of them.
-    threads::for_each_task(total.div_ceil(per), |i| {
-        let (lo, hi) = (i * per, ((i + 1) * per).min(total));
-        let mut base = 0;
-        for (&(y, n), w) in outs.iter().zip(weights) {
-            let (a, b) = (lo.max(base), hi.min(base + n));
-            if a < b {
-                // SAFETY: rows a − base .. b − base of ys[m], which holds n ≥ b − base floats
-                // (asserted above); the tasks' stacked ranges are disjoint and each task index
-                // runs exactly once, so no other task writes them, and this function holds
-                // `&mut` of every ys[m] until they end.
-                let o = unsafe { std::slice::from_raw_parts_mut(y.get().add(a - base), b - a) };
-                w.gemv_rows(o, a - base, x);
-            }
-            base += n;
-        }
+    let mut m = 0;
+    let ys = ys.map(|y| {
+        let rows = ws[m].len() / d_in;
+        m += 1;
+        &mut y[..rows]
     });
+    gemv_stacked(ys, weights, &x[..d_in]);
 }
 
 thread_local! {
