@@ -12,8 +12,8 @@ use kvlab_cli::args::{MAX_ARRIVAL_GAP, MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_POSIT
 use kvlab_engines::{self as engines, EngineKind, GreedyDrafting, PoolOptions, build_paged};
 use kvlab_model::Drafter;
 use kvlab_paged::{
-    BlockState, PoolView, Request, ScheduledBatch, Scheduler, SchedulerConfig, StepKind,
-    StopConditions, TierOp, drive_with,
+    BlockState, DriveReport, PoolView, Request, ScheduledBatch, Scheduler, SchedulerConfig,
+    StepKind, StopConditions, TierOp, drive_with,
 };
 
 use crate::bytes;
@@ -94,10 +94,7 @@ const DEFAULT_PROMPTS: [&str; 4] = [
 
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.run.start()?;
-    let tok = loaded
-        .tokenizer
-        .as_ref()
-        .with_context(|| format!("{} has no tokenizer", loaded.name))?;
+    let tok = crate::tokenizer_of(&loaded.tokenizer, &loaded.name)?;
     let model = Arc::new(loaded.model);
     let texts: Vec<String> = if a.prompt.is_empty() {
         DEFAULT_PROMPTS.iter().map(|s| s.to_string()).collect()
@@ -186,15 +183,51 @@ pub fn run(a: Args) -> Result<()> {
         let all = [prompts[i].as_slice(), out].concat();
         println!("[{i}] ({:?}) {}", reason, tok.decode_all(&all, a.special));
     }
-    let m = &report.metrics;
-    let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
-    let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
-    let (decode_tokens, decode_s) = report.decode_only();
-    let kv_bytes_per_block = a.kv.kv_dtype.bytes_per_block(&model.config, a.block_size);
+    let stats = Stats {
+        report: &report,
+        sched: &sched,
+        drafter: sampler.drafter.as_ref(),
+        requests: requests.len(),
+        num_blocks,
+        kv_bytes_per_block: a.kv.kv_dtype.bytes_per_block(&model.config, a.block_size),
+        show_tiers,
+    };
     if a.json {
-        let v = serde_json::json!({
+        eprintln!("{}", stats.json(&a));
+    } else {
+        stats.print(&a);
+    }
+    if let Some(path) = &a.svg {
+        let svg = picture.with_context(|| format!("the run ended before step {}", a.svg_step))?;
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("block picture written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// What `kvlab batch` reports of a run.
+struct Stats<'a> {
+    report: &'a DriveReport,
+    sched: &'a Scheduler,
+    drafter: Option<&'a Drafter>,
+    requests: usize,
+    num_blocks: usize,
+    /// Bytes of KV one block holds across layers.
+    kv_bytes_per_block: usize,
+    show_tiers: bool,
+}
+
+impl Stats<'_> {
+    /// The `--json` line.
+    fn json(&self, a: &Args) -> serde_json::Value {
+        let (report, m) = (self.report, &self.report.metrics);
+        let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
+        let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
+        let (decode_tokens, decode_s) = report.decode_only();
+        let (num_blocks, kv_bytes_per_block) = (self.num_blocks, self.kv_bytes_per_block);
+        serde_json::json!({
             "engine": a.engine.name(),
-            "requests": requests.len(),
+            "requests": self.requests,
             "steps": report.steps.len(),
             "tokens_computed": tokens,
             "engine_s": report.engine_time.as_secs_f64(),
@@ -217,9 +250,9 @@ pub fn run(a: Args) -> Result<()> {
             "tier_store": m.tier_store,
             "tenant_quota": a.tenant_quota,
             // tenant → [prompt tokens queried, tokens served by the prefix cache]
-            "tenant_prefix_hits": sched.tenant_prefix_hits(),
+            "tenant_prefix_hits": self.sched.tenant_prefix_hits(),
             // --speculative: decode steps that checked drafts, drafts checked, drafts kept
-            "speculative": sampler.drafter.as_ref().map(|d| serde_json::json!({
+            "speculative": self.drafter.map(|d| serde_json::json!({
                 "method": d.method(),
                 "num_speculative_tokens": a.spec.num_speculative_tokens,
                 "num_drafts": m.spec_decode_num_drafts,
@@ -227,9 +260,15 @@ pub fn run(a: Args) -> Result<()> {
                 "num_accepted_tokens": m.spec_decode_num_accepted_tokens,
                 "failed_proposals": d.failures().0,
             })),
-        });
-        eprintln!("{v}");
-    } else {
+        })
+    }
+
+    /// The human-readable summary (stderr).
+    fn print(&self, a: &Args) {
+        let (report, m) = (self.report, &self.report.metrics);
+        let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
+        let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
+        let (num_blocks, kv_bytes_per_block) = (self.num_blocks, self.kv_bytes_per_block);
         eprintln!(
             "{} steps, {tokens} tokens computed in {:.2} s of engine time ({:.0} tok/s; {:.2} s in all with scheduling and sampling); pool {num_blocks} blocks x {} tokens ({} of KV per block across layers); preemptions {}, prefix-cache hits {} of {} queried tokens, recomputed {} tokens",
             report.steps.len(),
@@ -243,10 +282,10 @@ pub fn run(a: Args) -> Result<()> {
             m.prefix_cache_queries,
             m.num_recomputed_tokens
         );
-        if show_tiers {
+        if self.show_tiers {
             eprintln!("{}", crate::tier_summary(m));
         }
-        if let Some(d) = &sampler.drafter {
+        if let Some(d) = self.drafter {
             eprintln!(
                 "speculative ({}): {} drafts checked in {} decode steps, {} kept ({:.1}%)",
                 d.method(),
@@ -260,7 +299,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
         if a.tenants > 1 {
-            for (t, (queried, hit)) in sched.tenant_prefix_hits() {
+            for (t, (queried, hit)) in self.sched.tenant_prefix_hits() {
                 eprintln!(
                     "tenant {t}: prefix-cache hits {hit} of {queried} queried tokens ({:.1}%)",
                     100.0 * *hit as f64 / (*queried).max(1) as f64
@@ -268,12 +307,6 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    if let Some(path) = &a.svg {
-        let svg = picture.with_context(|| format!("the run ended before step {}", a.svg_step))?;
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("block picture written to {}", path.display());
-    }
-    Ok(())
 }
 
 fn print_step(step: usize, batch: &ScheduledBatch, tier_ops: &[TierOp]) {

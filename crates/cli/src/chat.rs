@@ -50,10 +50,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.run.start()?;
-    let tok = loaded
-        .tokenizer
-        .as_ref()
-        .with_context(|| format!("{} has no tokenizer", loaded.name))?;
+    let tok = crate::tokenizer_of(&loaded.tokenizer, &loaded.name)?;
     let Some(template) = tok.chat_template() else {
         bail!(
             "{} has no chat template (llama2.c checkpoints have none; a Hugging Face folder keeps it in chat_template.jinja or tokenizer_config.json, a GGUF in tokenizer.chat_template); use `kvlab generate -p` with a plain prompt",

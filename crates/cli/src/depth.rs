@@ -152,10 +152,7 @@ fn median(xs: &[f64]) -> f64 {
 
 pub fn run(a: Args) -> Result<()> {
     let loaded = a.run.start()?;
-    let tok = loaded
-        .tokenizer
-        .as_ref()
-        .with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
+    let tok = crate::tokenizer_of(&loaded.tokenizer, &loaded.name)?;
     let ids = tok.encode_special(&a.prompt, true, false);
     if ids.len() < 2 {
         bail!(

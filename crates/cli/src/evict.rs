@@ -137,13 +137,6 @@ pub fn run(a: Args) -> Result<()> {
         })?,
         None => None,
     };
-    let run_id = format!(
-        "evict-run={}.{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    );
     if a.offload_paused && a.tiers.local().is_none() {
         bail!(
             "--offload-paused moves paused sessions to the tiers; give them with --host-tier-blocks N or --disk-tier DIR"
@@ -180,84 +173,15 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         a.pools.clone()
     };
-    let policies = if a.policies.is_empty() {
-        EvictionPolicy::ALL.to_vec()
-    } else {
-        a.policies.clone()
-    };
-    let quotas: Vec<Option<usize>> = std::iter::once(None)
-        .chain(a.quotas.iter().copied().map(Some))
-        .collect();
     let noisy = (a.noisy_sessions > 0).then_some(a.tenants as kvlab_paged::Tenant);
-    let mut rows = Vec::new();
-    let mut reference: Option<Vec<Vec<u32>>> = None;
-    for &num_blocks in &pools {
-        let tiers: Vec<_> = std::iter::once(None)
-            .chain(a.tiers.local().map(Some))
-            .chain(
-                a.tiers
-                    .local()
-                    .filter(|_| a.offload_paused)
-                    .map(|t| Some(t.with_offload_paused(true))),
-            )
-            .chain(remote_tiers.clone().map(Some))
-            .collect();
-        for ((&policy, &tenant_quota), tiers) in policies
-            .iter()
-            .flat_map(|p| quotas.iter().map(move |q| (p, q)))
-            .flat_map(|pq| tiers.iter().map(move |t| (pq, t)))
-        {
-            let pool = PoolOptions {
-                num_blocks,
-                block_size: a.block_size,
-                kv_dtype: kvlab_model::KvDtype::F32,
-            };
-            let mut engine = build_paged(EngineKind::CpuPaged, model.clone(), pool)?;
-            let mut tiers = tiers.clone();
-            if let Some(r) = tiers.as_mut().and_then(|t| t.remote.as_mut()) {
-                r.namespace = format!("{} {run_id}.{}", r.namespace, rows.len());
-                // Each run's blocks are of no use after it: let Redis drop them.
-                r.ttl_secs = r.ttl_secs.or(Some(3600));
-            }
-            let config = SchedulerConfig {
-                eviction_policy: policy,
-                tenant_quota,
-                tiers: tiers.clone(),
-                ..SchedulerConfig::new(engine.kv_cache().clone(), max_model_len)
-            };
-            let mut sched = Scheduler::new(config)?;
-            let report = drive(engine.as_mut(), &mut sched, &requests, argmax, |_, _, _| {})?;
-            let outputs: Vec<Vec<u32>> = report.outputs.iter().map(|(t, _)| t.clone()).collect();
-            match &reference {
-                None => reference = Some(outputs),
-                Some(r) if *r != outputs => bail!(
-                    "{} blocks, {}, quota {:?}, tiers {:?}: the generated tokens differ from the first run's; eviction and tiers must never change them",
-                    num_blocks,
-                    policy.name(),
-                    tenant_quota,
-                    tiers.as_ref().map(|t| t.capacity())
-                ),
-                Some(_) => {}
-            }
-            let mut r = row(num_blocks, policy, &requests, &report);
-            r.tenant_quota = tenant_quota;
-            r.tier_blocks = tiers.as_ref().map(|t| t.capacity());
-            r.offload_paused = tiers.as_ref().is_some_and(|t| t.offload_paused);
-            r.remote_tier = tiers.as_ref().is_some_and(|t| t.remote.is_some());
-            r.remote_restores = report.metrics.tier_store.blocks_restored_from_remote;
-            if let Some(noisy) = noisy {
-                let rate = |(q, h): (u64, u64)| h as f64 / q.max(1) as f64;
-                let hits = sched.tenant_prefix_hits();
-                let others = hits
-                    .iter()
-                    .filter(|(t, _)| **t != noisy)
-                    .fold((0, 0), |(q, h), (_, &(q2, h2))| (q + q2, h + h2));
-                r.noisy_hit_rate = Some(rate(hits.get(&noisy).copied().unwrap_or_default()));
-                r.others_hit_rate = Some(rate(others));
-            }
-            rows.push(r);
-        }
-    }
+    let runs = Runs {
+        model: &model,
+        requests: &requests,
+        max_model_len,
+        remote_tiers,
+        noisy,
+    };
+    let rows = runs.measure(&a, &pools)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
@@ -287,6 +211,119 @@ pub fn run(a: Args) -> Result<()> {
     }
     print_table(&a, &rows, noisy.is_some());
     Ok(())
+}
+
+/// The runs `kvlab evict` compares: one workload over pools, policies, quotas and tiers.
+struct Runs<'a> {
+    model: &'a Arc<kvlab_model::Model>,
+    requests: &'a [Request],
+    max_model_len: usize,
+    /// The tiers plus Redis, for one more run per pool and policy (`--remote-tier`).
+    remote_tiers: Option<kvlab_paged::TierConfig>,
+    /// The noisy tenant, when there is one.
+    noisy: Option<kvlab_paged::Tenant>,
+}
+
+impl Runs<'_> {
+    /// Runs every configuration on `pools` blocks, checking that each generates the first's
+    /// tokens.
+    ///
+    /// # Errors
+    /// When an engine or scheduler cannot be built or fails, or a run's tokens differ.
+    fn measure(&self, a: &Args, pools: &[usize]) -> Result<Vec<Row>> {
+        let policies = if a.policies.is_empty() {
+            EvictionPolicy::ALL.to_vec()
+        } else {
+            a.policies.clone()
+        };
+        let run_id = format!(
+            "evict-run={}.{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let quotas: Vec<Option<usize>> = std::iter::once(None)
+            .chain(a.quotas.iter().copied().map(Some))
+            .collect();
+        let mut rows = Vec::new();
+        let mut reference: Option<Vec<Vec<u32>>> = None;
+        for &num_blocks in pools {
+            let tiers: Vec<_> = std::iter::once(None)
+                .chain(a.tiers.local().map(Some))
+                .chain(
+                    a.tiers
+                        .local()
+                        .filter(|_| a.offload_paused)
+                        .map(|t| Some(t.with_offload_paused(true))),
+                )
+                .chain(self.remote_tiers.clone().map(Some))
+                .collect();
+            for ((&policy, &tenant_quota), tiers) in policies
+                .iter()
+                .flat_map(|p| quotas.iter().map(move |q| (p, q)))
+                .flat_map(|pq| tiers.iter().map(move |t| (pq, t)))
+            {
+                let pool = PoolOptions {
+                    num_blocks,
+                    block_size: a.block_size,
+                    kv_dtype: kvlab_model::KvDtype::F32,
+                };
+                let mut engine = build_paged(EngineKind::CpuPaged, self.model.clone(), pool)?;
+                let mut tiers = tiers.clone();
+                if let Some(r) = tiers.as_mut().and_then(|t| t.remote.as_mut()) {
+                    r.namespace = format!("{} {run_id}.{}", r.namespace, rows.len());
+                    // Each run's blocks are of no use after it: let Redis drop them.
+                    r.ttl_secs = r.ttl_secs.or(Some(3600));
+                }
+                let config = SchedulerConfig {
+                    eviction_policy: policy,
+                    tenant_quota,
+                    tiers: tiers.clone(),
+                    ..SchedulerConfig::new(engine.kv_cache().clone(), self.max_model_len)
+                };
+                let mut sched = Scheduler::new(config)?;
+                let report = drive(
+                    engine.as_mut(),
+                    &mut sched,
+                    self.requests,
+                    argmax,
+                    |_, _, _| {},
+                )?;
+                let outputs: Vec<Vec<u32>> =
+                    report.outputs.iter().map(|(t, _)| t.clone()).collect();
+                match &reference {
+                    None => reference = Some(outputs),
+                    Some(r) if *r != outputs => bail!(
+                        "{} blocks, {}, quota {:?}, tiers {:?}: the generated tokens differ from the first run's; eviction and tiers must never change them",
+                        num_blocks,
+                        policy.name(),
+                        tenant_quota,
+                        tiers.as_ref().map(|t| t.capacity())
+                    ),
+                    Some(_) => {}
+                }
+                let mut r = row(num_blocks, policy, self.requests, &report);
+                r.tenant_quota = tenant_quota;
+                r.tier_blocks = tiers.as_ref().map(|t| t.capacity());
+                r.offload_paused = tiers.as_ref().is_some_and(|t| t.offload_paused);
+                r.remote_tier = tiers.as_ref().is_some_and(|t| t.remote.is_some());
+                r.remote_restores = report.metrics.tier_store.blocks_restored_from_remote;
+                if let Some(noisy) = self.noisy {
+                    let rate = |(q, h): (u64, u64)| h as f64 / q.max(1) as f64;
+                    let hits = sched.tenant_prefix_hits();
+                    let others = hits
+                        .iter()
+                        .filter(|(t, _)| **t != noisy)
+                        .fold((0, 0), |(q, h), (_, &(q2, h2))| (q + q2, h + h2));
+                    r.noisy_hit_rate = Some(rate(hits.get(&noisy).copied().unwrap_or_default()));
+                    r.others_hit_rate = Some(rate(others));
+                }
+                rows.push(r);
+            }
+        }
+        Ok(rows)
+    }
 }
 
 /// The rows as a table, the tenant columns when a tenant is noisy or quotas are set, the tier

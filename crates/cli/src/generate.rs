@@ -93,41 +93,13 @@ pub fn run(a: Args) -> Result<()> {
     let t_load = Instant::now();
     let loaded = crate::load(&a.run.model)?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let tok = loaded
-        .tokenizer
-        .as_ref()
-        .with_context(|| format!("{} has no tokenizer; pass --tokenizer PATH", loaded.name))?;
+    let tok = crate::tokenizer_of(&loaded.tokenizer, &loaded.name)?;
     let weights = describe_weights(&loaded.model);
-    // With --chat the prompt is the template's render, which writes its own BOS.
-    let chat_prompt = if a.chat {
-        let template = tok.chat_template().with_context(|| {
-            format!(
-                "{} has no chat template (llama2.c checkpoints have none); leave out --chat",
-                loaded.name
-            )
-        })?;
-        let text = template.render(&[kvlab_model::chat::Message::new("user", &a.prompt)], true)?;
-        Some(tok.encode_special(&text, false, false))
-    } else {
-        None
-    };
+    let chat_prompt = chat_prompt(&a, tok, &loaded.name)?;
     let model = Arc::new(loaded.model);
     let config = model.config.clone();
     let context = a.ctx_size.unwrap_or(config.max_seq_len);
-    // Positions to compute, prompt included. -n counts new tokens, so it needs the prompt's
-    // length; a prompt that cannot fit is left to generate_text, which refuses it before
-    // encoding.
-    let steps = match (a.n_predict, a.steps) {
-        // The last prompt position's logits give the first new token, so n new tokens end at
-        // position prompt + n − 1.
-        (Some(n), _) if chat_prompt.is_some() => chat_prompt.as_ref().map_or(0, Vec::len) + n - 1,
-        (Some(n), _) if tok.min_tokens(&a.prompt) < context => {
-            tok.encode_special(&a.prompt, true, false).len() + n - 1
-        }
-        (Some(_), _) => context,
-        (None, Some(s)) => s,
-        (None, None) => RUN_C_STEPS,
-    };
+    let steps = steps_to_compute(&a, tok, chat_prompt.as_deref(), context);
     let reserve = if steps == 0 {
         context
     } else {
@@ -248,6 +220,47 @@ pub fn run(a: Args) -> Result<()> {
     }
     eprintln!("{}", kv_summary(kv, &config, &g.kv, positions));
     Ok(())
+}
+
+/// With `--chat`, the prompt's ids: the chat template's render of one user message (the
+/// render writes its own BOS); `None` without `--chat`.
+///
+/// # Errors
+/// When the model has no chat template, or the template fails.
+fn chat_prompt(a: &Args, tok: &kvlab_model::Tokenizer, name: &str) -> Result<Option<Vec<u32>>> {
+    if !a.chat {
+        return Ok(None);
+    }
+    let template = tok.chat_template().with_context(|| {
+        format!(
+            "{} has no chat template (llama2.c checkpoints have none); leave out --chat",
+            name
+        )
+    })?;
+    let text = template.render(&[kvlab_model::chat::Message::new("user", &a.prompt)], true)?;
+    Ok(Some(tok.encode_special(&text, false, false)))
+}
+
+/// Positions to compute, prompt included, from `-n` (new tokens) or `--steps` (run.c's).
+fn steps_to_compute(
+    a: &Args,
+    tok: &kvlab_model::Tokenizer,
+    chat_prompt: Option<&[u32]>,
+    context: usize,
+) -> usize {
+    // -n counts new tokens, so it needs the prompt's length; a prompt that cannot fit is left
+    // to generate_text, which refuses it before encoding.
+    match (a.n_predict, a.steps, chat_prompt) {
+        // The last prompt position's logits give the first new token, so n new tokens end at
+        // position prompt + n − 1.
+        (Some(n), _, Some(ids)) => ids.len() + n - 1,
+        (Some(n), _, None) if tok.min_tokens(&a.prompt) < context => {
+            tok.encode_special(&a.prompt, true, false).len() + n - 1
+        }
+        (Some(_), _, None) => context,
+        (None, Some(s), _) => s,
+        (None, None, _) => RUN_C_STEPS,
+    }
 }
 
 /// `--trace`: a step's length, each run of alike layers' cache shape, the block table and the

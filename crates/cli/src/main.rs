@@ -211,9 +211,8 @@ fn main() {
                 .extension()
                 .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
             {
-                let tok = l.tokenizer.as_ref().ok_or_else(|| {
-                    anyhow::anyhow!("{} has no tokenizer, and a GGUF carries one", l.name)
-                })?;
+                let tok = tokenizer_of(&l.tokenizer, &l.name)
+                    .map_err(|e| e.context("a GGUF carries its tokenizer"))?;
                 let file = kvlab_model::gguf_write::llama_gguf(&l.model, tok)?.build();
                 std::fs::write(&out, file)
                     .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
@@ -238,6 +237,20 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// A loaded model's tokenizer (`tokenizer` and `name` of a [`kvlab_model::registry::Loaded`],
+/// taken apart so that its model can still move out).
+///
+/// # Errors
+/// When it has none (a llama2.c or synthetic model without a tokenizer file).
+pub fn tokenizer_of<'a>(
+    tokenizer: &'a Option<kvlab_model::Tokenizer>,
+    name: &str,
+) -> anyhow::Result<&'a kvlab_model::Tokenizer> {
+    tokenizer
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("{name} has no tokenizer; pass --tokenizer PATH"))
 }
 
 /// Loads the model the arguments name, its matrices in the `--weights` format, their products

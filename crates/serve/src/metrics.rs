@@ -54,16 +54,7 @@ pub struct ServerMetrics {
     spec_accepted_tokens: IntCounter,
     evictions: IntCounterVec,
     hits_by_tier: IntCounterVec,
-    tier_spills: IntCounter,
-    tier_offloads: IntCounter,
-    tier_restores: IntCounter,
-    tier_drops: IntCounterVec,
-    tier_file_errors: IntCounter,
-    tier_bytes: IntGaugeVec,
-    tier_lookups: IntCounterVec,
-    tier_errors: IntCounterVec,
-    tier_bytes_moved: IntCounterVec,
-    tier_fetch_seconds: CounterVec,
+    tiers: TierMetrics,
     steps: IntCounter,
     prompt_tokens: IntCounter,
     generation_tokens: IntCounter,
@@ -72,6 +63,135 @@ pub struct ServerMetrics {
     ttft: Histogram,
     tpot: Histogram,
     e2e: Histogram,
+}
+
+/// The KV tiers' metrics (host memory, disk, a shared remote tier).
+struct TierMetrics {
+    spills: IntCounter,
+    offloads: IntCounter,
+    restores: IntCounter,
+    drops: IntCounterVec,
+    file_errors: IntCounter,
+    bytes: IntGaugeVec,
+    lookups: IntCounterVec,
+    errors: IntCounterVec,
+    bytes_moved: IntCounterVec,
+    fetch_seconds: CounterVec,
+}
+
+impl TierMetrics {
+    /// Registers the tier metrics in `r`.
+    fn new(r: &Registry) -> prometheus::Result<TierMetrics> {
+        Ok(TierMetrics {
+            spills: counter(
+                r,
+                "kvlab:kv_tier_spills_total",
+                "Evicted cached blocks whose bytes went down to host memory or disk (--host-tier-blocks, --disk-tier).",
+            )?,
+            offloads: counter(
+                r,
+                "kvlab:kv_tier_offloads_total",
+                "Of the spills, blocks of paused sessions moved down on purpose as their turn ended.",
+            )?,
+            restores: counter(
+                r,
+                "kvlab:kv_tier_restores_total",
+                "Prefix-cache blocks restored from a tier instead of recomputed.",
+            )?,
+            drops: counter_by(
+                r,
+                "kvlab:kv_tier_drops_total",
+                "Blocks the tiers let go, by reason: full (oldest spill pushed out), expired (--tier-ttl-steps), recomputed (the content computed again), lost (a file failed to write or verify).",
+                &["reason"],
+            )?,
+            file_errors: counter(
+                r,
+                "kvlab:kv_tier_file_errors_total",
+                "Disk-tier files that failed to write or to verify (each a clean miss).",
+            )?,
+            bytes: gauge_by(
+                r,
+                "kvlab:kv_tier_bytes",
+                "Bytes of KV blocks each tier holds now.",
+                "tier",
+            )?,
+            lookups: counter_by(
+                r,
+                "kvlab:kv_tier_lookups_total",
+                "Blocks looked up in a shared tier (--remote-tier: tier=\"remote\"), by result: hit (found and verified), miss (absent), rejected (corrupt, truncated, another model's or another prefix's; recomputed and deleted).",
+                &["tier", "result"],
+            )?,
+            errors: counter_by(
+                r,
+                "kvlab:kv_tier_errors_total",
+                "Commands to a shared tier that failed (down, timed out, out of memory): each a miss or a skipped write, never a failed request.",
+                &["tier"],
+            )?,
+            bytes_moved: counter_by(
+                r,
+                "kvlab:kv_tier_bytes_moved_total",
+                "Bytes of KV blocks moved to and from a shared tier, by direction: read (fetched and verified) or written (first writer of a block's content).",
+                &["tier", "direction"],
+            )?,
+            fetch_seconds: register(
+                r,
+                CounterVec::new(
+                    Opts::new(
+                        "kvlab:kv_tier_fetch_seconds_total",
+                        "Seconds spent looking blocks up in a shared tier (round trips and verification); over the hits, the restore latency per block.",
+                    ),
+                    &["tier"],
+                ),
+            )?,
+        })
+    }
+
+    /// Copies the scheduler's tier counters, as [`ServerMetrics::observe_scheduler`] does.
+    fn observe(&self, m: &kvlab_paged::Metrics) {
+        let r = m.remote_tier;
+        for (result, total) in [
+            ("hit", r.hits),
+            ("miss", r.misses),
+            ("rejected", r.rejected),
+        ] {
+            advance(&self.lookups.with_label_values(&["remote", result]), total);
+        }
+        advance(&self.errors.with_label_values(&["remote"]), r.errors);
+        for (direction, total) in [("read", r.bytes_read), ("written", r.bytes_written)] {
+            let c = self.bytes_moved.with_label_values(&["remote", direction]);
+            advance(&c, total);
+        }
+        let c = self.fetch_seconds.with_label_values(&["remote"]);
+        c.inc_by((r.fetch_ns as f64 * 1e-9 - c.get()).max(0.0));
+        let d = m.tier_drops;
+        for (reason, total) in [
+            ("full", d.full),
+            ("expired", d.expired),
+            ("recomputed", d.recomputed),
+            ("lost", d.lost),
+        ] {
+            advance(&self.drops.with_label_values(&[reason]), total);
+        }
+        for (tier, bytes) in [
+            ("host", m.tier_store.host_bytes),
+            ("disk", m.tier_store.disk_bytes),
+        ] {
+            self.bytes
+                .with_label_values(&[tier])
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        for (c, total) in [
+            (&self.spills, m.num_spills),
+            (&self.offloads, m.num_offloaded_blocks),
+            (&self.restores, m.num_restores),
+            (
+                &self.file_errors,
+                m.tier_store.disk_read_errors + m.tier_store.disk_write_errors,
+            ),
+        ] {
+            advance(c, total);
+        }
+    }
 }
 
 impl ServerMetrics {
@@ -170,66 +290,7 @@ impl ServerMetrics {
                 "Prompt tokens the prefix cache served, by where their KV came from: pool (blocks in the pool), host, disk or remote (restored from a tier; remote: fetched from the Redis tier another process wrote); each over vllm:prefix_cache_queries_total is that tier's hit rate.",
                 &["tier"],
             )?,
-            tier_spills: counter(
-                r,
-                "kvlab:kv_tier_spills_total",
-                "Evicted cached blocks whose bytes went down to host memory or disk (--host-tier-blocks, --disk-tier).",
-            )?,
-            tier_offloads: counter(
-                r,
-                "kvlab:kv_tier_offloads_total",
-                "Of the spills, blocks of paused sessions moved down on purpose as their turn ended.",
-            )?,
-            tier_restores: counter(
-                r,
-                "kvlab:kv_tier_restores_total",
-                "Prefix-cache blocks restored from a tier instead of recomputed.",
-            )?,
-            tier_drops: counter_by(
-                r,
-                "kvlab:kv_tier_drops_total",
-                "Blocks the tiers let go, by reason: full (oldest spill pushed out), expired (--tier-ttl-steps), recomputed (the content computed again), lost (a file failed to write or verify).",
-                &["reason"],
-            )?,
-            tier_file_errors: counter(
-                r,
-                "kvlab:kv_tier_file_errors_total",
-                "Disk-tier files that failed to write or to verify (each a clean miss).",
-            )?,
-            tier_bytes: gauge_by(
-                r,
-                "kvlab:kv_tier_bytes",
-                "Bytes of KV blocks each tier holds now.",
-                "tier",
-            )?,
-            tier_lookups: counter_by(
-                r,
-                "kvlab:kv_tier_lookups_total",
-                "Blocks looked up in a shared tier (--remote-tier: tier=\"remote\"), by result: hit (found and verified), miss (absent), rejected (corrupt, truncated, another model's or another prefix's; recomputed and deleted).",
-                &["tier", "result"],
-            )?,
-            tier_errors: counter_by(
-                r,
-                "kvlab:kv_tier_errors_total",
-                "Commands to a shared tier that failed (down, timed out, out of memory): each a miss or a skipped write, never a failed request.",
-                &["tier"],
-            )?,
-            tier_bytes_moved: counter_by(
-                r,
-                "kvlab:kv_tier_bytes_moved_total",
-                "Bytes of KV blocks moved to and from a shared tier, by direction: read (fetched and verified) or written (first writer of a block's content).",
-                &["tier", "direction"],
-            )?,
-            tier_fetch_seconds: register(
-                r,
-                CounterVec::new(
-                    Opts::new(
-                        "kvlab:kv_tier_fetch_seconds_total",
-                        "Seconds spent looking blocks up in a shared tier (round trips and verification); over the hits, the restore latency per block.",
-                    ),
-                    &["tier"],
-                ),
-            )?,
+            tiers: TierMetrics::new(r)?,
             steps: counter(r, "kvlab:steps_total", "Engine steps run.")?,
             prompt_tokens: counter(
                 r,
@@ -303,43 +364,7 @@ impl ServerMetrics {
         for (tier, total) in tiers {
             advance(&self.hits_by_tier.with_label_values(&[tier]), total);
         }
-        let r = m.remote_tier;
-        for (result, total) in [
-            ("hit", r.hits),
-            ("miss", r.misses),
-            ("rejected", r.rejected),
-        ] {
-            advance(
-                &self.tier_lookups.with_label_values(&["remote", result]),
-                total,
-            );
-        }
-        advance(&self.tier_errors.with_label_values(&["remote"]), r.errors);
-        for (direction, total) in [("read", r.bytes_read), ("written", r.bytes_written)] {
-            let c = self
-                .tier_bytes_moved
-                .with_label_values(&["remote", direction]);
-            advance(&c, total);
-        }
-        let c = self.tier_fetch_seconds.with_label_values(&["remote"]);
-        c.inc_by((r.fetch_ns as f64 * 1e-9 - c.get()).max(0.0));
-        let d = m.tier_drops;
-        for (reason, total) in [
-            ("full", d.full),
-            ("expired", d.expired),
-            ("recomputed", d.recomputed),
-            ("lost", d.lost),
-        ] {
-            advance(&self.tier_drops.with_label_values(&[reason]), total);
-        }
-        for (tier, bytes) in [
-            ("host", m.tier_store.host_bytes),
-            ("disk", m.tier_store.disk_bytes),
-        ] {
-            self.tier_bytes
-                .with_label_values(&[tier])
-                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-        }
+        self.tiers.observe(&m);
         for (c, total) in [
             (&self.prefix_queries, m.prefix_cache_queries),
             (&self.prefix_hits, m.prefix_cache_hits),
@@ -353,13 +378,6 @@ impl ServerMetrics {
                 m.spec_decode_num_accepted_tokens,
             ),
             (&self.steps, m.num_steps),
-            (&self.tier_spills, m.num_spills),
-            (&self.tier_offloads, m.num_offloaded_blocks),
-            (&self.tier_restores, m.num_restores),
-            (
-                &self.tier_file_errors,
-                m.tier_store.disk_read_errors + m.tier_store.disk_write_errors,
-            ),
         ] {
             advance(c, total);
         }
