@@ -213,24 +213,16 @@ impl KvStore {
             Data::F16(d) => d[at].convert_from_f32_slice(x),
             Data::Bf16(d) => d[at].convert_from_f32_slice(x),
             Data::Fp8 { q, scale } => {
-                let heads = q[at].chunks_exact_mut(hd).zip(x.chunks_exact(hd));
-                for ((q, x), s) in heads.zip(&mut scale[row * self.n_kv_heads..]) {
-                    *s = scale_for(x, FP8_MAX);
-                    let inv = 1.0 / *s;
-                    q.iter_mut()
-                        .zip(x)
-                        .for_each(|(q, x)| *q = F8E4M3::from_f32(x * inv).to_bits());
-                }
+                let scale = &mut scale[row * self.n_kv_heads..];
+                write_scaled_heads(&mut q[at], x, hd, scale, FP8_MAX, |v| {
+                    F8E4M3::from_f32(v).to_bits()
+                });
             }
             Data::Int8 { q, scale } => {
-                let heads = q[at].chunks_exact_mut(hd).zip(x.chunks_exact(hd));
-                for ((q, x), s) in heads.zip(&mut scale[row * self.n_kv_heads..]) {
-                    *s = scale_for(x, 127.0);
-                    let inv = 1.0 / *s;
-                    q.iter_mut()
-                        .zip(x)
-                        .for_each(|(q, x)| *q = (x * inv).round().clamp(-127.0, 127.0) as i8);
-                }
+                let scale = &mut scale[row * self.n_kv_heads..];
+                write_scaled_heads(&mut q[at], x, hd, scale, 127.0, |v| {
+                    v.round().clamp(-127.0, 127.0) as i8
+                });
             }
             Data::Int4Values { q, scale, min } => {
                 let (hb, vg) = (hd.div_ceil(2), hd.div_ceil(VALUE_GROUP));
@@ -712,6 +704,25 @@ fn scale_for(x: &[f32], max: f32) -> f32 {
         }
     });
     if amax == 0.0 { 1.0 } else { amax / max }
+}
+
+/// One row of 8-bit codes with a scale per KV head: each head's `head_dim` values `x` are
+/// divided by the head's scale (its absolute maximum over `max`, [`scale_for`]) and coded by
+/// `code`. `q` and `x` are (n_kv_heads, head_dim); `scale` starts at the row's first head.
+fn write_scaled_heads<T>(
+    q: &mut [T],
+    x: &[f32],
+    head_dim: usize,
+    scale: &mut [f32],
+    max: f32,
+    code: impl Fn(f32) -> T,
+) {
+    let heads = q.chunks_exact_mut(head_dim).zip(x.chunks_exact(head_dim));
+    for ((q, x), s) in heads.zip(scale) {
+        *s = scale_for(x, max);
+        let inv = 1.0 / *s;
+        q.iter_mut().zip(x).for_each(|(q, x)| *q = code(x * inv));
+    }
 }
 
 #[cfg(test)]
