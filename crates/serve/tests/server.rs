@@ -21,7 +21,7 @@ use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::{Model, Tokenizer};
 use kvlab_paged::{KvCacheConfig, ModelInput, SchedulerConfig, StepExecutor};
 use kvlab_serve::{
-    AppState, DEFAULT_BODY_LIMIT, EngineParts, Executor, PrefixIsolation, router, spawn_engine,
+    AppState, DEFAULT_BODY_LIMIT, EngineParts, Executor, PrefixIsolation, spawn_engine,
 };
 use serde_json::{Value, json};
 
@@ -78,13 +78,7 @@ async fn start_with(
         "stories260K".into(),
         max_waiting,
     )));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(kvlab_serve::serve(
-        listener,
-        router(state, DEFAULT_BODY_LIMIT),
-        shutdown,
-    ));
+    let (addr, task) = common::listen(state, shutdown).await;
     (format!("http://{addr}"), task)
 }
 

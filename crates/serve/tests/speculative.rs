@@ -16,7 +16,7 @@ use kvlab_cpu::CpuEngine;
 use kvlab_cpu::paged::PagedCpuEngine;
 use kvlab_model::{DraftModel, Drafter, Model, NgramProposer, Proposer, Speculative, Tokenizer};
 use kvlab_paged::{KvCacheConfig, SchedulerConfig};
-use kvlab_serve::{AppState, DEFAULT_BODY_LIMIT, EngineParts, Executor, router, spawn_engine};
+use kvlab_serve::{AppState, EngineParts, Executor, spawn_engine};
 use serde_json::json;
 
 /// Prompts that repeat themselves (prompt lookup finds guesses) and prompts that do not.
@@ -75,13 +75,7 @@ async fn start(model: &Arc<Model>, tok: &Arc<Tokenizer>, make: MakeDrafter) -> S
     )
     .unwrap();
     let state = Arc::new(AppState::new(engine, tok.clone(), "stories260K".into(), 64));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(kvlab_serve::serve(
-        listener,
-        router(state, DEFAULT_BODY_LIMIT),
-        std::future::pending(),
-    ));
+    let (addr, _) = common::listen(state, std::future::pending()).await;
     format!("http://{addr}")
 }
 

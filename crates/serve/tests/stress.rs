@@ -26,7 +26,7 @@ use kvlab_model::{Model, Tokenizer};
 use kvlab_paged::{KvCacheConfig, ModelInput, SchedulerConfig, StepExecutor};
 use kvlab_serve::{
     AppState, BODY_READ_TIMEOUT, DEFAULT_BODY_LIMIT, EngineParts, Executor, HEADER_READ_TIMEOUT,
-    router, spawn_engine,
+    spawn_engine,
 };
 use serde_json::{Value, json};
 use tokio::net::{TcpSocket, TcpStream};
@@ -109,13 +109,7 @@ async fn start(
         "stories260K".into(),
         max_waiting,
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(kvlab_serve::serve(
-        listener,
-        router(state, DEFAULT_BODY_LIMIT),
-        std::future::pending(),
-    ));
+    let (addr, _) = common::listen(state, std::future::pending()).await;
     Server {
         url: format!("http://{addr}"),
         addr,
@@ -370,12 +364,7 @@ async fn flood(server: &Server, hold: bool) -> Vec<(usize, RawResponse)> {
     let mut results = Vec::new();
     loop {
         if hold && results.len() == CONNECTIONS - MAX_WAITING {
-            let h: Value = reqwest::get(format!("{}/health", server.url))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let h = common::health(&server.url).await;
             assert_eq!(h["num_requests_pending"], MAX_WAITING, "{h}");
             server.hold.store(false, Ordering::Release);
         }
@@ -599,20 +588,10 @@ async fn a_client_that_leaves_before_its_answer_frees_its_blocks() {
     // Leaves once its sequence is running.
     let conn = TcpStream::connect(server.addr).await.unwrap();
     write_all(&conn, &request).await.unwrap();
-    let mut running = false;
-    for _ in 0..500 {
-        let h: Value = reqwest::get(format!("{}/health", server.url))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if h["num_requests_running"] == 1 && h["num_blocks_used"].as_u64() > Some(0) {
-            running = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let (_, running) = common::poll_health(&server.url, 500, Duration::from_millis(5), |h| {
+        h["num_requests_running"] == 1 && h["num_blocks_used"].as_u64() > Some(0)
+    })
+    .await;
     assert!(running, "the request never ran");
     let left = Instant::now();
     drop(conn);
@@ -630,22 +609,8 @@ async fn a_client_that_leaves_before_its_answer_frees_its_blocks() {
     write_all(&conn, &request).await.unwrap();
     drop(conn);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut h = Value::Null;
-    for _ in 0..500 {
-        h = reqwest::get(format!("{}/health", server.url))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if h["num_blocks_used"] == 0
-            && h["num_requests_running"] == 0
-            && h["num_requests_pending"] == 0
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let every = Duration::from_millis(20);
+    let (h, _) = common::poll_health(&server.url, 500, every, common::idle).await;
     // Aborted whether it reached a step or not; if it reached one, it must have been aborted.
     let reached = prefix_queries(&server.url).await > queries;
     let aborted = h["num_requests_aborted"].as_u64().unwrap();

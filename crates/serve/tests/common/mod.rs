@@ -53,29 +53,74 @@ pub fn cpu_greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &str, max_tokens:
     text + &utf8.finish()
 }
 
+/// Serves `state`'s router on a free port of 127.0.0.1 until `shutdown`; its address and the
+/// server's task.
+pub async fn listen(
+    state: Arc<kvlab_serve::AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = kvlab_serve::router(state, kvlab_serve::DEFAULT_BODY_LIMIT);
+    (
+        addr,
+        tokio::spawn(kvlab_serve::serve(listener, router, shutdown)),
+    )
+}
+
+/// `/health`'s answer.
+pub async fn health(url: &str) -> Value {
+    reqwest::get(format!("{url}/health"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Polls `/health` every `every`, at most `polls` times, until `done` says so: the last answer,
+/// and whether `done` said so.
+pub async fn poll_health(
+    url: &str,
+    polls: usize,
+    every: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> (Value, bool) {
+    let mut h = Value::Null;
+    for _ in 0..polls {
+        h = health(url).await;
+        if done(&h) {
+            return (h, true);
+        }
+        tokio::time::sleep(every).await;
+    }
+    (h, false)
+}
+
+/// Whether `/health`'s answer `h` shows an idle pool: no block in use, no request running or
+/// pending.
+pub fn idle(h: &Value) -> bool {
+    h["num_blocks_used"] == 0 && h["num_requests_running"] == 0 && h["num_requests_pending"] == 0
+}
+
 /// Polls `/health` every 20 ms, at most `polls` times, until no block is in use, no request is
 /// running or pending, and `aborted` sequences were aborted because their receiver closed (a
 /// client gone, a stop string); returns the last health answer.
 pub async fn assert_pool_free(url: &str, aborted: u64, polls: usize) -> Value {
-    let mut h = Value::Null;
-    for _ in 0..polls {
-        h = reqwest::get(format!("{url}/health"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if h["num_blocks_used"] == 0
-            && h["num_requests_running"] == 0
-            && h["num_requests_pending"] == 0
-            && h["num_requests_aborted"] == aborted
-        {
-            assert_eq!(h["num_blocks_free"], h["num_blocks_total"], "{h}");
-            return h;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("after {polls} polls the pool is not free, or not after {aborted} aborts: {h}");
+    let every = Duration::from_millis(20);
+    let (h, free) = poll_health(url, polls, every, |h| {
+        idle(h) && h["num_requests_aborted"] == aborted
+    })
+    .await;
+    assert!(
+        free,
+        "after {polls} polls the pool is not free, or not after {aborted} aborts: {h}"
+    );
+    assert_eq!(h["num_blocks_free"], h["num_blocks_total"], "{h}");
+    h
 }
 
 /// The value of the metric line starting with `name` on `/metrics` (a counter or a gauge).
