@@ -496,19 +496,38 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
+    /// n values drawn uniformly from [−1, 1).
+    fn uniform(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+    }
+
+    /// `got` and `want`, both (t, d_out) products of x (t, d_in) with w (d_out, d_in), agree
+    /// within 1e-5 of each product's Σ_k |w[j][k]·x[r][k]| (the size of its rounding).
+    fn assert_near_dots(got: &[f32], want: &[f32], w: &[f32], x: &[f32], d_in: usize, what: &str) {
+        let d_out = w.len() / d_in;
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            let (r, j) = (i / d_out, i % d_out);
+            let scale: f32 = (0..d_in)
+                .map(|k| (w[j * d_in + k] * x[r * d_in + k]).abs())
+                .sum();
+            assert!(
+                (a - b).abs() <= 1e-5 * scale.max(1e-6),
+                "{what} y[{r}][{j}]: {a} vs {b}"
+            );
+        }
+    }
+
     #[test]
     fn a_row_of_a_small_batch_equals_its_gemv_bit_for_bit() {
         // Batch invariance at the bit level: a decode row does not depend on its batch-mates.
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let (d_in, d_out) = (288, 1000);
-        let w: Tensor = (0..d_out * d_in)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
+        let w: Tensor = uniform(&mut rng, d_out * d_in).into();
         for t in 2..=SMALL_BATCH {
             if t >= SKINNY_MIN && skinny::available() {
                 continue; // the skinny kernel's rows: see the next test
             }
-            let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let x: Vec<f32> = uniform(&mut rng, t * d_in);
             let mut y = vec![f32::NAN; t * d_out];
             linear(&mut y, &x, &w, t, d_in, d_out);
             for r in 0..t {
@@ -535,10 +554,8 @@ mod tests {
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(10);
         let (d_in, d_out) = (288, 300);
-        let w: Tensor = (0..d_out * d_in)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        let row: Vec<f32> = (0..d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let w: Tensor = uniform(&mut rng, d_out * d_in).into();
+        let row: Vec<f32> = uniform(&mut rng, d_in);
         let mut first: Option<Vec<f32>> = None;
         for (t, at) in [
             (5, 0),
@@ -549,7 +566,7 @@ mod tests {
             (64, 40),
             (64, 63),
         ] {
-            let mut x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut x: Vec<f32> = uniform(&mut rng, t * d_in);
             x[at * d_in..(at + 1) * d_in].copy_from_slice(&row);
             let mut y = vec![f32::NAN; t * d_out];
             linear(&mut y, &x, &w, t, d_in, d_out);
@@ -570,11 +587,9 @@ mod tests {
         // larger, then smaller, then larger again.
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
         let (d, vocab) = (16, 1000);
-        let w: Tensor = (0..vocab * d)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
+        let w: Tensor = uniform(&mut rng, vocab * d).into();
         for b in [70, 1, 3, 70, 20] {
-            let xl: Vec<f32> = (0..b * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let xl: Vec<f32> = uniform(&mut rng, b * d);
             let got = linear_to_rows(&xl, &w, b, d, vocab);
             let mut want = vec![f32::NAN; b * vocab];
             linear(&mut want, &xl, &w, b, d, vocab);
@@ -604,29 +619,15 @@ mod tests {
             (33, 96, 1000), // sgemm split into column blocks, the last one short
             (1, 5, 3),
         ] {
-            let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let w: Tensor = (0..d_out * d_in)
-                .map(|_| rng.random_range(-1.0..1.0))
-                .collect();
+            let x: Vec<f32> = uniform(&mut rng, t * d_in);
+            let w: Tensor = uniform(&mut rng, d_out * d_in).into();
             let mut y = vec![f32::NAN; t * d_out]; // poisoned: every element must be written
             linear(&mut y, &x, &w, t, d_in, d_out);
-            for r in 0..t {
-                let mut reference = vec![0.0; d_out];
-                kvlab_model::ops::matvec(&mut reference, &w, &x[r * d_in..(r + 1) * d_in]);
-                for (i, (a, b)) in y[r * d_out..(r + 1) * d_out]
-                    .iter()
-                    .zip(&reference)
-                    .enumerate()
-                {
-                    let scale: f32 = (0..d_in)
-                        .map(|k| (w[i * d_in + k] * x[r * d_in + k]).abs())
-                        .sum();
-                    assert!(
-                        (a - b).abs() <= 1e-5 * scale.max(1e-6),
-                        "t={t} row {r} col {i}: {a} vs {b}"
-                    );
-                }
+            let mut reference = vec![0.0; t * d_out];
+            for (r, reference) in reference.chunks_exact_mut(d_out).enumerate() {
+                kvlab_model::ops::matvec(reference, &w, &x[r * d_in..(r + 1) * d_in]);
             }
+            assert_near_dots(&y, &reference, &w, &x, d_in, &format!("t={t}"));
         }
     }
     #[test]
@@ -645,8 +646,7 @@ mod tests {
             let ws: Vec<Tensor> = (outs.iter())
                 .map(|&n| match ty {
                     GgmlType::F32 | GgmlType::BF16 => {
-                        let f: Tensor =
-                            (0..n * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+                        let f: Tensor = uniform(&mut rng, n * d_in).into();
                         f.convert(ty)
                     }
                     _ => {
@@ -656,7 +656,7 @@ mod tests {
                 })
                 .collect();
             for t in [1, 3] {
-                let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let x: Vec<f32> = uniform(&mut rng, t * d_in);
                 let mut got: Vec<Vec<f32>> = outs.iter().map(|&n| vec![f32::NAN; t * n]).collect();
                 let [a, b, c] = &mut got[..] else {
                     unreachable!()
@@ -692,7 +692,7 @@ mod tests {
                 .expect("whole blocks")
                 .with_activations(kvlab_model::Activations::Q8);
             let t = 37;
-            let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let x: Vec<f32> = uniform(&mut rng, t * d_in);
             let mut all = vec![f32::NAN; t * d_out];
             linear(&mut all, &x, &w, t, d_in, d_out);
             let f32_w = w.convert(GgmlType::F32);
@@ -732,10 +732,8 @@ mod tests {
             (65, 96, 1000),
             (100, 64, 33),
         ] {
-            let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let w: Tensor = (0..d_out * d_in)
-                .map(|_| rng.random_range(-1.0..1.0))
-                .collect();
+            let x: Vec<f32> = uniform(&mut rng, t * d_in);
+            let w: Tensor = uniform(&mut rng, d_out * d_in).into();
             let mut y = vec![f32::NAN; t * d_out];
             linear(&mut y, &x, &w, t, d_in, d_out);
             let mut want = vec![0.0f32; t * d_out];
@@ -783,20 +781,11 @@ mod tests {
             let w = Tensor::encoded_from_bytes(ty, bytes, d_out * d_in).expect("whole blocks");
             let decoded = w.convert(GgmlType::F32);
             for t in [1, 2, 4, 5, 12, 13, 32, 40, 41, 64, 70] {
-                let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let x: Vec<f32> = uniform(&mut rng, t * d_in);
                 let (mut got, mut want) = (vec![f32::NAN; t * d_out], vec![f32::NAN; t * d_out]);
                 linear(&mut got, &x, &w, t, d_in, d_out);
                 linear(&mut want, &x, &decoded, t, d_in, d_out);
-                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                    let (r, j) = (i / d_out, i % d_out);
-                    let scale: f32 = (0..d_in)
-                        .map(|k| (decoded[j * d_in + k] * x[r * d_in + k]).abs())
-                        .sum();
-                    assert!(
-                        (a - b).abs() <= 1e-5 * scale.max(1e-6),
-                        "{ty} t={t} y[{r}][{j}]: {a} vs {b}"
-                    );
-                }
+                assert_near_dots(&got, &want, &decoded, &x, d_in, &format!("{ty} t={t}"));
             }
         }
     }
@@ -808,14 +797,12 @@ mod tests {
         // own per format, checked against their references in crate::quant).
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
         let (d_in, d_out) = (96, 333);
-        let f32_w: Tensor = (0..d_out * d_in)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
+        let f32_w: Tensor = uniform(&mut rng, d_out * d_in).into();
         for ty in [GgmlType::BF16, GgmlType::F16] {
             let w = f32_w.convert(ty);
             let decoded = Tensor::from(w.to_vec());
             for t in [4, 12, 32, 64, 70] {
-                let x: Vec<f32> = (0..t * d_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+                let x: Vec<f32> = uniform(&mut rng, t * d_in);
                 let (mut got, mut want) = (vec![f32::NAN; t * d_out], vec![f32::NAN; t * d_out]);
                 linear(&mut got, &x, &w, t, d_in, d_out);
                 linear(&mut want, &x, &decoded, t, d_in, d_out);
