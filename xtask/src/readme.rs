@@ -150,6 +150,11 @@ fn thousands(x: f64) -> String {
 }
 
 /// A markdown table.
+/// The elements of a record's array (none when it is absent or not an array).
+fn each(v: &Value) -> impl Iterator<Item = &Value> {
+    v.as_array().into_iter().flatten()
+}
+
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut s = format!(
         "| {} |\n|{}\n",
@@ -204,10 +209,7 @@ fn headline(bench: &Value, file: &str) -> Result<String> {
     }
     let h = &bench["headline"];
     let mut models: Vec<&str> = Vec::new();
-    let speedups = h["generation_speedup_vs_naive"]
-        .as_array()
-        .into_iter()
-        .flatten();
+    let speedups = each(&h["generation_speedup_vs_naive"]);
     for r in speedups.chain(h["decode_tok_per_s"].as_array().into_iter().flatten()) {
         if !models.contains(&s(&r["model"])) {
             models.push(s(&r["model"]));
@@ -344,10 +346,7 @@ fn benches_readme(root: &Path) -> Result<String> {
 
 /// Decode tokens/s of every model and engine of a bench.json.
 fn decode_table(bench: &Value) -> String {
-    let out: Vec<Vec<String>> = bench["headline"]["decode_tok_per_s"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let out: Vec<Vec<String>> = each(&bench["headline"]["decode_tok_per_s"])
         .map(|r| {
             vec![
                 s(&r["model"]).to_string(),
@@ -375,10 +374,7 @@ fn decode_table(bench: &Value) -> String {
 
 fn serve_section(v: &Value) -> String {
     let ms = |d: &Value| format!("{} / {}", num(f(&d["median"])), num(f(&d["p99"])));
-    let out: Vec<Vec<String>> = v["rates"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let out: Vec<Vec<String>> = each(&v["rates"])
         .map(|r| {
             vec![
                 s(&r["rate"]).to_string(),
@@ -418,10 +414,7 @@ fn serve_section(v: &Value) -> String {
 
 fn serve_peer_section(v: &Value, file: &str) -> String {
     let ms = |d: &Value| format!("{} / {}", num(f(&d["median"])), num(f(&d["p99"])));
-    let out: Vec<Vec<String>> = v["points"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let out: Vec<Vec<String>> = each(&v["points"])
         .map(|p| {
             let (k, l) = (&p["kvlab"], &p["peer"]);
             vec![
@@ -535,10 +528,7 @@ fn depth_section(v: &Value, file: &str) -> String {
 }
 
 fn tiers_section(v: &Value) -> String {
-    let mut contexts: Vec<u64> = v["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let mut contexts: Vec<u64> = each(&v["rows"])
         .filter_map(|r| r["context"].as_u64())
         .collect();
     contexts.dedup();
@@ -585,10 +575,7 @@ fn tiers_section(v: &Value) -> String {
 }
 
 fn cluster_section(v: &Value) -> String {
-    let out: Vec<Vec<String>> = v["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let out: Vec<Vec<String>> = each(&v["rows"])
         .map(|r| {
             vec![
                 r["instances"].to_string(),
@@ -644,10 +631,7 @@ fn cluster_section(v: &Value) -> String {
 }
 
 fn speculative_section(v: &Value) -> String {
-    let out: Vec<Vec<String>> = v["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let out: Vec<Vec<String>> = each(&v["rows"])
         .map(|r| {
             let acceptance = f(&r["acceptance_rate"]);
             vec![
@@ -691,10 +675,7 @@ fn speculative_section(v: &Value) -> String {
 }
 
 fn chunked_section(v: &Value) -> String {
-    let out: Vec<Vec<String>> = v["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let out: Vec<Vec<String>> = each(&v["rows"])
         .map(|r| {
             vec![
                 s(&r["config"]).to_string(),
@@ -737,10 +718,7 @@ fn eviction_section(v: &Value) -> String {
         x.as_f64()
             .map_or("–".into(), |x| format!("{:.1}%", 100.0 * x))
     };
-    let out: Vec<Vec<String>> = v["sessions"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let out: Vec<Vec<String>> = each(&v["sessions"])
         .map(|r| {
             vec![
                 s(&r["policy"]).to_string(),

@@ -163,6 +163,31 @@ pub struct ContinuousRow {
     pub block_size: Option<usize>,
 }
 
+impl ContinuousRow {
+    /// A row of `requests` (model, engine, mode) that generated `generated` tokens in `secs`
+    /// seconds of engine time; the paged columns empty.
+    fn new(
+        (model, engine, mode): (&str, &str, &str),
+        requests: &[Request],
+        generated: usize,
+        secs: f64,
+    ) -> ContinuousRow {
+        let prompt_tokens: usize = requests.iter().map(|q| q.prompt.len()).sum();
+        ContinuousRow {
+            model: model.into(),
+            engine: engine.into(),
+            mode: mode.into(),
+            num_requests: requests.len(),
+            prompt_tokens,
+            generated_tokens: generated,
+            engine_seconds: secs,
+            total_tok_per_s: (prompt_tokens + generated) as f64 / secs,
+            generated_tok_per_s: generated as f64 / secs,
+            ..Default::default()
+        }
+    }
+}
+
 /// A seeded arrival trace: request i arrives at step ⌊i · gap⌋.
 pub fn trace(prompts: Vec<Vec<u32>>, outputs: &[usize], gap: f64) -> Vec<Request> {
     prompts
@@ -190,26 +215,18 @@ pub fn continuous_paged(
     requests: &[Request],
 ) -> Result<ContinuousRow> {
     let r = drive(engine, model, pool, max_model_len, requests)?;
-    let prompt_tokens: usize = requests.iter().map(|q| q.prompt.len()).sum();
     let generated: usize = r.outputs.iter().map(|o| o.0.len()).sum();
     let secs = r.engine_time.as_secs_f64();
     let n = r.steps.len().max(1);
+    let mode = "continuous batching";
     Ok(ContinuousRow {
-        model: model_name.into(),
-        engine: engine_name.into(),
-        mode: "continuous batching".into(),
-        num_requests: requests.len(),
-        prompt_tokens,
-        generated_tokens: generated,
-        engine_seconds: secs,
-        total_tok_per_s: (prompt_tokens + generated) as f64 / secs,
-        generated_tok_per_s: generated as f64 / secs,
         steps: Some(r.steps.len()),
         mean_batch: Some(r.steps.iter().map(|s| s.num_seqs).sum::<usize>() as f64 / n as f64),
         max_batch: r.steps.iter().map(|s| s.num_seqs).max(),
         preemptions: Some(r.metrics.num_preemptions),
         pool_blocks: Some(pool.num_blocks),
         block_size: Some(pool.block_size),
+        ..ContinuousRow::new((model_name, engine_name, mode), requests, generated, secs)
     })
 }
 
@@ -238,17 +255,11 @@ pub fn continuous_sequential(
         res?;
         generated += n;
     }
-    let prompt_tokens: usize = requests.iter().map(|q| q.prompt.len()).sum();
-    Ok(ContinuousRow {
-        model: model_name.into(),
-        engine: engine.name().into(),
-        mode: "one request at a time".into(),
-        num_requests: requests.len(),
-        prompt_tokens,
-        generated_tokens: generated,
-        engine_seconds: secs,
-        total_tok_per_s: (prompt_tokens + generated) as f64 / secs,
-        generated_tok_per_s: generated as f64 / secs,
-        ..Default::default()
-    })
+    let mode = "one request at a time";
+    Ok(ContinuousRow::new(
+        (model_name, engine.name(), mode),
+        requests,
+        generated,
+        secs,
+    ))
 }

@@ -243,12 +243,22 @@ fn run_serve(o: &Opts) -> Result<()> {
     })
 }
 
-/// What every side bench (`--tiers`, `--chunked-prefill`, `--speculative`) starts from: the
-/// output folder (created), this machine's line, and whether the run is quick.
-struct Side {
-    out: PathBuf,
-    machine: String,
-    quick: bool,
+/// What every side bench (`--tiers`, `--chunked-prefill`, `--speculative`, `--cluster`) takes
+/// from the command line.
+pub struct Side {
+    /// `--quick`: fewer, smaller runs.
+    pub quick: bool,
+    /// `--model` (one at most); `None`: Gemma 3 270M, stories260K when quick ([`side_model`]).
+    pub model: Option<String>,
+    /// Repetitions of each measurement (1 when quick).
+    pub reps: usize,
+    pub seed: u64,
+    /// The output folder (created).
+    pub out: PathBuf,
+    /// Whether to draw the plots.
+    pub plots: bool,
+    /// This machine's line.
+    pub machine: String,
 }
 
 /// Checks that `flag`'s run was given at most one --model (and no --engine unless `engines`),
@@ -266,10 +276,15 @@ fn side(o: &Opts, flag: &str, engines: bool) -> Result<Side> {
     }
     let out = o.out();
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let quick = o.quick && !o.full;
     Ok(Side {
+        quick,
+        model: o.models.first().cloned(),
+        reps: if quick { 1 } else { o.reps },
+        seed: o.seed,
         out,
+        plots: !o.no_plots,
         machine: machine::line(&machine::detect()),
-        quick: o.quick && !o.full,
     })
 }
 
@@ -289,30 +304,15 @@ fn side_model(
 
 /// `--tiers`: restore versus recompute (tiers.rs), table, tiers.json and the plot.
 fn run_tiers(o: &Opts) -> Result<()> {
-    let Side {
-        out,
-        machine,
-        quick,
-    } = side(o, "--tiers", true)?;
-    let t = tiers::TierOpts {
-        quick,
-        model: o.models.first().cloned(),
+    let side = side(o, "--tiers", true)?;
+    let out = side.out.clone();
+    let report = tiers::run(&tiers::TierOpts {
+        side,
         contexts: o.contexts.clone(),
-        reps: if quick { 1 } else { o.reps },
-        seed: o.seed,
-        out: out.clone(),
-        plots: !o.no_plots,
-        machine,
-    };
-    let report = tiers::run(&t)?;
+    })?;
     tiers::print(&report);
-    write_json(
-        &out,
-        "tiers.json",
-        &report,
-        report.plots.len(),
-        report.wall_seconds,
-    )
+    let plots = report.plots.len();
+    write_json(&out, "tiers.json", &report, plots, report.wall_seconds)
 }
 
 /// Writes a mode's report as `out/name` (pretty JSON) and says where, with its plots.
@@ -359,24 +359,14 @@ fn run_eviction(o: &Opts) -> Result<()> {
 /// `--chunked-prefill`: a long prompt among running decodes, whole and chunked (chunked/),
 /// table, chunked_prefill.json and the plot.
 fn run_chunked(o: &Opts) -> Result<()> {
-    let Side {
-        out,
-        machine,
-        quick,
-    } = side(o, "--chunked-prefill", false)?;
-    let c = chunked::ChunkedOpts {
-        quick,
-        model: o.models.first().cloned(),
+    let side = side(o, "--chunked-prefill", false)?;
+    let out = side.out.clone();
+    let report = chunked::run(&chunked::ChunkedOpts {
+        side,
         prompt_len: o.prompt_len,
         decodes: o.decodes,
         budgets: o.budgets.clone(),
-        reps: if quick { 1 } else { o.reps },
-        seed: o.seed,
-        out: out.clone(),
-        plots: !o.no_plots,
-        machine,
-    };
-    let report = chunked::run(&c)?;
+    })?;
     chunked::print(&report);
     let plots = report.plots.len();
     write_json(
@@ -391,21 +381,10 @@ fn run_chunked(o: &Opts) -> Result<()> {
 /// `--speculative`: prompt lookup against plain decoding (speculative/), table,
 /// speculative.json and the plot.
 fn run_speculative(o: &Opts) -> Result<()> {
-    let Side {
-        out,
-        machine,
-        quick,
-    } = side(o, "--speculative", false)?;
-    let s = speculative::SpecOpts {
-        quick,
-        model: o.models.first().cloned(),
-        ks: o.ks.clone(),
-        reps: if quick { 1 } else { o.reps },
-        out: out.clone(),
-        plots: !o.no_plots,
-        machine,
-    };
-    let report = speculative::run(&s)?;
+    let side = side(o, "--speculative", false)?;
+    let out = side.out.clone();
+    let ks = o.ks.clone();
+    let report = speculative::run(&speculative::SpecOpts { side, ks })?;
     speculative::print(&report);
     let plots = report.plots.len();
     write_json(
@@ -420,21 +399,10 @@ fn run_speculative(o: &Opts) -> Result<()> {
 /// `--cluster`: instances behind HAProxy with and without Redis (cluster/), table,
 /// cluster.json and the plot.
 fn run_cluster(o: &Opts) -> Result<()> {
-    let Side {
-        out,
-        machine,
-        quick,
-    } = side(o, "--cluster", false)?;
-    let c = cluster::ClusterOpts {
-        quick,
-        model: o.models.first().cloned(),
-        instances: o.instances.clone(),
-        seed: o.seed,
-        out: out.clone(),
-        plots: !o.no_plots,
-        machine,
-    };
-    let report = cluster::run(&c)?;
+    let side = side(o, "--cluster", false)?;
+    let out = side.out.clone();
+    let instances = o.instances.clone();
+    let report = cluster::run(&cluster::ClusterOpts { side, instances })?;
     cluster::print(&report);
     let plots = report.plots.len();
     write_json(&out, "cluster.json", &report, plots, report.wall_seconds)

@@ -13,7 +13,6 @@
 
 mod plot;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,19 +32,14 @@ const ARRIVAL_STEP: usize = 4;
 const DECODE_PROMPT: usize = 16;
 
 pub struct ChunkedOpts {
-    pub quick: bool,
-    pub model: Option<String>,
+    /// The side bench's common options.
+    pub side: super::Side,
     /// Tokens of the long prompt (default 2,000; --quick 400).
     pub prompt_len: Option<usize>,
     /// Running decodes the prompt arrives among.
     pub decodes: usize,
     /// Budgets of the chunked configurations (default 512, 256, 128; --quick 128, 64).
     pub budgets: Vec<usize>,
-    pub reps: usize,
-    pub seed: u64,
-    pub out: PathBuf,
-    pub plots: bool,
-    pub machine: String,
 }
 
 #[derive(Serialize)]
@@ -176,10 +170,12 @@ fn one_run(
 
 pub fn run(o: &ChunkedOpts) -> Result<ChunkedReport> {
     let started = Instant::now();
-    let (name, loaded) = super::side_model(&o.model, o.quick)?;
+    let (name, loaded) = super::side_model(&o.side.model, o.side.quick)?;
     let model = Arc::new(loaded.model);
-    let prompt_len = o.prompt_len.unwrap_or(if o.quick { 400 } else { 2000 });
-    let decode_tokens = if o.quick { 32 } else { 48 };
+    let prompt_len = o
+        .prompt_len
+        .unwrap_or(if o.side.quick { 400 } else { 2000 });
+    let decode_tokens = if o.side.quick { 32 } else { 48 };
     if prompt_len + 8 > model.config.max_seq_len {
         bail!(
             "a prompt of {prompt_len} tokens does not fit {name}'s {} positions with its output; \
@@ -189,13 +185,13 @@ pub fn run(o: &ChunkedOpts) -> Result<ChunkedReport> {
     }
     let budgets = if !o.budgets.is_empty() {
         o.budgets.clone()
-    } else if o.quick {
+    } else if o.side.quick {
         vec![128, 64]
     } else {
         vec![512, 256, 128]
     };
     let vocab = model.config.vocab_size as u32;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.seed);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.side.seed);
     let mut prompt = |len: usize| -> Vec<u32> {
         std::iter::once(model.config.bos_id)
             .chain((1..len).map(|_| rng.random_range(0..vocab)))
@@ -209,9 +205,9 @@ pub fn run(o: &ChunkedOpts) -> Result<ChunkedReport> {
         std::iter::once(("whole".into(), whole_budget, false))
             .chain(budgets.iter().map(|&b| (format!("chunked ≤ {b}"), b, true)))
             .collect();
-    let progress = indicatif::ProgressBar::new((configs.len() * o.reps) as u64);
+    let progress = indicatif::ProgressBar::new((configs.len() * o.side.reps) as u64);
     let mut runs: Vec<Vec<Run>> = configs.iter().map(|_| Vec::new()).collect();
-    for _ in 0..o.reps {
+    for _ in 0..o.side.reps {
         for (i, (label, budget, chunked)) in configs.iter().enumerate() {
             progress.set_message(format!("{name}, {label}"));
             let config = |c: SchedulerConfig| SchedulerConfig {
@@ -276,18 +272,18 @@ pub fn run(o: &ChunkedOpts) -> Result<ChunkedReport> {
         .collect();
     let mut report = ChunkedReport {
         model: name,
-        machine: o.machine.clone(),
+        machine: o.side.machine.clone(),
         threads: kvlab_cpu::threads::num_threads(),
         decodes: o.decodes,
         decode_tokens,
         prompt_len,
-        reps: o.reps,
+        reps: o.side.reps,
         rows,
         steps,
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
-    report.plots = super::plot::draw_if(o.plots, || plot::figure(&o.out, &report))?;
+    report.plots = super::plot::draw_if(o.side.plots, || plot::figure(&o.side.out, &report))?;
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }

@@ -16,7 +16,6 @@
 mod plot;
 mod procs;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -31,14 +30,10 @@ pub use procs::Routing;
 use procs::{Haproxy, Redis};
 
 pub struct ClusterOpts {
-    pub quick: bool,
-    pub model: Option<String>,
+    /// The side bench's common options.
+    pub side: super::Side,
     /// Instance counts to measure (default 1, 2, 4; --quick 1, 2).
     pub instances: Vec<usize>,
-    pub seed: u64,
-    pub out: PathBuf,
-    pub plots: bool,
-    pub machine: String,
 }
 
 /// Tokens each turn generates.
@@ -118,15 +113,15 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
     let started = Instant::now();
     procs::require("haproxy", "haproxy")?;
     procs::require("redis-server", "redis-server")?;
-    let (model, loaded) = super::side_model(&o.model, o.quick)?;
+    let (model, loaded) = super::side_model(&o.side.model, o.side.quick)?;
     let config = &loaded.model.config;
     let sessions = Sessions {
-        num_sessions: if o.quick { 8 } else { 24 },
-        turns_per_session: if o.quick { 3 } else { 4 },
+        num_sessions: if o.side.quick { 8 } else { 24 },
+        turns_per_session: if o.side.quick { 3 } else { 4 },
         vocab_size: u32::try_from(config.vocab_size)?,
         ..Sessions::default()
     };
-    let turns = session_turns(o.seed, sessions)?;
+    let turns = session_turns(o.side.seed, sessions)?;
     let bos = config.bos_id;
     let prompts: Vec<Vec<u32>> = turns
         .iter()
@@ -136,7 +131,7 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
                 .collect()
         })
         .collect();
-    let instances = match (o.instances.is_empty(), o.quick) {
+    let instances = match (o.instances.is_empty(), o.side.quick) {
         (false, _) => o.instances.clone(),
         (true, true) => vec![1, 2],
         (true, false) => vec![1, 2, 4],
@@ -145,7 +140,7 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
     let rt = super::serve::client::runtime()?;
     println!(
         "kvlab bench --cluster ({} mode): {} sessions x {} turns on {model}, {} instances behind HAProxy, with and without a Redis tier, on {}",
-        if o.quick { "quick" } else { "full" },
+        if o.side.quick { "quick" } else { "full" },
         sessions.num_sessions,
         sessions.turns_per_session,
         instances
@@ -153,7 +148,7 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
             .map(usize::to_string)
             .collect::<Vec<_>>()
             .join(", "),
-        o.machine
+        o.side.machine
     );
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + MAX_TOKENS;
     let ctx = longest.next_multiple_of(16);
@@ -192,8 +187,8 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
     let mut report = ClusterReport {
         format_version: 1,
         kind: "kvlab-bench-cluster".into(),
-        mode: if o.quick { "quick" } else { "full" }.into(),
-        machine: o.machine.clone(),
+        mode: if o.side.quick { "quick" } else { "full" }.into(),
+        machine: o.side.machine.clone(),
         model,
         sessions: sessions.num_sessions,
         turns_per_session: sessions.turns_per_session,
@@ -206,7 +201,7 @@ pub fn run(o: &ClusterOpts) -> Result<ClusterReport> {
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
-    report.plots = super::plot::draw_if(o.plots, || plot::figure(&o.out, &report))?;
+    report.plots = super::plot::draw_if(o.side.plots, || plot::figure(&o.side.out, &report))?;
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }

@@ -14,7 +14,6 @@
 
 mod plot;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,14 +27,10 @@ use serde::Serialize;
 use super::stats::Summary as Stat;
 
 pub struct SpecOpts {
-    pub quick: bool,
-    pub model: Option<String>,
+    /// The side bench's common options.
+    pub side: super::Side,
     /// Guesses per step to measure (default 1, 2, 3, 4, 8; --quick 2, 4).
     pub ks: Vec<usize>,
-    pub reps: usize,
-    pub out: PathBuf,
-    pub plots: bool,
-    pub machine: String,
 }
 
 /// Guesses per step of the draft-model rows.
@@ -185,21 +180,21 @@ fn one_pass(
 
 pub fn run(o: &SpecOpts) -> Result<SpecReport> {
     let started = Instant::now();
-    let (name, loaded) = super::side_model(&o.model, o.quick)?;
+    let (name, loaded) = super::side_model(&o.side.model, o.side.quick)?;
     let tok = loaded
         .tokenizer
         .as_ref()
         .with_context(|| format!("{name} has no tokenizer"))?;
     let chat = tok.chat_template().is_some();
-    let max_tokens = if o.quick { 32 } else { 64 };
+    let max_tokens = if o.side.quick { 32 } else { 64 };
     let ks = if !o.ks.is_empty() {
         o.ks.clone()
-    } else if o.quick {
+    } else if o.side.quick {
         vec![2, 4]
     } else {
         vec![1, 2, 3, 4, 8]
     };
-    let formats = if o.quick {
+    let formats = if o.side.quick {
         vec![WeightFormat::Stored]
     } else {
         vec![WeightFormat::Stored, WeightFormat::F32]
@@ -219,7 +214,7 @@ pub fn run(o: &SpecOpts) -> Result<SpecReport> {
         .chain([Method::Draft(DRAFT_K)])
         .collect();
     let draft_layers = loaded.model.config.n_layers.div_ceil(3);
-    let progress = indicatif::ProgressBar::new((formats.len() * o.reps * work.len()) as u64);
+    let progress = indicatif::ProgressBar::new((formats.len() * o.side.reps * work.len()) as u64);
     let mut rows = Vec::new();
     for format in formats {
         let model: Arc<Model> = Arc::new(loaded.model.clone().with_weight_format(format));
@@ -236,7 +231,7 @@ pub fn run(o: &SpecOpts) -> Result<SpecReport> {
             (4, 0.0),
             Method::Plain,
         )?; // Warm-up.
-        for _ in 0..o.reps {
+        for _ in 0..o.side.reps {
             for (w, (label, prompts, temperature)) in work.iter().enumerate() {
                 progress.set_message(format!("{name} {}, {label}", format.name()));
                 let mut plain = None;
@@ -291,18 +286,18 @@ pub fn run(o: &SpecOpts) -> Result<SpecReport> {
     progress.finish_and_clear();
     let mut report = SpecReport {
         model: name,
-        machine: o.machine.clone(),
+        machine: o.side.machine.clone(),
         threads: kvlab_cpu::threads::num_threads(),
         engine: "cpu".into(),
         max_tokens,
         prompt_lookup: NgramProposer::default(),
         draft_layers,
-        reps: o.reps,
+        reps: o.side.reps,
         rows,
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
-    report.plots = super::plot::draw_if(o.plots, || plot::figure(&o.out, &report))?;
+    report.plots = super::plot::draw_if(o.side.plots, || plot::figure(&o.side.out, &report))?;
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }

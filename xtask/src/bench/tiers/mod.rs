@@ -20,7 +20,6 @@
 
 mod plot;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,14 +39,9 @@ use super::stats::Summary as Stat;
 const MODES: [&str; 3] = ["recompute", "host", "disk"];
 
 pub struct TierOpts {
-    pub quick: bool,
-    pub model: Option<String>,
+    /// The side bench's common options.
+    pub side: super::Side,
     pub contexts: Vec<usize>,
-    pub reps: usize,
-    pub seed: u64,
-    pub out: PathBuf,
-    pub plots: bool,
-    pub machine: String,
 }
 
 #[derive(Serialize)]
@@ -134,12 +128,12 @@ fn one_run(
 
 pub fn run(o: &TierOpts) -> Result<TierReport> {
     let started = Instant::now();
-    let (name, loaded) = super::side_model(&o.model, o.quick)?;
+    let (name, loaded) = super::side_model(&o.side.model, o.side.quick)?;
     let model = Arc::new(loaded.model);
     let max = model.config.max_seq_len - 1;
     let contexts: Vec<usize> = if !o.contexts.is_empty() {
         o.contexts.clone()
-    } else if o.quick {
+    } else if o.side.quick {
         vec![32, 64, 128, 256, 511]
     } else {
         vec![32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -154,12 +148,12 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
         bail!("context {c} is beyond {name}'s {max} positions; choose shorter --context values");
     }
     let vocab = model.config.vocab_size as u32;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.seed);
-    let disk_dir = o.out.join("tier-files");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.side.seed);
+    let disk_dir = o.side.out.join("tier-files");
     std::fs::create_dir_all(&disk_dir)
         .with_context(|| format!("creating {}", disk_dir.display()))?;
     let kv_bytes_per_block = KvDtype::F32.bytes_per_block(&model.config, bs);
-    let progress = indicatif::ProgressBar::new((contexts.len() * o.reps * MODES.len()) as u64);
+    let progress = indicatif::ProgressBar::new((contexts.len() * o.side.reps * MODES.len()) as u64);
     let mut rows = Vec::new();
     for &ctx in &contexts {
         let mut prompt = |len: usize| -> Vec<u32> {
@@ -178,7 +172,7 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
         let mut ttft: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
         let mut evicting: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
         let mut last: Vec<Option<kvlab_paged::Metrics>> = vec![None; MODES.len()];
-        for _ in 0..o.reps {
+        for _ in 0..o.side.reps {
             for (i, mode) in MODES.iter().enumerate() {
                 progress.set_message(format!("{name}, context {ctx}, {mode}"));
                 let (t, first, again, m, ev) = one_run(&model, (&a, &b), ctx, tiers(mode))?;
@@ -228,11 +222,11 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
     let restore_cost = fit_cost(&rows);
     let mut report = TierReport {
         model: name,
-        machine: o.machine.clone(),
+        machine: o.side.machine.clone(),
         threads: kvlab_cpu::threads::num_threads(),
         block_size: bs,
         kv_bytes_per_block,
-        reps: o.reps,
+        reps: o.side.reps,
         note: "disk: files written then read back by the same process, so mostly from the page \
                cache; the tier's format, checksum and copies are measured more than the device"
             .into(),
@@ -242,7 +236,7 @@ pub fn run(o: &TierOpts) -> Result<TierReport> {
         plots: Vec::new(),
         wall_seconds: 0.0,
     };
-    report.plots = super::plot::draw_if(o.plots, || plot::figure(&o.out, &report))?;
+    report.plots = super::plot::draw_if(o.side.plots, || plot::figure(&o.side.out, &report))?;
     report.wall_seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
