@@ -19,13 +19,9 @@ use kvlab_cli::args::{MAX_POSITIONS, usize_in};
 use kvlab_engines::{self as engines, EngineKind};
 use kvlab_model::{Config, KvDtype};
 
-use crate::KvArgs;
+use kvlab_cli::fill::{FILL_TEXT, Fill};
 
-/// The text the context is filled with when `-p` is not given; any text works, its tokens
-/// (after BOS) are repeated to each depth.
-const FILL_TEXT: &str = "Once upon a time, in a small village at the edge of a great forest, \
-there lived a girl who loved to read. Every morning she walked to the old library, where the \
-librarian kept a shelf of books about the stars, the sea and the mountains far away. ";
+use crate::KvArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -61,17 +57,6 @@ pub struct Args {
     /// Print the results as one JSON object on stdout instead of a table.
     #[arg(long)]
     json: bool,
-}
-
-/// How each depth's positions before its decoded tokens are filled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Fill {
-    /// Prefill the fill text's tokens (the keys and values of real text).
-    Text,
-    /// Seeded random keys and values, uniform in [−1, 1), written without computing
-    /// (`Engine::fill_random`): the same decode time, none of the prefill's.
-    Random,
 }
 
 /// One depth's measurement.

@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod fetch;
+pub mod fill;
 
 pub use kvlab_engines::human_bytes;
 

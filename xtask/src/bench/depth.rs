@@ -25,18 +25,14 @@ use plotters::prelude::{Color, SeriesLabelPosition};
 use serde::{Deserialize, Serialize};
 
 use kvlab_cli::args::usize_in;
+pub use kvlab_cli::fill::{FILL_TEXT, Fill};
 
 use super::machine;
-use super::peers::{build_kvlab, gguf_of, llama_cpp_python, llama2c_tokenizer_of, output};
+use super::peers::{build_kvlab, gguf_of, llama_cpp_python, output};
 use super::plot::{Line, Panel, Series, axis, color, draw_if, write_pair};
-use super::serve::peer::context_length;
+use super::serve::peer::{arch_usize, context_length};
 use super::stats::Summary;
 use crate::paths::{self, workspace_root};
-
-/// The fill text of both sides (its tokens after BOS are repeated to each depth).
-const FILL_TEXT: &str = "Once upon a time, in a small village at the edge of a great forest, \
-there lived a girl who loved to read. Every morning she walked to the old library, where the \
-librarian kept a shelf of books about the stars, the sea and the mountains far away. ";
 
 /// The model measured by default; its record is depth.json, another model's depth_MODEL.json.
 pub const DEFAULT_MODEL: &str = "gemma-3-270m";
@@ -80,23 +76,6 @@ pub struct DepthArgs {
     /// Where depth.json and the figure go [default: target/kvlab-bench]
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-}
-
-/// How each depth is filled (`kvlab depth --fill`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Fill {
-    Text,
-    Random,
-}
-
-impl Fill {
-    fn arg(self) -> &'static str {
-        match self {
-            Fill::Text => "text",
-            Fill::Random => "random",
-        }
-    }
 }
 
 /// One depth of one side's run, as `kvlab depth --json` and the script print it.
@@ -183,7 +162,7 @@ pub fn command(a: &DepthArgs) -> Result<()> {
     let (python, version) = llama_cpp_python()?;
     let out = a.out.clone().unwrap_or_else(paths::bench_out);
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let gguf = gguf_of(&kvlab, &out, &a.model)?;
+    let (gguf, tokenizer) = gguf_of(&kvlab, &out, &a.model)?;
     if a.fill == Fill::Random
         && let Some(window) = sliding_window(&gguf)?
     {
@@ -192,13 +171,11 @@ pub fn command(a: &DepthArgs) -> Result<()> {
             a.model
         );
     }
-    // A synthetic model without a tokenizer is given the padded one its GGUF was written with.
-    let tokenizer: Vec<std::ffi::OsString> = match kvlab_model::registry::entry(&a.model) {
-        Some(e) if e.tokenizer.is_none() && e.synthetic.is_some() => vec![
-            "--tokenizer".into(),
-            llama2c_tokenizer_of(&out, &a.model)?.into(),
-        ],
-        _ => Vec::new(),
+    // An exported model is given the tokenizer its GGUF was written with (a synthetic model has
+    // none of its own: Llama 2's, padded).
+    let tokenizer: Vec<std::ffi::OsString> = match tokenizer {
+        Some(t) => vec!["--tokenizer".into(), t.into()],
+        None => Vec::new(),
     };
     let depths = plan(&a.depths, a.n_gen, Some(context_length(&gguf)?))?;
     let m = machine::detect();
@@ -271,15 +248,9 @@ const SIDE_NAMES: [&str; 3] = ["kvlab", "llama.cpp", "llama.cpp (flash attention
 /// The window of a GGUF's sliding-window layers, if it has any (`ARCH.attention.sliding_window`).
 ///
 /// # Errors
-/// An unreadable GGUF or one without `general.architecture`.
+/// As [`arch_usize`].
 fn sliding_window(gguf: &Path) -> Result<Option<usize>> {
-    let file =
-        kvlab_gguf::GgufFile::open(gguf).with_context(|| format!("reading {}", gguf.display()))?;
-    let meta = file.metadata();
-    let arch = meta.get_str("general.architecture")?;
-    Ok(meta
-        .get_usize(&format!("{arch}.attention.sliding_window"))
-        .ok())
+    arch_usize(gguf, "attention.sliding_window")
 }
 
 /// The last line of a side's stdout (its JSON; llama-cpp-python may print before it).

@@ -818,20 +818,22 @@ fn export_gguf(
 
 /// The GGUF of `model`: its own file where the manifest has one (Gemma 3 270M), else the model
 /// exported as an f32 GGUF in `dir` ([`export_gguf`], with `KVLAB_PYTHON`'s python, which needs
-/// the gguf package).
+/// the gguf package); with the export, the llama2.c tokenizer it was written with (for kvlab's
+/// `--tokenizer`: a synthetic model has none of its own).
 ///
 /// # Errors
 /// A manifest model whose file is missing, or an export that fails.
-pub(crate) fn gguf_of(kvlab: &Path, dir: &Path, model: &str) -> Result<PathBuf> {
+pub(crate) fn gguf_of(kvlab: &Path, dir: &Path, model: &str) -> Result<(PathBuf, Option<PathBuf>)> {
     let has_gguf = kvlab_model::registry::entry(model)
         .and_then(|e| e.model.as_ref())
         .is_some_and(|f| f.file.ends_with(".gguf"));
     if has_gguf {
         // Its own file, or why it cannot be found (not an export of something else).
-        return manifest_gguf(model);
+        return Ok((manifest_gguf(model)?, None));
     }
     let python = std::env::var("KVLAB_PYTHON").unwrap_or_else(|_| "python3".into());
-    Ok(export_gguf(kvlab, dir, model, &python)?.0)
+    let (gguf, _, tokenizer) = export_gguf(kvlab, dir, model, &python)?;
+    Ok((gguf, Some(tokenizer)))
 }
 
 /// One prefill comparison's pair of runs, llama.cpp's then kvlab's on the same prompt, and what

@@ -168,7 +168,7 @@ pub fn run(o: &ServeOpts, peer_bin: Option<PathBuf>) -> Result<PeerServeReport> 
     let kvlab = crate::bench::peers::build_kvlab()?;
     let dir = o.out.join("serve_peer");
     std::fs::create_dir_all(&dir)?;
-    let gguf = crate::bench::peers::gguf_of(&kvlab, &dir, &model)?;
+    let (gguf, _) = crate::bench::peers::gguf_of(&kvlab, &dir, &model)?;
     // The servers start in the workspace root: an absolute path, whatever --out was.
     let gguf = std::fs::canonicalize(&gguf).unwrap_or(gguf);
     rep.gguf = gguf.display().to_string();
@@ -389,12 +389,24 @@ impl Sides<'_> {
 }
 
 /// The GGUF's `{architecture}.context_length`: the most positions a sequence may have.
+///
+/// # Errors
+/// As [`arch_usize`], and when the key is absent.
 pub(crate) fn context_length(gguf: &Path) -> Result<usize> {
+    arch_usize(gguf, "context_length")?
+        .with_context(|| format!("{} has no context_length", gguf.display()))
+}
+
+/// The GGUF's `{architecture}.{key}` as a number; `None` when absent.
+///
+/// # Errors
+/// An unreadable GGUF or one without `general.architecture`.
+pub(crate) fn arch_usize(gguf: &Path, key: &str) -> Result<Option<usize>> {
     let file =
         kvlab_gguf::GgufFile::open(gguf).with_context(|| format!("reading {}", gguf.display()))?;
     let meta = file.metadata();
     let arch = meta.get_str("general.architecture")?;
-    Ok(meta.get_usize(&format!("{arch}.context_length"))?)
+    Ok(meta.get_usize(&format!("{arch}.{key}")).ok())
 }
 
 /// A port nobody listens on now (bound and released; llama-server takes no port 0).
