@@ -692,269 +692,161 @@ mod x86 {
         }
     }
 
-    /// GEMV, 4 rows per pass sharing each load of x; every row keeps dot_avx512's 4
-    /// accumulators and summation order, so each output is bit-identical to `dot_avx512(row, x)`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; `w` must hold `out.len()` rows of `x.len()` floats.
-    // k indexes both x's offset and each row's accumulator: a range loop says that best.
-    #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gemv_avx512(out: &mut [f32], w: &[f32], x: &[f32]) {
-        const R: usize = 4;
-        let n = x.len();
-        let px = x.as_ptr();
-        let rows = out.len();
-        let mut r = 0;
-        while r + R <= rows {
-            // SAFETY: (every raw load below) row r + q < rows starts at (r + q)·n inside w, and
-            // i + lanes ≤ n, so each load reads inside its row and inside x.
-            let pw: [*const f32; R] =
-                std::array::from_fn(|k| unsafe { w.as_ptr().add((r + k) * n) });
-            let mut acc = [[_mm512_setzero_ps(); 4]; R];
-            let mut i = 0;
-            while i + 64 <= n {
-                for k in 0..4 {
-                    // SAFETY: i + 16k + 16 ≤ i + 64 ≤ n = x.len().
-                    let xv = unsafe { _mm512_loadu_ps(px.add(i + 16 * k)) };
-                    for q in 0..R {
-                        // SAFETY: i + 16k + 16 ≤ n, inside row r + q of w (and x, as above).
-                        acc[q][k] = unsafe {
-                            _mm512_fmadd_ps(_mm512_loadu_ps(pw[q].add(i + 16 * k)), xv, acc[q][k])
-                        };
+    /// The GEMV, dot product and axpy of one vector ISA, written once: `$lanes` f32 lanes of
+    /// `$v`, its intrinsics, `$hsum` (the horizontal sum of one vector) and `$rows` rows per
+    /// GEMV pass. The GEMV keeps the dot product's four accumulators and summation order, so
+    /// each output is bit-identical to `$dot(row, x)`.
+    macro_rules! isa_kernels {
+        (
+            features: $feat:literal, lanes: $lanes:literal, rows: $rows:literal,
+            $v:ty, $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident,
+            $hsum:ident, gemv: $gemv:ident, dot: $dot:ident, axpy: $axpy:ident
+        ) => {
+            /// GEMV, several rows per pass sharing each load of x, each row bit-identical to
+            /// the dot product of this ISA.
+            ///
+            /// # Safety
+            /// The CPU must support the ISA's features; `w` must hold `out.len()` rows of
+            /// `x.len()` floats.
+            // k indexes both x's offset and each row's accumulator: a range loop says that best.
+            #[allow(clippy::needless_range_loop)]
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $gemv(out: &mut [f32], w: &[f32], x: &[f32]) {
+                const R: usize = $rows;
+                const L: usize = $lanes;
+                let n = x.len();
+                let px = x.as_ptr();
+                let rows = out.len();
+                let mut r = 0;
+                while r + R <= rows {
+                    // SAFETY: (every raw load below) row r + q < rows starts at (r + q)·n inside
+                    // w, and i + lanes ≤ n, so each load reads inside its row and inside x.
+                    let pw: [*const f32; R] =
+                        std::array::from_fn(|k| unsafe { w.as_ptr().add((r + k) * n) });
+                    let mut acc: [[$v; 4]; R] = [[$zero(); 4]; R];
+                    let mut i = 0;
+                    while i + 4 * L <= n {
+                        for k in 0..4 {
+                            // SAFETY: i + L·k + L ≤ i + 4L ≤ n = x.len().
+                            let xv = unsafe { $load(px.add(i + L * k)) };
+                            for q in 0..R {
+                                // SAFETY: i + L·k + L ≤ n, inside row r + q of w.
+                                acc[q][k] =
+                                    unsafe { $fmadd($load(pw[q].add(i + L * k)), xv, acc[q][k]) };
+                            }
+                        }
+                        i += 4 * L;
                     }
-                }
-                i += 64;
-            }
-            while i + 16 <= n {
-                // SAFETY: i + 16 ≤ n: inside x and inside row r + q of w.
-                let xv = unsafe { _mm512_loadu_ps(px.add(i)) };
-                for q in 0..R {
-                    acc[q][0] =
-                        // SAFETY: i + 16 ≤ n: inside x and inside row r + q of w.
-                        unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(pw[q].add(i)), xv, acc[q][0]) };
-                }
-                i += 16;
-            }
-            for q in 0..R {
-                let a = &acc[q];
-                let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-                let mut s = _mm512_reduce_add_ps(sum);
-                let row = &w[(r + q) * n..(r + q + 1) * n];
-                for j in i..n {
-                    s += row[j] * x[j];
-                }
-                out[r + q] = s;
-            }
-            r += R;
-        }
-        for q in r..rows {
-            // SAFETY: the CPU has AVX-512F (this function's own requirement).
-            out[q] = unsafe { dot_avx512(&w[q * n..(q + 1) * n], x) };
-        }
-    }
-
-    /// GEMV, 2 rows per pass, each bit-identical to `dot_avx2(row, x)`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `w` must hold `out.len()` rows of `x.len()` floats.
-    #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gemv_avx2(out: &mut [f32], w: &[f32], x: &[f32]) {
-        const R: usize = 2;
-        let n = x.len();
-        let px = x.as_ptr();
-        let rows = out.len();
-        let mut r = 0;
-        while r + R <= rows {
-            // SAFETY: (every raw load below) row r + q < rows starts at (r + q)·n inside w, and
-            // i + lanes ≤ n, so each load reads inside its row and inside x.
-            let pw: [*const f32; R] =
-                std::array::from_fn(|k| unsafe { w.as_ptr().add((r + k) * n) });
-            let mut acc = [[_mm256_setzero_ps(); 4]; R];
-            let mut i = 0;
-            while i + 32 <= n {
-                for k in 0..4 {
-                    // SAFETY: i + 8k + 8 ≤ i + 32 ≤ n = x.len().
-                    let xv = unsafe { _mm256_loadu_ps(px.add(i + 8 * k)) };
-                    for q in 0..R {
-                        // SAFETY: i + 8k + 8 ≤ n, inside row r + q of w (and x, as above).
-                        acc[q][k] = unsafe {
-                            _mm256_fmadd_ps(_mm256_loadu_ps(pw[q].add(i + 8 * k)), xv, acc[q][k])
-                        };
+                    while i + L <= n {
+                        // SAFETY: i + L ≤ n: inside x and inside row r + q of w.
+                        let xv = unsafe { $load(px.add(i)) };
+                        for q in 0..R {
+                            // SAFETY: i + L ≤ n: inside x and inside row r + q of w.
+                            acc[q][0] = unsafe { $fmadd($load(pw[q].add(i)), xv, acc[q][0]) };
+                        }
+                        i += L;
                     }
+                    for q in 0..R {
+                        let a = &acc[q];
+                        let mut s = $hsum($add($add(a[0], a[1]), $add(a[2], a[3])));
+                        let row = &w[(r + q) * n..(r + q + 1) * n];
+                        for j in i..n {
+                            s += row[j] * x[j];
+                        }
+                        out[r + q] = s;
+                    }
+                    r += R;
                 }
-                i += 32;
-            }
-            while i + 8 <= n {
-                // SAFETY: i + 8 ≤ n: inside x and inside row r + q of w.
-                let xv = unsafe { _mm256_loadu_ps(px.add(i)) };
-                for q in 0..R {
-                    acc[q][0] =
-                        // SAFETY: i + 8 ≤ n: inside x and inside row r + q of w.
-                        unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pw[q].add(i)), xv, acc[q][0]) };
+                for q in r..rows {
+                    // SAFETY: the CPU has the ISA (this function's own requirement).
+                    out[q] = unsafe { $dot(&w[q * n..(q + 1) * n], x) };
                 }
-                i += 8;
             }
-            for q in 0..R {
-                let a = &acc[q];
-                let v = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
-                let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-                let v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
-                let mut s = _mm_cvtss_f32(v);
-                let row = &w[(r + q) * n..(r + q + 1) * n];
-                for j in i..n {
-                    s += row[j] * x[j];
+
+            /// Four accumulators of `$lanes` lanes hide the FMA latency; the tail is scalar.
+            ///
+            /// # Safety
+            /// The CPU must support the ISA's features; `a` and `b` must have the same length.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $dot(a: &[f32], b: &[f32]) -> f32 {
+                const L: usize = $lanes;
+                let n = a.len();
+                let (pa, pb) = (a.as_ptr(), b.as_ptr());
+                let mut acc: [$v; 4] = [$zero(); 4];
+                let mut i = 0;
+                while i + 4 * L <= n {
+                    for (k, acc) in acc.iter_mut().enumerate() {
+                        let off = i + L * k;
+                        // SAFETY: off + L ≤ i + 4L ≤ n, inside a and b.
+                        *acc = unsafe { $fmadd($load(pa.add(off)), $load(pb.add(off)), *acc) };
+                    }
+                    i += 4 * L;
                 }
-                out[r + q] = s;
+                while i + L <= n {
+                    // SAFETY: i + L ≤ n, inside a and b.
+                    acc[0] = unsafe { $fmadd($load(pa.add(i)), $load(pb.add(i)), acc[0]) };
+                    i += L;
+                }
+                let mut s = $hsum($add($add(acc[0], acc[1]), $add(acc[2], acc[3])));
+                while i < n {
+                    s += a[i] * b[i];
+                    i += 1;
+                }
+                s
             }
-            r += R;
-        }
-        for q in r..rows {
-            // SAFETY: the CPU has AVX2 and FMA (this function's own requirement).
-            out[q] = unsafe { dot_avx2(&w[q * n..(q + 1) * n], x) };
-        }
+
+            /// y ← y + alpha·x, `$lanes` at a time; the tail is scalar.
+            ///
+            /// # Safety
+            /// The CPU must support the ISA's features; `y` and `x` must have the same length.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+                const L: usize = $lanes;
+                let n = y.len();
+                let (py, px) = (y.as_mut_ptr(), x.as_ptr());
+                let a = $set1(alpha);
+                let mut i = 0;
+                while i + L <= n {
+                    // SAFETY: i + L ≤ n for both slices.
+                    unsafe { $store(py.add(i), $fmadd(a, $load(px.add(i)), $load(py.add(i)))) };
+                    i += L;
+                }
+                while i < n {
+                    y[i] += alpha * x[i];
+                    i += 1;
+                }
+            }
+        };
     }
 
-    /// Four 16-lane accumulators hide the FMA latency; the tail is scalar.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; `a` and `b` must have the same length.
+    isa_kernels!(
+        features: "avx512f", lanes: 16, rows: 4,
+        __m512, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
+        _mm512_fmadd_ps, _mm512_add_ps, hsum512,
+        gemv: gemv_avx512, dot: dot_avx512, axpy: axpy_avx512
+    );
+    isa_kernels!(
+        features: "avx2,fma", lanes: 8, rows: 2,
+        __m256, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
+        _mm256_fmadd_ps, _mm256_add_ps, hsum256,
+        gemv: gemv_avx2, dot: dot_avx2, axpy: axpy_avx2
+    );
+
+    /// The sum of 16 lanes.
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let mut i = 0;
-        // SAFETY: (all loads below) i + 64 ≤ n, resp. i + 16 ≤ n, so every lane is in bounds.
-        while i + 64 <= n {
-            for (k, acc) in acc.iter_mut().enumerate() {
-                let off = i + 16 * k;
-                // SAFETY: off + 16 ≤ i + 64 ≤ n, inside a and b.
-                *acc = unsafe {
-                    _mm512_fmadd_ps(
-                        _mm512_loadu_ps(pa.add(off)),
-                        _mm512_loadu_ps(pb.add(off)),
-                        *acc,
-                    )
-                };
-            }
-            i += 64;
-        }
-        while i + 16 <= n {
-            // SAFETY: i + 16 ≤ n, inside a and b.
-            acc[0] = unsafe {
-                _mm512_fmadd_ps(
-                    _mm512_loadu_ps(pa.add(i)),
-                    _mm512_loadu_ps(pb.add(i)),
-                    acc[0],
-                )
-            };
-            i += 16;
-        }
-        let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-        let mut s = _mm512_reduce_add_ps(sum);
-        while i < n {
-            s += a[i] * b[i];
-            i += 1;
-        }
-        s
+    fn hsum512(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
     }
 
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `a` and `b` must have the same length.
+    /// The sum of 8 lanes: fold 256 → 128 → 64 → 32 bits.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        // SAFETY: (all loads below) i + 32 ≤ n, resp. i + 8 ≤ n.
-        while i + 32 <= n {
-            for (k, acc) in acc.iter_mut().enumerate() {
-                let off = i + 8 * k;
-                // SAFETY: off + 8 ≤ i + 32 ≤ n, inside a and b.
-                *acc = unsafe {
-                    _mm256_fmadd_ps(
-                        _mm256_loadu_ps(pa.add(off)),
-                        _mm256_loadu_ps(pb.add(off)),
-                        *acc,
-                    )
-                };
-            }
-            i += 32;
-        }
-        while i + 8 <= n {
-            // SAFETY: i + 8 ≤ n, inside a and b.
-            acc[0] = unsafe {
-                _mm256_fmadd_ps(
-                    _mm256_loadu_ps(pa.add(i)),
-                    _mm256_loadu_ps(pb.add(i)),
-                    acc[0],
-                )
-            };
-            i += 8;
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        // Horizontal sum of 8 lanes: fold 256 → 128 → 64 → 32 bits.
+    fn hsum256(v: __m256) -> f32 {
         let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
         let v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
-        let mut s = _mm_cvtss_f32(v);
-        while i < n {
-            s += a[i] * b[i];
-            i += 1;
-        }
-        s
-    }
-
-    /// # Safety
-    /// The CPU must support AVX-512F; `y` and `x` must have the same length.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn axpy_avx512(y: &mut [f32], alpha: f32, x: &[f32]) {
-        let n = y.len();
-        let (py, px) = (y.as_mut_ptr(), x.as_ptr());
-        let a = _mm512_set1_ps(alpha);
-        let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: i + 16 ≤ n for both slices.
-            unsafe {
-                _mm512_storeu_ps(
-                    py.add(i),
-                    _mm512_fmadd_ps(a, _mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i))),
-                )
-            };
-            i += 16;
-        }
-        while i < n {
-            y[i] += alpha * x[i];
-            i += 1;
-        }
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `y` and `x` must have the same length.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
-        let n = y.len();
-        let (py, px) = (y.as_mut_ptr(), x.as_ptr());
-        let a = _mm256_set1_ps(alpha);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 ≤ n for both slices.
-            unsafe {
-                _mm256_storeu_ps(
-                    py.add(i),
-                    _mm256_fmadd_ps(a, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i))),
-                )
-            };
-            i += 8;
-        }
-        while i < n {
-            y[i] += alpha * x[i];
-            i += 1;
-        }
+        _mm_cvtss_f32(v)
     }
 }
 
