@@ -719,10 +719,12 @@ mod x86 {
                 let rows = out.len();
                 let mut r = 0;
                 while r + R <= rows {
-                    // SAFETY: (every raw load below) row r + q < rows starts at (r + q)·n inside
-                    // w, and i + lanes ≤ n, so each load reads inside its row and inside x.
-                    let pw: [*const f32; R] =
-                        std::array::from_fn(|k| unsafe { w.as_ptr().add((r + k) * n) });
+                    // (Every raw load below) row r + q < rows starts at (r + q)·n inside w, and
+                    // i + lanes ≤ n, so each load reads inside its row and inside x.
+                    let pw: [*const f32; R] = std::array::from_fn(|k| {
+                        // SAFETY: row r + k < rows starts inside w (out.len() rows of n).
+                        unsafe { w.as_ptr().add((r + k) * n) }
+                    });
                     let mut acc: [[$v; 4]; R] = [[$zero(); 4]; R];
                     let mut i = 0;
                     while i + 4 * L <= n {
@@ -730,9 +732,9 @@ mod x86 {
                             // SAFETY: i + L·k + L ≤ i + 4L ≤ n = x.len().
                             let xv = unsafe { $load(px.add(i + L * k)) };
                             for q in 0..R {
+                                let wv = pw[q].wrapping_add(i + L * k);
                                 // SAFETY: i + L·k + L ≤ n, inside row r + q of w.
-                                acc[q][k] =
-                                    unsafe { $fmadd($load(pw[q].add(i + L * k)), xv, acc[q][k]) };
+                                acc[q][k] = unsafe { $fmadd($load(wv), xv, acc[q][k]) };
                             }
                         }
                         i += 4 * L;
