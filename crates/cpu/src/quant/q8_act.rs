@@ -30,12 +30,20 @@
 //! row (tested). A token's output depends only on that token (its own blocks and scales, summed
 //! in the same order whatever t is), so a row is the same in every batch. [`reference`] is the
 //! plain loop the kernel is tested against.
+//!
+//! **On AMX.** Where the CPU has AMX-INT8 (Sapphire Rapids and later), Q8_0 goes to [`amx`]
+//! instead, for every t (so that a row stays the same in every batch): 16 W rows × 16 tokens
+//! of a block per `tdpbssd`, each block's i32 sum scaled once. Its sums are rounded per block
+//! rather than per 4 weights, so its bits differ from this kernel's within the same bound.
 
 use kvlab_model::GgmlType;
 use kvlab_model::weights::QUANTIZED;
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 
 /// Activations per scale.
 pub const QK: usize = 32;
@@ -290,6 +298,7 @@ pub unsafe fn rows_raw(y: *mut f32, ldy: usize, x: &Q8Rows, (ty, w): (GgmlType, 
     unsafe {
         let p = (y, ldy, x, w.as_ptr(), rb, n);
         match ty {
+            GgmlType::Q8_0 if amx::available() => amx::rows_q8_0(y, ldy, x, w.as_ptr(), rb, n),
             GgmlType::Q8_0 => rows::<vnni::Q8_0>(p),
             GgmlType::Q5_0 => rows::<vnni::Q5_0>(p),
             GgmlType::Q4_K => rows::<vnni::Q4K>(p),
