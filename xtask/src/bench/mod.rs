@@ -91,6 +91,11 @@ pub struct Opts {
     /// --peers, --serve --peer: threads of both sides [default: physical cores]
     #[arg(long, value_name = "N", value_parser = usize_in(1, 1 << 16))]
     threads: Option<usize>,
+    /// --peers, --serve --peer: kvlab's `--activations`: f32 (kvlab's reference path) or q8
+    /// (8-bit activations and integer dot products, as llama.cpp computes)
+    #[arg(long, default_value_t = kvlab_model::Activations::F32,
+          value_parser = kvlab_cli::args::activations())]
+    activations: kvlab_model::Activations,
     /// --peers: positions per run
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = usize_in(1, 1 << 20))]
     steps: usize,
@@ -195,7 +200,7 @@ fn run_peers(o: &Opts) -> Result<()> {
         steps: o.steps,
         reps: o.reps,
         out: Some(o.out()),
-        activations: kvlab_model::Activations::F32,
+        activations: o.activations,
     })
 }
 
@@ -239,7 +244,7 @@ fn run_serve(o: &Opts) -> Result<()> {
         peer: o.peer,
         threads: o.threads,
         streams: Vec::new(),
-        activations: kvlab_model::Activations::F32,
+        activations: o.activations,
     })
 }
 
