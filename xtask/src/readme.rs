@@ -329,7 +329,11 @@ fn benches_readme(root: &Path) -> Result<String> {
         );
     }
     md += &serve_section(&record(root, "serve.json")?);
-    for file in ["serve_peer.json", "serve_peer_stories15M.json"] {
+    for file in [
+        "serve_peer.json",
+        "serve_peer_f32.json",
+        "serve_peer_stories15M.json",
+    ] {
         md += &serve_peer_section(&record(root, file)?, file);
     }
     for file in ["depth.json", "depth_llama-3.2-1b-shape.json"] {
@@ -432,11 +436,16 @@ fn serve_peer_section(v: &Value, file: &str) -> String {
         })
         .collect();
     format!(
-        "## Serving against llama.cpp's server: `{file}`\n\n`cargo xtask bench --serve --peer llama-server{}` on {}: {} ({}), {} threads each, {} tokens per request, llama-server {} (`{}`). Goal at {} streams: output tokens/s ≥ {}× llama-server's and TTFT p99 no worse; measured **{}×**, TTFT p99 {}.\n\n{}\n",
+        "## Serving against llama.cpp's server: `{file}`\n\n`cargo xtask bench --serve --peer llama-server{}{}` on {}: {} ({}), {} threads each, {} tokens per request, llama-server {} (`{}`). Goal at {} streams: output tokens/s ≥ {}× llama-server's and TTFT p99 no worse; measured **{}×**, TTFT p99 {}.\n\n{}\n",
         if s(&v["model"]) == "gemma-3-270m" {
             String::new()
         } else {
             format!(" --model {}", s(&v["model"]))
+        },
+        // kvlab serve's --activations (absent in records before the flag reached bench: f32).
+        match s(&v["kvlab_command"]).rsplit_once("--activations ") {
+            Some((_, a)) if a != "f32" => format!(" --activations {a}"),
+            _ => String::new(),
         },
         s(&v["machine"]),
         s(&v["model"]),
