@@ -17,12 +17,12 @@
 //! [`reference`] is that formula as a plain loop: the kernel gives its bits exactly (tested),
 //! and, like the `vpdpbusd` kernel, a token's output does not depend on its batch-mates.
 //!
-//! **Where it runs.** [`available`]: the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7), and Linux
-//! granted this process the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)`,
-//! asked once). `KVLAB_AMX=off` turns it off (the `vpdpbusd` kernel then runs, for comparing the
-//! two). The instructions are written with `asm!` (Rust's AMX intrinsics are unstable); the
-//! tile registers are never used by compiled code, so they keep their contents between the
-//! `asm!` blocks of one call.
+//! **Where it runs.** [`available`]: the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7), and the
+//! AVX-512F/BW and F16C the scaling uses, and Linux granted this process the tile data state
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)`, asked once). `KVLAB_AMX=off` turns it off
+//! (the `vpdpbusd` kernel then runs, for comparing the two). The instructions are written with
+//! `asm!` (Rust's AMX intrinsics are unstable); the tile registers are never used by compiled
+//! code, so they keep their contents between the `asm!` blocks of one call.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -51,6 +51,7 @@ pub fn available() -> bool {
         // CPUID leaf 7, EDX bits 24 and 25: AMX-TILE and AMX-INT8.
         let leaf7 = std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("f16c")
             && __cpuid_count(7, 0).edx & (3 << 24) == 3 << 24;
         leaf7 && request_tile_data()
     })
