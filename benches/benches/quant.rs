@@ -14,6 +14,10 @@
 //!   products with f32 activations (`f32_activations`) beside `--activations q8`
 //!   (`q8_activations`: rows rounded to 8 bits, AVX-512 VNNI integer dot products; where the CPU
 //!   lacks VNNI it is the f32 path again). Throughput: multiply-adds.
+//! * `quant/classifier/Q8_0/<t>x<out>x<in>`: a slice of Gemma 3 270M's Q8_0 classifier with
+//!   `--activations q8` for one token (a decode step) and 32 (a batched step): on a CPU with
+//!   AMX-INT8 the tile kernel (`quant::q8_act::amx`), else `vpdpbusd`; `KVLAB_AMX=off` measures
+//!   the latter there. Throughput: multiply-adds.
 //!
 //! Every kernel is checked against the reference before it is timed. Run:
 //! `cargo bench -p kvlab-benches --bench quant`.
@@ -209,12 +213,43 @@ fn prompts(c: &mut Criterion) {
     }
 }
 
+/// (out, in): 32,768 of the classifier's 262,144 rows (22 MiB of Q8_0, more than L2).
+const CLASSIFIER_SLICE: (usize, usize) = (32_768, 640);
+
+fn classifier(c: &mut Criterion) {
+    use kvlab_model::{Activations, Tensor};
+    let (d_out, d_in) = CLASSIFIER_SLICE;
+    let bytes = matrix(GgmlType::Q8_0, d_out, d_in, 400);
+    let w = Tensor::encoded_from_bytes(GgmlType::Q8_0, bytes, d_out * d_in).expect("whole blocks");
+    let w8 = w.clone().with_activations(Activations::Q8);
+    for t in [1, 32] {
+        let x = data(t * d_in, 41 + t as u64);
+        let (mut y, mut y8) = (vec![0.0; t * d_out], vec![0.0; t * d_out]);
+        kvlab_cpu::linear::linear(&mut y, &x, &w, t, d_in, d_out);
+        kvlab_cpu::linear::linear(&mut y8, &x, &w8, t, d_in, d_out);
+        let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst = (y.iter().zip(&y8))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= 0.02 * scale && worst.is_finite(),
+            "Q8_0: q8 vs f32 activations differ by {worst} (largest output {scale})"
+        );
+        let mut g = c.benchmark_group("quant/classifier/Q8_0");
+        g.throughput(Throughput::Elements((t * d_out * d_in) as u64));
+        g.bench_function(format!("{t}x{d_out}x{d_in}"), |b| {
+            b.iter(|| kvlab_cpu::linear::linear(&mut y8, &x, &w8, t, d_in, d_out))
+        });
+        g.finish();
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(10)
         .warm_up_time(std::time::Duration::from_millis(200))
         .measurement_time(std::time::Duration::from_millis(700));
-    targets = encodings, halves, prompts
+    targets = encodings, halves, prompts, classifier
 }
 criterion_main!(benches);
