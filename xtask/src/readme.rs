@@ -177,9 +177,7 @@ fn s(v: &Value) -> &str {
 
 /// Rows of `list` whose fields equal `fields`.
 fn rows<'a>(list: &'a Value, fields: &[(&str, Value)]) -> Vec<&'a Value> {
-    list.as_array()
-        .into_iter()
-        .flatten()
+    each(list)
         .filter(|r| fields.iter().all(|(k, v)| &r[*k] == v))
         .collect()
 }
@@ -210,7 +208,7 @@ fn headline(bench: &Value, file: &str) -> Result<String> {
     let h = &bench["headline"];
     let mut models: Vec<&str> = Vec::new();
     let speedups = each(&h["generation_speedup_vs_naive"]);
-    for r in speedups.chain(h["decode_tok_per_s"].as_array().into_iter().flatten()) {
+    for r in speedups.chain(each(&h["decode_tok_per_s"])) {
         if !models.contains(&s(&r["model"])) {
             models.push(s(&r["model"]));
         }
@@ -479,7 +477,8 @@ fn serve_peer_section(v: &Value, file: &str) -> String {
 fn depth_section(v: &Value, file: &str) -> String {
     let sides = &v["sides"];
     let tps = |side: usize, i: usize| num(f(&sides[side]["points"][i]["decode_tokens_per_s"]));
-    let out: Vec<Vec<String>> = (v["ratios"].as_array().into_iter().flatten().enumerate())
+    let out: Vec<Vec<String>> = each(&v["ratios"])
+        .enumerate()
         .map(|(i, r)| {
             vec![
                 int(&r["depth"]),
@@ -770,8 +769,8 @@ fn eviction_section(v: &Value) -> String {
 
 fn kv_quality_section(v: &Value) -> String {
     let mut out = Vec::new();
-    for m in v["models"].as_array().into_iter().flatten() {
-        for d in m["dtypes"].as_array().into_iter().flatten() {
+    for m in each(&v["models"]) {
+        for d in each(&m["dtypes"]) {
             let Some(r) = d["ranges"].as_array().and_then(|r| r.last()) else {
                 continue;
             };
