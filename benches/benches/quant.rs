@@ -168,6 +168,21 @@ fn halves(c: &mut Criterion) {
     }
 }
 
+/// `y8` (q8 activations) differs from `y` (f32) by the rounding of x: well within 2% of the
+/// largest output, and never NaN.
+fn assert_q8_near_f32(ty: GgmlType, y: &[f32], y8: &[f32]) {
+    let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let worst = y
+        .iter()
+        .zip(y8)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= 0.02 * scale && worst.is_finite(),
+        "{ty}: q8 vs f32 activations differ by {worst} (largest output {scale})"
+    );
+}
+
 /// (type, out, in): Gemma 3 270M's gate projection (Q5_0), a Q8_0 attn_v, and its ffn_down in
 /// Q4_K and Q6_K.
 const PROMPT_SHAPES: [(GgmlType, usize, usize); 4] = [
@@ -188,17 +203,7 @@ fn prompts(c: &mut Criterion) {
             let (mut y, mut y8) = (vec![0.0; t * d_out], vec![0.0; t * d_out]);
             kvlab_cpu::linear::linear(&mut y, &x, &w, t, d_in, d_out);
             kvlab_cpu::linear::linear(&mut y8, &x, &w8, t, d_in, d_out);
-            // q8 differs from f32 by the rounding of x: well within 2% of the largest output.
-            let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let worst = y
-                .iter()
-                .zip(&y8)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
-            assert!(
-                worst <= 0.02 * scale && worst.is_finite(),
-                "{ty}: q8 vs f32 activations differ by {worst} (largest output {scale})"
-            );
+            assert_q8_near_f32(ty, &y, &y8);
             let mut g = c.benchmark_group(format!("quant/prompt/{ty}"));
             g.throughput(Throughput::Elements((t * d_out * d_in) as u64));
             let shape = format!("{t}x{d_out}x{d_in}");
@@ -227,14 +232,7 @@ fn classifier(c: &mut Criterion) {
         let (mut y, mut y8) = (vec![0.0; t * d_out], vec![0.0; t * d_out]);
         kvlab_cpu::linear::linear(&mut y, &x, &w, t, d_in, d_out);
         kvlab_cpu::linear::linear(&mut y8, &x, &w8, t, d_in, d_out);
-        let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let worst = (y.iter().zip(&y8))
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        assert!(
-            worst <= 0.02 * scale && worst.is_finite(),
-            "Q8_0: q8 vs f32 activations differ by {worst} (largest output {scale})"
-        );
+        assert_q8_near_f32(GgmlType::Q8_0, &y, &y8);
         let mut g = c.benchmark_group("quant/classifier/Q8_0");
         g.throughput(Throughput::Elements((t * d_out * d_in) as u64));
         g.bench_function(format!("{t}x{d_out}x{d_in}"), |b| {
