@@ -218,11 +218,20 @@ struct Stats<'a> {
 }
 
 impl Stats<'_> {
+    /// Tokens the engine computed over the run, and per second of engine time.
+    fn tokens_computed(&self) -> (usize, f64) {
+        let r = self.report;
+        let tokens: usize = r.steps.iter().map(|s| s.num_batched_tokens).sum();
+        (
+            tokens,
+            tokens as f64 / r.engine_time.as_secs_f64().max(1e-9),
+        )
+    }
+
     /// The `--json` line.
     fn json(&self, a: &Args) -> serde_json::Value {
         let (report, m) = (self.report, &self.report.metrics);
-        let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
-        let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
+        let (tokens, tokens_per_s) = self.tokens_computed();
         let (decode_tokens, decode_s) = report.decode_only();
         let (num_blocks, kv_bytes_per_block) = (self.num_blocks, self.kv_bytes_per_block);
         serde_json::json!({
@@ -266,8 +275,7 @@ impl Stats<'_> {
     /// The human-readable summary (stderr).
     fn print(&self, a: &Args) {
         let (report, m) = (self.report, &self.report.metrics);
-        let tokens: usize = report.steps.iter().map(|s| s.num_batched_tokens).sum();
-        let tokens_per_s = tokens as f64 / report.engine_time.as_secs_f64().max(1e-9);
+        let (tokens, tokens_per_s) = self.tokens_computed();
         let (num_blocks, kv_bytes_per_block) = (self.num_blocks, self.kv_bytes_per_block);
         eprintln!(
             "{} steps, {tokens} tokens computed in {:.2} s of engine time ({:.0} tok/s; {:.2} s in all with scheduling and sampling); pool {num_blocks} blocks x {} tokens ({} of KV per block across layers); preemptions {}, prefix-cache hits {} of {} queried tokens, recomputed {} tokens",
