@@ -257,6 +257,7 @@ pub struct Side {
     pub model: Option<String>,
     /// Repetitions of each measurement (1 when quick).
     pub reps: usize,
+    /// `--seed`: of the workload's prompts and arrivals.
     pub seed: u64,
     /// The output folder (created).
     pub out: PathBuf,

@@ -537,6 +537,13 @@ mod tests {
                             "k {k} t {t} n {n}: ({i}, {j}) {g} vs {e}"
                         );
                     }
+                    // The masked stores never write past row n.
+                    for j in n..ldy {
+                        assert!(
+                            got[i * ldy + j].is_nan(),
+                            "k {k} t {t} n {n}: wrote ({i}, {j})"
+                        );
+                    }
                 }
             }
         }
