@@ -7,10 +7,12 @@
 //!   a   = softmax(s)
 //!   o_h = Σ_j a_j v_{g,j}
 //! The kv_mul query heads of one KV head are computed together, so each key and value row is read
-//! once per KV head, not once per query head. The work is (query row, KV head) tasks: on the
+//! once per KV head, not once per query head. A row's keys are cut into partitions of
+//! [`PARTITION`] positions whose softmaxes are merged in order, so its bits are the same on any
+//! number of threads and beside any other rows. The work is (query row, KV head) tasks: on the
 //! calling thread when the step is small, else one block of consecutive tasks per thread, each
 //! row's KV heads of a block attended together run by run of positions (their keys are
-//! neighbours in the cache).
+//! neighbours in the cache); a lone decode row's partitions are shared among the threads.
 
 use std::ops::Range;
 
@@ -158,14 +160,7 @@ pub fn attention<R: KvRows>(
     // Attention of row r's KV heads gs over all its visible keys, written to o (its slice of out).
     let run = |r: usize, gs: Range<usize>, o: &mut [f32]| {
         let q = &q[r * heads.n_heads * hd + gs.start * group..][..gs.len() * group];
-        SCRATCH.with_borrow_mut(|(scratch, stats)| {
-            stats.resize(2 * gs.len() * heads.kv_mul(), 0.0);
-            let span = Span {
-                kv_heads: gs,
-                keys: keys_of(r),
-            };
-            attend_group(o, stats, q, span, &rows_of(r), heads, scratch)
-        });
+        attend_row(o, q, gs, keys_of(r), &rows_of(r), heads);
     };
     let per_row = heads.n_kv_heads * group;
     let threads = threads::num_threads();
@@ -174,12 +169,13 @@ pub fn attention<R: KvRows>(
             run(r, 0..heads.n_kv_heads, o);
         }
     } else if n_rows == 1 {
-        // One decode query: split its keys (flash-decoding), each thread all KV heads over one
-        // contiguous span of positions, then merge the spans' softmaxes. A thread reads whole
-        // rows of the cache, one after another, which the prefetchers follow (split by KV head,
-        // each read a few lines of every row: 18% slower on the stories15M shape at 1,024
-        // positions), and an MQA model's one KV head still uses every thread.
-        split_keys(out, q, keys_of(0), &rows_of(0), heads, threads);
+        // One decode query: its partitions across the threads (flash-decoding), each thread
+        // all KV heads over consecutive partitions, then the partitions' softmaxes merged. A
+        // thread reads whole rows of the cache, one after another, which the prefetchers
+        // follow (split by KV head, each read a few lines of every row: 18% slower on the
+        // stories15M shape at 1,024 positions), and an MQA model's one KV head still uses
+        // every thread.
+        split_partitions(out, q, keys_of(0), &rows_of(0), heads, threads);
     } else {
         // One block of consecutive (row, KV head) tasks per thread, each row's part of a block in
         // one call: its KV heads' keys sit side by side in a row of the cache, so a thread that
@@ -233,7 +229,7 @@ fn attention_tiled<R: KvRows>(
     let per_tile = tiled::rows_per_tile(heads.kv_mul());
     // A sequence's rows take the tiled kernel's arithmetic whenever it has several in the step,
     // even a row left alone in a tile by a thread's cut, so that its results do not depend on
-    // its batch-mates; a sequence's only row (a decode step) takes attend_group's, as it does
+    // its batch-mates; a sequence's only row (a decode step) takes attend_row's, as it does
     // alone.
     let alone = |r: usize| {
         (r == 0 || seq_of(r - 1) != seq_of(r)) && (r + 1 == n_rows || seq_of(r + 1) != seq_of(r))
@@ -250,14 +246,8 @@ fn attention_tiled<R: KvRows>(
             let (o, rest) = part.split_at_mut(t * row_len);
             let q = &q[r * row_len..][..t * row_len];
             if t == 1 && alone(r) {
-                let span = Span {
-                    kv_heads: 0..heads.n_kv_heads,
-                    keys: heads.first_visible(pos_of(r))..pos_of(r) + 1,
-                };
-                SCRATCH.with_borrow_mut(|(scratch, stats)| {
-                    stats.resize(2 * heads.n_heads, 0.0);
-                    attend_group(o, stats, q, span, &rows_of(r), heads, scratch)
-                });
+                let keys = heads.first_visible(pos_of(r))..pos_of(r) + 1;
+                attend_row(o, q, 0..heads.n_kv_heads, keys, &rows_of(r), heads);
             } else {
                 TILE_SCRATCH.with_borrow_mut(|scratch| {
                     tiled::attend_tile(o, q, pos_of(r), &rows_of(r), heads, scratch)
@@ -285,9 +275,70 @@ pub struct Span {
     pub keys: Range<usize>,
 }
 
-/// out (n_heads·head_dim) ← attention of one query row q over `keys`, the keys split into one
-/// contiguous span per thread; [`merge_spans`] combines the spans.
-fn split_keys<R: KvRows>(
+/// Keys per partition of a query row's attention: a row's visible keys are cut at the multiples
+/// of `PARTITION` positions (vLLM's paged attention v2 cuts at its `partition_size` the same
+/// way), each partition is attended on its own ([`attend_group`]) and their softmaxes are merged
+/// in order ([`merge_spans`]). The cuts depend on the row's positions only, never on the thread
+/// count or on the rows beside it, so a decode row's bits are the same alone or in a batch, on
+/// 1 thread or on many: only which thread attends a partition changes. 256 keys keep a
+/// partition's scores in L1 (Llama 3's 32 query heads × 256 × 4 bytes = 32 KiB) and cost one
+/// merge per 256 keys (n_heads·head_dim multiply-adds, ~1% of the partition's work).
+const PARTITION: usize = 256;
+
+/// How many partitions `keys` spans, and the i-th of them.
+fn partitions(keys: &Range<usize>) -> usize {
+    keys.end.div_ceil(PARTITION) - keys.start / PARTITION
+}
+fn partition(keys: &Range<usize>, i: usize) -> Range<usize> {
+    let start = (keys.start / PARTITION + i) * PARTITION;
+    start.max(keys.start)..(start + PARTITION).min(keys.end)
+}
+
+thread_local! {
+    /// The calling thread's buffer of partition outputs for [`split_partitions`], reused from
+    /// step to step (1 MiB for Llama 3.2 1B's rows at 32k positions: not worth allocating per
+    /// layer).
+    static PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// o (|kv_heads|·kv_mul, head_dim) ← attention of one row's queries q (|kv_heads|·kv_mul,
+/// head_dim) of KV heads `kv_heads` over `keys`, on the calling thread: each partition of the
+/// keys ([`PARTITION`]) attended, then merged in order; a row of one partition attended
+/// directly. Each KV head's outputs are the same whichever other heads the call covers.
+fn attend_row<R: KvRows>(
+    o: &mut [f32],
+    q: &[f32],
+    kv_heads: Range<usize>,
+    keys: Range<usize>,
+    kv: &R,
+    heads: &Heads,
+) {
+    let m = kv_heads.len() * heads.kv_mul(); // query heads
+    let part = m * heads.head_dim + 2 * m; // a partition's outputs, then its (max, sum) per head
+    let n_parts = partitions(&keys);
+    SCRATCH.with_borrow_mut(|(scratch, parts)| {
+        if n_parts <= 1 {
+            parts.resize(2 * m, 0.0);
+            let span = Span { kv_heads, keys };
+            return attend_group(o, parts, q, span, kv, heads, scratch);
+        }
+        parts.resize(n_parts * part, 0.0);
+        for (i, p) in parts.chunks_exact_mut(part).enumerate() {
+            let (po, stats) = p.split_at_mut(m * heads.head_dim);
+            let span = Span {
+                kv_heads: kv_heads.clone(),
+                keys: partition(&keys, i),
+            };
+            attend_group(po, stats, q, span, kv, heads, scratch);
+        }
+        merge_spans(o, parts, m, heads.head_dim);
+    });
+}
+
+/// out (n_heads·head_dim) ← attention of one query row q over `keys`, as [`attend_row`] over
+/// all KV heads computes it, its partitions shared among `threads` threads, consecutive ones
+/// to each.
+fn split_partitions<R: KvRows>(
     out: &mut [f32],
     q: &[f32],
     keys: Range<usize>,
@@ -295,23 +346,28 @@ fn split_keys<R: KvRows>(
     heads: &Heads,
     threads: usize,
 ) {
+    let n_parts = partitions(&keys);
+    if n_parts <= 1 || threads <= 1 {
+        return attend_row(out, q, 0..heads.n_kv_heads, keys, kv, heads);
+    }
     let (n_heads, hd) = (heads.n_heads, heads.head_dim);
-    // Spans of a multiple of 8 keys (the kernels' pass), at least one per thread with keys.
-    let per = keys.len().div_ceil(threads).next_multiple_of(8);
-    let spans = keys.len().div_ceil(per);
-    // parts (spans, n_heads·head_dim + 2·n_heads): each span's outputs, then its stats.
+    // parts (n_parts, n_heads·head_dim + 2·n_heads): each partition's outputs, then its stats.
     let part = n_heads * hd + 2 * n_heads;
-    let mut parts = vec![0.0f32; spans * part];
-    threads::for_each_chunk_mut(&mut parts, part, |i, p| {
-        let (o, stats) = p.split_at_mut(n_heads * hd);
-        let start = keys.start + i * per;
-        let span = Span {
-            kv_heads: 0..heads.n_kv_heads,
-            keys: start..(start + per).min(keys.end),
-        };
-        SCRATCH.with_borrow_mut(|(s, _)| attend_group(o, stats, q, span, kv, heads, s));
+    let per = n_parts.div_ceil(threads);
+    PARTS.with_borrow_mut(|parts| {
+        parts.resize(n_parts * part, 0.0);
+        threads::for_each_chunk_mut(parts, per * part, |t, share| {
+            for (i, p) in share.chunks_exact_mut(part).enumerate() {
+                let (o, stats) = p.split_at_mut(n_heads * hd);
+                let span = Span {
+                    kv_heads: 0..heads.n_kv_heads,
+                    keys: partition(&keys, t * per + i),
+                };
+                SCRATCH.with_borrow_mut(|(s, _)| attend_group(o, stats, q, span, kv, heads, s));
+            }
+        });
+        merge_spans(out, parts, n_heads, hd);
     });
-    merge_spans(out, &parts, n_heads, hd);
 }
 
 /// o_h ← Σ_s w_s·l_s·o_{s,h} / Σ_s w_s·l_s with w_s = e^(m_s − max_s m_s), for spans s whose
@@ -594,6 +650,88 @@ mod tests {
             if heads.first_visible(pos) <= pos / 2 {
                 assert!(out[0].is_nan(), "ctx {ctx}: a NaN value must reach head 0");
             }
+        }
+    }
+
+    /// A decode row's bits do not depend on how its work is shared: alone or beside other
+    /// sequences' rows (the tiled path's lone rows and the (row, KV head) tasks), its partitions
+    /// on 1 to 7 threads' shares, its KV heads attended together or apart — all give the
+    /// partitioned attention's bits, for contexts of one partition and of several, cut or not
+    /// at a partition's edge, with a sliding window.
+    #[test]
+    fn a_decode_rows_bits_do_not_depend_on_threads_or_batch() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for (n_heads, n_kv_heads, head_dim, ctx, window) in [
+            (4, 1, 256, 1300, usize::MAX),
+            (8, 2, 64, 1025, usize::MAX),
+            (6, 2, 8, 999, 300),
+            (6, 6, 48, 200, usize::MAX),
+            (4, 2, 16, 512, usize::MAX),
+        ] {
+            let heads = Heads {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                window,
+            };
+            let (kv_dim, row_len) = (n_kv_heads * head_dim, n_heads * head_dim);
+            let mut draw =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-2.0..2.0)).collect() };
+            let (k, v) = (draw(ctx * kv_dim), draw(ctx * kv_dim));
+            // Row 0 is the row under test; rows 1..4 are other sequences' decode rows.
+            let q = draw(4 * row_len);
+            let c = Contiguous {
+                k: &k,
+                v: &v,
+                kv_dim,
+            };
+            let pos = ctx - 1;
+            let keys = heads.first_visible(pos)..pos + 1;
+            let mut want = vec![f32::NAN; row_len];
+            attend_row(
+                &mut want,
+                &q[..row_len],
+                0..n_kv_heads,
+                keys.clone(),
+                &c,
+                &heads,
+            );
+            let same = |got: &[f32], how: &str| {
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{n_heads}/{n_kv_heads}×{head_dim} ctx {ctx} {how} [{i}]: {a} vs {b}"
+                    );
+                }
+            };
+            for threads in 1..=7 {
+                let mut out = vec![f32::NAN; row_len];
+                split_partitions(&mut out, &q[..row_len], keys.clone(), &c, &heads, threads);
+                same(&out, &format!("on {threads} threads"));
+            }
+            let mut out = vec![f32::NAN; row_len];
+            let group = heads.kv_mul() * head_dim;
+            for g in 0..n_kv_heads {
+                let o = &mut out[g * group..][..group];
+                attend_row(
+                    o,
+                    &q[g * group..][..group],
+                    g..g + 1,
+                    keys.clone(),
+                    &c,
+                    &heads,
+                );
+            }
+            same(&out, "head by head");
+            let mut out = vec![f32::NAN; row_len];
+            attention(&mut out, &q[..row_len], &heads, |_| pos, |_| 0, |_| c);
+            same(&out, "alone");
+            let mut out = vec![f32::NAN; 4 * row_len];
+            let pos_of = |r: usize| if r == 0 { pos } else { 40 * r };
+            attention(&mut out, &q, &heads, pos_of, |r| r, |_| c);
+            same(&out[..row_len], "in a batch");
         }
     }
 
