@@ -337,7 +337,7 @@ fn attend_row<R: KvRows>(
 
 /// out (n_heads·head_dim) ← attention of one query row q over `keys`, as [`attend_row`] over
 /// all KV heads computes it, its partitions shared among `threads` threads, consecutive ones
-/// to each.
+/// to each (its KV heads where the keys are one partition).
 fn split_partitions<R: KvRows>(
     out: &mut [f32],
     q: &[f32],
@@ -347,8 +347,26 @@ fn split_partitions<R: KvRows>(
     threads: usize,
 ) {
     let n_parts = partitions(&keys);
-    if n_parts <= 1 || threads <= 1 {
+    if threads <= 1 || (n_parts <= 1 && heads.n_kv_heads == 1) {
         return attend_row(out, q, 0..heads.n_kv_heads, keys, kv, heads);
+    }
+    if n_parts <= 1 {
+        // One partition: its KV heads shared among the threads instead (a head's outputs are
+        // the same whichever heads a call covers), so that a short context still uses them all.
+        let group = heads.kv_mul() * heads.head_dim;
+        let per = heads.n_kv_heads.div_ceil(threads);
+        threads::for_each_chunk_mut(out, per * group, |t, o| {
+            let g = t * per..t * per + o.len() / group;
+            attend_row(
+                o,
+                &q[g.start * group..g.end * group],
+                g,
+                keys.clone(),
+                kv,
+                heads,
+            );
+        });
+        return;
     }
     let (n_heads, hd) = (heads.n_heads, heads.head_dim);
     // parts (n_parts, n_heads·head_dim + 2·n_heads): each partition's outputs, then its stats.
