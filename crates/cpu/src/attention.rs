@@ -575,6 +575,22 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
+    /// Heads of this shape, scaled by 1/√head_dim.
+    fn shape(n_heads: usize, n_kv_heads: usize, head_dim: usize, window: usize) -> Heads {
+        Heads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window,
+        }
+    }
+
+    /// n floats drawn uniformly from [−2, 2).
+    fn uniform(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()
+    }
+
     /// The definition, head by head, in f64.
     fn reference(q: &[f32], c: Contiguous, heads: &Heads, pos: usize) -> Vec<f32> {
         let hd = heads.head_dim;
@@ -607,8 +623,9 @@ mod tests {
         out
     }
 
-    /// Every path of `attention` for one decode row — on the calling thread (short), split by
-    /// keys across the threads (long: flash-decoding's merge), with a sliding window, GQA with
+    /// Every path of `attention` for one decode row — on the calling thread (short), its KV
+    /// heads or its partitions across the threads (long: flash-decoding's merge), with a
+    /// sliding window, GQA with
     /// an odd group, query heads in fours — against the definition; and a NaN in the cache
     /// reaches the output.
     #[test]
@@ -627,16 +644,9 @@ mod tests {
             (8, 2, 64, 1500, usize::MAX),
             (16, 2, 32, 900, usize::MAX),
         ] {
-            let heads = Heads {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                window,
-            };
+            let heads = shape(n_heads, n_kv_heads, head_dim, window);
             let kv_dim = n_kv_heads * head_dim;
-            let mut draw =
-                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-2.0..2.0)).collect() };
+            let mut draw = |n: usize| uniform(&mut rng, n);
             let (q, k, v) = (
                 draw(n_heads * head_dim),
                 draw(ctx * kv_dim),
@@ -686,16 +696,9 @@ mod tests {
             (6, 6, 48, 200, usize::MAX),
             (4, 2, 16, 512, usize::MAX),
         ] {
-            let heads = Heads {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                window,
-            };
+            let heads = shape(n_heads, n_kv_heads, head_dim, window);
             let (kv_dim, row_len) = (n_kv_heads * head_dim, n_heads * head_dim);
-            let mut draw =
-                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-2.0..2.0)).collect() };
+            let mut draw = |n: usize| uniform(&mut rng, n);
             let (k, v) = (draw(ctx * kv_dim), draw(ctx * kv_dim));
             // Row 0 is the row under test; rows 1..4 are other sequences' decode rows.
             let q = draw(4 * row_len);
@@ -770,13 +773,7 @@ mod tests {
             (32, 1, 16, 9),
             (6, 3, 8, 20),
         ] {
-            let heads = Heads {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                window,
-            };
+            let heads = shape(n_heads, n_kv_heads, head_dim, window);
             let kv_dim = n_kv_heads * head_dim;
             let row_len = n_heads * head_dim;
             // (first position, rows, cache length) per sequence: a longer than a tile, b a row
@@ -787,9 +784,7 @@ mod tests {
                 &[(40, 23, 63), (5, 1, 6), (0, 7, 7), (9, 5, 14)][..],
                 &[(0, 7, 7)],
             ] {
-                let mut draw = |n: usize| -> Vec<f32> {
-                    (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()
-                };
+                let mut draw = |n: usize| uniform(&mut rng, n);
                 let mut caches: Vec<(Vec<f32>, Vec<f32>)> = seqs
                     .iter()
                     .map(|&(_, _, len)| (draw(len * kv_dim), draw(len * kv_dim)))
