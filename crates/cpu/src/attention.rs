@@ -283,7 +283,7 @@ pub struct Span {
 /// 1 thread or on many: only which thread attends a partition changes. 256 keys keep a
 /// partition's scores in L1 (Llama 3's 32 query heads × 256 × 4 bytes = 32 KiB) and cost one
 /// merge per 256 keys (n_heads·head_dim multiply-adds, ~1% of the partition's work).
-const PARTITION: usize = 256;
+pub const PARTITION: usize = 256;
 
 /// How many partitions `keys` spans, and the i-th of them.
 fn partitions(keys: &Range<usize>) -> usize {

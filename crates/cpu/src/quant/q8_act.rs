@@ -35,6 +35,10 @@
 //! instead, for every t (so that a row stays the same in every batch): 16 W rows × 16 tokens
 //! of a block per `tdpbssd`, each block's i32 sum scaled once. Its sums are rounded per block
 //! rather than per 4 weights, so its bits differ from this kernel's within the same bound.
+//! Q5_0 goes to the tiles too (each 16 rows rewritten as Q8_0) for more than 4 tokens, and to
+//! [`block_sums`] for at most 4 (a decode step, where rewriting rows for one token's products
+//! costs more than it saves): the tiles' formula with `vpdpbusd`, the same bits, so that the
+//! choice by t never shows in a row's output.
 
 use kvlab_model::GgmlType;
 use kvlab_model::weights::QUANTIZED;
@@ -44,6 +48,8 @@ use std::arch::x86_64::*;
 
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
+#[cfg(target_arch = "x86_64")]
+pub mod block_sums;
 
 /// Activations per scale.
 pub const QK: usize = 32;
@@ -300,6 +306,11 @@ pub unsafe fn rows_raw(y: *mut f32, ldy: usize, x: &Q8Rows, (ty, w): (GgmlType, 
         match ty {
             GgmlType::Q8_0 if amx::available() => amx::rows_q8_0(y, ldy, x, w.as_ptr(), rb, n),
             GgmlType::Q8_0 => rows::<vnni::Q8_0>(p),
+            // Tiles for many tokens, their formula with vpdpbusd for a few: the same bits.
+            GgmlType::Q5_0 if amx::available() && x.t <= block_sums::MAX_TOKENS => {
+                block_sums::rows_q5_0(y, ldy, x, w.as_ptr(), rb, n)
+            }
+            GgmlType::Q5_0 if amx::available() => amx::rows_q5_0(y, ldy, x, w.as_ptr(), rb, n),
             GgmlType::Q5_0 => rows::<vnni::Q5_0>(p),
             GgmlType::Q4_K => rows::<vnni::Q4K>(p),
             _ => rows::<vnni::Q6K>(p),

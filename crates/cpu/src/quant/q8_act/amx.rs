@@ -1,6 +1,7 @@
-//! Q8_0 weights times 8-bit activations on AMX-INT8 tiles (Intel Sapphire Rapids and later):
-//! the same product as the `vpdpbusd` kernel, a 16 × 16 tile of (W row, token) sums per
-//! instruction.
+//! Q8_0 (and Q5_0) weights times 8-bit activations on AMX-INT8 tiles (Intel Sapphire Rapids
+//! and later): the same product as the `vpdpbusd` kernel, a 16 × 16 tile of (W row, token) sums
+//! per instruction. Q5_0 is the same product once its 5-bit codes u are written as the int8
+//! u − 16 beside the same scale ([`q5_0_as_q8_0`]), 16 rows at a time.
 //!
 //! **The product.** A Q8_0 block is an f16 scale and 32 int8 codes; an activation block of
 //! [`Q8Rows`] is an f32 scale and 32 int8 codes. For W row j and token i,
@@ -27,6 +28,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
+
+use kvlab_model::GgmlType;
 
 use super::{Q8Rows, QK};
 
@@ -331,11 +334,43 @@ impl Accumulators {
 /// at i·ldy + j, and no other thread accesses those elements during the call.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
 pub unsafe fn rows_q8_0(y: *mut f32, ldy: usize, x: &Q8Rows, w: *const u8, rb: usize, n: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { rows(y, ldy, x, (GgmlType::Q8_0, w, rb), n) }
+}
+
+/// [`rows_q8_0`] for Q5_0 rows (`rb` = x.k / 32 · 22 bytes each): each stripe of 16 rows is
+/// first rewritten as Q8_0 rows ([`q5_0_as_q8_0`]: the same scale, the code minus 16 as an
+/// int8, so the same weights exactly), in a buffer that stays in L1, then multiplied as Q8_0.
+///
+/// # Safety
+/// As [`rows_q8_0`], `w` holding n rows of Q5_0.
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+pub unsafe fn rows_q5_0(y: *mut f32, ldy: usize, x: &Q8Rows, w: *const u8, rb: usize, n: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { rows(y, ldy, x, (GgmlType::Q5_0, w, rb), n) }
+}
+
+/// [`rows_q8_0`]'s loop over rows of Q8_0 (read in place) or Q5_0 (rewritten a stripe at a
+/// time).
+///
+/// # Safety
+/// As [`rows_q8_0`], `w` holding n rows of rb bytes of `ty` (Q8_0 or Q5_0).
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn rows(
+    y: *mut f32,
+    ldy: usize,
+    x: &Q8Rows,
+    (ty, w, rb): (GgmlType, *const u8, usize),
+    n: usize,
+) {
     let (t, blocks) = (x.t, x.k / QK);
+    let rb8 = blocks * BLOCK_BYTES; // a row's bytes as the tiles read it (Q8_0)
     assert!(
-        TILE_ROWS * rb < i32::MAX as usize,
-        "q8_act::amx: rows of {rb} bytes"
+        TILE_ROWS * rb8 < i32::MAX as usize,
+        "q8_act::amx: rows of {rb8} bytes"
     );
+    let repack = ty == GgmlType::Q5_0;
+    let mut q8_stripe = vec![0u8; if repack { TILE_ROWS * rb8 } else { 0 }];
     let groups = t.div_ceil(TILE_TOKENS);
     let (xb, dx) = tiles_b(x, groups);
     let bt = |b: usize, g: usize| xb[(b * groups + g) * 512..].as_ptr();
@@ -345,9 +380,19 @@ pub unsafe fn rows_q8_0(y: *mut f32, ldy: usize, x: &Q8Rows, w: *const u8, rb: u
     let mut config = (0, 0, 0);
     for j0 in (0..n).step_by(TILE_ROWS) {
         let m = TILE_ROWS.min(n - j0);
-        let stripe = w.wrapping_add(j0 * rb);
-        // SAFETY: rows j0..j0 + m < n of w.
-        unsafe { stripe_scales(stripe, rb, m, &mut dw) };
+        let source = w.wrapping_add(j0 * rb); // the stripe as stored
+        let stripe = if repack {
+            for (r, row) in q8_stripe.chunks_exact_mut(rb8).take(m).enumerate() {
+                // SAFETY: row j0 + r < n of w, rb bytes of Q5_0 blocks.
+                let q5 = unsafe { std::slice::from_raw_parts(source.add(r * rb), rb) };
+                q5_0_as_q8_0(q5, row);
+            }
+            q8_stripe.as_ptr()
+        } else {
+            source
+        };
+        // SAFETY: m rows of rb8 bytes of Q8_0 at stripe (w's rows, or their rewriting).
+        unsafe { stripe_scales(stripe, rb8, m, &mut dw) };
         let a = |b: usize| stripe.wrapping_add(b * BLOCK_BYTES + 2);
         for g0 in (0..groups).step_by(2) {
             let nt = |g: usize| TILE_TOKENS.min(t - g * TILE_TOKENS);
@@ -366,29 +411,31 @@ pub unsafe fn rows_q8_0(y: *mut f32, ldy: usize, x: &Q8Rows, w: *const u8, rb: u
             let mut b = 0;
             while b < blocks {
                 if g0 == 0 {
-                    prefetch_share(stripe, rb, blocks, b);
+                    prefetch_share(source, rb, blocks, b);
                 }
-                // (Each product) the A tiles are m rows of block b (b + 1) of rows j0.. < n,
-                // inside w; the B tiles 512 bytes of xb; the C tiles fit c's 1 KiB each; the
+                // (Each product) the A tiles are m rows of block b (b + 1) of the stripe's
+                // rows (w's rows j0.. < n, or their rewriting); the B tiles 512 bytes of xb; the C tiles fit c's 1 KiB each; the
                 // configuration loaded above has these shapes.
                 if nt1 > 0 {
                     // SAFETY: as above.
-                    unsafe { two_groups(a(b), rb, [bt(b, g0), bt(b, g0 + 1)], cp) };
+                    unsafe { two_groups(a(b), rb8, [bt(b, g0), bt(b, g0 + 1)], cp) };
                     acc[0].add(&c[0], nt0, &dw[b * TILE_ROWS..], dxs(b, g0));
                     acc[1].add(&c[1], nt1, &dw[b * TILE_ROWS..], dxs(b, g0 + 1));
                     b += 1;
                 } else if b + 1 < blocks {
                     if g0 == 0 {
-                        prefetch_share(stripe, rb, blocks, b + 1);
+                        prefetch_share(source, rb, blocks, b + 1);
                     }
                     // SAFETY: as above.
-                    unsafe { two_blocks([a(b), a(b + 1)], rb, [bt(b, g0), bt(b + 1, g0)], cp, cs) };
+                    unsafe {
+                        two_blocks([a(b), a(b + 1)], rb8, [bt(b, g0), bt(b + 1, g0)], cp, cs)
+                    };
                     acc[0].add(&c[0], nt0, &dw[b * TILE_ROWS..], dxs(b, g0));
                     acc[0].add(&c[1], nt0, &dw[(b + 1) * TILE_ROWS..], dxs(b + 1, g0));
                     b += 2;
                 } else {
                     // SAFETY: as above.
-                    unsafe { one_block(a(b), rb, bt(b, g0), cp[0], cs) };
+                    unsafe { one_block(a(b), rb8, bt(b, g0), cp[0], cs) };
                     acc[0].add(&c[0], nt0, &dw[b * TILE_ROWS..], dxs(b, g0));
                     b += 1;
                 }
@@ -438,6 +485,79 @@ fn prefetch_share(stripe: *const u8, rb: usize, blocks: usize, b: usize) {
     let (bytes, share) = (TILE_ROWS * rb, (TILE_ROWS * rb).div_ceil(blocks));
     let from = stripe.wrapping_add(PREFETCH_STRIPES * bytes + b * share);
     super::super::prefetch(from, share.min(bytes.saturating_sub(b * share)));
+}
+
+/// Bytes per Q5_0 block: the f16 scale d, 4 bytes of high bits, 16 bytes of low nibbles.
+const Q5_0_BLOCK_BYTES: usize = 22;
+
+/// One row of Q5_0 blocks rewritten as Q8_0 blocks: the same scale d, and weight κ's 5-bit
+/// code u (low nibble from qs, high bit from qh, as ggml's `dequantize_row_q5_0` reads them)
+/// stored as the int8 u − 16, so that d·(u − 16) is the same weight exactly. 64 weights of
+/// registers at a time where the CPU has AVX-512BW and VL, else a byte at a time; the same
+/// bytes either way (tested).
+///
+/// # Panics
+/// If `q5` is not whole blocks or `q8` is not as many Q8_0 blocks.
+pub fn q5_0_as_q8_0(q5: &[u8], q8: &mut [u8]) {
+    let blocks = q5.len() / Q5_0_BLOCK_BYTES;
+    assert!(
+        q5.len() == blocks * Q5_0_BLOCK_BYTES && q8.len() == blocks * BLOCK_BYTES,
+        "q5_0_as_q8_0: not whole blocks"
+    );
+    if std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: the features are checked; the lengths asserted.
+        return unsafe { q5_0_as_q8_0_avx512(q5, q8) };
+    }
+    q5_0_as_q8_0_reference(q5, q8);
+}
+
+/// [`q5_0_as_q8_0`] a byte at a time.
+fn q5_0_as_q8_0_reference(q5: &[u8], q8: &mut [u8]) {
+    for (src, dst) in q5
+        .chunks_exact(Q5_0_BLOCK_BYTES)
+        .zip(q8.chunks_exact_mut(BLOCK_BYTES))
+    {
+        dst[..2].copy_from_slice(&src[..2]);
+        let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+        for j in 0..QK {
+            let nibble = if j < 16 {
+                src[6 + j] & 0x0F
+            } else {
+                src[6 + j - 16] >> 4
+            };
+            let high = ((qh >> j) & 1) as u8;
+            dst[2 + j] = ((nibble | high << 4) as i8 - 16) as u8;
+        }
+    }
+}
+
+/// [`q5_0_as_q8_0`] with AVX-512BW/VL: a block's 32 codes in one 256-bit register.
+///
+/// # Safety
+/// AVX-512BW and VL; the lengths as [`q5_0_as_q8_0`] asserts.
+#[target_feature(enable = "avx512bw,avx512vl")]
+unsafe fn q5_0_as_q8_0_avx512(q5: &[u8], q8: &mut [u8]) {
+    let low = _mm_set1_epi8(0x0F);
+    for (src, dst) in q5
+        .chunks_exact(Q5_0_BLOCK_BYTES)
+        .zip(q8.chunks_exact_mut(BLOCK_BYTES))
+    {
+        dst[..2].copy_from_slice(&src[..2]);
+        let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+        // SAFETY: 16 bytes of qs at src[6..22]; 32 code bytes at dst[2..34].
+        unsafe {
+            let qs = _mm_loadu_si128(src[6..].as_ptr().cast());
+            let nibbles = _mm256_set_m128i(
+                _mm_and_si128(_mm_srli_epi16::<4>(qs), low),
+                _mm_and_si128(qs, low),
+            );
+            let high = _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
+            let codes = _mm256_sub_epi8(_mm256_or_si256(nibbles, high), _mm256_set1_epi8(16));
+            _mm256_storeu_si256(dst[2..].as_mut_ptr().cast(), codes);
+        }
+    }
 }
 
 /// x's tiles B and scales: for (block b, token group g), 8 rows of 64 bytes, row kk holding
@@ -495,8 +615,31 @@ pub fn reference(y: &mut [f32], ldy: usize, x: &Q8Rows, w: &[u8], n: usize) {
 mod tests {
     use super::*;
     use crate::quant::testing::{random_rows, rng};
-    use kvlab_model::GgmlType;
     use rand::Rng;
+
+    /// Q5_0 rows rewritten as Q8_0 hold the same weights to the bit, and the vector rewriting
+    /// gives the byte loop's bytes.
+    #[test]
+    fn q5_0_rewritten_as_q8_0_holds_the_same_weights() {
+        let mut rng = rng(23);
+        for k in [32, 64, 640, 2048] {
+            let q5 = random_rows(GgmlType::Q5_0, 3, k, &mut rng);
+            let blocks = q5.len() / Q5_0_BLOCK_BYTES;
+            let (mut fast, mut plain) = (
+                vec![0u8; blocks * BLOCK_BYTES],
+                vec![1u8; blocks * BLOCK_BYTES],
+            );
+            q5_0_as_q8_0(&q5, &mut fast);
+            q5_0_as_q8_0_reference(&q5, &mut plain);
+            assert_eq!(fast, plain, "k {k}: the vector and byte rewritings differ");
+            let (mut w5, mut w8) = (vec![0.0f32; 3 * k], vec![0.0f32; 3 * k]);
+            crate::quant::decode_rows_reference(GgmlType::Q5_0, &q5, &mut w5);
+            crate::quant::decode_rows_reference(GgmlType::Q8_0, &fast, &mut w8);
+            for (i, (a, b)) in w5.iter().zip(&w8).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "k {k} weight {i}: {a} vs {b}");
+            }
+        }
+    }
 
     #[test]
     fn the_tile_kernel_gives_the_plain_loops_bits() {
@@ -519,30 +662,46 @@ mod tests {
                 (17, 5),
                 (33, 40),
             ] {
-                let w = random_rows(GgmlType::Q8_0, n, k, &mut rng);
-                let x: Vec<f32> = (0..t * k).map(|_| rng.random_range(-2.0..2.0)).collect();
-                let mut q = Q8Rows::default();
-                q.quantize(&x, t, k);
-                let ldy = n + 3;
-                let (mut got, mut want) = (vec![f32::NAN; t * ldy], vec![f32::NAN; t * ldy]);
-                // SAFETY: AMX is available; w is n rows of k / 32 blocks; got holds t rows of
-                // ldy ≥ n.
-                unsafe { rows_q8_0(got.as_mut_ptr(), ldy, &q, w.as_ptr(), w.len() / n, n) };
-                reference(&mut want, ldy, &q, &w, n);
-                for i in 0..t {
-                    for j in 0..n {
-                        let (g, e) = (got[i * ldy + j], want[i * ldy + j]);
-                        assert!(
-                            g.to_bits() == e.to_bits(),
-                            "k {k} t {t} n {n}: ({i}, {j}) {g} vs {e}"
-                        );
+                for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+                    let w = random_rows(ty, n, k, &mut rng);
+                    let x: Vec<f32> = (0..t * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+                    let mut q = Q8Rows::default();
+                    q.quantize(&x, t, k);
+                    let ldy = n + 3;
+                    let (mut got, mut want) = (vec![f32::NAN; t * ldy], vec![f32::NAN; t * ldy]);
+                    // SAFETY: AMX is available; w is n rows of k / 32 blocks of ty; got holds t
+                    // rows of ldy ≥ n.
+                    unsafe {
+                        let (y, rb) = (got.as_mut_ptr(), w.len() / n);
+                        match ty {
+                            GgmlType::Q8_0 => rows_q8_0(y, ldy, &q, w.as_ptr(), rb, n),
+                            _ => rows_q5_0(y, ldy, &q, w.as_ptr(), rb, n),
+                        }
                     }
-                    // The masked stores never write past row n.
-                    for j in n..ldy {
-                        assert!(
-                            got[i * ldy + j].is_nan(),
-                            "k {k} t {t} n {n}: wrote ({i}, {j})"
-                        );
+                    // The plain loop reads Q8_0: Q5_0 rewritten as Q8_0 is the same weights.
+                    let w8 = if ty == GgmlType::Q8_0 {
+                        w.clone()
+                    } else {
+                        let mut w8 = vec![0u8; n * k / QK * BLOCK_BYTES];
+                        q5_0_as_q8_0(&w, &mut w8);
+                        w8
+                    };
+                    reference(&mut want, ldy, &q, &w8, n);
+                    for i in 0..t {
+                        for j in 0..n {
+                            let (g, e) = (got[i * ldy + j], want[i * ldy + j]);
+                            assert!(
+                                g.to_bits() == e.to_bits(),
+                                "{ty} k {k} t {t} n {n}: ({i}, {j}) {g} vs {e}"
+                            );
+                        }
+                        // The masked stores never write past row n.
+                        for j in n..ldy {
+                            assert!(
+                                got[i * ldy + j].is_nan(),
+                                "k {k} t {t} n {n}: wrote ({i}, {j})"
+                            );
+                        }
                     }
                 }
             }
