@@ -9,11 +9,12 @@
 //! * `quant/halves/<shape>`: the bf16 and f16 kernels beside the f32 GEMV at the stories15M and
 //!   stories42M matrix shapes (the f32 one reads twice the bytes: compare times, not GiB/s).
 //!
-//! * `quant/prompt/<TYPE>/<t>x<out>x<in>`: a prompt's product through `kvlab_cpu::linear::linear`
-//!   (the engine's threads) at Gemma 3 270M's shapes, 10 and 100 token rows, the matrix's
-//!   products with f32 activations (`f32_activations`) beside `--activations q8`
-//!   (`q8_activations`: rows rounded to 8 bits, AVX-512 VNNI integer dot products; where the CPU
-//!   lacks VNNI it is the f32 path again). Throughput: multiply-adds.
+//! * `quant/prompt/<TYPE>/<t>x<out>x<in>`: a step's product through `kvlab_cpu::linear::linear`
+//!   (the engine's threads) at Gemma 3 270M's shapes, 1 (a decode step), 10 and 100 token rows,
+//!   the matrix's products with f32 activations (`f32_activations`) beside `--activations q8`
+//!   (`q8_activations`: rows rounded to 8 bits, AVX-512 VNNI integer dot products, and on a CPU
+//!   with AMX-INT8 Q8_0 and, above 4 tokens, Q5_0 on the tiles; where the CPU lacks VNNI it is
+//!   the f32 path again). Throughput: multiply-adds.
 //! * `quant/classifier/Q8_0/<t>x<out>x<in>`: a slice of Gemma 3 270M's Q8_0 classifier with
 //!   `--activations q8` for one token (a decode step) and 32 (a batched step): on a CPU with
 //!   AMX-INT8 the tile kernel (`quant::q8_act::amx`), else `vpdpbusd`; `KVLAB_AMX=off` measures
@@ -198,7 +199,7 @@ fn prompts(c: &mut Criterion) {
         let bytes = matrix(ty, d_out, d_in, 300 + k as u64);
         let w = Tensor::encoded_from_bytes(ty, bytes, d_out * d_in).expect("whole blocks");
         let w8 = w.clone().with_activations(Activations::Q8);
-        for t in [10, 100] {
+        for t in [1, 10, 100] {
             let x = data(t * d_in, 31 + t as u64);
             let (mut y, mut y8) = (vec![0.0; t * d_out], vec![0.0; t * d_out]);
             kvlab_cpu::linear::linear(&mut y, &x, &w, t, d_in, d_out);
