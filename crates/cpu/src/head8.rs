@@ -17,8 +17,8 @@ use std::arch::x86_64::*;
 /// The head dimension these kernels are for.
 pub const HEAD_DIM: usize = 8;
 
-/// s_m[b] = q_m · x_b for the two query heads m = 0, 1 and b in 0..s_0.len(), where
-/// x_b = x[b·stride..][..8] (one KV head of consecutive positions).
+/// s_m\[b\] = q_m · x_b for the two query heads m = 0, 1 and b in 0..s_0.len(), where
+/// x_b = x\[b·stride..\]\[..8\] (one KV head of consecutive positions).
 ///
 /// # Safety
 /// The CPU must support AVX-512F.
@@ -81,8 +81,8 @@ pub unsafe fn dot_rows2(s: [&mut [f32]; 2], q: [&[f32]; 2], x: &[f32], stride: u
     }
 }
 
-/// y_m ← y_m + Σ_b a_m[b] x_b for the two query heads m = 0, 1 and b in 0..a_0.len(), where
-/// x_b = x[b·stride..][..8]. Four accumulators take the rows in turn, as the AVX2 kernel's do.
+/// y_m ← y_m + Σ_b a_m\[b\] x_b for the two query heads m = 0, 1 and b in 0..a_0.len(), where
+/// x_b = x\[b·stride..\]\[..8\]. Four accumulators take the rows in turn, as the AVX2 kernel's do.
 ///
 /// # Safety
 /// The CPU must support AVX-512F.

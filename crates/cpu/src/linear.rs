@@ -179,7 +179,7 @@ fn q8_encoded(w: &Tensor) -> Option<(GgmlType, &[u8])> {
         .then_some((ty, bytes))
 }
 
-/// [`linear`] of the same x (t, in) through N matrices W_m (out_m, in): ys[m] (t, out_m) =
+/// [`linear`] of the same x (t, in) through N matrices W_m (out_m, in): ys\[m\] (t, out_m) =
 /// x @ W_mᵀ (q, k and v from one normalised x; gate and up). For one row (a decode step) the
 /// matrices' rows are split among the threads as if they were stacked into one matrix, so the
 /// step hands the team one job where N [`linear`] calls would hand it N, and each row's output

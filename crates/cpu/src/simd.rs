@@ -109,9 +109,9 @@ pub fn dot_head(a: &[f32], b: &[f32]) -> f32 {
 pub trait HeadKernels {
     /// How softmax's exp multiplies and adds in the kernel these run in.
     type MulAdd: crate::softmax::MulAdd;
-    /// s[b] = q · x_b for b in 0..s.len(), x_b = x[b·stride..][..q.len()].
+    /// s\[b\] = q · x_b for b in 0..s.len(), x_b = x\[b·stride..\]\[..q.len()\].
     fn dot_rows(s: &mut [f32], q: &[f32], x: &[f32], stride: usize);
-    /// y ← y + Σ_b a[b] x_b for b in 0..a.len(), x_b = x[b·stride..][..y.len()].
+    /// y ← y + Σ_b a\[b\] x_b for b in 0..a.len(), x_b = x\[b·stride..\]\[..y.len()\].
     fn axpy_rows(y: &mut [f32], a: &[f32], x: &[f32], stride: usize);
     /// [`HeadKernels::dot_rows`] for two query heads that share the rows (GQA/MQA).
     #[inline(always)]

@@ -17,7 +17,7 @@
 //! * the finished tile (8, 32) goes through an L1 buffer and an 8 × 8 register transpose into
 //!   y's rows, so no (n, t) buffer is written and read again.
 //!
-//! AVX-512 only ([`available`]); elsewhere `linear` keeps the `gemm` path. [`reference`] is the
+//! AVX-512 only ([`available`]); elsewhere `linear` keeps the `gemm` path. [`reference()`] is the
 //! plain loop the kernel is tested against.
 
 use crate::transpose::transpose;
@@ -72,7 +72,7 @@ pub fn transpose_x(x: &[f32], t: usize, k: usize, x_t: &mut Vec<f32>) {
     }
 }
 
-/// y[i·ldy + j] = Σ_κ x[i][κ] · w[j·k + κ] for i < t, j < n: the n rows of `w` (each k floats)
+/// y\[i·ldy + j\] = Σ_κ x\[i\]\[κ\] · w\[j·k + κ\] for i < t, j < n: the n rows of `w` (each k floats)
 /// against t tokens given transposed ([`transpose_x`]).
 ///
 /// # Panics

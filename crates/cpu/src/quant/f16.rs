@@ -16,7 +16,7 @@
 //!   reference runs.
 //!
 //! While it reads a group's columns it prefetches the same columns of the next group
-//! ([`crate::quant::prefetch`]).
+//! (`crate::quant::prefetch`).
 //!
 //! A row's last `cols mod 32` (16) columns are copied into zero-padded buffers, x's too, and run
 //! through the same step: zero weights times zero activations add nothing, and a NaN in x's tail

@@ -6,7 +6,7 @@
 //! encoded W is first decoded to memory ([`super::decode_rows`]), and its tiles of 32 tokens
 //! leave lanes empty below 32 rows: on the 2-core AMD EPYC a Q5_0 640 × 2048 matrix took as long
 //! at 5 rows as at 16. Here each block of W is decoded **once**, in registers, 32 weights at a
-//! time ([`Chunks`]: the reference's values, bit for bit), and multiplied into the accumulators
+//! time (`Chunks`: the reference's values, bit for bit), and multiplied into the accumulators
 //! of up to [`TOKENS`] tokens, for [`ROWS`] rows of W at once so each load of x serves both:
 //!
 //! * a pass is (`ROWS` rows of W) × (`TOKENS` tokens), 16 zmm accumulators, each summing its
@@ -17,7 +17,7 @@
 //!   `TOKENS` tokens, with the next pass's blocks prefetched.
 //!
 //! A row's output does not depend on the other tokens of the call (each token has its own
-//! accumulators, summed in the same order whatever t is). [`reference`] is the plain loop the
+//! accumulators, summed in the same order whatever t is). [`reference()`] is the plain loop the
 //! kernel is tested against.
 
 use kvlab_model::GgmlType;
@@ -61,7 +61,7 @@ pub fn available(ty: GgmlType) -> bool {
     }
 }
 
-/// y[i·ldy + j] = Σ_κ x[i·k + κ] · W[j][κ] for i < t, j < n: the n rows of `w` = (type, bytes),
+/// y\[i·ldy + j\] = Σ_κ x\[i·k + κ\] · W\[j\]\[κ\] for i < t, j < n: the n rows of `w` = (type, bytes),
 /// each k weights, against t tokens, x row-major (t, k).
 ///
 /// # Safety

@@ -1,4 +1,4 @@
-//! Q8_0: blocks of 32 weights, an f16 scale `d` and 32 int8 quants; weight j = d·qs[j].
+//! Q8_0: blocks of 32 weights, an f16 scale `d` and 32 int8 quants; weight j = d·qs\[j\].
 //!
 //! Layout (`block_q8_0` in ggml's ggml-common.h, 34 bytes, no padding):
 //!

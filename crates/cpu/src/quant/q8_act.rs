@@ -28,7 +28,7 @@
 //!
 //! The result differs from the f32 path by the rounding of x: at most Σ_j |w_j|·d_j/2 for a
 //! row (tested). A token's output depends only on that token (its own blocks and scales, summed
-//! in the same order whatever t is), so a row is the same in every batch. [`reference`] is the
+//! in the same order whatever t is), so a row is the same in every batch. [`reference()`] is the
 //! plain loop the kernel is tested against.
 //!
 //! **On AMX.** Where the CPU has AMX-INT8 (Sapphire Rapids and later), Q8_0 goes to [`amx`]
@@ -280,7 +280,7 @@ pub fn available(ty: GgmlType) -> bool {
     }
 }
 
-/// y[i·ldy + j] = Σ_κ x̂[i][κ] · W[j][κ] for i < t = x's rows, j < n: the n rows of
+/// y\[i·ldy + j\] = Σ_κ x̂\[i\]\[κ\] · W\[j\]\[κ\] for i < t = x's rows, j < n: the n rows of
 /// `w` = (type, bytes), each x.k weights, against the rounded activations x̂ = d·q.
 ///
 /// # Safety

@@ -15,7 +15,7 @@
 //! block's 32 codes, read in place from the Q8_0 rows (a row stride of the row's bytes, so no
 //! repacking), tile B the block's codes of the tokens in the "VNNI" layout (8 rows of 4 codes ×
 //! token), tile C the 16 × 16 sums. Each block's sums are then scaled and added in f32.
-//! [`reference`] is that formula as a plain loop: the kernel gives its bits exactly (tested),
+//! [`reference()`] is that formula as a plain loop: the kernel gives its bits exactly (tested),
 //! and, like the `vpdpbusd` kernel, a token's output does not depend on its batch-mates.
 //!
 //! **Where it runs.** [`available`]: the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7), and the
