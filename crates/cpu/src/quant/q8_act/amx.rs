@@ -391,8 +391,9 @@ unsafe fn rows(
         } else {
             source
         };
-        // SAFETY: m rows of rb8 bytes of Q8_0 at stripe (w's rows, or their rewriting).
-        unsafe { stripe_scales(stripe, rb8, m, &mut dw) };
+        // SAFETY: m rows of rb8 bytes of Q8_0 at stripe (w's rows, or their rewriting);
+        // 16·rb8 < 2³¹ (asserted above).
+        unsafe { stripe_scales(stripe, rb8, m, (BLOCK_BYTES, blocks), &mut dw) };
         let a = |b: usize| stripe.wrapping_add(b * BLOCK_BYTES + 2);
         for g0 in (0..groups).step_by(2) {
             let nt = |g: usize| TILE_TOKENS.min(t - g * TILE_TOKENS);
@@ -453,22 +454,35 @@ unsafe fn rows(
     }
 }
 
-/// dw (blocks, 16) = each block's f16 scale of the stripe's m rows, as f32 (rows ≥ m: 0).
+/// dw (·, 16) = each block's f16 scale of the stripe's m rows, as f32 (rows ≥ m: 0), for
+/// blocks of `block_bytes` that begin with their scale (Q8_0's 34, Q5_0's 22); entries of dw
+/// past the row's `blocks` are 0.
 ///
 /// # Safety
-/// m rows of rb bytes at `stripe`, whole Q8_0 blocks.
+/// F16C and AVX-512F; m rows of rb bytes at `stripe`, `blocks` whole blocks each (at least 4
+/// bytes each), 16·rb < 2³¹.
 #[target_feature(enable = "avx512f,f16c")]
-unsafe fn stripe_scales(stripe: *const u8, rb: usize, m: usize, dw: &mut [f32]) {
+pub(super) unsafe fn stripe_scales(
+    stripe: *const u8,
+    rb: usize,
+    m: usize,
+    (block_bytes, blocks): (usize, usize),
+    dw: &mut [f32],
+) {
     let mask = ((1u32 << m) - 1) as __mmask16;
     let rows = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32(rb as i32),
     );
     for (b, dw) in dw.chunks_exact_mut(TILE_ROWS).enumerate() {
-        let idx = _mm512_add_epi32(rows, _mm512_set1_epi32((b * BLOCK_BYTES) as i32));
-        // SAFETY: for r < m, the 4 bytes at r·rb + 34b: block b's scale and its first code,
-        // inside row r (rows ≥ m are masked off, never read); 16 f32 out (vcvtph2ps: exact).
-        // The offsets fit an i32 (rows_q8_0 asserts 16·rb does).
+        if b >= blocks {
+            dw.fill(0.0);
+            continue;
+        }
+        let idx = _mm512_add_epi32(rows, _mm512_set1_epi32((b * block_bytes) as i32));
+        // SAFETY: for r < m, the 4 bytes at r·rb + b·block_bytes: block b's scale and the two
+        // bytes after it, inside row r (rows ≥ m are masked off, never read); 16 f32 out
+        // (vcvtph2ps: exact). The offsets fit an i32 (the caller's contract).
         unsafe {
             let v =
                 _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, idx, stripe.cast());

@@ -53,8 +53,8 @@ pub unsafe fn rows_q5_0(y: *mut f32, ldy: usize, x: &Q8Rows, w: *const u8, rb: u
     for j0 in (0..n).step_by(ROWS) {
         let m = ROWS.min(n - j0);
         let stripe = w.wrapping_add(j0 * rb);
-        // SAFETY: rows j0..j0 + m < n of w.
-        unsafe { stripe_scales(stripe, rb, m, blocks, &mut dw) };
+        // SAFETY: rows j0..j0 + m < n of w, whole Q5_0 blocks; 16·rb < 2³¹ (asserted).
+        unsafe { super::amx::stripe_scales(stripe, rb, m, (BLOCK_BYTES, blocks), &mut dw) };
         let mut acc = [_mm512_setzero_ps(); MAX_TOKENS];
         for c in 0..chunks {
             // Codes of the chunk's two blocks for each row (a lone last block beside zeros).
@@ -139,35 +139,6 @@ fn block_sums(p: impl Fn(usize) -> __m512i) -> [__m512i; 2] {
         _mm512_shuffle_i32x4::<0x88>(w[0], w[1]),
         _mm512_shuffle_i32x4::<0xDD>(w[0], w[1]),
     ]
-}
-
-/// dw (2·chunks, 16) = each block's f16 scale of the stripe's m rows, as f32 (rows ≥ m, and
-/// blocks ≥ `blocks`: 0).
-///
-/// # Safety
-/// F16C and AVX-512F; m rows of rb bytes at `stripe`, `blocks` Q5_0 blocks each.
-#[target_feature(enable = "avx512f,f16c")]
-unsafe fn stripe_scales(stripe: *const u8, rb: usize, m: usize, blocks: usize, dw: &mut [f32]) {
-    let mask = ((1u32 << m) - 1) as __mmask16;
-    let rows = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(rb as i32),
-    );
-    for (b, dw) in dw.chunks_exact_mut(ROWS).enumerate() {
-        if b >= blocks {
-            dw.fill(0.0);
-            continue;
-        }
-        let idx = _mm512_add_epi32(rows, _mm512_set1_epi32((b * BLOCK_BYTES) as i32));
-        // SAFETY: for r < m, the 4 bytes at r·rb + 22b: block b's scale and the first two
-        // bytes of its high bits, inside row r (rows ≥ m are masked off, never read).
-        unsafe {
-            let v =
-                _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, idx, stripe.cast());
-            let h = _mm512_cvtepi32_epi16(v);
-            _mm512_storeu_ps(dw.as_mut_ptr(), _mm512_cvtph_ps(h));
-        }
-    }
 }
 
 #[cfg(test)]
