@@ -31,10 +31,10 @@ use std::sync::OnceLock;
 
 use kvlab_model::GgmlType;
 
-use super::{Q8Rows, QK};
+use super::{Q8Rows, QK, vnni};
 
 /// Bytes per Q8_0 block: the f16 scale d, then 32 int8 codes.
-const BLOCK_BYTES: usize = 34;
+pub(super) const BLOCK_BYTES: usize = 34;
 /// W rows per tile (tile A's and C's rows).
 const TILE_ROWS: usize = 16;
 /// Tokens per tile (tile C's columns, tile B's 4-byte groups).
@@ -415,8 +415,9 @@ unsafe fn rows(
                     prefetch_share(source, rb, blocks, b);
                 }
                 // (Each product) the A tiles are m rows of block b (b + 1) of the stripe's
-                // rows (w's rows j0.. < n, or their rewriting); the B tiles 512 bytes of xb; the C tiles fit c's 1 KiB each; the
-                // configuration loaded above has these shapes.
+                // rows (w's rows j0.. < n, or their rewriting); the B tiles 512 bytes of xb;
+                // the C tiles fit c's 1 KiB each; the configuration loaded above has these
+                // shapes.
                 if nt1 > 0 {
                     // SAFETY: as above.
                     unsafe { two_groups(a(b), rb8, [bt(b, g0), bt(b, g0 + 1)], cp) };
@@ -501,14 +502,15 @@ fn prefetch_share(stripe: *const u8, rb: usize, blocks: usize, b: usize) {
     super::super::prefetch(from, share.min(bytes.saturating_sub(b * share)));
 }
 
-/// Bytes per Q5_0 block: the f16 scale d, 4 bytes of high bits, 16 bytes of low nibbles.
-const Q5_0_BLOCK_BYTES: usize = 22;
+/// Bytes per Q5_0 block: the f16 scale d, 4 bytes of high bits, 16 bytes of low nibbles (half
+/// the `vpdpbusd` kernel's unit of two blocks).
+pub(super) const Q5_0_BLOCK_BYTES: usize = <vnni::Q5_0 as vnni::Format>::UNIT_BYTES / 2;
 
 /// One row of Q5_0 blocks rewritten as Q8_0 blocks: the same scale d, and weight κ's 5-bit
 /// code u (low nibble from qs, high bit from qh, as ggml's `dequantize_row_q5_0` reads them)
-/// stored as the int8 u − 16, so that d·(u − 16) is the same weight exactly. 64 weights of
-/// registers at a time where the CPU has AVX-512BW and VL, else a byte at a time; the same
-/// bytes either way (tested).
+/// stored as the int8 u − 16, so that d·(u − 16) is the same weight exactly. Two blocks at a
+/// time through the `vpdpbusd` kernel's own unpacking where the CPU has AVX-512BW, else (and
+/// for an odd last block) a byte at a time; the same bytes either way (tested).
 ///
 /// # Panics
 /// If `q5` is not whole blocks or `q8` is not as many Q8_0 blocks.
@@ -518,13 +520,19 @@ pub fn q5_0_as_q8_0(q5: &[u8], q8: &mut [u8]) {
         q5.len() == blocks * Q5_0_BLOCK_BYTES && q8.len() == blocks * BLOCK_BYTES,
         "q5_0_as_q8_0: not whole blocks"
     );
-    if std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
+    let pairs = if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
     {
         // SAFETY: the features are checked; the lengths asserted.
-        return unsafe { q5_0_as_q8_0_avx512(q5, q8) };
-    }
-    q5_0_as_q8_0_reference(q5, q8);
+        unsafe { q5_0_pairs_as_q8_0(q5, q8) }
+    } else {
+        0
+    };
+    let done = 2 * pairs;
+    q5_0_as_q8_0_reference(
+        &q5[done * Q5_0_BLOCK_BYTES..],
+        &mut q8[done * BLOCK_BYTES..],
+    );
 }
 
 /// [`q5_0_as_q8_0`] a byte at a time.
@@ -547,31 +555,37 @@ fn q5_0_as_q8_0_reference(q5: &[u8], q8: &mut [u8]) {
     }
 }
 
-/// [`q5_0_as_q8_0`] with AVX-512BW/VL: a block's 32 codes in one 256-bit register.
+/// The whole pairs of blocks of [`q5_0_as_q8_0`], each pair's 64 codes unpacked by
+/// [`vnni::Q5_0`]'s `chunk` (the codes u the `vpdpbusd` kernel multiplies) less 16; returns
+/// how many pairs it wrote.
 ///
 /// # Safety
-/// AVX-512BW and VL; the lengths as [`q5_0_as_q8_0`] asserts.
-#[target_feature(enable = "avx512bw,avx512vl")]
-unsafe fn q5_0_as_q8_0_avx512(q5: &[u8], q8: &mut [u8]) {
-    let low = _mm_set1_epi8(0x0F);
+/// AVX-512F/BW; the lengths as [`q5_0_as_q8_0`] asserts.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q5_0_pairs_as_q8_0(q5: &[u8], q8: &mut [u8]) -> usize {
+    use vnni::Format;
+    let pairs = q5.len() / vnni::Q5_0::UNIT_BYTES;
     for (src, dst) in q5
-        .chunks_exact(Q5_0_BLOCK_BYTES)
-        .zip(q8.chunks_exact_mut(BLOCK_BYTES))
+        .chunks_exact(vnni::Q5_0::UNIT_BYTES)
+        .zip(q8.chunks_exact_mut(2 * BLOCK_BYTES))
     {
-        dst[..2].copy_from_slice(&src[..2]);
-        let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
-        // SAFETY: 16 bytes of qs at src[6..22]; 32 code bytes at dst[2..34].
+        // SAFETY: two whole blocks at src (UNIT_BYTES); 2 × 32 code bytes at dst[2..34] and
+        // dst[36..68].
         unsafe {
-            let qs = _mm_loadu_si128(src[6..].as_ptr().cast());
-            let nibbles = _mm256_set_m128i(
-                _mm_and_si128(_mm_srli_epi16::<4>(qs), low),
-                _mm_and_si128(qs, low),
+            let (u, _) = vnni::Q5_0::chunk(src.as_ptr(), &(), 0);
+            let codes = _mm512_sub_epi8(u, _mm512_set1_epi8(16));
+            let (lo, hi) = (
+                _mm512_castsi512_si256(codes),
+                _mm512_extracti64x4_epi64::<1>(codes),
             );
-            let high = _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
-            let codes = _mm256_sub_epi8(_mm256_or_si256(nibbles, high), _mm256_set1_epi8(16));
-            _mm256_storeu_si256(dst[2..].as_mut_ptr().cast(), codes);
+            _mm256_storeu_si256(dst[2..].as_mut_ptr().cast(), lo);
+            _mm256_storeu_si256(dst[BLOCK_BYTES + 2..].as_mut_ptr().cast(), hi);
         }
+        dst[..2].copy_from_slice(&src[..2]);
+        dst[BLOCK_BYTES..BLOCK_BYTES + 2]
+            .copy_from_slice(&src[Q5_0_BLOCK_BYTES..Q5_0_BLOCK_BYTES + 2]);
     }
+    pairs
 }
 
 /// x's tiles B and scales: for (block b, token group g), 8 rows of 64 bytes, row kk holding
@@ -636,7 +650,8 @@ mod tests {
     #[test]
     fn q5_0_rewritten_as_q8_0_holds_the_same_weights() {
         let mut rng = rng(23);
-        for k in [32, 64, 640, 2048] {
+        // k: one block (no pair), a pair, a pair and a lone block, Gemma's 640 and 2048.
+        for k in [32, 64, 96, 640, 2048] {
             let q5 = random_rows(GgmlType::Q5_0, 3, k, &mut rng);
             let blocks = q5.len() / Q5_0_BLOCK_BYTES;
             let (mut fast, mut plain) = (

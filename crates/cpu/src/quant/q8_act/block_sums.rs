@@ -19,6 +19,7 @@
 
 use std::arch::x86_64::*;
 
+use super::amx::Q5_0_BLOCK_BYTES as BLOCK_BYTES;
 use super::vnni::{self, Format};
 use super::{Q8Rows, QK};
 
@@ -26,8 +27,6 @@ use super::{Q8Rows, QK};
 const ROWS: usize = 16;
 /// Most tokens of a call this kernel takes (the tile kernel's token-by-token scaling limit).
 pub const MAX_TOKENS: usize = 4;
-/// Bytes per Q5_0 block: f16 d, 4 bytes of high bits, 16 of low nibbles.
-const BLOCK_BYTES: usize = 22;
 /// How many stripes ahead W is prefetched.
 const PREFETCH_STRIPES: usize = 2;
 
@@ -174,7 +173,7 @@ mod tests {
                 // SAFETY: the features are checked; w is n rows of Q5_0; got holds t rows of
                 // ldy ≥ n.
                 unsafe { rows_q5_0(got.as_mut_ptr(), ldy, &q, w.as_ptr(), w.len() / n, n) };
-                let mut w8 = vec![0u8; n * k / QK * 34];
+                let mut w8 = vec![0u8; n * k / QK * super::super::amx::BLOCK_BYTES];
                 super::super::amx::q5_0_as_q8_0(&w, &mut w8);
                 super::super::amx::reference(&mut want, ldy, &q, &w8, n);
                 for i in 0..t {
