@@ -168,13 +168,14 @@ pub fn attention<R: KvRows>(
         for (r, o) in out.chunks_exact_mut(per_row).enumerate() {
             run(r, 0..heads.n_kv_heads, o);
         }
-    } else if n_rows == 1 {
-        // One decode query: its partitions across the threads (flash-decoding), each thread
-        // all KV heads over consecutive partitions, then the partitions' softmaxes merged. A
-        // thread reads whole rows of the cache, one after another, which the prefetchers
-        // follow (split by KV head, each read a few lines of every row: 18% slower on the
-        // stories15M shape at 1,024 positions), and an MQA model's one KV head still uses
-        // every thread.
+    } else if n_rows == 1 && (partitions(&keys_of(0)) > 1 || heads.n_kv_heads == 1) {
+        // One decode query of several partitions: its partitions across the threads
+        // (flash-decoding), each thread all KV heads over consecutive partitions, then the
+        // partitions' softmaxes merged. A thread reads whole rows of the cache, one after
+        // another, which the prefetchers follow (split by KV head, each read a few lines of
+        // every row: 18% slower on the stories15M shape at 1,024 positions), and an MQA model's
+        // one KV head still uses every thread. (A row of one partition and several KV heads
+        // takes the tasks below: its KV heads shared among the threads.)
         split_partitions(out, q, keys_of(0), &rows_of(0), heads, threads);
     } else {
         // One block of consecutive (row, KV head) tasks per thread, each row's part of a block in
@@ -337,7 +338,7 @@ fn attend_row<R: KvRows>(
 
 /// out (n_heads·head_dim) ← attention of one query row q over `keys`, as [`attend_row`] over
 /// all KV heads computes it, its partitions shared among `threads` threads, consecutive ones
-/// to each (its KV heads where the keys are one partition).
+/// to each.
 fn split_partitions<R: KvRows>(
     out: &mut [f32],
     q: &[f32],
@@ -347,26 +348,8 @@ fn split_partitions<R: KvRows>(
     threads: usize,
 ) {
     let n_parts = partitions(&keys);
-    if threads <= 1 || (n_parts <= 1 && heads.n_kv_heads == 1) {
+    if threads <= 1 || n_parts <= 1 {
         return attend_row(out, q, 0..heads.n_kv_heads, keys, kv, heads);
-    }
-    if n_parts <= 1 {
-        // One partition: its KV heads shared among the threads instead (a head's outputs are
-        // the same whichever heads a call covers), so that a short context still uses them all.
-        let group = heads.kv_mul() * heads.head_dim;
-        let per = heads.n_kv_heads.div_ceil(threads);
-        threads::for_each_chunk_mut(out, per * group, |t, o| {
-            let g = t * per..t * per + o.len() / group;
-            attend_row(
-                o,
-                &q[g.start * group..g.end * group],
-                g,
-                keys.clone(),
-                kv,
-                heads,
-            );
-        });
-        return;
     }
     let (n_heads, hd) = (heads.n_heads, heads.head_dim);
     // parts (n_parts, n_heads·head_dim + 2·n_heads): each partition's outputs, then its stats.
