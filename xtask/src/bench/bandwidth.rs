@@ -128,6 +128,44 @@ fn copy_pass(src: &[f32], dst: &mut [f32], threads: usize) -> f32 {
     dst[dst.len() / 2]
 }
 
+/// The read bandwidth, GB/s, over a buffer of `bytes` that fits in the last-level cache, the
+/// working set of a decode step whose weights stay there: `threads` threads, each reading its
+/// contiguous chunk (the kernel of [`read_pass`]) `passes` times in a row after a warm-up pass
+/// that brings it into the cache; the slowest thread's time counts. The best of 3 such runs
+/// (the machine is shared). A decode step reads its weights once per token, so where DRAM is not
+/// the limit this is about the fastest it can go (a kernel with more streams per thread may beat
+/// this two-stream read by a few percent).
+pub fn read_in_cache(bytes: usize, threads: usize, passes: usize) -> f64 {
+    let n = (bytes / 4).max(threads * 32);
+    let src: Vec<f32> = (0..n).map(|i| (i % 1021) as f32 * 1e-3).collect(); // (n,)
+    let chunk = n.div_ceil(threads.max(1));
+    let run = || {
+        let start = std::sync::Barrier::new(src.chunks(chunk).len());
+        std::thread::scope(|s| {
+            let hs: Vec<_> = src
+                .chunks(chunk)
+                .map(|c| {
+                    let start = &start;
+                    s.spawn(move || {
+                        let (a, b) = c.split_at(c.len() / 2);
+                        std::hint::black_box(kvlab_cpu::simd::dot(a, b));
+                        start.wait();
+                        let t = Instant::now();
+                        for _ in 0..passes {
+                            std::hint::black_box(kvlab_cpu::simd::dot(a, b));
+                        }
+                        t.elapsed().as_secs_f64()
+                    })
+                })
+                .collect();
+            let slowest = hs.into_iter().map(|h| h.join().expect("no panic"));
+            slowest.fold(0.0, f64::max)
+        })
+    };
+    let best = (0..3).map(|_| run()).fold(f64::INFINITY, f64::min);
+    (4 * n * passes) as f64 / best / 1e9
+}
+
 fn read_pass(src: &[f32], threads: usize) -> f32 {
     let chunk = src.len().div_ceil(threads);
     std::thread::scope(|s| {

@@ -122,11 +122,15 @@ pub struct PeerRow {
     pub same_tokens: Option<bool>,
     /// Decode rows against run.c: the fraction of the machine's measured read bandwidth each side
     /// moved, (bytes a step must read: the weights as held, the cache to the mean position) ×
-    /// median tok/s ÷ [`PeersReport::read_gb_per_s`]; (kvlab, run.c).
+    /// median tok/s ÷ [`PeerRow::bandwidth_gb_per_s`]; (kvlab, run.c).
     pub bandwidth_fraction: Option<(f64, f64)>,
-    /// kvlab's weights fit in the last-level cache, so DRAM bandwidth is not their limit (a
-    /// fraction may exceed 1).
+    /// kvlab's weights fit in the last-level cache, so DRAM bandwidth is not their limit.
     pub weights_in_cache: bool,
+    /// What the fractions are of, GB/s: [`PeersReport::read_gb_per_s`] (DRAM), or where the
+    /// weights fit in the last-level cache, the read bandwidth over a buffer of the step's bytes
+    /// with the row's threads (`bandwidth::read_in_cache`): near 1, a step reads as fast as a
+    /// plain read of the same bytes does, and the peer's fraction bounds the ratio it leaves.
+    pub bandwidth_gb_per_s: Option<f64>,
     /// The issue's goal for `ratio_median` ("> 1", "≥ 1.8", …) and whether this run meets it.
     pub goal: String,
     pub goal_met: bool,
@@ -320,14 +324,23 @@ fn with_bandwidth(row: PeerRow, c: &Config, weights: WeightFormat, b: &ReadBandw
         _ => f32_bytes,
     };
     let median = |v: &[f64]| Summary::of(v).median;
-    let fraction = |bytes: f64, tok_s: f64| bytes * tok_s / 1e9 / b.gb_per_s;
     let kv = c.kv_bytes_per_token(4) as f64 * (pos + 1) as f64;
+    let in_cache = b.llc_bytes.is_some_and(|l| kvlab_bytes - kv <= l as f64);
+    let gb_per_s = if in_cache {
+        // About 2 GB read per run, at least 5 passes.
+        let passes = (2e9 / kvlab_bytes.max(1.0)).clamp(5.0, 1000.0) as usize;
+        super::bandwidth::read_in_cache(kvlab_bytes as usize, row.threads, passes)
+    } else {
+        b.gb_per_s
+    };
+    let fraction = |bytes: f64, tok_s: f64| bytes * tok_s / 1e9 / gb_per_s;
     PeerRow {
         bandwidth_fraction: Some((
             fraction(kvlab_bytes, median(&row.kvlab_tok_s)),
             fraction(f32_bytes, median(&row.peer_tok_s)),
         )),
-        weights_in_cache: b.llc_bytes.is_some_and(|l| kvlab_bytes - kv <= l as f64),
+        weights_in_cache: in_cache,
+        bandwidth_gb_per_s: Some(gb_per_s),
         ..row
     }
 }
@@ -425,6 +438,7 @@ fn paired(
         kvlab_activations: kvlab_model::Activations::F32.name().into(),
         bandwidth_fraction: None,
         weights_in_cache: false,
+        bandwidth_gb_per_s: None,
         steps: o.steps,
         prompt_tokens: None,
         kvlab_tok_s: ours,
@@ -474,6 +488,7 @@ fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
             kvlab_activations: kvlab_model::Activations::F32.name().into(),
             bandwidth_fraction: None,
             weights_in_cache: false,
+            bandwidth_gb_per_s: None,
             steps: BATCH_GENERATE,
             prompt_tokens: None,
             kvlab_tok_s: tok_s[2].clone(),
@@ -999,9 +1014,11 @@ pub fn print(r: &PeersReport) {
             ("kvlab weights", &|p| p.kvlab_weights.clone()),
             ("activations", &|p| p.kvlab_activations.clone()),
             ("of read bandwidth, kvlab (peer)", &|p| {
-                let cached = if p.weights_in_cache { ", in LLC" } else { "" };
-                p.bandwidth_fraction
-                    .map_or("-".into(), |(k, r)| format!("{k:.2} ({r:.2}){cached}"))
+                let of = if p.weights_in_cache { "LLC" } else { "DRAM" };
+                match (p.bandwidth_fraction, p.bandwidth_gb_per_s) {
+                    (Some((k, r)), Some(gbs)) => format!("{k:.2} ({r:.2}) of {of} {gbs:.0} GB/s"),
+                    _ => "-".into(),
+                }
             }),
             ("kvlab/peer", &|p| format!("{:.2}x", p.ratio_median)),
             ("goal", &|p| {
@@ -1042,8 +1059,10 @@ pub fn print(r: &PeersReport) {
     println!("machine: {}", r.machine);
     if let Some(gbs) = r.read_gb_per_s {
         println!(
-            "read bandwidth: {gbs:.1} GB/s, the best of 1 and every thread at the start (the \
-             decode rows' fractions are of it)"
+            "read bandwidth: {gbs:.1} GB/s from DRAM, the best of 1 and every thread at the \
+             start (the decode rows' fractions are of it, or where the weights fit in the \
+             last-level cache, of a plain read of the step's bytes there with the row's \
+             threads)"
         );
     }
 }
