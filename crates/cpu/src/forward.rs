@@ -17,6 +17,15 @@ use crate::elementwise;
 use crate::kv_cache::KvCache;
 use crate::linear::{linear, linear_same_x, linear_to_rows};
 
+thread_local! {
+    /// The activation buffers of [`forward`] (x, xn, q, k, v, att, o, gate, up), kept on the
+    /// thread from step to step. A prompt chunk's are megabytes (Gemma 3 270M, 512 rows: 15 MB),
+    /// which fresh allocations took from the OS and gave back every call: zeroed and faulted
+    /// in 4 KiB at a time, 7% of a 1,000-token prefill in the kernel's `clear_page`. Taken out
+    /// for the call and put back, so a nested call (none today) would allocate its own.
+    static BUFFERS: std::cell::Cell<[Vec<f32>; 9]> = Default::default();
+}
+
 /// Runs `tokens` at `positions` (one per row) through every layer, appending their keys and
 /// values to `cache`, and returns the logits (vocab_size,) of each row listed in `logits_indices`.
 pub fn forward(
@@ -32,16 +41,37 @@ pub fn forward(
     let t = tokens.len();
     let (d, hd, qd, kvd, hid) = (c.dim, c.head_dim, c.q_dim(), c.kv_dim(), c.hidden_dim);
 
-    // Activations of the step's rows, row-major.
-    let mut x = vec![0.0f32; t * d]; // (rows, dim) residual stream
-    let mut xn = vec![0.0f32; t * d]; // (rows, dim) normalised
-    let mut q = vec![0.0f32; t * qd]; // (rows, q_dim)
-    let mut k = vec![0.0f32; t * kvd]; // (rows, kv_dim)
-    let mut v = vec![0.0f32; t * kvd]; // (rows, kv_dim)
-    let mut att = vec![0.0f32; t * qd]; // (rows, q_dim)
-    let mut o = vec![0.0f32; t * d]; // (rows, dim)
-    let mut gate = vec![0.0f32; t * hid]; // (rows, hidden_dim)
-    let mut up = vec![0.0f32; t * hid]; // (rows, hidden_dim)
+    // Activations of the step's rows, row-major, in this thread's buffers (see `BUFFERS`); every
+    // element is written before it is read.
+    let [
+        mut x,
+        mut xn,
+        mut q,
+        mut k,
+        mut v,
+        mut att,
+        mut o,
+        mut gate,
+        mut up,
+    ] = BUFFERS.take();
+    x.resize(t * d, 0.0); // (rows, dim) residual stream
+    xn.resize(t * d, 0.0); // (rows, dim) normalised
+    q.resize(t * qd, 0.0); // (rows, q_dim)
+    k.resize(t * kvd, 0.0); // (rows, kv_dim)
+    v.resize(t * kvd, 0.0); // (rows, kv_dim)
+    att.resize(t * qd, 0.0); // (rows, q_dim)
+    o.resize(t * d, 0.0); // (rows, dim)
+    gate.resize(t * hid, 0.0); // (rows, hidden_dim)
+    up.resize(t * hid, 0.0); // (rows, hidden_dim)
+    if cfg!(debug_assertions) {
+        // The buffers hold the last step's values: in debug builds (the test suite) they hold
+        // NaN instead, so that a kernel reading an element before writing it fails the tests.
+        for b in [
+            &mut x, &mut xn, &mut q, &mut k, &mut v, &mut att, &mut o, &mut gate, &mut up,
+        ] {
+            b.fill(f32::NAN);
+        }
+    }
 
     for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
         w.token_embedding.row_into(tok as usize, d, row);
@@ -114,12 +144,13 @@ pub fn forward(
 
     // Logits of the requested rows only: W_cls (vocab, dim) @ rmsnorm(x_row).
     let b = logits_indices.len();
-    if b == 0 {
-        return Vec::new(); // a step that only fills the cache
-    }
     let mut picked = vec![0.0f32; b * d]; // (b, dim)
     for (out, &r) in picked.chunks_exact_mut(d).zip(logits_indices) {
         out.copy_from_slice(&x[r * d..(r + 1) * d]);
+    }
+    BUFFERS.set([x, xn, q, k, v, att, o, gate, up]);
+    if b == 0 {
+        return Vec::new(); // a step that only fills the cache
     }
     let mut xl = vec![0.0f32; b * d]; // (b, dim) normalised
     elementwise::rmsnorm_rows(&mut xl, &picked, &w.final_norm, d, c.norm_eps);
