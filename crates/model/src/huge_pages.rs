@@ -13,27 +13,29 @@
 
 /// n zeros of `T` in a buffer advised for huge pages ([`advise`]). The buffer comes zeroed from
 /// the allocator (`calloc`: a large one is fresh pages of the OS, not yet touched), so a store
-/// sized for a long context takes memory only as it fills, 2 MiB at a time. A buffer of at most
-/// [`PREFAULT_MAX_BYTES`] is touched here instead, page by page ([`prefault`]): too small for
-/// more than a huge page or two, it would otherwise take its 4 KiB pages one fault at a time in
-/// the middle of decoding (llama.cpp clears its whole KV buffer when it allocates it).
+/// sized for a long context takes memory only as it fills, 2 MiB at a time. A buffer smaller
+/// than [`PREFAULT_BELOW_BYTES`] is touched here instead, page by page ([`prefault`]): it holds
+/// at most one aligned huge page, so it would otherwise take most of its 4 KiB pages one fault
+/// at a time in the middle of decoding (llama.cpp clears its whole KV buffer when it allocates
+/// it).
 pub fn zeroed<T: bytemuck::Zeroable>(n: usize) -> Vec<T> {
     let mut v = bytemuck::zeroed_vec(n);
     advise(&mut v);
-    if std::mem::size_of_val(v.as_slice()) <= PREFAULT_MAX_BYTES {
+    if std::mem::size_of_val(v.as_slice()) < PREFAULT_BELOW_BYTES {
         prefault(&mut v);
     }
     v
 }
 
-/// Buffers up to this many bytes (64 MiB) are faulted in when [`zeroed`] allocates them. A
-/// 256-position f32 cache of the stories15M shape (3.5 MiB for keys and values) otherwise took
-/// ~860 page faults during its first 256 decode steps: 4 to 20 ms of ~300 ms on this
-/// project's 2-vCPU Xeon VM, where a fault costs 5 to 20 µs.
-pub const PREFAULT_MAX_BYTES: usize = 64 << 20;
+/// Buffers below this many bytes (4 MiB: room for one aligned 2 MiB page at most) are faulted
+/// in when [`zeroed`] allocates them. The 256-position f32 cache of the stories15M shape (1.8
+/// MiB of keys, as much of values) otherwise took ~860 page faults during its first 256
+/// decode steps: 4 to 20 ms of ~300 ms on this project's 2-vCPU Xeon VM, where a fault costs 5
+/// to 20 µs. Larger stores (a paged pool, a long context) keep taking memory as they fill.
+pub const PREFAULT_BELOW_BYTES: usize = 4 << 20;
 
-/// Writes a zero into every page of `buf` (which holds zeros), so that the OS backs it now.
-fn prefault<T>(buf: &mut [T]) {
+/// Writes a zero into every 4 KiB of `buf`, which holds zeros, so that the OS backs it now.
+fn prefault<T: bytemuck::Zeroable>(buf: &mut [T]) {
     const PAGE: usize = 4096;
     let (p, len) = (buf.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(buf));
     for at in (0..len).step_by(PAGE) {
