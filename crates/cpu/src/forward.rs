@@ -19,12 +19,18 @@ use crate::linear::{linear, linear_same_x, linear_to_rows};
 
 thread_local! {
     /// The activation buffers of [`forward`] (x, xn, q, k, v, att, o, gate, up), kept on the
-    /// thread from step to step. A prompt chunk's are megabytes (Gemma 3 270M, 512 rows: 15 MB),
-    /// which fresh allocations took from the OS and gave back every call: zeroed and faulted
-    /// in 4 KiB at a time, 7% of a 1,000-token prefill in the kernel's `clear_page`. Taken out
-    /// for the call and put back, so a nested call (none today) would allocate its own.
+    /// thread from step to step up to [`KEEP_MAX_FLOATS`]. A prompt chunk's are megabytes (Gemma
+    /// 3 270M, 512 rows: 17.6 MB), which fresh allocations took from the OS and gave back every
+    /// call: zeroed and faulted in 4 KiB at a time, 7% of a 1,000-token prefill in the kernel's
+    /// `clear_page`. Taken out for the call and put back, so a nested call (none today) would
+    /// allocate its own.
     static BUFFERS: std::cell::Cell<[Vec<f32>; 9]> = Default::default();
 }
+
+/// The most floats (16 Mi: 64 MiB) of activation buffers a thread keeps between steps: a
+/// 512-row chunk of the Llama-3.2-1B shape needs 56 MB; the buffers of a longer step (an 8,192-row
+/// prompt step of `kvlab serve`, 0.9 GB on that shape) are given back when it ends.
+const KEEP_MAX_FLOATS: usize = 16 << 20;
 
 /// Runs `tokens` at `positions` (one per row) through every layer, appending their keys and
 /// values to `cache`, and returns the logits (vocab_size,) of each row listed in `logits_indices`.
@@ -148,7 +154,10 @@ pub fn forward(
     for (out, &r) in picked.chunks_exact_mut(d).zip(logits_indices) {
         out.copy_from_slice(&x[r * d..(r + 1) * d]);
     }
-    BUFFERS.set([x, xn, q, k, v, att, o, gate, up]);
+    let kept = [x, xn, q, k, v, att, o, gate, up];
+    if kept.iter().map(Vec::capacity).sum::<usize>() <= KEEP_MAX_FLOATS {
+        BUFFERS.set(kept);
+    }
     if b == 0 {
         return Vec::new(); // a step that only fills the cache
     }

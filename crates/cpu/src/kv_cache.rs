@@ -32,7 +32,8 @@ pub trait KvCache {
     /// Writes the keys and values k, v (rows, kv_dim) of the step's new positions at layer `l`.
     fn append(&mut self, l: usize, k: &[f32], v: &[f32]);
     /// out (rows, n_heads·head_dim) ← attention of the step's queries q (rows, n_heads·head_dim)
-    /// over layer `l`'s cached keys and values.
+    /// over layer `l`'s cached keys and values. Every element of out is written (it holds the
+    /// previous step's values on entry: `forward` reuses its buffers).
     fn attend(&self, l: usize, q: &[f32], heads: &Heads, out: &mut [f32]);
 }
 
