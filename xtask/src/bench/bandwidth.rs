@@ -130,15 +130,16 @@ fn copy_pass(src: &[f32], dst: &mut [f32], threads: usize) -> f32 {
 
 /// The read bandwidth, GB/s, over a buffer of `bytes` that fits in the last-level cache, the
 /// working set of a decode step whose weights stay there: `threads` threads, each reading its
-/// contiguous chunk (the kernel of [`read_pass`]) `passes` times in a row after a warm-up pass
+/// contiguous chunk (the kernel of [`read_pass`]) `passes` times (both at least 1) in a row after a warm-up pass
 /// that brings it into the cache; the slowest thread's time counts. The best of 3 such runs
 /// (the machine is shared). A decode step reads its weights once per token, so where DRAM is not
 /// the limit this is about the fastest it can go (a kernel with more streams per thread may beat
 /// this two-stream read by a few percent).
 pub fn read_in_cache(bytes: usize, threads: usize, passes: usize) -> f64 {
+    let (threads, passes) = (threads.max(1), passes.max(1));
     let n = (bytes / 4).max(threads * 32);
     let src: Vec<f32> = (0..n).map(|i| (i % 1021) as f32 * 1e-3).collect(); // (n,)
-    let chunk = n.div_ceil(threads.max(1));
+    let chunk = n.div_ceil(threads);
     let run = || {
         let start = std::sync::Barrier::new(src.chunks(chunk).len());
         std::thread::scope(|s| {
