@@ -431,34 +431,57 @@ fn paired(
     goal: Goal,
     mut pair: impl FnMut() -> Result<(f64, f64)>,
 ) -> Result<PeerRow> {
-    let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
+    let (mut ours, mut theirs) = (vec![], vec![]);
     for _ in 0..o.reps {
         let (k, r) = pair()?;
         ours.push(k);
         theirs.push(r);
-        ratios.push(k / r);
     }
-    let ratio_median = Summary::of(&ratios).median;
-    Ok(PeerRow {
-        model: model.into(),
-        peer: peer.into(),
-        phase: "decode".into(),
-        threads: o.threads,
-        kvlab_weights: WeightFormat::Stored.name().into(),
-        kvlab_activations: kvlab_model::Activations::F32.name().into(),
-        bandwidth_fraction: None,
-        weights_in_cache: false,
-        bandwidth_gb_per_s: None,
-        steps: o.steps,
-        prompt_tokens: None,
-        kvlab_tok_s: ours,
-        peer_tok_s: theirs,
-        ratio_median,
-        same_tokens: None,
-        goal: goal.text(),
-        goal_met: goal.met(ratio_median),
-        note: String::new(),
-    })
+    Ok(PeerRow::of_runs(
+        (model, peer.into(), "decode".into()),
+        (o.threads, o.steps),
+        (ours, theirs),
+        goal,
+    ))
+}
+
+impl PeerRow {
+    /// A row of kvlab's and the peer's tokens/s per rep (stored weights, f32 activations), the
+    /// median of the per-rep ratios judged against `goal`; the bandwidth, token and prompt
+    /// columns empty, for the caller to fill.
+    fn of_runs(
+        (model, peer, phase): (&str, String, String),
+        (threads, steps): (usize, usize),
+        (kvlab_tok_s, peer_tok_s): (Vec<f64>, Vec<f64>),
+        goal: Goal,
+    ) -> PeerRow {
+        let ratios: Vec<f64> = kvlab_tok_s
+            .iter()
+            .zip(&peer_tok_s)
+            .map(|(k, p)| k / p)
+            .collect();
+        let ratio_median = Summary::of(&ratios).median;
+        PeerRow {
+            model: model.into(),
+            peer,
+            phase,
+            threads,
+            kvlab_weights: WeightFormat::Stored.name().into(),
+            kvlab_activations: kvlab_model::Activations::F32.name().into(),
+            bandwidth_fraction: None,
+            weights_in_cache: false,
+            bandwidth_gb_per_s: None,
+            steps,
+            prompt_tokens: None,
+            kvlab_tok_s,
+            peer_tok_s,
+            ratio_median,
+            same_tokens: None,
+            goal: goal.text(),
+            goal_met: goal.met(ratio_median),
+            note: String::new(),
+        }
+    }
 }
 
 /// Batched decode (issue goal: batch 32 ≥ 8× batch 1, and above batch 8): `kvlab batch` on the
@@ -482,36 +505,22 @@ fn vs_batch(kvlab: &Path, model: &str, o: &PeerOpts) -> Result<Vec<PeerRow>> {
             tok_s[i].push(run(b)?);
         }
     }
-    let row = |vs: usize, goal: Goal| {
-        let ratios: Vec<f64> = tok_s[2]
-            .iter()
-            .zip(&tok_s[vs])
-            .map(|(a, b)| a / b)
-            .collect();
-        let ratio_median = Summary::of(&ratios).median;
-        PeerRow {
-            model: model.into(),
-            peer: format!("kvlab batch {}", BATCHES[vs]),
-            phase: format!("decode, batch {}", BATCHES[2]),
-            threads: o.threads,
-            kvlab_weights: WeightFormat::Stored.name().into(),
-            kvlab_activations: kvlab_model::Activations::F32.name().into(),
-            bandwidth_fraction: None,
-            weights_in_cache: false,
-            bandwidth_gb_per_s: None,
-            steps: BATCH_GENERATE,
-            prompt_tokens: None,
-            kvlab_tok_s: tok_s[2].clone(),
-            peer_tok_s: tok_s[vs].clone(),
-            ratio_median,
-            same_tokens: None,
-            goal: goal.text(),
-            goal_met: goal.met(ratio_median),
-            note: format!(
-                "cpu-paged, {} requests at once against {}, {BATCH_GENERATE} tokens each; tokens/s of the steps that prefilled nothing",
-                BATCHES[2], BATCHES[vs]
+    let row = |vs: usize, goal: Goal| PeerRow {
+        note: format!(
+            "cpu-paged, {} requests at once against {}, {BATCH_GENERATE} tokens each; tokens/s of \
+             the steps that prefilled nothing",
+            BATCHES[2], BATCHES[vs]
+        ),
+        ..PeerRow::of_runs(
+            (
+                model,
+                format!("kvlab batch {}", BATCHES[vs]),
+                format!("decode, batch {}", BATCHES[2]),
             ),
-        }
+            (o.threads, BATCH_GENERATE),
+            (tok_s[2].clone(), tok_s[vs].clone()),
+            goal,
+        )
     };
     Ok(vec![row(0, Goal::at_least(8.0)), row(1, Goal::BEAT)])
 }
