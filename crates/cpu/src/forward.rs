@@ -49,6 +49,26 @@ pub fn forward(
 
     // Activations of the step's rows, row-major, in this thread's buffers (see `BUFFERS`); every
     // element is written before it is read.
+    let lens = [
+        t * d,   // x (rows, dim) residual stream
+        t * d,   // xn (rows, dim) normalised
+        t * qd,  // q (rows, q_dim)
+        t * kvd, // k (rows, kv_dim)
+        t * kvd, // v (rows, kv_dim)
+        t * qd,  // att (rows, q_dim)
+        t * d,   // o (rows, dim)
+        t * hid, // gate (rows, hidden_dim)
+        t * hid, // up (rows, hidden_dim)
+    ];
+    let mut buffers = BUFFERS.take();
+    for (b, n) in buffers.iter_mut().zip(lens) {
+        b.resize(n, 0.0);
+        if cfg!(debug_assertions) {
+            // The buffers hold the last step's values: in debug builds (the test suite) they
+            // hold NaN instead, so that a kernel reading an element before writing it fails.
+            b.fill(f32::NAN);
+        }
+    }
     let [
         mut x,
         mut xn,
@@ -59,25 +79,7 @@ pub fn forward(
         mut o,
         mut gate,
         mut up,
-    ] = BUFFERS.take();
-    x.resize(t * d, 0.0); // (rows, dim) residual stream
-    xn.resize(t * d, 0.0); // (rows, dim) normalised
-    q.resize(t * qd, 0.0); // (rows, q_dim)
-    k.resize(t * kvd, 0.0); // (rows, kv_dim)
-    v.resize(t * kvd, 0.0); // (rows, kv_dim)
-    att.resize(t * qd, 0.0); // (rows, q_dim)
-    o.resize(t * d, 0.0); // (rows, dim)
-    gate.resize(t * hid, 0.0); // (rows, hidden_dim)
-    up.resize(t * hid, 0.0); // (rows, hidden_dim)
-    if cfg!(debug_assertions) {
-        // The buffers hold the last step's values: in debug builds (the test suite) they hold
-        // NaN instead, so that a kernel reading an element before writing it fails the tests.
-        for b in [
-            &mut x, &mut xn, &mut q, &mut k, &mut v, &mut att, &mut o, &mut gate, &mut up,
-        ] {
-            b.fill(f32::NAN);
-        }
-    }
+    ] = buffers;
 
     for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
         w.token_embedding.row_into(tok as usize, d, row);
