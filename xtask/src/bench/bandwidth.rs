@@ -78,7 +78,7 @@ fn with_peak(buffer_bytes: u64, rows: Vec<BandwidthRow>) -> Bandwidth {
 /// Measures with buffers of `buffer_bytes` each and `passes` timed passes per row.
 pub fn measure(buffer_bytes: usize, passes: usize, when: &str) -> Bandwidth {
     let n = buffer_bytes / 4;
-    let src: Vec<f32> = (0..n).map(|i| (i % 1021) as f32 * 1e-3).collect(); // (n,)
+    let src = source(n); // (n,)
     let mut dst = vec![0.0f32; n]; // (n,)
     let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
     let mut threads = vec![1];
@@ -130,15 +130,15 @@ fn copy_pass(src: &[f32], dst: &mut [f32], threads: usize) -> f32 {
 
 /// The read bandwidth, GB/s, over a buffer of `bytes` that fits in the last-level cache, the
 /// working set of a decode step whose weights stay there: `threads` threads, each reading its
-/// contiguous chunk (the kernel of [`read_pass`]) `passes` times (both at least 1) in a row after a warm-up pass
-/// that brings it into the cache; the slowest thread's time counts. The best of 3 such runs
+/// contiguous chunk ([`read_chunk`]) `passes` times (both at least 1) in a row after a warm-up
+/// pass that brings it into the cache; the slowest thread's time counts. The best of 3 such runs
 /// (the machine is shared). A decode step reads its weights once per token, so where DRAM is not
 /// the limit this is about the fastest it can go (a kernel with more streams per thread may beat
 /// this two-stream read by a few percent).
 pub fn read_in_cache(bytes: usize, threads: usize, passes: usize) -> f64 {
     let (threads, passes) = (threads.max(1), passes.max(1));
     let n = (bytes / 4).max(threads * 32);
-    let src: Vec<f32> = (0..n).map(|i| (i % 1021) as f32 * 1e-3).collect(); // (n,)
+    let src = source(n); // (n,)
     let chunk = n.div_ceil(threads);
     let run = || {
         let start = std::sync::Barrier::new(src.chunks(chunk).len());
@@ -148,12 +148,11 @@ pub fn read_in_cache(bytes: usize, threads: usize, passes: usize) -> f64 {
                 .map(|c| {
                     let start = &start;
                     s.spawn(move || {
-                        let (a, b) = c.split_at(c.len() / 2);
-                        std::hint::black_box(kvlab_cpu::simd::dot(a, b));
+                        std::hint::black_box(read_chunk(c));
                         start.wait();
                         let t = Instant::now();
                         for _ in 0..passes {
-                            std::hint::black_box(kvlab_cpu::simd::dot(a, b));
+                            std::hint::black_box(read_chunk(c));
                         }
                         t.elapsed().as_secs_f64()
                     })
@@ -171,17 +170,23 @@ pub fn read_in_cache(bytes: usize, threads: usize, passes: usize) -> f64 {
     (4 * n * passes) as f64 / best / 1e9
 }
 
+/// n floats to read: small values, not all equal.
+fn source(n: usize) -> Vec<f32> {
+    (0..n).map(|i| (i % 1021) as f32 * 1e-3).collect()
+}
+
+/// Reads every float of `c` once: a SIMD dot product of its two halves (kvlab-cpu's kernel).
+fn read_chunk(c: &[f32]) -> f32 {
+    let (a, b) = c.split_at(c.len() / 2);
+    kvlab_cpu::simd::dot(a, b)
+}
+
 fn read_pass(src: &[f32], threads: usize) -> f32 {
     let chunk = src.len().div_ceil(threads);
     std::thread::scope(|s| {
         let hs: Vec<_> = src
             .chunks(chunk)
-            .map(|c| {
-                s.spawn(move || {
-                    let (a, b) = c.split_at(c.len() / 2);
-                    kvlab_cpu::simd::dot(a, b)
-                })
-            })
+            .map(|c| s.spawn(move || read_chunk(c)))
             .collect();
         hs.into_iter().map(|h| h.join().expect("no panic")).sum()
     })
@@ -190,7 +195,7 @@ fn read_pass(src: &[f32], threads: usize) -> f32 {
 #[cfg(test)]
 mod tests {
     /// Any size, thread count and pass count (0 included, taken as 1) gives a finite positive
-    /// rate, with every thread's chunk read.
+    /// rate.
     #[test]
     fn an_in_cache_read_is_a_finite_positive_rate_at_any_size() {
         for (bytes, threads, passes) in [(0, 0, 0), (4, 1, 1), (100_003, 3, 2), (1 << 20, 2, 3)] {
